@@ -1,0 +1,314 @@
+"""The one training configuration, shared by both backends.
+
+Field names are the upstream scripts' hyperparameter names in lower case, so the
+upstream environment variables (`ITERATIONS`, `MATRIX_LR`, ...) map onto them
+by upper-casing. Sources are layered: preset < TOML file < environment < flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from core.errors import PgolfError
+
+# Upstream spellings that are not simply FIELD.upper().
+ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
+
+
+@dataclass
+class Config:
+    # --- data ---
+    data_path: str = "data/datasets/sotu_sp1024"  # folder holding fineweb_{train,val}_*.bin shards
+    tokenizer_path: str = "data/tokenizers/sotu_1024_bpe.model"  # SentencePiece model used for BPB
+    run_id: str = ""  # name of the run directory under out_dir; empty = timestamp
+    out_dir: str = "runs"  # where run directories are created
+    seed: int = 1337  # seeds the numpy initialisation (identical weights in both backends)
+
+    # --- training length and batch ---
+    iterations: int = 20_000  # optimizer steps (the wallclock cap may stop earlier)
+    train_batch_tokens: int = 524_288  # tokens per optimizer step, summed over ranks and micro-batches
+    train_seq_len: int = 1024  # tokens per training sequence
+    grad_accum_steps: int = 8  # micro-batches per step on one process; each of W ranks runs grad_accum_steps // W
+    max_wallclock_seconds: float = 600.0  # training-time cap (validation excluded); 0 = none
+    warmup_steps: int = 20  # compile-warmup steps, run for real then undone
+    warmdown_iters: int = 1200  # length of the final linear LR decay (in steps, or step-equivalents under a cap)
+
+    # --- validation and logging ---
+    val_loss_every: int = 1000  # validate every N steps (and always at the end); 0 = only at the end
+    val_batch_size: int = 524_288  # validation tokens per forward pass, summed over ranks
+    val_max_tokens: int = 0  # cap on validation tokens for quick looks; 0 = the whole split
+    train_log_every: int = 200  # log train loss every N steps (and the first 10)
+    checkpoint_every: int = 0  # write a resumable checkpoint every N steps; 0 = only at the end
+
+    # --- model shape ---
+    vocab_size: int = 1024  # must equal the tokenizer's vocabulary
+    num_layers: int = 9  # transformer blocks (first half encoder, second half decoder of the U-Net)
+    model_dim: int = 512  # residual width
+    num_heads: int = 8  # query heads
+    num_kv_heads: int = 4  # key/value heads (grouped-query attention)
+    mlp_mult: int = 2  # MLP hidden width = mlp_mult * model_dim
+    tie_embeddings: bool = True  # share the token embedding with the output head
+    rope_base: float = 10_000.0  # RoPE frequency base
+    logit_softcap: float = 30.0  # logits = c * tanh(z / c)
+    qk_gain_init: float = 1.5  # initial per-head query gain
+    tied_embed_init_std: float = 0.005  # std of the (tied) embedding init
+
+    # --- optimizers ---
+    embed_lr: float = 0.6  # Adam lr of the embedding when untied
+    head_lr: float = 0.008  # Adam lr of the untied output head
+    tied_embed_lr: float = 0.05  # Adam lr of the tied embedding
+    matrix_lr: float = 0.04  # Muon lr of the 2-D block matrices
+    scalar_lr: float = 0.04  # Adam lr of vectors, scalars, control tensors and skip weights
+    muon_momentum: float = 0.95  # Muon momentum after warmup
+    muon_backend_steps: int = 5  # Newton-Schulz iterations
+    muon_momentum_warmup_start: float = 0.85  # Muon momentum at step 0
+    muon_momentum_warmup_steps: int = 500  # steps of the linear momentum warmup
+    beta1: float = 0.9  # Adam beta1
+    beta2: float = 0.95  # Adam beta2
+    adam_eps: float = 1e-8  # Adam epsilon
+    grad_clip_norm: float = 0.0  # global gradient-norm clip; 0 = off
+
+    # --- execution ---
+    compute_dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32
+    compile: str = "auto"  # auto (on for CUDA and MLX, off for torch on CPU) | on | off
+    mlx_max_microbatch_tokens: int = 8_192  # MLX: split each micro-batch into sub-batches of at most this many tokens
+    mlx_eager_eval: bool = True  # MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def head_dim(self) -> int:
+        return self.model_dim // self.num_heads
+
+    def local_accum_steps(self, world_size: int) -> int:
+        """Micro-batches each rank runs per step."""
+        return self.grad_accum_steps // world_size
+
+    def validate(self, world_size: int = 1) -> Config:
+        """Raise PgolfError naming the first inconsistent setting; return self."""
+        checks = [
+            (self.vocab_size > 0, "vocab_size must be positive"),
+            (self.vocab_size <= 65_536, "vocab_size must fit uint16 shards (<= 65536)"),
+            (self.num_layers > 0, "num_layers must be positive"),
+            (self.num_heads > 0 and self.num_kv_heads > 0, "num_heads and num_kv_heads must be positive"),
+            (
+                self.model_dim % self.num_heads == 0,
+                f"num_heads={self.num_heads} must divide model_dim={self.model_dim}",
+            ),
+            (
+                self.num_heads % self.num_kv_heads == 0,
+                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}",
+            ),
+            (self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE"),
+            (self.mlp_mult > 0, "mlp_mult must be positive"),
+            (self.logit_softcap > 0, "logit_softcap must be positive"),
+            (self.train_seq_len > 0, "train_seq_len must be positive"),
+            (self.iterations >= 0, "iterations must be >= 0"),
+            (self.grad_accum_steps > 0, "grad_accum_steps must be positive"),
+            (
+                self.grad_accum_steps % world_size == 0,
+                f"world size {world_size} must divide grad_accum_steps={self.grad_accum_steps}",
+            ),
+            (
+                self.train_batch_tokens % (self.grad_accum_steps * self.train_seq_len) == 0,
+                f"train_batch_tokens={self.train_batch_tokens} must be a multiple of "
+                f"grad_accum_steps*train_seq_len={self.grad_accum_steps * self.train_seq_len}",
+            ),
+            (
+                self.val_batch_size // max(world_size, 1) >= self.train_seq_len,
+                f"val_batch_size={self.val_batch_size} must give each rank at least one sequence",
+            ),
+            (self.compute_dtype in ("auto", "bfloat16", "float32"), "compute_dtype must be auto, bfloat16 or float32"),
+            (self.compile in ("auto", "on", "off"), "compile must be auto, on or off"),
+            (self.mlx_max_microbatch_tokens >= self.train_seq_len, "mlx_max_microbatch_tokens must be >= train_seq_len"),
+            (self.muon_backend_steps >= 0, "muon_backend_steps must be >= 0"),
+            (self.max_wallclock_seconds >= 0, "max_wallclock_seconds must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise PgolfError(f"config: {message}")
+        return self
+
+    # ------------------------------------------------------------ (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, strict: bool = False) -> Config:
+        """Build from a dict; unknown keys raise when strict, else are ignored (old checkpoints)."""
+        known = field_names()
+        unknown = sorted(set(data) - known)
+        if strict and unknown:
+            raise PgolfError(f"config: unknown key {unknown[0]!r}")
+        return cls(**{k: _coerce(k, v) for k, v in data.items() if k in known})
+
+    def replace(self, **changes: Any) -> Config:
+        known = field_names()
+        for key in changes:
+            if key not in known:
+                raise PgolfError(f"config: unknown key {key!r}")
+        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in changes.items()})
+
+
+def field_names() -> set[str]:
+    return {f.name for f in fields(Config)}
+
+
+def _field_type(name: str) -> type:
+    default = getattr(Config(), name)
+    return type(default)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Convert strings (env vars, flags) and TOML values to the field's type, with a clear error."""
+    kind = _field_type(name)
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            text = str(value).replace("_", "")
+            return int(float(text)) if ("e" in text.lower() or "." in text) else int(text)
+        if kind is float:
+            return float(value)
+        return str(value)
+    except ValueError:
+        raise PgolfError(f"config: {name} expects {kind.__name__}, got {value!r}") from None
+
+
+# ---------------------------------------------------------------------- presets
+PRESETS: dict[str, dict[str, Any]] = {
+    # The challenge's "Naive Baseline": 9x512, 524,288 tokens/step, 10-minute cap.
+    "baseline": {},
+    # Record "Training Opt Seq4096 v1" (2026-03-19): same model, longer context.
+    "seq4096": {
+        "train_seq_len": 4096,
+        "train_batch_tokens": 393_216,
+        "warmdown_iters": 3000,
+        "muon_momentum": 0.99,
+        "muon_momentum_warmup_start": 0.92,
+        "muon_momentum_warmup_steps": 1500,
+        "tied_embed_lr": 0.030,
+        "matrix_lr": 0.020,
+        "scalar_lr": 0.020,
+    },
+    # A CPU-friendly demo: minutes on a laptop CPU, clearly better than a unigram model.
+    "tiny": {
+        "num_layers": 4,
+        "model_dim": 128,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "train_seq_len": 256,
+        "train_batch_tokens": 8192,
+        "grad_accum_steps": 2,
+        "iterations": 300,
+        "warmdown_iters": 100,
+        "warmup_steps": 0,
+        "max_wallclock_seconds": 0.0,
+        "val_loss_every": 100,
+        "val_batch_size": 16_384,
+        "val_max_tokens": 65_536,
+        "train_log_every": 25,
+        "muon_momentum_warmup_steps": 100,
+    },
+    # For tests: seconds on two CPU cores.
+    "smoke": {
+        "num_layers": 2,
+        "model_dim": 64,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "train_seq_len": 64,
+        "train_batch_tokens": 512,
+        "grad_accum_steps": 2,
+        "iterations": 4,
+        "warmdown_iters": 2,
+        "warmup_steps": 0,
+        "max_wallclock_seconds": 0.0,
+        "val_loss_every": 0,
+        "val_batch_size": 1024,
+        "val_max_tokens": 4096,
+        "train_log_every": 1,
+        "muon_momentum_warmup_steps": 2,
+        "compute_dtype": "float32",
+        "compile": "off",
+        "mlx_max_microbatch_tokens": 128,
+    },
+}
+
+
+def preset(name: str) -> Config:
+    if name not in PRESETS:
+        raise PgolfError(f"config: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+    return Config().replace(**PRESETS[name])
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a flat TOML table of config fields; unknown keys are an error."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PgolfError(f"config: file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PgolfError(f"config: {p} is not valid TOML ({exc})") from None
+    unknown = sorted(set(data) - field_names())
+    if unknown:
+        raise PgolfError(f"config: unknown key {unknown[0]!r} in {p}")
+    return data
+
+
+def from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The upstream environment variables that name a config field (e.g. MATRIX_LR)."""
+    env = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for name in sorted(field_names()):
+        if name.upper() in env:
+            out[name] = env[name.upper()]
+    for alias, name in ENV_ALIASES.items():
+        if alias in env and name.upper() not in env:
+            out[name] = env[alias]
+    return out
+
+
+def resolve(
+    preset_name: str = "baseline",
+    toml_path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Preset, then TOML file, then upstream env vars, then explicit overrides (flags)."""
+    cfg = preset(preset_name)
+    if toml_path is not None:
+        cfg = cfg.replace(**load_toml(toml_path))
+    cfg = cfg.replace(**from_env(environ))
+    if overrides:
+        cfg = cfg.replace(**overrides)
+    return cfg
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Turn ['matrix_lr=0.02', 'iterations=100'] into a dict, checking each key."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_").lower()
+        if not sep:
+            raise PgolfError(f"config: override {pair!r} must look like key=value")
+        if key not in field_names():
+            raise PgolfError(f"config: unknown key {key!r}")
+        out[key] = value
+    return out
