@@ -33,10 +33,14 @@ class Config:
     iterations: int = 20_000  # optimizer steps (the wallclock cap may stop earlier)
     train_batch_tokens: int = 524_288  # tokens per optimizer step, summed over ranks and micro-batches
     train_seq_len: int = 1024  # tokens per training sequence
-    grad_accum_steps: int = 8  # micro-batches per step on one process; each of W ranks runs grad_accum_steps // W
+    grad_accum_steps: int = (
+        8  # micro-batches per step on one process; each of W ranks runs grad_accum_steps // W
+    )
     max_wallclock_seconds: float = 600.0  # training-time cap (validation excluded); 0 = none
     warmup_steps: int = 20  # compile-warmup steps, run for real then undone
-    warmdown_iters: int = 1200  # length of the final linear LR decay (in steps, or step-equivalents under a cap)
+    warmdown_iters: int = (
+        1200  # length of the final linear LR decay (in steps, or step-equivalents under a cap)
+    )
 
     # --- validation and logging ---
     val_loss_every: int = 1000  # validate every N steps (and always at the end); 0 = only at the end
@@ -76,7 +80,9 @@ class Config:
     # --- execution ---
     compute_dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32
     compile: str = "auto"  # auto (on for CUDA and MLX, off for torch on CPU) | on | off
-    mlx_max_microbatch_tokens: int = 8_192  # MLX: split each micro-batch into sub-batches of at most this many tokens
+    mlx_max_microbatch_tokens: int = (
+        8_192  # MLX: split each micro-batch into sub-batches of at most this many tokens
+    )
     mlx_eager_eval: bool = True  # MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)
 
     # ------------------------------------------------------------------ derived
@@ -90,47 +96,71 @@ class Config:
 
     def validate(self, world_size: int = 1) -> Config:
         """Raise PgolfError naming the first inconsistent setting; return self."""
-        checks = [
-            (self.vocab_size > 0, "vocab_size must be positive"),
-            (self.vocab_size <= 65_536, "vocab_size must fit uint16 shards (<= 65536)"),
-            (self.num_layers > 0, "num_layers must be positive"),
-            (self.num_heads > 0 and self.num_kv_heads > 0, "num_heads and num_kv_heads must be positive"),
-            (
-                self.model_dim % self.num_heads == 0,
-                f"num_heads={self.num_heads} must divide model_dim={self.model_dim}",
-            ),
-            (
-                self.num_heads % self.num_kv_heads == 0,
-                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}",
-            ),
-            (self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE"),
-            (self.mlp_mult > 0, "mlp_mult must be positive"),
-            (self.logit_softcap > 0, "logit_softcap must be positive"),
-            (self.train_seq_len > 0, "train_seq_len must be positive"),
-            (self.iterations >= 0, "iterations must be >= 0"),
-            (self.grad_accum_steps > 0, "grad_accum_steps must be positive"),
-            (
-                self.grad_accum_steps % world_size == 0,
-                f"world size {world_size} must divide grad_accum_steps={self.grad_accum_steps}",
-            ),
-            (
-                self.train_batch_tokens % (self.grad_accum_steps * self.train_seq_len) == 0,
-                f"train_batch_tokens={self.train_batch_tokens} must be a multiple of "
-                f"grad_accum_steps*train_seq_len={self.grad_accum_steps * self.train_seq_len}",
-            ),
-            (
-                self.val_batch_size // max(world_size, 1) >= self.train_seq_len,
-                f"val_batch_size={self.val_batch_size} must give each rank at least one sequence",
-            ),
-            (self.compute_dtype in ("auto", "bfloat16", "float32"), "compute_dtype must be auto, bfloat16 or float32"),
-            (self.compile in ("auto", "on", "off"), "compile must be auto, on or off"),
-            (self.mlx_max_microbatch_tokens >= self.train_seq_len, "mlx_max_microbatch_tokens must be >= train_seq_len"),
-            (self.muon_backend_steps >= 0, "muon_backend_steps must be >= 0"),
-            (self.max_wallclock_seconds >= 0, "max_wallclock_seconds must be >= 0"),
-        ]
-        for ok, message in checks:
+
+        def require(ok: bool, message: str) -> None:
             if not ok:
                 raise PgolfError(f"config: {message}")
+
+        for name in (
+            "vocab_size",
+            "num_layers",
+            "model_dim",
+            "num_heads",
+            "num_kv_heads",
+            "mlp_mult",
+            "train_seq_len",
+            "train_batch_tokens",
+            "grad_accum_steps",
+            "val_batch_size",
+        ):
+            require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
+        for name in (
+            "iterations",
+            "warmup_steps",
+            "warmdown_iters",
+            "val_loss_every",
+            "val_max_tokens",
+            "train_log_every",
+            "checkpoint_every",
+            "muon_backend_steps",
+            "max_wallclock_seconds",
+        ):
+            require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        require(self.vocab_size <= 65_536, "vocab_size must fit uint16 shards (<= 65536)")
+        require(
+            self.model_dim % self.num_heads == 0,
+            f"num_heads={self.num_heads} must divide model_dim={self.model_dim}",
+        )
+        require(
+            self.num_heads % self.num_kv_heads == 0,
+            f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}",
+        )
+        require(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE")
+        require(self.logit_softcap > 0, "logit_softcap must be positive")
+        require(
+            self.grad_accum_steps % world_size == 0,
+            f"world size {world_size} must divide grad_accum_steps={self.grad_accum_steps}",
+        )
+        require(
+            self.train_batch_tokens % (self.grad_accum_steps * self.train_seq_len) == 0,
+            f"train_batch_tokens={self.train_batch_tokens} must be a multiple of "
+            f"grad_accum_steps*train_seq_len={self.grad_accum_steps * self.train_seq_len}",
+        )
+        require(
+            self.val_batch_size // self.grad_accum_steps >= self.train_seq_len,
+            f"val_batch_size={self.val_batch_size} must hold grad_accum_steps sequences of train_seq_len",
+        )
+        require(
+            self.compute_dtype in ("auto", "bfloat16", "float32"),
+            f"compute_dtype must be auto, bfloat16 or float32, got {self.compute_dtype!r}",
+        )
+        require(
+            self.compile in ("auto", "on", "off"), f"compile must be auto, on or off, got {self.compile!r}"
+        )
+        require(
+            self.mlx_max_microbatch_tokens >= self.train_seq_len,
+            "mlx_max_microbatch_tokens must be >= train_seq_len",
+        )
         return self
 
     # ------------------------------------------------------------ (de)serialise

@@ -1,0 +1,163 @@
+"""Resumable training checkpoints and the run directory, in a framework-neutral form.
+
+A checkpoint is one safetensors file: parameters under `param/<name>`, optimizer
+state under `opt/<key>` (the canonical layout of `core.backend`), and one JSON
+metadata entry with the config, the step, the training clock and the data
+position. Either backend can resume from a checkpoint the other wrote.
+
+A run directory holds:
+    config.json          the resolved config
+    metrics.jsonl        one JSON record per line: kind = train | val | final
+    train.log            the console lines
+    checkpoints/step_NNNNNN.safetensors
+    final_model.int8.pgolf   the int8 artifact
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from core.errors import PgolfError
+
+CHECKPOINT_FORMAT = "pgolf-checkpoint"
+CHECKPOINT_VERSION = 1
+ARTIFACT_NAME = "final_model.int8.pgolf"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write bytes so that `path` is either the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class Checkpoint:
+    params: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray]
+    config: dict[str, Any]
+    step: int = 0  # optimizer steps completed
+    train_time_ms: float = 0.0  # training clock at the checkpoint (validation excluded)
+    data_state: dict[str, Any] = field(default_factory=dict)  # TokenStream.state()
+    backend: str = ""  # which backend wrote it (informational)
+    dtypes: dict[str, str] = field(default_factory=dict)  # storage dtype of each parameter in the model
+
+
+def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
+    path = Path(path)
+    tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in ckpt.params.items()}
+    tensors.update({f"opt/{k}": np.ascontiguousarray(v) for k, v in ckpt.optimizer.items()})
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "config": ckpt.config,
+        "step": ckpt.step,
+        "train_time_ms": ckpt.train_time_ms,
+        "data_state": ckpt.data_state,
+        "backend": ckpt.backend,
+        "dtypes": ckpt.dtypes,
+    }
+    blob = st_save(tensors, metadata={"pgolf": json.dumps(meta, sort_keys=True, separators=(",", ":"))})
+    write_atomic(path, blob)
+    return path
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """Cheap sniff: a safetensors header whose metadata names our checkpoint format."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return False
+            n = int.from_bytes(head, "little")
+            return n < 100_000_000 and CHECKPOINT_FORMAT.encode() in f.read(min(n, 1_000_000))
+    except OSError:
+        return False
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    path = Path(path)
+    try:
+        blob = path.read_bytes()
+    except OSError as exc:
+        raise PgolfError(f"checkpoint {path}: cannot read ({exc.strerror})") from None
+    try:
+        tensors = st_load(blob)
+        n = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8 : 8 + n])
+        meta = json.loads(header["__metadata__"]["pgolf"])
+    except (SafetensorError, ValueError, KeyError, TypeError):
+        raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint (corrupt or wrong file)") from None
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint")
+    if meta.get("version") != CHECKPOINT_VERSION:
+        raise PgolfError(f"checkpoint {path}: unsupported version {meta.get('version')}")
+    params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
+    optimizer = {k.removeprefix("opt/"): v for k, v in tensors.items() if k.startswith("opt/")}
+    return Checkpoint(
+        params=params,
+        optimizer=optimizer,
+        config=meta["config"],
+        step=int(meta["step"]),
+        train_time_ms=float(meta["train_time_ms"]),
+        data_state=meta.get("data_state", {}),
+        backend=meta.get("backend", ""),
+        dtypes=meta.get("dtypes", {}),
+    )
+
+
+class RunDir:
+    """The files of one training run; only rank 0 writes."""
+
+    def __init__(self, root: str | Path, run_id: str = "", enabled: bool = True):
+        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
+        self.path = Path(root) / self.run_id
+        self.enabled = enabled
+        if enabled:
+            (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+
+    @property
+    def artifact(self) -> Path:
+        return self.path / ARTIFACT_NAME
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.path / "checkpoints" / f"step_{step:06d}.safetensors"
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        if self.enabled:
+            write_atomic(self.path / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+
+    def metric(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def log_line(self, line: str) -> None:
+        if self.enabled:
+            with open(self.path / "train.log", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a run's metrics.jsonl (path = the run directory or the file)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "metrics.jsonl"
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
