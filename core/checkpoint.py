@@ -62,8 +62,8 @@ class Checkpoint:
 
 def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
     path = Path(path)
-    tensors = {f"param/{k}": np.ascontiguousarray(v) for k, v in ckpt.params.items()}
-    tensors.update({f"opt/{k}": np.ascontiguousarray(v) for k, v in ckpt.optimizer.items()})
+    tensors = {f"param/{k}": np.require(v, requirements="C") for k, v in ckpt.params.items()}
+    tensors.update({f"opt/{k}": np.require(v, requirements="C") for k, v in ckpt.optimizer.items()})
     meta = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,

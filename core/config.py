@@ -33,14 +33,10 @@ class Config:
     iterations: int = 20_000  # optimizer steps (the wallclock cap may stop earlier)
     train_batch_tokens: int = 524_288  # tokens per optimizer step, summed over ranks and micro-batches
     train_seq_len: int = 1024  # tokens per training sequence
-    grad_accum_steps: int = (
-        8  # micro-batches per step on one process; each of W ranks runs grad_accum_steps // W
-    )
+    grad_accum_steps: int = 8  # micro-batches per step on one process, split evenly over W ranks
     max_wallclock_seconds: float = 600.0  # training-time cap (validation excluded); 0 = none
     warmup_steps: int = 20  # compile-warmup steps, run for real then undone
-    warmdown_iters: int = (
-        1200  # length of the final linear LR decay (in steps, or step-equivalents under a cap)
-    )
+    warmdown_iters: int = 1200  # steps of the final linear LR decay (step-times under a wallclock cap)
 
     # --- validation and logging ---
     val_loss_every: int = 1000  # validate every N steps (and always at the end); 0 = only at the end
@@ -80,9 +76,7 @@ class Config:
     # --- execution ---
     compute_dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32
     compile: str = "auto"  # auto (on for CUDA and MLX, off for torch on CPU) | on | off
-    mlx_max_microbatch_tokens: int = (
-        8_192  # MLX: split each micro-batch into sub-batches of at most this many tokens
-    )
+    mlx_max_microbatch_tokens: int = 8_192  # MLX: largest sub-batch (tokens) of a micro-batch
     mlx_eager_eval: bool = True  # MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)
 
     # ------------------------------------------------------------------ derived

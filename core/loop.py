@@ -24,10 +24,10 @@ import numpy as np
 from core import quant
 from core.backend import Backend
 from core.bpb import BPBMeter
-from core.checkpoint import Checkpoint, RunDir, load_checkpoint, save_checkpoint
+from core.checkpoint import Checkpoint, RunDir, is_checkpoint, load_checkpoint, save_checkpoint
 from core.config import Config
 from core.errors import PgolfError
-from core.params import flops_per_token, init_params, param_shapes, storage_dtypes
+from core.params import config_for_params, flops_per_token, init_params, param_shapes, storage_dtypes
 from core.schedule import lr_multiplier, muon_momentum
 from core.shards import BatchLoader, find_shards, load_val_tokens, val_spans
 from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
@@ -105,6 +105,22 @@ def export_artifact(
         model_bytes=path.stat().st_size,
         code_bytes=quant.code_bytes(code_paths(backend_name)),
     )
+
+
+def load_weights(
+    path: str | Path, cfg: Config, allow_pickle: bool = False
+) -> tuple[dict[str, np.ndarray], Config]:
+    """Float32 weights from a checkpoint or an artifact (pgolf or upstream), and the config they fit.
+
+    A checkpoint brings its own model config; for an artifact the shape is read
+    off the tensors. Data paths and evaluation settings always come from `cfg`.
+    """
+    if is_checkpoint(path):
+        ckpt = load_checkpoint(path)
+        model_cfg = config_for_params(cfg, {k: tuple(v.shape) for k, v in ckpt.params.items()})
+        return ckpt.params, model_cfg
+    params = quant.dequantize_int8(quant.load_artifact(path, allow_pickle=allow_pickle))
+    return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()})
 
 
 def _shared_run_id(cfg: Config, backend: Backend) -> str:

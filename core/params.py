@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.config import Config
+from core.errors import PgolfError
 
 # Small per-channel tensors that steer the residual stream: trained with Adam at
 # the scalar lr and kept in fp32 everywhere, including in the int8 artifact.
@@ -138,3 +139,37 @@ def flops_per_token(cfg: Config) -> float:
     """
     matmul = sum(int(np.prod(s)) for n, s in param_shapes(cfg).items() if len(s) == 2 and not is_control(n))
     return 6.0 * matmul + 6.0 * cfg.num_layers * cfg.model_dim * cfg.train_seq_len
+
+
+def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config:
+    """`cfg` with the model shape read off a set of weights (e.g. an upstream artifact).
+
+    Everything the shapes determine is taken from them: vocabulary, width, depth,
+    heads (q_gain has one entry per head), KV heads, MLP width and head tying.
+    Other settings (softcap, RoPE base) stay as in `cfg`.
+    """
+    try:
+        vocab, dim = shapes["tok_emb.weight"]
+        layers = 1 + max(int(n.split(".")[1]) for n in shapes if n.startswith("blocks."))
+        heads = shapes["blocks.0.attn.q_gain"][0]
+        kv_heads = shapes["blocks.0.attn.c_k.weight"][0] // (dim // heads)
+        mlp_mult = shapes["blocks.0.mlp.fc.weight"][0] // dim
+    except (KeyError, ValueError, IndexError, ZeroDivisionError):
+        raise PgolfError(
+            "weights do not have the layout of the v1 GPT (missing or malformed tensors)"
+        ) from None
+    out = cfg.replace(
+        vocab_size=vocab,
+        model_dim=dim,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        mlp_mult=mlp_mult,
+        tie_embeddings="lm_head.weight" not in shapes,
+    )
+    expected = param_shapes(out)
+    if set(expected) != set(shapes) or any(tuple(shapes[n]) != s for n, s in expected.items()):
+        extra = sorted(set(shapes) ^ set(expected))
+        detail = f"unexpected or missing {extra[0]!r}" if extra else "a tensor has the wrong shape"
+        raise PgolfError(f"weights do not match the v1 GPT layout: {detail}")
+    return out

@@ -1,0 +1,293 @@
+"""pgolf command line: prepare data, train, evaluate, export, verify, benchmark.
+
+Frameworks are imported inside the commands, so `--help` works with neither
+PyTorch nor MLX installed. Every user-facing problem ends as one line on stderr
+and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import platform
+import re
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from core.config import Config
+from core.errors import PgolfError
+
+app = typer.Typer(
+    help="Train small GPTs under the Parameter Golf rules, with PyTorch (cuda) or MLX.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+data_app = typer.Typer(help="Datasets: build the embedded default corpus.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+BACKENDS = ("auto", "cuda", "mlx")
+DEFAULT_DATA = Config().data_path
+
+
+# ----------------------------------------------------------------- config flags
+def _field_help() -> dict[str, str]:
+    """The one-line comment of each Config field, used as its --flag help."""
+    source = inspect.getsource(Config)
+    return dict(re.findall(r"^\s+(\w+): [^=]+= .*?  # (.*)$", source, flags=re.M))
+
+
+def config_flags(command):
+    """Give a command one --flag per Config field; they arrive as `overrides`."""
+    helps = _field_help()
+    defaults = Config()
+    signature = inspect.signature(command)
+    params = [p for p in signature.parameters.values() if p.name != "overrides"]
+    for f in fields(Config):
+        kind = type(getattr(defaults, f.name))
+        option = typer.Option(
+            None, "--" + f.name.replace("_", "-"), help=helps.get(f.name, ""), rich_help_panel="Config fields"
+        )
+        params.append(
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind | None)
+        )
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any):
+        names = {f.name for f in fields(Config)}
+        overrides = {k: v for k, v in kwargs.items() if k in names and v is not None}
+        rest = {k: v for k, v in kwargs.items() if k not in names}
+        return command(overrides=overrides, **rest)
+
+    wrapper.__signature__ = signature.replace(parameters=params)
+    return wrapper
+
+
+def _resolve(preset: str, config: Path | None, overrides: dict[str, Any]) -> Config:
+    from core.config import resolve
+
+    return resolve(preset, config, overrides)
+
+
+# --------------------------------------------------------------------- backends
+def pick_backend(name: str) -> str:
+    """auto: MLX on Apple silicon when installed, else the PyTorch backend."""
+    if name not in BACKENDS:
+        raise PgolfError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
+    if name != "auto":
+        return name
+    on_apple = sys.platform == "darwin" and platform.machine() == "arm64"
+    if on_apple and importlib.util.find_spec("mlx") is not None:
+        return "mlx"
+    if importlib.util.find_spec("torch") is not None:
+        return "cuda"
+    if importlib.util.find_spec("mlx") is not None:
+        return "mlx"
+    raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
+
+
+def create_backend(name: str, cfg: Config):
+    name = pick_backend(name)
+    package = {"cuda": "cuda_train", "mlx": "mlx_train"}[name]
+    extra = {"cuda": "torch", "mlx": "mlx"}[name]
+    if importlib.util.find_spec(extra) is None:
+        raise PgolfError(f"the {name} backend needs {extra}: pip install 'pgolf[{extra}]'")
+    module = importlib.import_module(f"{package}.train")
+    return module.create_backend(cfg)
+
+
+def _ensure_default_data(cfg: Config) -> None:
+    """Build the embedded corpus on first use, when the default dataset is asked for."""
+    if cfg.data_path == DEFAULT_DATA and not Path(cfg.data_path).exists():
+        console.print("[bold]No dataset yet: preparing the embedded corpus (one time, about a minute).[/]")
+        _prepare(Path("data"), cfg.vocab_size)
+
+
+def _prepare(out: Path, vocab_size: int) -> dict:
+    from core.corpus import prepare_sotu
+
+    with console.status("preparing") as status:
+        summary = prepare_sotu(out, vocab_size=vocab_size, progress=lambda msg: status.update(msg))
+    return summary
+
+
+def _val_progress():
+    """A rich progress bar for validation passes, driven by (done, total) callbacks."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    bar = Progress("[dim]validating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        if "task" not in state:
+            bar.start()
+            state["task"] = bar.add_task("val", total=total)
+        bar.update(state["task"], completed=done, total=total)
+        if done >= total:
+            bar.stop()
+            state.clear()
+
+    return update
+
+
+# --------------------------------------------------------------------- commands
+@data_app.command("prepare")
+def data_prepare(
+    out: Path = typer.Option(Path("data"), help="Root folder: datasets/, tokenizers/, manifest.json."),
+    vocab_size: int = typer.Option(1024, help="SentencePiece BPE vocabulary size."),
+) -> None:
+    """Build the embedded default dataset (State of the Union speeches) offline."""
+    summary = _prepare(out, vocab_size)
+    for key, value in summary.items():
+        console.print(f"{key}: {value}")
+
+
+@app.command()
+@config_flags
+def train(
+    backend: str = typer.Option("auto", help="cuda (PyTorch: CUDA, else CPU), mlx, or auto."),
+    preset: str = typer.Option("baseline", help="Starting config: baseline, seq4096, tiny, smoke."),
+    config: Path | None = typer.Option(None, help="TOML file of config fields, applied over the preset."),
+    resume: Path | None = typer.Option(None, help="Checkpoint to resume from."),
+    overrides: dict | None = None,
+) -> None:
+    """Train a model, validate it, export the int8 artifact and score its round trip.
+
+    Config fields come from the preset, then --config, then upstream environment
+    variables (ITERATIONS, MATRIX_LR, ...), then the flags below.
+    """
+    from core.loop import train as run_training
+
+    cfg = _resolve(preset, config, overrides or {})
+    _ensure_default_data(cfg)
+    engine = create_backend(backend, cfg)
+    try:
+        result = run_training(cfg, engine, resume=resume, log=console.print, progress=_val_progress())
+    finally:
+        engine.close()
+    if engine.rank == 0:
+        console.print(
+            f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the int8 round trip "
+            f"({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
+            f"{result.code_bytes:,} B; run in {result.run_dir}"
+        )
+
+
+@app.command("eval")
+@config_flags
+def eval_command(
+    path: Path = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors)."),
+    backend: str = typer.Option("auto", help="cuda, mlx, or auto."),
+    preset: str = typer.Option("baseline", help="Config preset for data paths and eval settings."),
+    config: Path | None = typer.Option(None, help="TOML file of config fields."),
+    allow_pickle: bool = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!)."),
+    overrides: dict | None = None,
+) -> None:
+    """Score an artifact or checkpoint on the validation split: val_loss and val_bpb."""
+    from core.loop import evaluate, load_eval_data, load_weights
+
+    cfg = _resolve(preset, config, overrides or {})
+    params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
+    data = load_eval_data(cfg)
+    engine = create_backend(backend, cfg.replace(compile="off") if cfg.compile == "auto" else cfg)
+    try:
+        engine.load_params(params)
+        meter = evaluate(engine, cfg, data, _val_progress())
+    finally:
+        engine.close()
+    if engine.rank == 0:
+        console.print(
+            f"backend:{engine.name} tokens:{int(meter.tokens)} val_loss:{meter.val_loss:.8f} "
+            f"val_bpb:{meter.val_bpb:.8f}"
+        )
+
+
+@app.command("export")
+def export_command(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint written by `train` (.safetensors)."),
+    out: Path | None = typer.Option(None, help="Output file (default: beside the checkpoint)."),
+    format: str = typer.Option(
+        "pgolf", help="pgolf (no pickle) or upstream (torch.save+zlib, for train_gpt.py)."
+    ),
+    compressor: str = typer.Option("zlib", help="pgolf format only: zlib, lzma, bz2 or none."),
+    backend: str = typer.Option("cuda", help="Whose source files count as code bytes: cuda or mlx."),
+) -> None:
+    """Write the int8 artifact of a checkpoint and report its bytes against the budget."""
+    from core import quant
+    from core.checkpoint import load_checkpoint
+    from core.loop import code_paths, export_artifact
+
+    ckpt = load_checkpoint(checkpoint)
+    if format == "pgolf":
+        target = out or checkpoint.with_suffix(".int8.pgolf")
+        report = export_artifact(ckpt.params, ckpt.dtypes, target, pick_backend(backend), compressor)
+    elif format == "upstream":
+        target = out or checkpoint.with_suffix(".int8.ptz")
+        model = quant.quantize_int8(ckpt.params, ckpt.dtypes)
+        quant.save_upstream_torch(target, model)
+        report = quant.size_report(
+            payload_bytes=model.stats["int8_payload_bytes"],
+            model_bytes=target.stat().st_size,
+            code_bytes=quant.code_bytes(code_paths(pick_backend(backend))),
+        )
+    else:
+        raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
+    console.print(f"wrote {target}")
+    for key, value in report.items():
+        console.print(f"{key}: {value:,}")
+
+
+@app.command()
+def info() -> None:
+    """What is installed: Python, backends, devices, and the default dataset."""
+    import numpy
+
+    console.print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}")
+    console.print(f"numpy {numpy.__version__}")
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        devices = (
+            ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+            if torch.cuda.is_available()
+            else "no CUDA device (CPU)"
+        )
+        console.print(f"backend cuda: torch {torch.__version__}: {devices}")
+    else:
+        console.print("backend cuda: not installed (pip install 'pgolf[torch]')")
+    if importlib.util.find_spec("mlx") is not None:
+        import mlx.core as mx
+
+        console.print(f"backend mlx: mlx {mx.__version__}: default device {mx.default_device()}")
+    else:
+        console.print("backend mlx: not installed (pip install 'pgolf[mlx]')")
+    try:
+        chosen = pick_backend("auto")
+    except PgolfError:
+        chosen = "none"
+    console.print(f"auto backend: {chosen}")
+    data = Path(DEFAULT_DATA)
+    console.print(f"default dataset: {data} ({'present' if data.exists() else 'not prepared yet'})")
+
+
+def main() -> None:
+    try:
+        app()
+    except PgolfError as exc:
+        err_console.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        err_console.print("interrupted", markup=False)
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Config: presets, validation, TOML, upstream environment names, flags, dict round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.config import PRESETS, Config, field_names, from_env, load_toml, parse_overrides, preset, resolve
+from core.errors import PgolfError
+
+
+def test_baseline_defaults_match_the_upstream_scripts():
+    cfg = preset("baseline")
+    assert (cfg.vocab_size, cfg.num_layers, cfg.model_dim, cfg.num_heads, cfg.num_kv_heads) == (1024, 9, 512, 8, 4)
+    assert (cfg.train_seq_len, cfg.train_batch_tokens, cfg.iterations) == (1024, 524_288, 20_000)
+    assert (cfg.warmdown_iters, cfg.warmup_steps, cfg.max_wallclock_seconds, cfg.seed) == (1200, 20, 600.0, 1337)
+    assert (cfg.matrix_lr, cfg.scalar_lr, cfg.tied_embed_lr) == (0.04, 0.04, 0.05)
+    assert (cfg.muon_momentum, cfg.muon_momentum_warmup_start, cfg.muon_momentum_warmup_steps) == (0.95, 0.85, 500)
+    assert (cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.logit_softcap, cfg.qk_gain_init) == (0.9, 0.95, 1e-8, 30.0, 1.5)
+
+
+def test_seq4096_preset_is_the_published_record_config():
+    cfg = preset("seq4096")
+    assert (cfg.train_seq_len, cfg.train_batch_tokens, cfg.warmdown_iters) == (4096, 393_216, 3000)
+    assert (cfg.muon_momentum, cfg.muon_momentum_warmup_start, cfg.muon_momentum_warmup_steps) == (0.99, 0.92, 1500)
+    assert (cfg.tied_embed_lr, cfg.matrix_lr, cfg.scalar_lr) == (0.030, 0.020, 0.020)
+    assert cfg.model_dim == 512 and cfg.num_layers == 9
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_is_valid(name):
+    preset(name).validate(world_size=1)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_heads": 3}, "must divide model_dim"),
+        ({"num_kv_heads": 3}, "must divide num_heads"),
+        ({"model_dim": 36, "num_heads": 4, "num_kv_heads": 2}, "must be even for RoPE"),
+        ({"train_batch_tokens": 1000}, "must be a multiple"),
+        ({"grad_accum_steps": 0}, "grad_accum_steps must be positive"),
+        ({"compute_dtype": "fp8"}, "compute_dtype"),
+        ({"iterations": -1}, "iterations must be >= 0"),
+    ],
+)
+def test_validation_names_the_problem(change, message):
+    with pytest.raises(PgolfError, match=message):
+        preset("smoke").replace(**change).validate()
+
+
+def test_world_size_must_divide_accumulation():
+    with pytest.raises(PgolfError, match="world size 3"):
+        preset("baseline").validate(world_size=3)
+    preset("baseline").validate(world_size=8)
+
+
+def test_unknown_preset_and_unknown_key():
+    with pytest.raises(PgolfError, match="unknown preset"):
+        preset("huge")
+    with pytest.raises(PgolfError, match="unknown key 'matrx_lr'"):
+        Config().replace(matrx_lr=0.1)
+    with pytest.raises(PgolfError, match="unknown key 'matrx_lr'"):
+        parse_overrides(["matrx_lr=0.1"])
+
+
+def test_upstream_environment_variables_are_accepted():
+    env = {"ITERATIONS": "123", "MATRIX_LR": "0.02", "TIE_EMBEDDINGS": "0", "TRAIN_MAX_SEQ_LEN": "2048", "HOME": "/x"}
+    got = from_env(env)
+    assert got == {"iterations": "123", "matrix_lr": "0.02", "tie_embeddings": "0", "train_seq_len": "2048"}
+    cfg = resolve("baseline", environ=env)
+    assert (cfg.iterations, cfg.matrix_lr, cfg.tie_embeddings, cfg.train_seq_len) == (123, 0.02, False, 2048)
+
+
+def test_bad_value_types_are_one_clear_error():
+    with pytest.raises(PgolfError, match="iterations expects int, got 'many'"):
+        resolve("baseline", environ={"ITERATIONS": "many"})
+    with pytest.raises(PgolfError, match="tie_embeddings expects bool"):
+        Config().replace(tie_embeddings="maybe")
+
+
+def test_layering_preset_toml_env_flags(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('iterations = 50\nmatrix_lr = 0.03\nrun_id = "from-toml"\n')
+    cfg = resolve("tiny", toml, overrides={"iterations": "70"}, environ={"MATRIX_LR": "0.01"})
+    assert cfg.model_dim == preset("tiny").model_dim  # preset
+    assert cfg.run_id == "from-toml"  # TOML over preset
+    assert cfg.matrix_lr == 0.01  # env over TOML
+    assert cfg.iterations == 70  # flags over everything
+
+
+def test_toml_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("iterations = [")
+    with pytest.raises(PgolfError, match="not valid TOML"):
+        load_toml(bad)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("learning_rate = 1\n")
+    with pytest.raises(PgolfError, match="unknown key 'learning_rate'"):
+        load_toml(unknown)
+    with pytest.raises(PgolfError, match="file not found"):
+        load_toml(tmp_path / "missing.toml")
+
+
+def test_dict_round_trip_tolerates_old_keys():
+    cfg = preset("tiny").replace(seed=7)
+    data = cfg.to_dict()
+    assert Config.from_dict(data) == cfg
+    data["some_removed_field"] = 1
+    assert Config.from_dict(data) == cfg
+    with pytest.raises(PgolfError, match="unknown key"):
+        Config.from_dict(data, strict=True)
+
+
+def test_every_field_has_a_one_line_comment():
+    import cli
+
+    assert set(cli._field_help()) == field_names()

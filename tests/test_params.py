@@ -1,0 +1,97 @@
+"""The canonical parameter layout, the numpy initialisation and the FLOP count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.config import preset
+from core.errors import PgolfError
+from core.params import (
+    config_for_params,
+    count_params,
+    flops_per_token,
+    init_params,
+    param_group,
+    param_shapes,
+    round_to_bfloat16,
+    storage_dtypes,
+)
+
+
+def test_baseline_parameter_count_is_the_published_one():
+    assert count_params(preset("baseline")) == 17_059_912
+
+
+def test_names_are_the_upstream_state_dict_keys():
+    names = list(param_shapes(preset("baseline").replace(num_layers=2)))
+    block = [
+        "attn.c_q.weight", "attn.c_k.weight", "attn.c_v.weight", "attn.proj.weight", "attn.q_gain",
+        "mlp.fc.weight", "mlp.proj.weight", "attn_scale", "mlp_scale", "resid_mix",
+    ]  # fmt: skip
+    expected = ["tok_emb.weight", "skip_weights"] + [f"blocks.{i}.{b}" for i in range(2) for b in block]
+    assert names == expected
+    assert "lm_head.weight" in param_shapes(preset("baseline").replace(tie_embeddings=False))
+
+
+def test_groups():
+    shapes = param_shapes(preset("baseline").replace(tie_embeddings=False))
+    groups = {name: param_group(name) for name in shapes}
+    assert groups["tok_emb.weight"] == "embed"
+    assert groups["lm_head.weight"] == "head"
+    assert groups["skip_weights"] == "scalar"
+    assert {groups[n] for n in shapes if n.endswith(("q_gain", "attn_scale", "mlp_scale", "resid_mix"))} == {"scalar"}
+    matrices = [n for n, g in groups.items() if g == "matrix"]
+    assert len(matrices) == 6 * 9 and all(len(shapes[n]) == 2 for n in matrices)
+
+
+def test_init_is_deterministic_and_follows_the_upstream_distributions():
+    cfg = preset("baseline")
+    a, b = init_params(cfg), init_params(cfg)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["tok_emb.weight"], init_params(cfg, seed=1)["tok_emb.weight"])
+    assert all(v.dtype == np.float32 and v.shape == param_shapes(cfg)[k] for k, v in a.items())
+    assert a["tok_emb.weight"].std() == pytest.approx(0.005, rel=0.01)
+    q = a["blocks.0.attn.c_q.weight"]
+    assert np.abs(q).max() <= 1 / np.sqrt(512) and q.std() == pytest.approx(1 / np.sqrt(512) / np.sqrt(3), rel=0.01)
+    assert not a["blocks.3.attn.proj.weight"].any() and not a["blocks.3.mlp.proj.weight"].any()
+    assert np.all(a["blocks.0.attn.q_gain"] == 1.5)
+    assert np.array_equal(a["blocks.0.resid_mix"], np.stack([np.ones(512), np.zeros(512)]))
+    assert np.all(a["skip_weights"] == 1) and a["skip_weights"].shape == (4, 512)
+
+
+def test_bf16_init_holds_bf16_values():
+    emb = init_params(preset("smoke"), bf16=True)["tok_emb.weight"]
+    assert not (emb.view(np.uint32) & 0xFFFF).any()
+    assert storage_dtypes(preset("smoke"), bf16=True)["tok_emb.weight"] == "bfloat16"
+    assert set(storage_dtypes(preset("smoke"), bf16=False).values()) == {"float32"}
+
+
+def test_round_to_bfloat16_matches_torch():
+    torch = pytest.importorskip("torch", reason="torch is the reference for bf16 rounding")
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(size=10_000) * 10.0 ** rng.integers(-30, 30, 10_000),
+                        [0.0, -0.0, np.inf, -np.inf, 3.0e38, -3.4e38, 1e-40]]).astype(np.float32)  # fmt: skip
+    expected = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+    assert np.array_equal(round_to_bfloat16(x), expected)
+    assert np.isnan(round_to_bfloat16(np.array([np.nan], dtype=np.float32))).all()
+
+
+def test_flops_per_token_matches_the_spec_estimate():
+    # SPEC: 6N + 6*L*d*T = 102.2 + 28.3 = 130.5 MFLOP for the baseline.
+    assert flops_per_token(preset("baseline")) / 1e6 == pytest.approx(130.5, abs=0.1)
+
+
+def test_config_is_read_back_from_the_shapes():
+    target = preset("baseline").replace(num_layers=5, mlp_mult=3, num_heads=4, num_kv_heads=1, tie_embeddings=False)
+    got = config_for_params(preset("smoke"), param_shapes(target))
+    for name in ("num_layers", "mlp_mult", "num_heads", "num_kv_heads", "tie_embeddings", "model_dim", "vocab_size"):
+        assert getattr(got, name) == getattr(target, name)
+
+
+def test_foreign_weights_are_refused():
+    shapes = param_shapes(preset("smoke"))
+    with pytest.raises(PgolfError, match="layout"):
+        config_for_params(preset("smoke"), {k: v for k, v in shapes.items() if k != "tok_emb.weight"})
+    with pytest.raises(PgolfError, match="unexpected or missing 'extra'"):
+        config_for_params(preset("smoke"), {**shapes, "extra": (3,)})

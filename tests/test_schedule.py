@@ -1,0 +1,53 @@
+"""Schedules are pure functions: check them at their edges."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.config import preset
+from core.schedule import lr_multiplier, muon_momentum
+
+
+def test_iteration_warmdown_edges():
+    cfg = preset("baseline").replace(iterations=100, warmdown_iters=20, max_wallclock_seconds=0)
+    assert lr_multiplier(cfg, 0, 0.0) == 1.0
+    assert lr_multiplier(cfg, 79, 0.0) == 1.0
+    assert lr_multiplier(cfg, 80, 0.0) == pytest.approx(1.0)  # first warmdown step: 20/20
+    assert lr_multiplier(cfg, 90, 0.0) == pytest.approx(0.5)
+    assert lr_multiplier(cfg, 99, 0.0) == pytest.approx(0.05)
+    assert lr_multiplier(cfg, 100, 0.0) == 1.0  # past the end: no decay is applied any more
+
+
+def test_warmdown_longer_than_training_starts_decayed():
+    cfg = preset("baseline").replace(iterations=10, warmdown_iters=20, max_wallclock_seconds=0)
+    assert lr_multiplier(cfg, 0, 0.0) == pytest.approx(0.5)
+
+
+def test_no_warmdown_means_constant():
+    cfg = preset("baseline").replace(warmdown_iters=0)
+    assert lr_multiplier(cfg, 5, 123.0) == 1.0
+
+
+def test_wallclock_warmdown():
+    # 10 s cap; 100 ms per step so far; a warmdown of 20 steps is a 2 s window.
+    cfg = preset("baseline").replace(max_wallclock_seconds=10.0, warmdown_iters=20)
+    assert lr_multiplier(cfg, 50, 5_000.0) == 1.0  # 5 s left > 2 s window
+    assert lr_multiplier(cfg, 80, 8_000.0) == pytest.approx(1.0)  # exactly at the window
+    assert lr_multiplier(cfg, 90, 9_000.0) == pytest.approx(0.5)
+    assert lr_multiplier(cfg, 100, 10_000.0) == 0.0
+    assert lr_multiplier(cfg, 110, 11_000.0) == 0.0  # past the cap: never negative
+
+
+def test_wallclock_step_zero_uses_elapsed_as_step_time():
+    cfg = preset("baseline").replace(max_wallclock_seconds=1.0, warmdown_iters=10)
+    # step 0: the step time estimate is the elapsed time itself (max(step, 1)).
+    assert lr_multiplier(cfg, 0, 200.0) == pytest.approx(800.0 / 2000.0)
+
+
+def test_muon_momentum_warmup():
+    cfg = preset("baseline")
+    assert muon_momentum(cfg, 0) == pytest.approx(0.85)
+    assert muon_momentum(cfg, 250) == pytest.approx(0.90)
+    assert muon_momentum(cfg, 500) == pytest.approx(0.95)
+    assert muon_momentum(cfg, 10_000) == pytest.approx(0.95)
+    assert muon_momentum(cfg.replace(muon_momentum_warmup_steps=0), 0) == 0.95
