@@ -246,6 +246,37 @@ def export_command(
 
 
 @app.command()
+@config_flags
+def bench(
+    backend: str = typer.Option("auto", help="cuda, mlx, or auto."),
+    preset: str = typer.Option("baseline", help="Model and batch to time: baseline, seq4096, tiny, smoke."),
+    config: Path | None = typer.Option(None, help="TOML file of config fields."),
+    steps: int = typer.Option(10, min=1, help="Timed optimizer steps."),
+    warmup: int = typer.Option(3, min=0, help="Untimed steps first (compilation, caches)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
+    overrides: dict | None = None,
+) -> None:
+    """Time training steps on random tokens: ms/step, tokens/s, peak memory, MFU."""
+    import json
+
+    from core.bench import benchmark
+
+    cfg = _resolve(preset, config, overrides or {})
+    engine = create_backend(backend, cfg)
+    try:
+        result = benchmark(cfg, engine, steps=steps, warmup=warmup)
+    finally:
+        engine.close()
+    if engine.rank != 0:
+        return
+    for key, value in result.as_dict().items():
+        shown = f"{value:,.2f}" if isinstance(value, float) else str(value)
+        console.print(f"{key}: {shown}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+
+
+@app.command()
 def info() -> None:
     """What is installed: Python, backends, devices, and the default dataset."""
     import numpy
