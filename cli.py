@@ -210,6 +210,46 @@ def eval_command(
         )
 
 
+@app.command()
+@config_flags
+def verify(
+    path: Path = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors)."),
+    preset: str = typer.Option("baseline", help="Config preset for data paths and eval settings."),
+    config: Path | None = typer.Option(None, help="TOML file of config fields."),
+    allow_pickle: bool = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!)."),
+    overrides: dict | None = None,
+) -> None:
+    """Score one artifact with every installed backend and check that they agree."""
+    from rich.table import Table
+
+    from core import verify as check
+    from core.loop import load_eval_data, load_weights
+
+    cfg = _resolve(preset, config, overrides or {})
+    params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
+    data = load_eval_data(cfg)
+    names = [n for n, module in (("cuda", "torch"), ("mlx", "mlx")) if importlib.util.find_spec(module)]
+    if not names:
+        raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
+    verdict = check.verify(params, cfg, data, {n: functools.partial(create_backend, n) for n in names})
+    size = path.stat().st_size
+    table = Table(title=f"{path} ({size:,} B of the {16_000_000:,} B budget, before code)")
+    for column in ("backend", "device", "tokens", "val_loss", "val_bpb"):
+        table.add_column(column)
+    for s in verdict.scores:
+        table.add_row(s.backend, s.device, f"{s.tokens:,}", f"{s.val_loss:.8f}", f"{s.val_bpb:.8f}")
+    console.print(table)
+    console.print(
+        f"max |val_bpb diff| {verdict.max_bpb_diff:.2e} (tolerance {check.BPB_TOLERANCE:.0e}); "
+        f"max |logit diff| {verdict.max_logit_diff:.2e} (tolerance {check.LOGIT_TOLERANCE:.0e})"
+    )
+    if len(verdict.scores) < 2:
+        console.print("[yellow]only one backend installed: nothing to compare against[/]")
+    if not verdict.agree:
+        raise PgolfError("backends disagree beyond tolerance")
+    console.print("[bold green]backends agree[/]")
+
+
 @app.command("export")
 def export_command(
     checkpoint: Path = typer.Argument(..., help="Checkpoint written by `train` (.safetensors)."),

@@ -51,6 +51,9 @@ class Backend(Protocol):
     def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:
         """Sum over all tokens of the cross-entropy in nats (model in eval mode)."""
 
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """float32 logits (B, T, V) after the softcap, for parity checks."""
+
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over ranks (identity when world_size is 1); also a barrier."""
 

@@ -1,0 +1,80 @@
+"""Score one set of weights with every available backend and check that they agree.
+
+Both backends evaluate the same validation tokens in fp32 and compute logits on
+the same fixed batch. They agree when the val_bpb values differ by at most
+`BPB_TOLERANCE` and the logits by at most `LOGIT_TOLERANCE` (absolute); both
+bounds are a few hundred times fp32 round-off for the models pgolf trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.backend import Backend
+from core.config import Config
+from core.loop import EvalData, evaluate
+
+BPB_TOLERANCE = 1e-5
+LOGIT_TOLERANCE = 1e-3
+
+
+@dataclass
+class BackendScore:
+    backend: str
+    device: str
+    tokens: int
+    val_loss: float
+    val_bpb: float
+    logits: np.ndarray  # (B, T, V) on the fixed batch
+
+
+@dataclass
+class Verdict:
+    scores: list[BackendScore]
+    max_bpb_diff: float
+    max_logit_diff: float
+
+    @property
+    def agree(self) -> bool:
+        return self.max_bpb_diff <= BPB_TOLERANCE and self.max_logit_diff <= LOGIT_TOLERANCE
+
+
+def fixed_batch(data: EvalData, cfg: Config, seqs: int = 2) -> np.ndarray:
+    """The first `seqs` validation sequences: the batch every backend's logits are compared on."""
+    n = min(seqs, (len(data.tokens) - 1) // cfg.train_seq_len)
+    return data.tokens[: n * cfg.train_seq_len].astype(np.int32).reshape(n, cfg.train_seq_len)
+
+
+def verify(
+    params: dict[str, np.ndarray],
+    cfg: Config,
+    data: EvalData,
+    factories: dict[str, Callable[[Config], Backend]],
+) -> Verdict:
+    """Evaluate `params` with each backend factory (fp32, no compile) and compare."""
+    cfg = cfg.replace(compute_dtype="float32", compile="off")
+    x = fixed_batch(data, cfg)
+    scores = []
+    for name, make in factories.items():
+        backend = make(cfg)
+        try:
+            backend.load_params(params)
+            meter = evaluate(backend, cfg, data)
+            scores.append(
+                BackendScore(
+                    name, backend.device, int(meter.tokens), meter.val_loss, meter.val_bpb, backend.logits(x)
+                )
+            )
+        finally:
+            backend.close()
+    bpbs = [s.val_bpb for s in scores]
+    logit_diff = max(
+        (float(np.max(np.abs(a.logits - b.logits))) for a in scores for b in scores if a is not b),
+        default=0.0,
+    )
+    return Verdict(
+        scores=scores, max_bpb_diff=max(bpbs) - min(bpbs) if bpbs else 0.0, max_logit_diff=logit_diff
+    )
