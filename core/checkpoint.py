@@ -16,8 +16,6 @@ A run directory holds:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,24 +26,12 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from core.atomic import write_atomic
 from core.errors import PgolfError
 
 CHECKPOINT_FORMAT = "pgolf-checkpoint"
 CHECKPOINT_VERSION = 1
 ARTIFACT_NAME = "final_model.int8.pgolf"
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write bytes so that `path` is either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass
