@@ -1,0 +1,153 @@
+"""The MLX backend: what core.loop needs to train the v1 GPT on Apple silicon (or a CPU).
+
+A step accumulates gradients over the micro-batches, each cut into sub-batches of
+at most `mlx_max_microbatch_tokens` tokens so a 16 GB Mac does not run out of
+memory, then applies one optimizer update. Both the gradient of a sub-batch and
+the update are `mx.compile`d; the learning-rate multiplier and the momentum enter
+as arrays, so changing them does not recompile.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from core.config import Config
+from core.params import param_shapes, storage_dtypes
+from mlx_train.model import GPT
+from mlx_train.muon import Optimizers
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
+
+
+def _on_gpu() -> bool:
+    return mx.default_device() == mx.gpu
+
+
+def sub_batches(x: np.ndarray, y: np.ndarray, max_tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Split (B, T) batches into runs of whole sequences of at most max_tokens tokens."""
+    per = max(max_tokens // x.shape[1], 1)
+    return [(x[i : i + per], y[i : i + per]) for i in range(0, x.shape[0], per)]
+
+
+class MLXBackend:
+    name = "mlx"
+    rank = 0
+    world_size = 1
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        gpu = _on_gpu()
+        self.bf16 = cfg.compute_dtype == "bfloat16" or (cfg.compute_dtype == "auto" and gpu)
+        self.device = f"gpu ({mx.device_info().get('device_name', 'Apple GPU')})" if gpu else "cpu"
+        self.peak_flops = None
+        self.dtypes = {k: DTYPES[v] for k, v in storage_dtypes(cfg, self.bf16).items()}
+        self.model = GPT(cfg, mx.bfloat16 if self.bf16 else mx.float32)
+        self.optim = Optimizers(cfg)
+        compile_on = cfg.compile != "off"
+
+        grad_fn = nn.value_and_grad(self.model, self.model.loss)
+        # value_and_grad swaps traced parameters into the model, so its state is an output too.
+        model_state = [self.model.state]
+        self._grad = (
+            partial(mx.compile, inputs=model_state, outputs=model_state)(grad_fn) if compile_on else grad_fn
+        )
+
+        def update(grads: dict, lr_mult: mx.array, momentum: mx.array) -> None:
+            params = dict(tree_flatten(self.model.parameters()))
+            if cfg.grad_clip_norm > 0:
+                norm = mx.sqrt(sum(mx.sum(g.astype(mx.float32) ** 2) for g in grads.values()))
+                factor = mx.minimum(cfg.grad_clip_norm / (norm + 1e-6), 1.0)
+                grads = {k: g * factor for k, g in grads.items()}
+            self.model.update(
+                tree_unflatten(list(self.optim.apply(params, grads, lr_mult, momentum).items()))
+            )
+
+        state = [self.model.state, self.optim.state]
+        self._update = partial(mx.compile, inputs=state, outputs=state)(update) if compile_on else update
+
+        def nll_sum(x: mx.array, y: mx.array) -> mx.array:
+            return self.model.token_losses(x, y).sum()
+
+        self._nll_sum = mx.compile(nll_sum, inputs=self.model.state) if compile_on else nll_sum
+
+    # ------------------------------------------------------------------ state
+    def load_params(self, params: dict[str, np.ndarray]) -> None:
+        expected = param_shapes(self.cfg)
+        missing = sorted(set(expected) - set(params))
+        if missing:
+            raise ValueError(f"missing parameter {missing[0]}")
+        arrays = [
+            (k, mx.array(np.asarray(params[k], dtype=np.float32)).astype(self.dtypes[k])) for k in expected
+        ]
+        self.model.update(tree_unflatten(arrays))
+        mx.eval(self.model.parameters())
+
+    def params(self) -> dict[str, np.ndarray]:
+        flat = dict(tree_flatten(self.model.parameters()))
+        return {k: np.array(flat[k].astype(mx.float32)) for k in param_shapes(self.cfg)}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        return {k: np.array(v) for k, v in self.optim.state.items()}
+
+    def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        for key, current in list(self.optim.state.items()):
+            value = state.get(key)
+            if value is None:
+                raise ValueError(f"optimizer state lacks {key}")
+            self.optim.state[key] = mx.array(np.asarray(value)).astype(current.dtype).reshape(current.shape)
+        mx.eval(self.optim.state)
+
+    # --------------------------------------------------------------- compute
+    def train_step(
+        self, micro_batches: list[tuple[np.ndarray, np.ndarray]], lr_mult: float, muon_momentum: float
+    ) -> mx.array:
+        total = sum(x.size for x, _ in micro_batches)
+        grads: dict[str, mx.array] | None = None
+        loss = mx.array(0.0, dtype=mx.float32)
+        for mx_, my_ in micro_batches:
+            for x, y in sub_batches(mx_, my_, self.cfg.mlx_max_microbatch_tokens):
+                weight = x.size / total  # sub-batch share of the step's tokens
+                value, tree = self._grad(mx.array(x), mx.array(y))
+                flat = dict(tree_flatten(tree))
+                if grads is None:
+                    grads = {k: g * weight for k, g in flat.items()}
+                else:
+                    grads = {k: grads[k] + g * weight for k, g in flat.items()}
+                loss = loss + value * weight
+                if self.cfg.mlx_eager_eval:
+                    mx.eval(grads, loss)  # keep the lazy graph from growing across sub-batches
+        assert grads is not None, "train_step needs at least one micro-batch"
+        self._update(grads, mx.array(lr_mult, dtype=mx.float32), mx.array(muon_momentum, dtype=mx.float32))
+        mx.eval(self.model.state, self.optim.state, loss)
+        return loss
+
+    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:
+        total = 0.0
+        for xs, ys in sub_batches(x, y, self.cfg.mlx_max_microbatch_tokens):
+            total += float(self._nll_sum(mx.array(xs), mx.array(ys)))
+        return total
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return np.array(self.model(mx.array(x)).astype(mx.float32))
+
+    # ------------------------------------------------------------ plumbing
+    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)
+
+    def synchronize(self) -> None:
+        mx.synchronize()
+
+    def peak_memory_bytes(self) -> int | None:
+        return int(mx.get_peak_memory()) if _on_gpu() else None
+
+    def close(self) -> None:
+        pass
+
+
+def create_backend(cfg: Config) -> MLXBackend:
+    return MLXBackend(cfg)
