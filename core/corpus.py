@@ -72,7 +72,14 @@ def export_documents(
 ) -> dict[str, int]:
     """Tokenize documents into challenge shards: the first num_val_docs are validation."""
     bos = sp.bos_id()
-    counts = {"docs_val": 0, "docs_train": 0, "tokens_val": 0, "tokens_train": 0, "files_val": 0, "files_train": 0}
+    counts = {
+        "docs_val": 0,
+        "docs_train": 0,
+        "tokens_val": 0,
+        "tokens_train": 0,
+        "files_val": 0,
+        "files_train": 0,
+    }
     buffers: dict[str, list[np.ndarray]] = {"val": [], "train": []}
     filled = {"val": 0, "train": 0}
 

@@ -25,7 +25,9 @@ log = logging.getLogger("pgolf")
 
 def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
     tokens = np.asarray(tokens)
-    if tokens.size and (not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 0 or tokens.max() > 65_535):
+    if tokens.size and (
+        not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 0 or tokens.max() > 65_535
+    ):
         raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535]")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
@@ -53,7 +55,9 @@ def read_shard_header(path: str | Path) -> int:
         raise PgolfError(f"shard {path}: negative token count {count}")
     expected = HEADER_BYTES + 2 * count
     if size != expected:
-        raise PgolfError(f"shard {path}: {size} bytes, but its header promises {count} tokens ({expected} bytes)")
+        raise PgolfError(
+            f"shard {path}: {size} bytes, but its header promises {count} tokens ({expected} bytes)"
+        )
     return count
 
 
@@ -93,7 +97,9 @@ class TokenStream:
         self.file_index = (self.file_index + 1) % len(self.files)
         if self.file_index == 0:
             self.epoch += 1
-            log.warning("train data: starting epoch %d (the stream wrapped around to the first shard)", self.epoch)
+            log.warning(
+                "train data: starting epoch %d (the stream wrapped around to the first shard)", self.epoch
+            )
         self.tokens = read_shard(self.files[self.file_index], self.vocab_size)
         self.position = 0
 
@@ -116,7 +122,9 @@ class TokenStream:
     def load_state(self, state: dict[str, Any]) -> None:
         index = int(state["file_index"])
         if not 0 <= index < len(self.files):
-            raise PgolfError(f"data position refers to shard #{index}, but there are {len(self.files)} shards")
+            raise PgolfError(
+                f"data position refers to shard #{index}, but there are {len(self.files)} shards"
+            )
         if index != self.file_index:
             self.tokens = read_shard(self.files[index], self.vocab_size)
         self.file_index, self.position, self.epoch = index, int(state["position"]), int(state["epoch"])
@@ -160,7 +168,9 @@ def load_val_tokens(
     return tokens[: usable + 1]
 
 
-def val_spans(n_tokens: int, seq_len: int, batch_seqs: int, rank: int = 0, world_size: int = 1) -> list[tuple[int, int]]:
+def val_spans(
+    n_tokens: int, seq_len: int, batch_seqs: int, rank: int = 0, world_size: int = 1
+) -> list[tuple[int, int]]:
     """Token ranges [start, end) this rank scores, in batches of at most batch_seqs sequences."""
     total = (n_tokens - 1) // seq_len
     first, last = total * rank // world_size, total * (rank + 1) // world_size

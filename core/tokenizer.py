@@ -36,7 +36,9 @@ def load_tokenizer(path: str | Path) -> spm.SentencePieceProcessor:
 
 def check_vocab(sp: spm.SentencePieceProcessor, vocab_size: int, tokenizer_path: str | Path) -> None:
     if sp.vocab_size() != vocab_size:
-        raise PgolfError(f"tokenizer {tokenizer_path} has {sp.vocab_size()} pieces but vocab_size is {vocab_size}")
+        raise PgolfError(
+            f"tokenizer {tokenizer_path} has {sp.vocab_size()} pieces but vocab_size is {vocab_size}"
+        )
 
 
 @dataclass(frozen=True)
