@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
@@ -295,7 +294,7 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
                     "so load it only if you trust it, with --allow-pickle"
                 )
             warnings.warn(f"unpickling {path}: only do this for files you trust", stacklevel=2)
-            return _check(_from_upstream_dict(pickle.loads(raw), np.asarray))  # noqa: S301 - opted in
+            return _check(_from_upstream_dict(pickle.loads(raw), np.asarray))
     except PgolfError:
         raise
     except Exception as exc:  # any decoding failure of a damaged file is the user's input problem
