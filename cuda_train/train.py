@@ -1,0 +1,190 @@
+"""The PyTorch backend: what core.loop needs to train the v1 GPT on CUDA GPUs or a CPU.
+
+Launched as a plain process it uses one device; under `torchrun` it joins the
+process group (NCCL on CUDA, gloo on CPU) and wraps the compiled model in DDP.
+The plain module is kept for parameters and state, so nothing saved ever
+carries a compile or DDP prefix.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from core.config import Config
+from core.errors import PgolfError
+from core.params import param_shapes, storage_dtypes
+from cuda_train.model import GPT
+from cuda_train.muon import Muon, build_optimizers
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense, datasheet
+
+
+class TorchBackend:
+    name = "cuda"
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available():
+            self.torch_device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(self.torch_device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            name = torch.cuda.get_device_name(self.torch_device)
+            self.device = f"cuda:{local_rank} ({name})"
+        else:
+            self.torch_device, name = torch.device("cpu"), ""
+            self.device = "cpu"
+        cuda = self.torch_device.type == "cuda"
+        if self.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if cuda else "gloo", device_id=self.torch_device if cuda else None)
+        self.bf16 = cfg.compute_dtype == "bfloat16" or (cfg.compute_dtype == "auto" and cuda)
+        self.peak_flops = (
+            next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None) if self.bf16 else None
+        )
+        torch.manual_seed(cfg.seed)
+
+        self.model = GPT(cfg).to(self.torch_device)
+        for pname, dtype in storage_dtypes(cfg, self.bf16).items():
+            self.model.get_parameter(pname).data = self.model.get_parameter(pname).data.to(DTYPES[dtype])
+        self.optimizers = build_optimizers(self.model, cfg)
+        self.steps_taken = 0
+        compile_on = cfg.compile == "on" or (cfg.compile == "auto" and cuda)
+        self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model
+        self.runner = (
+            DDP(self.compiled, device_ids=[local_rank] if cuda else None, broadcast_buffers=False)
+            if self.world_size > 1
+            else self.compiled
+        )
+        self.autocast = (
+            torch.autocast(device_type=self.torch_device.type, dtype=torch.bfloat16)
+            if self.bf16
+            else nullcontext()
+        )
+
+    # ------------------------------------------------------------------ state
+    def load_params(self, params: dict[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            for name in param_shapes(self.cfg):
+                p = self.model.get_parameter(name)
+                p.copy_(torch.from_numpy(np.asarray(params[name], dtype=np.float32)).to(p.device, p.dtype))
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {name: p.detach().float().cpu().numpy().copy() for name, p in self.model.named_parameters()}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {"step": np.array(self.steps_taken, dtype=np.int64)}
+        names = {p: n for n, p in self.model.named_parameters()}
+        for opt in self.optimizers:
+            keys = ("momentum_buffer",) if isinstance(opt, Muon) else ("exp_avg", "exp_avg_sq")
+            for p in opt.param_groups[0]["params"]:
+                state = opt.state.get(p, {})
+                for key in keys:
+                    value = state.get(key)
+                    array = np.zeros(p.shape, np.float32) if value is None else value.float().cpu().numpy()
+                    out[f"{key}/{names[p]}"] = array.copy()
+        return out
+
+    def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        step = int(state["step"])
+        names = {p: n for n, p in self.model.named_parameters()}
+
+        def tensor(key: str, p: torch.Tensor) -> torch.Tensor:
+            if f"{key}/{names[p]}" not in state:
+                raise PgolfError(f"optimizer state lacks {key}/{names[p]}")
+            return torch.from_numpy(np.asarray(state[f"{key}/{names[p]}"])).to(p.device, torch.float32)
+
+        for opt in self.optimizers:
+            opt.state.clear()
+            if step == 0:  # a fresh optimizer: torch creates its state lazily
+                continue
+            for p in opt.param_groups[0]["params"]:
+                if isinstance(opt, Muon):
+                    opt.state[p] = {"momentum_buffer": tensor("momentum_buffer", p)}
+                else:
+                    # Adam's step counter lives on the device only for the fused kernel.
+                    where = p.device if opt.defaults.get("fused") else "cpu"
+                    opt.state[p] = {
+                        "step": torch.tensor(float(step), dtype=torch.float32, device=where),
+                        "exp_avg": tensor("exp_avg", p).to(p.dtype),
+                        "exp_avg_sq": tensor("exp_avg_sq", p).to(p.dtype),
+                    }
+        self.steps_taken = step
+
+    # --------------------------------------------------------------- compute
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.torch_device, torch.int64, non_blocking=True)
+
+    def train_step(
+        self, micro_batches: list[tuple[np.ndarray, np.ndarray]], lr_mult: float, muon_momentum: float
+    ) -> torch.Tensor:
+        self.model.train()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.torch_device)
+        n = len(micro_batches)
+        for i, (x, y) in enumerate(micro_batches):
+            sync = self.world_size == 1 or i == n - 1
+            context = self.runner.no_sync() if not sync else nullcontext()
+            with context, self.autocast:
+                loss = self.runner(self._to_device(x), self._to_device(y))
+            (loss / n).backward()
+            total += loss.detach()
+        if self.cfg.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip_norm)
+        for opt in self.optimizers:
+            group = opt.param_groups[0]
+            group["lr"] = group["base_lr"] * lr_mult
+            if isinstance(opt, Muon):
+                group["momentum"] = muon_momentum
+            opt.step()
+        self.steps_taken += 1
+        return total / n
+
+    @torch.inference_mode()
+    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:
+        self.model.eval()
+        with self.autocast:
+            loss = self.compiled(self._to_device(x), self._to_device(y), reduction="sum")
+        return float(loss.double().item())
+
+    @torch.inference_mode()
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        with self.autocast:
+            return self.model(self._to_device(x)).float().cpu().numpy()
+
+    # ------------------------------------------------------------ plumbing
+    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype=np.float64)
+        if self.world_size == 1:
+            return values
+        t = torch.from_numpy(values.copy()).to(self.torch_device)
+        dist.all_reduce(t)
+        return t.cpu().numpy()
+
+    def synchronize(self) -> None:
+        if self.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.torch_device)
+
+    def peak_memory_bytes(self) -> int | None:
+        if self.torch_device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.torch_device))
+        return None
+
+    def close(self) -> None:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def create_backend(cfg: Config) -> TorchBackend:
+    return TorchBackend(cfg)
