@@ -31,8 +31,8 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Datasets: build the embedded default corpus.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 BACKENDS = ("auto", "cuda", "mlx")
 DEFAULT_DATA = Config().data_path
@@ -119,6 +119,10 @@ def _prepare(out: Path, vocab_size: int) -> dict:
     return summary
 
 
+def _log_line(line: str) -> None:
+    console.print(line, markup=False)
+
+
 def _val_progress():
     """A rich progress bar for validation passes, driven by (done, total) callbacks."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -170,7 +174,7 @@ def train(
     _ensure_default_data(cfg)
     engine = create_backend(backend, cfg)
     try:
-        result = run_training(cfg, engine, resume=resume, log=console.print, progress=_val_progress())
+        result = run_training(cfg, engine, resume=resume, log=_log_line, progress=_val_progress())
     finally:
         engine.close()
     if engine.rank == 0:

@@ -10,18 +10,43 @@ from core.errors import PgolfError
 
 def test_baseline_defaults_match_the_upstream_scripts():
     cfg = preset("baseline")
-    assert (cfg.vocab_size, cfg.num_layers, cfg.model_dim, cfg.num_heads, cfg.num_kv_heads) == (1024, 9, 512, 8, 4)
+    assert (cfg.vocab_size, cfg.num_layers, cfg.model_dim, cfg.num_heads, cfg.num_kv_heads) == (
+        1024,
+        9,
+        512,
+        8,
+        4,
+    )
     assert (cfg.train_seq_len, cfg.train_batch_tokens, cfg.iterations) == (1024, 524_288, 20_000)
-    assert (cfg.warmdown_iters, cfg.warmup_steps, cfg.max_wallclock_seconds, cfg.seed) == (1200, 20, 600.0, 1337)
+    assert (cfg.warmdown_iters, cfg.warmup_steps, cfg.max_wallclock_seconds, cfg.seed) == (
+        1200,
+        20,
+        600.0,
+        1337,
+    )
     assert (cfg.matrix_lr, cfg.scalar_lr, cfg.tied_embed_lr) == (0.04, 0.04, 0.05)
-    assert (cfg.muon_momentum, cfg.muon_momentum_warmup_start, cfg.muon_momentum_warmup_steps) == (0.95, 0.85, 500)
-    assert (cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.logit_softcap, cfg.qk_gain_init) == (0.9, 0.95, 1e-8, 30.0, 1.5)
+    assert (cfg.muon_momentum, cfg.muon_momentum_warmup_start, cfg.muon_momentum_warmup_steps) == (
+        0.95,
+        0.85,
+        500,
+    )
+    assert (cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.logit_softcap, cfg.qk_gain_init) == (
+        0.9,
+        0.95,
+        1e-8,
+        30.0,
+        1.5,
+    )
 
 
 def test_seq4096_preset_is_the_published_record_config():
     cfg = preset("seq4096")
     assert (cfg.train_seq_len, cfg.train_batch_tokens, cfg.warmdown_iters) == (4096, 393_216, 3000)
-    assert (cfg.muon_momentum, cfg.muon_momentum_warmup_start, cfg.muon_momentum_warmup_steps) == (0.99, 0.92, 1500)
+    assert (cfg.muon_momentum, cfg.muon_momentum_warmup_start, cfg.muon_momentum_warmup_steps) == (
+        0.99,
+        0.92,
+        1500,
+    )
     assert (cfg.tied_embed_lr, cfg.matrix_lr, cfg.scalar_lr) == (0.030, 0.020, 0.020)
     assert cfg.model_dim == 512 and cfg.num_layers == 9
 
@@ -64,7 +89,13 @@ def test_unknown_preset_and_unknown_key():
 
 
 def test_upstream_environment_variables_are_accepted():
-    env = {"ITERATIONS": "123", "MATRIX_LR": "0.02", "TIE_EMBEDDINGS": "0", "TRAIN_MAX_SEQ_LEN": "2048", "HOME": "/x"}
+    env = {
+        "ITERATIONS": "123",
+        "MATRIX_LR": "0.02",
+        "TIE_EMBEDDINGS": "0",
+        "TRAIN_MAX_SEQ_LEN": "2048",
+        "HOME": "/x",
+    }
     got = from_env(env)
     assert got == {"iterations": "123", "matrix_lr": "0.02", "tie_embeddings": "0", "train_seq_len": "2048"}
     cfg = resolve("baseline", environ=env)

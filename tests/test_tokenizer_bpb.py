@@ -1,0 +1,114 @@
+"""The byte tables count exactly the UTF-8 bytes of the decoded text; BPB is the right ratio."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from core.bpb import BPBMeter, token_bytes
+from core.corpus import read_text, speech_files
+from core.errors import PgolfError
+from core.tokenizer import byte_tables, check_vocab, load_tokenizer, train_tokenizer
+
+MULTILINGUAL = [
+    "Café au lait, naïve façade, São Paulo and Zürich.",
+    "東京は日本の首都です。北京是中国的首都。",
+    "Emoji too: 🎉🚀 and a family 👨‍👩‍👧 with 2024 digits 31415.",
+    "Ελληνικά, русский, עברית and العربية side by side.",
+    "  leading spaces, tabs\tand  doubled  spaces  ",
+]
+
+
+def counted_bytes(sp, tables, text: str) -> tuple[int, int]:
+    """(bytes the tables count for [bos] + ids, UTF-8 bytes of the decoded text)."""
+    ids = [sp.bos_id(), *sp.encode(text)]
+    counted = int(token_bytes(np.array(ids[:-1]), np.array(ids[1:]), tables).sum())
+    return counted, len(sp.decode(ids[1:]).encode("utf-8"))
+
+
+def test_challenge_tokenizer_counts_real_text_exactly(challenge_dir):
+    sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
+    tables = byte_tables(sp, 1024)
+    assert tables.base_bytes[sp.piece_to_id("\u2581")] == 0  # "▁" alone: only its leading space counts
+    covered = [t for t in map(read_text, speech_files()[::10]) if sp.unk_id() not in sp.encode(t)]
+    assert len(covered) >= 10  # most speeches are plain English the tokenizer covers
+    for text in covered:
+        counted, actual = counted_bytes(sp, tables, text)
+        assert counted == actual, text[:60]
+
+
+def test_challenge_tokenizer_counts_uncovered_characters_as_zero(challenge_dir):
+    sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
+    tables = byte_tables(sp, 1024)
+    ids = sp.encode("東京")
+    assert sp.unk_id() in ids  # no byte fallback: unknown characters become <unk>
+    assert tables.base_bytes[sp.unk_id()] == 0 and tables.is_boundary[sp.unk_id()]
+
+
+@pytest.fixture(scope="module")
+def fallback_tokenizer(tmp_path_factory):
+    texts = [read_text(p) for p in speech_files()[:15]] + MULTILINGUAL * 3
+    path = train_tokenizer(texts, 600, tmp_path_factory.mktemp("tok") / "fb", byte_fallback=True)
+    return load_tokenizer(path)
+
+
+def test_byte_fallback_tokenizer_counts_any_text_exactly(fallback_tokenizer):
+    sp = fallback_tokenizer
+    tables = byte_tables(sp, sp.vocab_size())
+    assert any(sp.is_byte(i) and tables.base_bytes[i] == 1 for i in range(sp.vocab_size()))
+    unseen = ["Ångström ☃ 😀 naïveté — 你好世界 🤖", "ñandú, 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 and ⅷ"]
+    for text in MULTILINGUAL + unseen + [read_text(speech_files()[100])]:
+        counted, actual = counted_bytes(sp, tables, text)
+        assert counted == actual, text
+
+
+def test_training_is_deterministic(tmp_path):
+    texts = [read_text(p) for p in speech_files()[:6]]
+    a = train_tokenizer(texts, 400, tmp_path / "a").read_bytes()
+    b = train_tokenizer(texts, 400, tmp_path / "b").read_bytes()
+    assert a == b
+
+
+def test_tables_extend_past_the_tokenizer_as_boundaries(challenge_dir):
+    sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
+    tables = byte_tables(sp, 1100)
+    assert len(tables.base_bytes) == 1100
+    assert tables.is_boundary[1024:].all() and not tables.base_bytes[1024:].any()
+
+
+def test_vocab_mismatch_and_bad_files(challenge_dir, tmp_path):
+    sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
+    with pytest.raises(PgolfError, match="has 1024 pieces but vocab_size is 4096"):
+        check_vocab(sp, 4096, "tok.model")
+    (tmp_path / "bad.model").write_bytes(b"garbage")
+    with pytest.raises(PgolfError, match="not a SentencePiece model"):
+        load_tokenizer(tmp_path / "bad.model")
+    with pytest.raises(PgolfError, match="does not exist"):
+        load_tokenizer(tmp_path / "missing.model")
+
+
+def test_bpb_of_a_uniform_model_is_log2_vocab_times_tokens_per_byte(challenge_dir):
+    sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
+    tables = byte_tables(sp, 1024)
+    ids = np.array([sp.bos_id(), *sp.encode("The quick brown fox jumps over the lazy dog.")])
+    prev, target = ids[:-1], ids[1:]
+    meter = BPBMeter(tables)
+    meter.add(len(target) * math.log(1024), prev, target)  # uniform: ln(1024) nats per token
+    n_bytes = len(b"The quick brown fox jumps over the lazy dog.")
+    assert meter.val_loss == pytest.approx(math.log(1024))
+    assert meter.val_bpb == pytest.approx(10.0 * len(target) / n_bytes)
+
+
+def test_meter_merges_like_one_pass(challenge_dir):
+    sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
+    tables = byte_tables(sp, 1024)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1024, 201)
+    whole, a, b = BPBMeter(tables), BPBMeter(tables), BPBMeter(tables)
+    whole.add(300.0, ids[:-1], ids[1:])
+    a.add(100.0, ids[:100], ids[1:101])
+    b.add(200.0, ids[100:-1], ids[101:])
+    merged = BPBMeter.from_array(tables, a.as_array() + b.as_array())
+    assert merged.val_bpb == pytest.approx(whole.val_bpb) and merged.tokens == whole.tokens == 200
