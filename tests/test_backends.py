@@ -1,0 +1,206 @@
+"""Each backend against the independent numpy reference: forward, optimizer steps, state.
+
+Every test runs for both backends (`cuda` = PyTorch, here on the CPU; `mlx`), in
+fp32 on the smoke model. Tolerances are fp32 round-off: 2e-5 relative on losses,
+1e-4 absolute on logits of size ~1, 2e-5 on parameters after one step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from core.config import preset
+from core.optim import base_lr
+from core.params import init_params, param_group, param_shapes
+from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
+
+BACKENDS = [
+    pytest.param("cuda", marks=[pytest.mark.torch, pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="torch not installed")]),
+    pytest.param("mlx", marks=[pytest.mark.mlx, pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")]),
+]  # fmt: skip
+
+
+def make_backend(name: str, cfg):
+    if name == "cuda":
+        from cuda_train.train import create_backend
+    else:
+        from mlx_train.train import create_backend
+    return create_backend(cfg)
+
+
+def busy_params(cfg, seed: int = 0) -> dict[str, np.ndarray]:
+    """Init weights with every zero/one tensor perturbed, so every path of the model matters."""
+    params = init_params(cfg)
+    rng = np.random.default_rng(seed)
+    for name, value in params.items():
+        noise = rng.normal(0, 0.05 if value.ndim == 2 else 0.2, value.shape)
+        params[name] = (value + noise).astype(np.float32)
+    return params
+
+
+def batch(cfg, n: int = 2, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    tokens = (
+        np.random.default_rng(seed).integers(0, cfg.vocab_size, (n, cfg.train_seq_len + 1)).astype(np.int32)
+    )
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def gradients(backend, name: str, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """d(mean CE)/d(param) from the framework's autodiff on the backend's own model."""
+    if name == "cuda":
+        import torch
+
+        model = backend.model
+        model.zero_grad(set_to_none=True)
+        model(torch.from_numpy(x).long(), torch.from_numpy(y).long()).backward()
+        return {n: p.grad.double().numpy() for n, p in model.named_parameters()}
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    _, grads = nn.value_and_grad(backend.model, backend.model.loss)(mx.array(x), mx.array(y))
+    return {n: np.array(g, dtype=np.float64) for n, g in tree_flatten(grads)}
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_parameters_are_the_canonical_ones_and_round_trip(backend_name):
+    cfg = preset("smoke").replace(tie_embeddings=False)
+    backend = make_backend(backend_name, cfg)
+    params = busy_params(cfg)
+    backend.load_params(params)
+    got = backend.params()
+    assert list(got) == list(param_shapes(cfg)) or set(got) == set(param_shapes(cfg))
+    assert all(got[k].dtype == np.float32 and np.array_equal(got[k], v) for k, v in params.items())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_forward_matches_the_reference(backend_name, tied):
+    cfg = preset("smoke").replace(tie_embeddings=tied, num_layers=3)  # odd depth: one unpaired block
+    backend = make_backend(backend_name, cfg)
+    params = busy_params(cfg)
+    backend.load_params(params)
+    x, y = batch(cfg)
+    np.testing.assert_allclose(backend.logits(x), reference_logits(params, cfg, x), rtol=0, atol=1e-4)
+    assert backend.eval_nll(x, y) / y.size == pytest.approx(reference_loss(params, cfg, x, y), rel=2e-5)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_train_steps_equal_the_hand_computed_updates(backend_name):
+    cfg = preset("smoke").replace(tie_embeddings=False)
+    backend = make_backend(backend_name, cfg)
+    params = {k: v.astype(np.float64) for k, v in busy_params(cfg).items()}
+    backend.load_params(params)
+    state = {k: np.zeros_like(v) for k, v in params.items()}
+    second = {k: np.zeros_like(v) for k, v in params.items()}
+    micro = [batch(cfg, seed=1), batch(cfg, seed=2)]
+    for step, (lr_mult, momentum) in enumerate([(0.7, 0.9), (0.5, 0.93)], start=1):
+        grads = [gradients(backend, backend_name, x, y) for x, y in micro]
+        grad = {k: (grads[0][k] + grads[1][k]) / 2 for k in params}  # mean over micro-batches
+        backend.train_step(micro, lr_mult, momentum)
+        for name in params:
+            lr = base_lr(cfg, param_group(name)) * lr_mult
+            if param_group(name) == "matrix":
+                params[name], state[name] = reference_muon_update(
+                    params[name], grad[name], state[name], lr, momentum, cfg.muon_backend_steps
+                )
+            else:
+                params[name], state[name], second[name] = reference_adam_update(
+                    params[name],
+                    grad[name],
+                    state[name],
+                    second[name],
+                    step,
+                    lr,
+                    cfg.beta1,
+                    cfg.beta2,
+                    cfg.adam_eps,
+                )
+        got = backend.params()
+        for name in params:
+            np.testing.assert_allclose(
+                got[name], params[name], rtol=0, atol=2e-5, err_msg=f"{name} at step {step}"
+            )
+    assert int(backend.optimizer_state()["step"]) == 2
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_optimizer_state_round_trip_continues_identically(backend_name):
+    cfg = preset("smoke")
+    a = make_backend(backend_name, cfg)
+    a.load_params(busy_params(cfg))
+    micro = [batch(cfg, seed=3), batch(cfg, seed=4)]
+    for _ in range(2):
+        a.train_step(micro, 1.0, 0.9)
+    b = make_backend(backend_name, cfg)
+    b.load_params(a.params())
+    b.load_optimizer_state(a.optimizer_state())
+    a.train_step(micro, 0.8, 0.95)
+    b.train_step(micro, 0.8, 0.95)
+    pa, pb = a.params(), b.params()
+    assert all(np.array_equal(pa[k], pb[k]) for k in pa)
+    sa, sb = a.optimizer_state(), b.optimizer_state()
+    assert sa.keys() == sb.keys() and all(np.array_equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_compiled_step_equals_eager(backend_name):
+    cfg = preset("smoke")
+    micro = [batch(cfg, seed=5), batch(cfg, seed=6)]
+    results = []
+    for mode in ("off", "on"):
+        backend = make_backend(backend_name, cfg.replace(compile=mode))
+        backend.load_params(busy_params(cfg))
+        for lr_mult in (1.0, 0.5):
+            loss = float(backend.train_step(micro, lr_mult, 0.9))
+        results.append((loss, backend.params()))
+    (loss_eager, eager), (loss_compiled, compiled) = results
+    assert loss_compiled == pytest.approx(loss_eager, rel=1e-5)
+    # Fused kernels reorder fp32 sums; Newton-Schulz amplifies that to ~1e-5 after two steps.
+    for k in eager:
+        np.testing.assert_allclose(compiled[k], eager[k], rtol=0, atol=1e-4, err_msg=k)
+
+
+@pytest.mark.mlx
+@pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")
+def test_mlx_sub_batches_equal_one_big_batch():
+    cfg = preset("smoke").replace(mlx_max_microbatch_tokens=4096)
+    micro = [batch(cfg, n=4, seed=7), batch(cfg, n=4, seed=8)]
+    results = []
+    for limit, eager in ((4096, False), (64, True), (128, False)):  # 1, 4 and 2 sub-batches per micro-batch
+        backend = make_backend("mlx", cfg.replace(mlx_max_microbatch_tokens=limit, mlx_eager_eval=eager))
+        backend.load_params(busy_params(cfg))
+        loss = float(backend.train_step(micro, 1.0, 0.9))
+        results.append((loss, backend.params()))
+    for loss, params in results[1:]:
+        assert loss == pytest.approx(results[0][0], rel=1e-6)
+        # Adam's first step is ~lr * sign(g): embedding rows with near-zero gradients turn
+        # summation-order noise into differences of up to ~1e-4 (0.2% of the lr).
+        for k, v in params.items():
+            np.testing.assert_allclose(v, results[0][1][k], rtol=0, atol=1e-4, err_msg=k)
+
+
+@pytest.mark.mlx
+@pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")
+def test_mlx_step_compiles_once():
+    import mlx.core as mx
+
+    cfg = preset("smoke").replace(compile="on")
+    backend = make_backend("mlx", cfg)
+    backend.load_params(busy_params(cfg))
+    traces = []
+    original = backend.optim.apply
+
+    def counting(*args, **kwargs):
+        traces.append(1)  # runs only while mx.compile traces the update
+        return original(*args, **kwargs)
+
+    backend.optim.apply = counting
+    micro = [batch(cfg, seed=9), batch(cfg, seed=10)]
+    for i in range(4):
+        backend.train_step(micro, 1.0 - 0.2 * i, 0.85 + 0.02 * i)
+    mx.eval(backend.model.parameters())
+    assert len(traces) == 1
