@@ -1,0 +1,132 @@
+"""The training driver end to end, with each backend, on the small real dataset."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.checkpoint import load_checkpoint, read_metrics
+from core.loop import train
+from core.quant import dequantize_int8, load_artifact
+from core.shards import find_shards, read_shard
+from tests.test_backends import BACKENDS, make_backend
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(dataset, backend_name, tmp_path, run_id="run", resume=None, preset="smoke", **changes):
+    cfg = dataset.config(preset, out_dir=str(tmp_path), run_id=run_id, **changes)
+    backend = make_backend(backend_name, cfg)
+    try:
+        return train(cfg, backend, resume=resume, log=lambda line: None)
+    finally:
+        backend.close()
+
+
+def final_params(result) -> dict[str, np.ndarray]:
+    (ckpt,) = sorted((result.run_dir / "checkpoints").glob("*.safetensors"))[-1:]
+    return load_checkpoint(ckpt).params
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_a_run_writes_logs_checkpoint_and_a_scored_artifact(sotu_dataset, backend_name, tmp_path):
+    result = run(sotu_dataset, backend_name, tmp_path, val_loss_every=2)
+    records = read_metrics(result.run_dir)
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert [r["step"] for r in records if r["kind"] == "val"] == [0, 2, 4]
+    (final,) = [r for r in records if r["kind"] == "final"]
+    assert final["roundtrip_val_bpb"] == pytest.approx(result.roundtrip_val_bpb)
+    assert (result.run_dir / "config.json").exists() and (result.run_dir / "train.log").exists()
+    assert result.artifact_bytes == (result.run_dir / "final_model.int8.pgolf").stat().st_size > 0
+    # int8 costs a little, not a lot.
+    assert abs(result.roundtrip_val_bpb - result.val_bpb) < 0.02
+    ckpt = load_checkpoint(result.run_dir / "checkpoints" / "step_000004.safetensors")
+    assert ckpt.step == 4 and ckpt.backend == backend_name
+    artifact = dequantize_int8(load_artifact(result.run_dir / "final_model.int8.pgolf"))
+    assert artifact.keys() == ckpt.params.keys()
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(sotu_dataset, backend_name, tmp_path):
+    whole = run(sotu_dataset, backend_name, tmp_path, "whole", iterations=6, checkpoint_every=3)
+    resumed = run(
+        sotu_dataset, backend_name, tmp_path, "resumed", iterations=6,
+        resume=whole.run_dir / "checkpoints" / "step_000003.safetensors",
+    )  # fmt: skip
+    a, b = final_params(whole), final_params(resumed)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=k)
+    assert resumed.roundtrip_val_bpb == pytest.approx(whole.roundtrip_val_bpb, abs=1e-6)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_compile_warmup_steps_are_undone(sotu_dataset, backend_name, tmp_path):
+    plain = run(sotu_dataset, backend_name, tmp_path, "plain", iterations=3)
+    warmed = run(sotu_dataset, backend_name, tmp_path, "warmed", iterations=3, warmup_steps=2)
+    a, b = final_params(plain), final_params(warmed)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=k)
+
+
+def test_wallclock_cap_stops_early(sotu_dataset, tmp_path):
+    result = run(sotu_dataset, "cuda", tmp_path, iterations=100_000, max_wallclock_seconds=1.0, train_log_every=0)
+    assert 1 <= result.steps < 100_000
+    log = (result.run_dir / "train.log").read_text()
+    assert "stopping_early: wallclock_cap" in log and result.train_time_ms >= 1000.0
+
+
+def unigram_bpb(dataset) -> float:
+    """BPB of the best context-free model: training-set token frequencies scored on validation."""
+    from core.bpb import BPBMeter
+    from core.tokenizer import byte_tables, load_tokenizer
+
+    train_ids = np.concatenate([read_shard(f) for f in find_shards(dataset.data_path, "train")])
+    val = read_shard(find_shards(dataset.data_path, "val")[0]).astype(np.int64)
+    counts = np.bincount(train_ids, minlength=dataset.vocab_size) + 1.0
+    logp = np.log(counts / counts.sum())
+    meter = BPBMeter(byte_tables(load_tokenizer(dataset.tokenizer_path), dataset.vocab_size))
+    meter.add(-logp[val[1:]].sum(), val[:-1], val[1:])
+    return meter.val_bpb
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("backend_name", "steps", "batch"),
+    [(BACKENDS[0], 200, 8192), (BACKENDS[1], 150, 4096)],  # MLX on a CPU is slower: fewer tokens
+)
+def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_name, steps, batch, tmp_path):
+    result = run(
+        sotu_dataset, backend_name, tmp_path, preset="tiny", iterations=steps, train_batch_tokens=batch,
+        warmdown_iters=steps // 3, val_loss_every=steps, val_max_tokens=32_768,
+    )  # fmt: skip
+    records = [r for r in read_metrics(result.run_dir) if r["kind"] == "val"]
+    start, end = records[0]["val_bpb"], result.roundtrip_val_bpb
+    assert start > 4.5  # an untrained model: ~log2(1024) bits per token
+    assert end < unigram_bpb(sotu_dataset) - 0.2 and end < start - 2.0
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not os.environ.get("PATH") or sys.platform == "win32", reason="needs torchrun")
+def test_two_gloo_processes_match_one_process(sotu_dataset, tmp_path):
+    pytest.importorskip("torch")
+    args = [
+        "cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path),
+        "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
+        "--iterations", "3",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, *args, "--run-id", "one"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-2000:]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    double = subprocess.run([*torchrun, *args, "--run-id", "two"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert double.returncode == 0, double.stderr[-2000:]
+    assert "world_size:2 grad_accum_steps:1" in double.stdout
+    one = load_checkpoint(tmp_path / "one" / "checkpoints" / "step_000003.safetensors").params
+    two = load_checkpoint(tmp_path / "two" / "checkpoints" / "step_000003.safetensors").params
+    for k in one:  # same tokens, gradients averaged in a different order: fp32 round-off only
+        np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
