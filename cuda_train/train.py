@@ -9,6 +9,7 @@ carries a compile or DDP prefix.
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import nullcontext
 
 import numpy as np
@@ -60,11 +61,14 @@ class TorchBackend:
         self.steps_taken = 0
         compile_on = cfg.compile == "on" or (cfg.compile == "auto" and cuda)
         self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model
-        self.runner = (
-            DDP(self.compiled, device_ids=[local_rank] if cuda else None, broadcast_buffers=False)
-            if self.world_size > 1
-            else self.compiled
-        )
+        self.runner = self.compiled
+        if self.world_size > 1:
+            with warnings.catch_warnings():  # newer torch renames the flag; the meaning is what we want
+                warnings.simplefilter("ignore", FutureWarning)
+                # The only buffers are the RoPE tables, identical on every rank: never broadcast them.
+                self.runner = DDP(
+                    self.compiled, device_ids=[local_rank] if cuda else None, broadcast_buffers=False
+                )
         self.autocast = (
             torch.autocast(device_type=self.torch_device.type, dtype=torch.bfloat16)
             if self.bf16
