@@ -1,0 +1,95 @@
+"""The contract between the backends: what one writes, the other reads and scores the same.
+
+Tolerances (fp32 on a CPU, smoke model):
+- forward: logits within 2e-5 absolute, mean loss within 1e-5 relative (fp32 round-off);
+- one artifact scored by both: val_bpb within 1e-5 (the `verify` tolerance);
+- artifacts exported from the same weights: byte-identical (quantization is in core);
+- a resumed step in the other backend, and curves of 8 steps from the same seed: parameters
+  within 1e-4 and losses within 1e-4 relative. Each framework sums in its own order (~1e-7
+  relative per op); Newton-Schulz and Adam's first steps amplify that, never beyond ~1e-5 here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from core import quant
+from core.checkpoint import load_checkpoint, read_metrics
+from core.loop import evaluate, export_artifact, load_eval_data
+from core.params import init_params, storage_dtypes
+from tests.test_backends import batch, busy_params, make_backend
+from tests.test_training import final_params, run
+
+pytestmark = pytest.mark.skipif(
+    not (importlib.util.find_spec("torch") and importlib.util.find_spec("mlx")),
+    reason="cross-backend tests need both torch and mlx installed",
+)
+DIRECTIONS = [("cuda", "mlx"), ("mlx", "cuda")]
+
+
+def test_same_seed_same_initial_weights(sotu_dataset):
+    cfg = sotu_dataset.config()
+    weights = [make_backend(name, cfg) for name in ("cuda", "mlx")]
+    for backend in weights:
+        backend.load_params(init_params(cfg))
+    a, b = (w.params() for w in weights)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_same_weights_same_logits_and_loss(sotu_dataset, tied):
+    cfg = sotu_dataset.config(tie_embeddings=tied)
+    params = busy_params(cfg, seed=11)
+    x, y = batch(cfg, n=3, seed=12)
+    torch_b, mlx_b = make_backend("cuda", cfg), make_backend("mlx", cfg)
+    torch_b.load_params(params)
+    mlx_b.load_params(params)
+    np.testing.assert_allclose(mlx_b.logits(x), torch_b.logits(x), rtol=0, atol=2e-5)
+    assert mlx_b.eval_nll(x, y) == pytest.approx(torch_b.eval_nll(x, y), rel=1e-5)
+
+
+def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_path):
+    cfg = sotu_dataset.config()
+    params = busy_params(cfg, seed=13)
+    paths = []
+    for name in ("cuda", "mlx"):
+        backend = make_backend(name, cfg)
+        backend.load_params(params)
+        path = tmp_path / f"{name}.pgolf"
+        export_artifact(backend.params(), storage_dtypes(cfg, backend.bf16), path, name)
+        paths.append(path)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+@pytest.mark.parametrize(("writer", "reader"), DIRECTIONS)
+def test_an_artifact_scores_the_same_in_both(sotu_dataset, tmp_path, writer, reader):
+    result = run(sotu_dataset, writer, tmp_path, iterations=3)
+    artifact = quant.dequantize_int8(quant.load_artifact(result.run_dir / "final_model.int8.pgolf"))
+    cfg = sotu_dataset.config()
+    backend = make_backend(reader, cfg)
+    backend.load_params(artifact)
+    meter = evaluate(backend, cfg, load_eval_data(cfg))
+    assert meter.val_bpb == pytest.approx(result.roundtrip_val_bpb, abs=1e-5)
+
+
+@pytest.mark.parametrize(("writer", "reader"), DIRECTIONS)
+def test_a_checkpoint_resumes_in_the_other_backend(sotu_dataset, tmp_path, writer, reader):
+    first = run(sotu_dataset, writer, tmp_path, "first", iterations=4, checkpoint_every=2)
+    ckpt = first.run_dir / "checkpoints" / "step_000002.safetensors"
+    assert load_checkpoint(ckpt).backend == writer
+    other = run(sotu_dataset, reader, tmp_path, "other", iterations=4, resume=ckpt)
+    a, b = final_params(first), final_params(other)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-4, err_msg=k)
+
+
+def test_training_curves_agree(sotu_dataset, tmp_path):
+    curves = {}
+    for name in ("cuda", "mlx"):
+        result = run(sotu_dataset, name, tmp_path, name, iterations=8, warmdown_iters=4)
+        curves[name] = [r["train_loss"] for r in read_metrics(result.run_dir) if r["kind"] == "train"]
+    assert len(curves["cuda"]) == len(curves["mlx"]) == 8
+    np.testing.assert_allclose(curves["mlx"], curves["cuda"], rtol=1e-4)
