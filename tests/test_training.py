@@ -99,7 +99,7 @@ def unigram_bpb(dataset) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend_name", "steps", "batch"),
-    [(BACKENDS[0], 200, 8192), (BACKENDS[1], 150, 4096)],  # MLX on a CPU is slower: fewer tokens
+    [(BACKENDS[0], 120, 8192), (BACKENDS[1], 60, 4096)],  # MLX on a CPU is slower: fewer tokens
 )
 def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_name, steps, batch, tmp_path):
     result = run(
@@ -108,8 +108,9 @@ def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_na
     )  # fmt: skip
     records = [r for r in read_metrics(result.run_dir) if r["kind"] == "val"]
     start, end = records[0]["val_bpb"], result.roundtrip_val_bpb
-    assert start > 4.5  # an untrained model: ~log2(1024) bits per token
-    assert end < unigram_bpb(sotu_dataset) - 0.2 and end < start - 2.0
+    assert start > 3.0  # untrained: ~log2(1024) = 10 bits per token, ~4.3 bytes per token
+    assert end < start - 1.0
+    assert end < unigram_bpb(sotu_dataset) - 0.3  # the best context-free model scores ~2.7
 
 
 @pytest.mark.torch
