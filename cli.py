@@ -71,6 +71,22 @@ def config_flags(command):
     return wrapper
 
 
+WEIGHTS_ARG = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors).")
+EVAL_PRESET = typer.Option("baseline", help="Config preset for data paths and eval settings.")
+CONFIG_FILE = typer.Option(None, help="TOML file of config fields.")
+ALLOW_PICKLE = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!).")
+
+
+def _weights_and_data(
+    path: Path, preset: str, config: Path | None, overrides: dict | None, allow_pickle: bool
+):
+    """(weights, the config they fit, validation data) for the eval and verify commands."""
+    from core.loop import load_eval_data, load_weights
+
+    params, cfg = load_weights(path, _resolve(preset, config, overrides or {}), allow_pickle=allow_pickle)
+    return params, cfg, load_eval_data(cfg)
+
+
 def _resolve(preset: str, config: Path | None, overrides: dict[str, Any]) -> Config:
     from core.config import resolve
 
@@ -188,19 +204,17 @@ def train(
 @app.command("eval")
 @config_flags
 def eval_command(
-    path: Path = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors)."),
+    path: Path = WEIGHTS_ARG,
     backend: str = typer.Option("auto", help="cuda, mlx, or auto."),
-    preset: str = typer.Option("baseline", help="Config preset for data paths and eval settings."),
-    config: Path | None = typer.Option(None, help="TOML file of config fields."),
-    allow_pickle: bool = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!)."),
+    preset: str = EVAL_PRESET,
+    config: Path | None = CONFIG_FILE,
+    allow_pickle: bool = ALLOW_PICKLE,
     overrides: dict | None = None,
 ) -> None:
     """Score an artifact or checkpoint on the validation split: val_loss and val_bpb."""
-    from core.loop import evaluate, load_eval_data, load_weights
+    from core.loop import evaluate
 
-    cfg = _resolve(preset, config, overrides or {})
-    params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
-    data = load_eval_data(cfg)
+    params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
     engine = create_backend(backend, cfg.replace(compile="off") if cfg.compile == "auto" else cfg)
     try:
         engine.load_params(params)
@@ -217,27 +231,25 @@ def eval_command(
 @app.command()
 @config_flags
 def verify(
-    path: Path = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors)."),
-    preset: str = typer.Option("baseline", help="Config preset for data paths and eval settings."),
-    config: Path | None = typer.Option(None, help="TOML file of config fields."),
-    allow_pickle: bool = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!)."),
+    path: Path = WEIGHTS_ARG,
+    preset: str = EVAL_PRESET,
+    config: Path | None = CONFIG_FILE,
+    allow_pickle: bool = ALLOW_PICKLE,
     overrides: dict | None = None,
 ) -> None:
     """Score one artifact with every installed backend and check that they agree."""
     from rich.table import Table
 
     from core import verify as check
-    from core.loop import load_eval_data, load_weights
+    from core.quant import BUDGET_BYTES
 
-    cfg = _resolve(preset, config, overrides or {})
-    params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
-    data = load_eval_data(cfg)
+    params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
     names = [n for n, module in (("cuda", "torch"), ("mlx", "mlx")) if importlib.util.find_spec(module)]
     if not names:
         raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
     verdict = check.verify(params, cfg, data, {n: functools.partial(create_backend, n) for n in names})
     size = path.stat().st_size
-    table = Table(title=f"{path} ({size:,} B of the {16_000_000:,} B budget, before code)")
+    table = Table(title=f"{path} ({size:,} B of the {BUDGET_BYTES:,} B budget, before code)")
     for column in ("backend", "device", "tokens", "val_loss", "val_bpb"):
         table.add_column(column)
     for s in verdict.scores:

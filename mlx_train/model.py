@@ -1,17 +1,9 @@
-"""The v1 GPT in MLX, with the same maths and parameter names as cuda_train/model.py.
+"""The v1 GPT in MLX: the same modules, maths and parameter names as cuda_train/model.py.
 
-Features (SPEC section 4):
-- token embedding -> RMSNorm -> x0; tied (or untied) output head with a tanh softcap;
-- a U-Net of blocks: the first half push their outputs, the second half pop them
-  in reverse and add them back scaled by `skip_weights`;
-- each block mixes the residual with x0 (`resid_mix`), then adds scaled attention
-  and relu^2-MLP outputs (`attn_scale`, `mlp_scale`);
-- attention with separate q/k/v/proj, RMSNorm on q and k, RoPE, a per-head query
-  gain, grouped-query causal SDPA.
-
-Conventions are PyTorch's so that weights mean the same in both backends: RoPE
-rotates by -theta (`[x1 cos + x2 sin, -x1 sin + x2 cos]`), and RMSNorm's epsilon is
-the machine epsilon of the compute dtype (what `F.rms_norm(eps=None)` uses).
+See that file's docstring for the architecture. The conventions are PyTorch's so
+that weights mean the same in both backends: RoPE rotates by -theta
+(`[x1 cos + x2 sin, -x1 sin + x2 cos]`, not `nn.RoPE`'s default), and RMSNorm's
+epsilon is the machine epsilon of the compute dtype (what `F.rms_norm(eps=None)` uses).
 """
 
 from __future__ import annotations
