@@ -140,7 +140,9 @@ def _log_line(line: str) -> None:
 
 
 def _val_progress():
-    """A rich progress bar for validation passes, driven by (done, total) callbacks."""
+    """A rich progress bar for validation passes, driven by (done, total) callbacks; none when piped."""
+    if not console.is_terminal:
+        return None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     bar = Progress("[dim]validating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
