@@ -279,25 +279,17 @@ def export_command(
     backend: str = typer.Option("cuda", help="Whose source files count as code bytes: cuda or mlx."),
 ) -> None:
     """Write the int8 artifact of a checkpoint and report its bytes against the budget."""
-    from core import quant
     from core.checkpoint import load_checkpoint
-    from core.loop import code_paths, export_artifact
+    from core.loop import export_artifact
 
-    ckpt = load_checkpoint(checkpoint)
-    if format == "pgolf":
-        target = out or checkpoint.with_suffix(".int8.pgolf")
-        report = export_artifact(ckpt.params, ckpt.dtypes, target, pick_backend(backend), compressor)
-    elif format == "upstream":
-        target = out or checkpoint.with_suffix(".int8.ptz")
-        model = quant.quantize_int8(ckpt.params, ckpt.dtypes)
-        quant.save_upstream_torch(target, model)
-        report = quant.size_report(
-            payload_bytes=model.stats["int8_payload_bytes"],
-            model_bytes=target.stat().st_size,
-            code_bytes=quant.code_bytes(code_paths(pick_backend(backend))),
-        )
-    else:
+    suffixes = {"pgolf": ".int8.pgolf", "upstream": ".int8.ptz"}
+    if format not in suffixes:
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
+    ckpt = load_checkpoint(checkpoint)
+    target = out or checkpoint.with_suffix(suffixes[format])
+    report = export_artifact(
+        ckpt.params, ckpt.dtypes, target, pick_backend(backend), compressor, upstream=format == "upstream"
+    )
     console.print(f"wrote {target}")
     for key, value in report.items():
         console.print(f"{key}: {value:,}")

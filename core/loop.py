@@ -96,10 +96,14 @@ def export_artifact(
     path: Path,
     backend_name: str,
     compressor: str = "zlib",
+    upstream: bool = False,
 ) -> dict[str, int]:
-    """Quantize, write the artifact, and report its bytes against the budget."""
+    """Quantize, write the artifact (pgolf's container, or the challenge's), report its bytes."""
     model = quant.quantize_int8(params, dtypes)
-    quant.save_artifact(path, model, compressor=compressor)
+    if upstream:
+        quant.save_upstream_torch(path, model)
+    else:
+        quant.save_artifact(path, model, compressor=compressor)
     return quant.size_report(
         payload_bytes=model.stats["int8_payload_bytes"],
         model_bytes=path.stat().st_size,
