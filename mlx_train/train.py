@@ -143,7 +143,7 @@ class MLXBackend:
         mx.synchronize()
 
     def peak_memory_bytes(self) -> int | None:
-        return int(mx.get_peak_memory()) if _on_gpu() else None
+        return int(mx.get_peak_memory())  # Metal or CPU allocator: MLX tracks both
 
     def close(self) -> None:
         pass
