@@ -69,9 +69,13 @@ def export_documents(
     out_dir: Path,
     num_val_docs: int,
     shard_tokens: int = SHARD_TOKENS,
+    bos_id: int | None = None,
 ) -> dict[str, int]:
-    """Tokenize documents into challenge shards: the first num_val_docs are validation."""
-    bos = sp.bos_id()
+    """Tokenize documents into challenge shards: the first num_val_docs are validation.
+
+    Each document is `[bos_id] + ids` (the tokenizer's BOS unless given), no EOS.
+    """
+    bos = sp.bos_id() if bos_id is None else bos_id
     counts = {
         "docs_val": 0,
         "docs_train": 0,
@@ -152,7 +156,7 @@ def prepare_sotu(
         stale.unlink()
     say(f"tokenizing {len(files)} speeches into {out_dir}")
     docs = (read_text(f) for f in [*val_files, *train_files])
-    counts = export_documents(docs, sp, out_dir, len(val_files), shard_tokens)
+    counts = export_documents(docs, sp, out_dir, len(val_files), shard_tokens, sp.bos_id())
     dataset = {
         "name": name,
         "tokenizer_name": tok_name,

@@ -90,6 +90,9 @@ class TokenStream:
         if not files:
             raise PgolfError("the token stream needs at least one shard")
         self.files, self.vocab_size = list(files), vocab_size
+        # Check every header now: a bad shard should fail at start-up, not hours into a run.
+        if sum(read_shard_header(f) for f in self.files) == 0:
+            raise PgolfError(f"the shards {self.files[0]} ... {self.files[-1].name} hold no tokens")
         self.file_index, self.position, self.epoch = 0, 0, 1
         self.tokens = read_shard(self.files[0], vocab_size)
 
@@ -144,6 +147,11 @@ class BatchLoader:
 
     def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
         local = global_tokens // (self.world_size * accum_steps)
+        if local <= 0 or local % seq_len:
+            raise PgolfError(
+                f"{global_tokens} tokens per step over {self.world_size} ranks x {accum_steps} micro-steps "
+                f"is not a whole number of sequences of {seq_len}"
+            )
         chunk = self.stream.take((local + 1) * self.world_size)
         span = chunk[self.rank * (local + 1) : (self.rank + 1) * (local + 1)].astype(np.int32)
         return span[:-1].reshape(-1, seq_len), span[1:].reshape(-1, seq_len)

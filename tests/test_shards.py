@@ -144,3 +144,20 @@ def test_val_spans_cover_every_sequence_once(n_tokens, seq_len, batch_seqs, worl
             assert (end - 1 - start) % seq_len == 0 and (end - 1 - start) // seq_len <= batch_seqs
             seen.extend(range(start // seq_len, (end - 1) // seq_len))
     assert seen == list(range(total))
+
+
+def test_stream_checks_every_shard_up_front(tmp_path):
+    files = shards(tmp_path, [10, 10])
+    corrupt(files[1], 0, 7)
+    with pytest.raises(PgolfError, match="bad magic 7") as info:
+        TokenStream(files)
+    assert files[1].name in str(info.value)
+    empty = [write_shard(tmp_path / "fineweb_train_000009.bin", np.zeros(0, dtype=np.uint16))]
+    with pytest.raises(PgolfError, match="hold no tokens"):
+        TokenStream(empty)
+
+
+def test_batch_must_be_whole_sequences(tmp_path):
+    loader = BatchLoader(shards(tmp_path, [1000]), rank=0, world_size=2)
+    with pytest.raises(PgolfError, match="not a whole number of sequences of 64"):
+        loader.next_batch(200, 64, accum_steps=1)

@@ -10,7 +10,7 @@ import pytest
 from core.bpb import BPBMeter, token_bytes
 from core.corpus import read_text, speech_files
 from core.errors import PgolfError
-from core.tokenizer import byte_tables, check_vocab, load_tokenizer, train_tokenizer
+from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer, train_tokenizer
 
 MULTILINGUAL = [
     "Café au lait, naïve façade, São Paulo and Zürich.",
@@ -112,3 +112,21 @@ def test_meter_merges_like_one_pass(challenge_dir):
     b.add(200.0, ids[100:-1], ids[101:])
     merged = BPBMeter.from_array(tables, a.as_array() + b.as_array())
     assert merged.val_bpb == pytest.approx(whole.val_bpb) and merged.tokens == whole.tokens == 200
+
+
+def test_bpb_against_hand_built_tables():
+    # ids: 0 boundary (BOS), 1 "▁the" (3+1 bytes), 2 "ing" (3), 3 a byte piece (1)
+    tables = ByteTables(
+        base_bytes=np.array([0, 3, 3, 1], dtype=np.int16),
+        has_leading_space=np.array([False, True, False, False]),
+        is_boundary=np.array([True, False, False, False]),
+    )
+    prev, target = np.array([0, 1, 2, 1]), np.array([1, 2, 1, 3])
+    # "the" after BOS: 3 (no space); "ing": 3; "▁the" mid-text: 4; byte: 1 -> 11 bytes
+    assert token_bytes(prev, target, tables).tolist() == [3, 3, 4, 1]
+    meter = BPBMeter(tables)
+    meter.add(2.0, prev[:2], target[:2])
+    meter.add(6.0, prev[2:], target[2:])
+    assert (meter.tokens, meter.nbytes) == (4, 11)
+    assert meter.val_loss == pytest.approx(8.0 / 4)
+    assert meter.val_bpb == pytest.approx(8.0 / math.log(2) / 11)
