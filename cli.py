@@ -172,6 +172,24 @@ def data_prepare(
         console.print(f"{key}: {value}")
 
 
+@data_app.command("download")
+def data_download(
+    out: Path = typer.Option(Path("data"), help="Root folder: datasets/, tokenizers/, manifest.json."),
+    variant: str = typer.Option("sp1024", help="Tokenization: sp<VOCAB> (e.g. sp1024) or byte260."),
+    train_shards: int = typer.Option(80, help="How many train shards (1e8 tokens each) to fetch."),
+    repo_id: str = typer.Option("willdepueoai/parameter-golf", help="Hugging Face dataset repo."),
+) -> None:
+    """Download the challenge's FineWeb shards and tokenizer (files already present are kept)."""
+    from core.download import download_fineweb
+
+    with console.status("downloading") as status:
+        summary = download_fineweb(
+            out, variant, train_shards, repo_id, progress=lambda msg: status.update(msg)
+        )
+    for key, value in summary.items():
+        console.print(f"{key}: {value}")
+
+
 @app.command()
 @config_flags
 def train(
