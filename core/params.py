@@ -41,7 +41,7 @@ def num_skip_weights(cfg: Config) -> int:
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Every parameter's name and shape, in the upstream registration order."""
+    """Every parameter's name and shape (the embedding first, then the blocks in order; keys, not order, matter)."""
     d, kv_dim, hidden = cfg.model_dim, cfg.num_kv_heads * cfg.head_dim, cfg.mlp_mult * cfg.model_dim
     shapes: dict[str, tuple[int, ...]] = {
         "tok_emb.weight": (cfg.vocab_size, d),
