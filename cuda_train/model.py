@@ -25,7 +25,7 @@ from core.params import num_skip_weights
 
 
 def rms_norm(x: Tensor) -> Tensor:
-    # eps=None: the machine epsilon of x's dtype, the convention both backends follow.
+    # eps=None: torch uses the fp32 machine epsilon (also for bf16 inputs); MLX copies that.
     return F.rms_norm(x, (x.size(-1),))
 
 

@@ -3,7 +3,7 @@
 See that file's docstring for the architecture. The conventions are PyTorch's so
 that weights mean the same in both backends: RoPE rotates by -theta
 (`[x1 cos + x2 sin, -x1 sin + x2 cos]`, not `nn.RoPE`'s default), and RMSNorm's
-epsilon is the machine epsilon of the compute dtype (what `F.rms_norm(eps=None)` uses).
+epsilon is the fp32 machine epsilon in fp32 and bf16 alike (what `F.rms_norm(eps=None)` uses).
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ import mlx.nn as nn
 from core.config import Config
 from core.params import num_skip_weights
 
+# F.rms_norm(eps=None) uses the fp32 machine epsilon for fp32 and bf16 inputs alike.
+RMS_EPS = float(mx.finfo(mx.float32).eps)
+
 
 def rms_norm(x: mx.array) -> mx.array:
-    return mx.fast.rms_norm(x, None, float(mx.finfo(x.dtype).eps))
+    return mx.fast.rms_norm(x, None, RMS_EPS)
 
 
 def rope_tables(seq_len: int, head_dim: int, base: float, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:

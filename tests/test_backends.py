@@ -204,3 +204,22 @@ def test_mlx_step_compiles_once():
         backend.train_step(micro, 1.0 - 0.2 * i, 0.85 + 0.02 * i)
     mx.eval(backend.model.parameters())
     assert len(traces) == 1
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mlx_rms_norm_equals_torch_in_both_dtypes(dtype):
+    torch = pytest.importorskip("torch", reason="torch is the reference for the RMSNorm convention")
+    pytest.importorskip("mlx", reason="mlx not installed")
+    import mlx.core as mx
+
+    from mlx_train.model import rms_norm
+
+    # Small activations make the epsilon matter: bf16's own epsilon (0.0078) would change them.
+    x = (np.random.default_rng(0).normal(size=(4, 64)) * 0.01).astype(np.float32)
+    expected = (
+        torch.nn.functional.rms_norm(torch.from_numpy(x).to(getattr(torch, dtype)), (64,)).float().numpy()
+    )
+    got = np.array(rms_norm(mx.array(x).astype(getattr(mx, dtype))).astype(mx.float32))
+    # fp32 may differ in the last bit (each framework's rsqrt); a wrong epsilon moves values by ~1e-3.
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)
