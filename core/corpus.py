@@ -74,8 +74,13 @@ def export_documents(
     """Tokenize documents into challenge shards: the first num_val_docs are validation.
 
     Each document is `[bos_id] + ids` (the tokenizer's BOS unless given), no EOS.
+    Returns the counts of documents, tokens and files per split.
     """
+    if sp.vocab_size() > 65_536:
+        raise PgolfError(f"shards in {out_dir}: {sp.vocab_size()} pieces do not fit uint16 token ids")
     bos = sp.bos_id() if bos_id is None else bos_id
+    if not 0 <= bos < sp.vocab_size() or shard_tokens < 1:
+        raise PgolfError(f"shards in {out_dir}: need a BOS id in the vocabulary and shard_tokens >= 1")
     counts = {
         "docs_val": 0,
         "docs_train": 0,
@@ -119,6 +124,10 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
         raise PgolfError(f"manifest {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(manifest, dict):
         raise PgolfError(f"manifest {path} must be a JSON object")
+    for key in ("datasets", "tokenizers"):
+        entries = manifest.setdefault(key, [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise PgolfError(f"manifest {path}: '{key}' must be a list of objects")
     return manifest
 
 
@@ -126,7 +135,7 @@ def merge_manifest(root: Path, dataset: dict[str, Any], tokenizer: dict[str, Any
     """Add or replace one dataset and its tokenizer, keeping every other entry."""
     manifest = read_manifest(root)
     for key, entry in (("datasets", dataset), ("tokenizers", tokenizer)):
-        others = [e for e in manifest.get(key, []) if e.get("name") != entry["name"]]
+        others = [e for e in manifest[key] if e.get("name") != entry["name"]]
         manifest[key] = [*others, entry]
     write_atomic(root / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
 
@@ -138,7 +147,11 @@ def prepare_sotu(
     limit_docs: int | None = None,
     shard_tokens: int = SHARD_TOKENS,
 ) -> dict[str, Any]:
-    """Build tokenizer, shards and manifest for the embedded corpus under out_root."""
+    """Build tokenizer, shards and manifest for the embedded corpus under out_root.
+
+    `limit_docs` keeps only the first speeches by file name (the split rule still applies):
+    a small, quick dataset for tests. Returns a short summary for the CLI to print.
+    """
     say = progress or (lambda message: None)
     root = Path(out_root)
     files = speech_files()[:limit_docs]
@@ -151,6 +164,12 @@ def prepare_sotu(
         paragraphs(read_text(f) for f in train_files), vocab_size, root / "tokenizers" / tok_name
     )
     sp = load_tokenizer(model_path)
+    # The trainer may stop short of vocab_size on little text (hard_vocab_limit=False).
+    if sp.vocab_size() != vocab_size:
+        raise PgolfError(
+            f"tokenizer {model_path} has only {sp.vocab_size()} pieces: "
+            f"{len(train_files)} training speeches are too little text for vocab_size {vocab_size}"
+        )
     out_dir = root / "datasets" / name
     for stale in out_dir.glob("fineweb_*.bin"):
         stale.unlink()
@@ -160,6 +179,7 @@ def prepare_sotu(
     dataset = {
         "name": name,
         "tokenizer_name": tok_name,
+        "tokenizer_kind": "sentencepiece_bpe",
         "path": f"datasets/{name}",
         "train_glob": f"datasets/{name}/fineweb_train_*.bin",
         "val_glob": f"datasets/{name}/fineweb_val_*.bin",
@@ -170,8 +190,10 @@ def prepare_sotu(
             "docs_total": counts["docs_val"] + counts["docs_train"],
             "docs_val": counts["docs_val"],
             "docs_train": counts["docs_train"],
+            "files_total": counts["files_val"] + counts["files_train"],
             "files_val": counts["files_val"],
             "files_train": counts["files_train"],
+            "tokens_total": counts["tokens_val"] + counts["tokens_train"],
             "tokens_val": counts["tokens_val"],
             "tokens_train": counts["tokens_train"],
         },

@@ -1,6 +1,7 @@
 """The int8 artifact: format "int8_clean_per_row_v1", its containers, and the byte budget.
 
-Quantization (the challenge's format, SPEC section 6):
+Quantization (the challenge's format, SPEC section 6), bit for bit as the
+challenge's torch script computes it:
 - non-float tensors pass through;
 - float tensors of at most 65,536 elements pass through: control tensors in fp32,
   the others in fp16 with their original dtype recorded;
@@ -8,18 +9,22 @@ Quantization (the challenge's format, SPEC section 6):
   scale = max(clip/127, 1/127) stored in fp16;
 - other large tensors: int8 with one fp32 scale (clip/127, or 1 when clip is 0).
 
-pgolf's container holds no pickle: a magic prefix, one compressor byte, then the
-compressed bytes of a safetensors file (readable with numpy alone) whose tensors
-are `q/<name>` (int8), `s/<name>` (scales) and `p/<name>` (passthrough), and whose
-single metadata entry "pgolf" is canonical JSON (format, version, dtypes). The
-same weights always give the same bytes. The challenge's torch container
-(`torch.save` + zlib) is read and written too; its MLX container (a pickle) is
-read only when explicitly allowed, since unpickling can run code.
+pgolf's container holds no pickle. Layout:
+    MAGIC (b"PGOLF-INT8\\x00") | 1 byte compressor id (0 none, 1 zlib, 2 lzma, 3 bz2) | compressed bytes
+where the compressed bytes are a safetensors file (readable with numpy alone) with
+tensors `q/<name>` (int8 values), `s/<name>` (scales: fp16 per row, or a 0-d fp32)
+and `p/<name>` (passed through), and one metadata entry "pgolf" holding canonical
+JSON: format, version, quant_format, dtypes, passthrough_orig_dtypes, qmeta. The
+same weights always give the same bytes, whatever order they come in.
+
+The challenge's torch container (`torch.save` + zlib) is read and written too; its
+MLX container (a pickle) is read only when explicitly allowed: unpickling can run code.
 """
 
 from __future__ import annotations
 
 import bz2
+import hashlib
 import io
 import json
 import lzma
@@ -38,16 +43,33 @@ from core.atomic import write_atomic
 from core.errors import PgolfError
 from core.params import is_control, round_to_bfloat16
 
+__all__ = [
+    "BUDGET_BYTES",
+    "ArtifactInfo",
+    "Int8Model",
+    "artifact_bytes",
+    "code_bytes",
+    "dequantize_int8",
+    "load_artifact",
+    "quantize_int8",
+    "round_to_bfloat16",
+    "save_artifact",
+    "save_upstream_torch",
+    "size_report",
+]
+
 QUANT_FORMAT = "int8_clean_per_row_v1"
 CONTAINER_FORMAT = "pgolf-int8"
 CONTAINER_VERSION = 1
 MAGIC = b"PGOLF-INT8\x00"
+META_KEY = "pgolf"
 KEEP_FLOAT_MAX_NUMEL = 65_536
 CLIP_QUANTILE = 99.99984 / 100.0
 BUDGET_BYTES = 16_000_000  # code + compressed model, decimal bytes
 
 COMPRESSORS = {"none": 0, "zlib": 1, "lzma": 2, "bz2": 3}
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LEVELS = {"zlib": range(0, 10), "lzma": range(0, 10), "bz2": range(1, 10)}
+FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the float dtypes a model may hold
 
 
 @dataclass
@@ -56,78 +78,62 @@ class Int8Model:
     scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 per row, or a 0-d fp32
     dtypes: dict[str, str] = field(default_factory=dict)  # original dtype of each quantized tensor
     passthrough: dict[str, np.ndarray] = field(default_factory=dict)
-    passthrough_orig_dtypes: dict[str, str] = field(default_factory=dict)  # for fp16-stored ones
+    passthrough_orig_dtypes: dict[str, str] = field(default_factory=dict)  # of those stored as fp16
     qmeta: dict[str, dict[str, Any]] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)  # filled by quantize_int8 only
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    path: Path
+    file_bytes: int
+    sha256: str
+    compressor: str
 
 
 # ---------------------------------------------------------------- quantization
-def _quantile(sorted_abs: np.ndarray) -> np.ndarray:
-    """torch.quantile's linear interpolation along the last axis, in float32 as torch does it."""
-    n = sorted_abs.shape[-1]
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 a*b + c rounded once, as a fused multiply-add (torch's CPU lerp is one)."""
+    a64, b64, c64 = (np.asarray(x, dtype=np.float64) for x in (a, b, c))
+    p = a64 * b64  # exact: two 24-bit significands fit in float64's 53
+    s = p + c64
+    t = s - p
+    err = (p - (s - t)) + (c64 - t)  # two-sum: the exact rounding error of s
+    # Round to odd: an inexact sum moved to its odd neighbour cannot double-round in the float32 cast.
+    fix = (err != 0) & ((s.view(np.int64) & 1) == 0) & np.isfinite(s)
+    s = np.where(fix, np.nextafter(s, np.copysign(np.inf, err)), s)
+    return s.astype(np.float32)
+
+
+def _abs_quantile(w: np.ndarray) -> np.ndarray:
+    """torch.quantile(|w|, CLIP_QUANTILE, dim=-1) for a 2-D float32 array, bit for bit.
+
+    torch computes the rank in float32 and interpolates with its lerp: a fused
+    multiply-add, from the nearer end (weight < 0.5 or not).
+    """
+    n = w.shape[-1]
     rank = np.float32(CLIP_QUANTILE) * np.float32(n - 1)
-    below = int(np.floor(rank))
-    above = min(below + 1, n - 1)
-    weight = np.float32(rank - np.float32(below))
-    lo, hi = sorted_abs[..., below], sorted_abs[..., above]
-    # torch.lerp switches formula at weight 0.5 to stay exact at both ends.
+    below, above = int(np.floor(rank)), int(np.ceil(rank))
+    part = np.partition(np.abs(w), (below, above), axis=-1)
+    lo, hi = part[:, below], part[:, above]
+    weight = rank - np.float32(below)
     if weight < 0.5:
-        return (lo + weight * (hi - lo)).astype(np.float32)
-    return (hi - (hi - lo) * (np.float32(1.0) - weight)).astype(np.float32)
+        return _fma32(np.full_like(lo, weight), hi - lo, lo)
+    return _fma32(np.full_like(lo, weight - np.float32(1)), hi - lo, hi)
 
 
 def _quantize_tensor(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    w = w.astype(np.float32)
+    """int8 values and scales of a float32 tensor with more than KEEP_FLOAT_MAX_NUMEL elements."""
     if w.ndim == 2:
-        clip = _quantile(np.sort(np.abs(w), axis=1)) if w.size else np.zeros(w.shape[0], np.float32)
-        scale = np.maximum(clip / np.float32(127.0), np.float32(1.0 / 127.0)).astype(np.float32)
-        clipped = np.clip(w, -clip[:, None], clip[:, None])
-        q = np.clip(np.round(clipped / scale[:, None]), -127, 127).astype(np.int8)
-        return q, scale.astype(np.float16)
-    clip = float(_quantile(np.sort(np.abs(w).reshape(-1)))) if w.size else 0.0
+        clip = _abs_quantile(w)
+        scale = np.maximum(clip / np.float32(127.0), np.float32(1.0 / 127.0))
+        # The fp32 scale divides; only its fp16 copy is stored (as upstream).
+        q = np.round(np.clip(w, -clip[:, None], clip[:, None]) / scale[:, None])
+        return np.clip(q, -127, 127).astype(np.int8), scale.astype(np.float16)
+    clip = float(_abs_quantile(w.reshape(1, -1))[0])
     scale = np.array(clip / 127.0 if clip > 0 else 1.0, dtype=np.float32)
-    q = np.clip(np.round(np.clip(w, -clip, clip) / scale), -127, 127).astype(np.int8)
-    return q, scale
-
-
-def quantize_int8(state: dict[str, np.ndarray], orig_dtypes: dict[str, str] | None = None) -> Int8Model:
-    """Quantize float32 weights; `orig_dtypes` names the dtype each had in the model."""
-    orig_dtypes = orig_dtypes or {}
-    out = Int8Model()
-    stats = dict.fromkeys(
-        ("param_count", "num_tensors", "num_float_tensors", "num_nonfloat_tensors",
-         "baseline_tensor_bytes", "int8_payload_bytes"), 0,
-    )  # fmt: skip
-    for name, value in state.items():
-        t = np.asarray(value)
-        dtype = orig_dtypes.get(name, str(t.dtype))
-        stats["param_count"] += t.size
-        stats["num_tensors"] += 1
-        stats["baseline_tensor_bytes"] += t.size * DTYPE_BYTES.get(dtype, t.itemsize)
-        if not np.issubdtype(t.dtype, np.floating):
-            stats["num_nonfloat_tensors"] += 1
-            out.passthrough[name] = t
-            stats["int8_payload_bytes"] += t.nbytes
-            continue
-        if t.size <= KEEP_FLOAT_MAX_NUMEL:
-            if is_control(name):
-                kept = t.astype(np.float32)
-            elif dtype in ("float32", "bfloat16"):
-                kept = t.astype(np.float16)
-                out.passthrough_orig_dtypes[name] = dtype
-            else:
-                kept = t
-            out.passthrough[name] = kept
-            stats["int8_payload_bytes"] += kept.nbytes
-            continue
-        stats["num_float_tensors"] += 1
-        q, s = _quantize_tensor(t)
-        if s.ndim > 0:
-            out.qmeta[name] = {"scheme": "per_row", "axis": 0}
-        out.quantized[name], out.scales[name], out.dtypes[name] = q, s, dtype
-        stats["int8_payload_bytes"] += q.nbytes + s.nbytes
-    out.stats = {k: int(v) for k, v in stats.items()}
-    return out
+    q = np.round(np.clip(w, -clip, clip) / scale)
+    return np.clip(q, -127, 127).astype(np.int8), scale
 
 
 def _in_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -139,16 +145,67 @@ def _in_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
     return values.astype(np.float32)
 
 
+def quantize_int8(state: dict[str, np.ndarray], orig_dtypes: dict[str, str] | None = None) -> Int8Model:
+    """Quantize weights; `orig_dtypes` names the dtype each had in the model (default: its own).
+
+    Float weights arrive as float32; one recorded as bfloat16 or float16 is first
+    rounded to that precision, so the result is what upstream gets from the model.
+    """
+    orig_dtypes = orig_dtypes or {}
+    out = Int8Model()
+    stats = dict.fromkeys(
+        ("param_count", "num_tensors", "num_float_tensors", "num_nonfloat_tensors",
+         "baseline_tensor_bytes", "int8_payload_bytes"), 0,
+    )  # fmt: skip
+    for name, value in state.items():
+        t = np.asarray(value)
+        stats["param_count"] += t.size
+        stats["num_tensors"] += 1
+        if not np.issubdtype(t.dtype, np.floating):
+            stats["num_nonfloat_tensors"] += 1
+            stats["baseline_tensor_bytes"] += t.nbytes
+            stats["int8_payload_bytes"] += t.nbytes
+            out.passthrough[name] = t
+            continue
+        dtype = orig_dtypes.get(name, t.dtype.name)
+        if dtype not in FLOAT_BYTES:
+            raise PgolfError(
+                f"quantize: {name} has dtype {dtype}; the int8 format takes {', '.join(FLOAT_BYTES)}"
+            )
+        stats["baseline_tensor_bytes"] += t.size * FLOAT_BYTES[dtype]
+        w = _in_dtype(t.astype(np.float32), dtype)
+        if t.size <= KEEP_FLOAT_MAX_NUMEL:
+            if is_control(name):
+                kept = w
+            else:
+                kept = w.astype(np.float16)
+                if dtype != "float16":
+                    out.passthrough_orig_dtypes[name] = dtype
+            out.passthrough[name] = kept
+            stats["int8_payload_bytes"] += kept.nbytes
+            continue
+        if not np.isfinite(w).all():  # upstream would cast NaN to int8, which is undefined
+            raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
+        stats["num_float_tensors"] += 1
+        q, s = _quantize_tensor(w)
+        if s.ndim > 0:
+            out.qmeta[name] = {"scheme": "per_row", "axis": 0}
+        out.quantized[name], out.scales[name], out.dtypes[name] = q, s, dtype
+        stats["int8_payload_bytes"] += q.nbytes + s.nbytes
+    out.stats = {k: int(v) for k, v in stats.items()}
+    return out
+
+
 def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:
-    """float32 weights holding exactly the values the upstream dequantizer gives."""
+    """float32 weights holding exactly the values the upstream dequantizer gives (in their dtype)."""
     out: dict[str, np.ndarray] = {}
     for name, q in model.quantized.items():
         s = np.asarray(model.scales[name]).astype(np.float32)
         if s.ndim > 0:
             values = q.astype(np.float32) * s.reshape((q.shape[0],) + (1,) * (q.ndim - 1))
         else:
-            values = q.astype(np.float32) * np.float32(s)
-        out[name] = _in_dtype(values, model.dtypes.get(name, "float32"))
+            values = q.astype(np.float32) * s
+        out[name] = _in_dtype(values, model.dtypes[name])
     for name, t in model.passthrough.items():
         t = np.asarray(t)
         if name in model.passthrough_orig_dtypes:
@@ -162,25 +219,27 @@ def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:
 
 # ------------------------------------------------------------- pgolf container
 def _compress(data: bytes, compressor: str, level: int | None) -> bytes:
+    if compressor == "none":
+        return data
+    level = 9 if level is None else level
+    if level not in LEVELS[compressor]:
+        levels = LEVELS[compressor]
+        raise PgolfError(
+            f"compressor {compressor}: level {level} is not in {levels.start}..{levels.stop - 1}"
+        )
     if compressor == "zlib":
-        return zlib.compress(data, 9 if level is None else level)
+        return zlib.compress(data, level)
     if compressor == "lzma":
-        return lzma.compress(data, preset=9 if level is None else level)
-    if compressor == "bz2":
-        return bz2.compress(data, 9 if level is None else level)
-    return data
+        return lzma.compress(data, preset=level)
+    return bz2.compress(data, level)
 
 
 def _decompress(data: bytes, code: int) -> bytes:
-    if code == COMPRESSORS["zlib"]:
-        return zlib.decompress(data)
-    if code == COMPRESSORS["lzma"]:
-        return lzma.decompress(data)
-    if code == COMPRESSORS["bz2"]:
-        return bz2.decompress(data)
-    if code == COMPRESSORS["none"]:
-        return data
-    raise ValueError(f"unknown compressor id {code}")
+    name = {v: k for k, v in COMPRESSORS.items()}.get(code)
+    if name is None:
+        raise ValueError(f"unknown compressor id {code}")
+    decompress = {"none": bytes, "zlib": zlib.decompress, "lzma": lzma.decompress, "bz2": bz2.decompress}
+    return decompress[name](data)
 
 
 def artifact_bytes(model: Int8Model, compressor: str = "zlib", level: int | None = None) -> bytes:
@@ -188,8 +247,8 @@ def artifact_bytes(model: Int8Model, compressor: str = "zlib", level: int | None
     if compressor not in COMPRESSORS:
         raise PgolfError(f"unknown compressor {compressor!r} (choose from {', '.join(COMPRESSORS)})")
     tensors = {f"q/{k}": v for k, v in model.quantized.items()}
-    tensors |= {f"s/{k}": np.asarray(v) for k, v in model.scales.items()}
-    tensors |= {f"p/{k}": np.asarray(v) for k, v in model.passthrough.items()}
+    tensors |= {f"s/{k}": v for k, v in model.scales.items()}
+    tensors |= {f"p/{k}": v for k, v in model.passthrough.items()}
     meta = {
         "format": CONTAINER_FORMAT,
         "version": CONTAINER_VERSION,
@@ -198,49 +257,77 @@ def artifact_bytes(model: Int8Model, compressor: str = "zlib", level: int | None
         "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
         "qmeta": model.qmeta,
     }
+    # One metadata key: safetensors keeps metadata in a hash map, whose order could vary.
+    # (np.require, not ascontiguousarray: that one turns 0-d scales into shape (1,).)
     payload = st_save(
         {k: np.require(v, requirements="C") for k, v in tensors.items()},
-        metadata={"pgolf": json.dumps(meta, sort_keys=True, separators=(",", ":"))},
+        metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))},
     )
     return MAGIC + bytes([COMPRESSORS[compressor]]) + _compress(payload, compressor, level)
 
 
 def save_artifact(
     path: str | Path, model: Int8Model, compressor: str = "zlib", level: int | None = None
-) -> Path:
-    return write_atomic(path, artifact_bytes(model, compressor, level))
+) -> ArtifactInfo:
+    blob = artifact_bytes(model, compressor, level)
+    return ArtifactInfo(write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), compressor)
 
 
 def _parse_pgolf(blob: bytes) -> Int8Model:
+    if len(blob) <= len(MAGIC):
+        raise ValueError("file ends after the magic bytes")
     payload = _decompress(blob[len(MAGIC) + 1 :], blob[len(MAGIC)])
     tensors = st_load(payload)
-    header_len = int.from_bytes(payload[:8], "little")
-    meta = json.loads(json.loads(payload[8 : 8 + header_len])["__metadata__"]["pgolf"])
-    if meta.get("format") != CONTAINER_FORMAT or meta.get("quant_format") != QUANT_FORMAT:
-        raise ValueError("not a pgolf int8 artifact")
+    header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
+    meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
+    if not isinstance(meta, dict) or meta.get("format") != CONTAINER_FORMAT:
+        raise ValueError("no pgolf metadata")
     if meta.get("version") != CONTAINER_VERSION:
-        raise ValueError(f"unsupported container version {meta.get('version')}")
+        raise ValueError(f"container version {meta.get('version')!r} (this pgolf reads {CONTAINER_VERSION})")
+    if meta.get("quant_format") != QUANT_FORMAT:
+        raise ValueError(f"quant format {meta.get('quant_format')!r} (this pgolf reads {QUANT_FORMAT})")
     model = Int8Model(
-        dtypes=dict(meta["dtypes"]),
-        passthrough_orig_dtypes=dict(meta["passthrough_orig_dtypes"]),
-        qmeta=dict(meta["qmeta"]),
+        dtypes=_names_to(meta, "dtypes", str),
+        passthrough_orig_dtypes=_names_to(meta, "passthrough_orig_dtypes", str),
+        qmeta=_names_to(meta, "qmeta", dict),
     )
+    roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
     for key, value in tensors.items():
         role, _, name = key.partition("/")
-        {"q": model.quantized, "s": model.scales, "p": model.passthrough}[role][name] = value
+        if role not in roles:
+            raise ValueError(f"unexpected tensor {key!r}")
+        roles[role][name] = value
     return model
 
 
-def _from_upstream_dict(obj: Any, to_numpy) -> Int8Model:
+def _names_to(obj: dict, key: str, kind: type, required: bool = True) -> dict:
+    """obj[key], checked to map names to `kind`: the shape every reader below relies on."""
+    if key not in obj:
+        if required:
+            raise ValueError(f"{key!r} is missing")
+        return {}
+    value = obj[key]
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, kind) for k, v in value.items()
+    ):
+        raise ValueError(f"{key!r} is not a map of names to {kind.__name__}")
+    return dict(value)
+
+
+def _from_upstream_dict(obj: Any, to_numpy: Any) -> Int8Model:
     if not isinstance(obj, dict) or obj.get("__quant_format__") != QUANT_FORMAT:
-        raise ValueError("not an int8_clean_per_row_v1 object")
+        raise ValueError(f"not a {QUANT_FORMAT} object")
+
+    def arrays(key: str) -> dict[str, np.ndarray]:
+        return {k: to_numpy(v) for k, v in _names_to(obj, key, object).items()}
+
     return Int8Model(
-        quantized={k: to_numpy(v) for k, v in obj["quantized"].items()},
-        scales={k: to_numpy(v) for k, v in obj["scales"].items()},
-        dtypes=dict(obj["dtypes"]),
-        passthrough={k: to_numpy(v) for k, v in obj["passthrough"].items()},
-        passthrough_orig_dtypes=dict(obj.get("passthrough_orig_dtypes", {})),
-        qmeta=dict(obj.get("qmeta", {})),
+        quantized=arrays("quantized"),
+        scales=arrays("scales"),
+        dtypes=_names_to(obj, "dtypes", str),
+        passthrough=arrays("passthrough"),
+        passthrough_orig_dtypes=_names_to(obj, "passthrough_orig_dtypes", str, required=False),
+        qmeta=_names_to(obj, "qmeta", dict, required=False),
     )
 
 
@@ -264,13 +351,27 @@ def _parse_upstream_torch(raw: bytes, path: Path) -> Int8Model:
 
 
 def _check(model: Int8Model) -> Int8Model:
-    """Structural sanity: every quantized tensor has a matching scale and a known dtype."""
+    """Everything dequantization relies on: int8 values, fitting float scales, known dtypes."""
     for name, q in model.quantized.items():
-        s = model.scales.get(name)
-        if s is None or name not in model.dtypes:
-            raise ValueError(f"{name} has no scale or dtype")
-        if q.dtype != np.int8 or (np.ndim(s) > 0 and (q.ndim == 0 or np.shape(s)[0] != q.shape[0])):
-            raise ValueError(f"{name}: int8 values and scales do not fit together")
+        s, dtype = model.scales.get(name), model.dtypes.get(name)
+        if s is None:
+            raise ValueError(f"{name} has no scales")
+        if dtype not in FLOAT_BYTES:
+            raise ValueError(f"{name} has unknown dtype {dtype!r}")
+        if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
+            raise ValueError(
+                f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16/fp32"
+            )
+        if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
+            raise ValueError(f"{name}: scales of shape {s.shape} do not fit values of shape {q.shape}")
+        if name in model.passthrough:
+            raise ValueError(f"{name} is both quantized and passed through")
+    for name, t in model.passthrough.items():
+        if not isinstance(t, np.ndarray) or t.dtype.kind not in "biuf":
+            raise ValueError(f"{name}: passed-through value is not a numeric array")
+    for name, dtype in model.passthrough_orig_dtypes.items():
+        if dtype not in FLOAT_BYTES:
+            raise ValueError(f"{name} has unknown dtype {dtype!r}")
     return model
 
 
@@ -285,39 +386,43 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
         if blob.startswith(MAGIC):
             return _check(_parse_pgolf(blob))
         raw = zlib.decompress(blob)
-        if raw.startswith(b"PK"):
+        if raw.startswith(b"PK"):  # a zip: what torch.save writes
             return _check(_parse_upstream_torch(raw, path))
-        if raw[:1] == b"\x80":
+        if raw[:1] == b"\x80":  # a pickle's protocol opcode: the upstream MLX script's container
             if not allow_pickle:
                 raise PgolfError(
                     f"artifact {path} is a pickle (the upstream MLX format); unpickling can run code, "
-                    "so load it only if you trust it, with --allow-pickle"
+                    "so it is read only if you trust it and allow it (allow_pickle=True, --allow-pickle)"
                 )
             warnings.warn(f"unpickling {path}: only do this for files you trust", stacklevel=2)
             return _check(_from_upstream_dict(pickle.loads(raw), np.asarray))
     except PgolfError:
         raise
-    except Exception as exc:  # any decoding failure of a damaged file is the user's input problem
-        raise PgolfError(
-            f"artifact {path} is corrupt or not an int8 artifact ({type(exc).__name__})"
-        ) from None
+    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PgolfError(f"artifact {path} is damaged or not an int8 artifact: {reason}") from None
     raise PgolfError(f"artifact {path} is not an int8 artifact (unknown container)")
 
 
-def save_upstream_torch(path: str | Path, model: Int8Model) -> Path:
-    """Write the challenge's own container (torch.save + zlib 9), loadable by train_gpt.py."""
-    import torch
+def save_upstream_torch(path: str | Path, model: Int8Model) -> ArtifactInfo:
+    """Write the challenge's own container (torch.save + zlib 9), loadable by its train_gpt.py."""
+    try:
+        import torch
+    except ImportError:
+        raise PgolfError(
+            f"artifact {path}: writing the upstream torch artifact needs PyTorch: pip install 'pgolf[torch]'"
+        ) from None
 
-    def tensor(a: np.ndarray, dtype: str | None = None) -> Any:
-        t = torch.from_numpy(np.array(a))
-        return t.to(torch.bfloat16) if dtype == "bfloat16" else t
+    def tensors(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        # Scales and passthrough already have upstream's dtypes (fp16, fp32 control, int).
+        return {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
 
     obj: dict[str, Any] = {
         "__quant_format__": QUANT_FORMAT,
-        "quantized": {k: tensor(v) for k, v in model.quantized.items()},
-        "scales": {k: tensor(v) for k, v in model.scales.items()},
+        "quantized": tensors(model.quantized),
+        "scales": tensors(model.scales),
         "dtypes": dict(model.dtypes),
-        "passthrough": {k: tensor(v) for k, v in model.passthrough.items()},
+        "passthrough": tensors(model.passthrough),
     }
     if model.qmeta:
         obj["qmeta"] = dict(model.qmeta)
@@ -325,12 +430,22 @@ def save_upstream_torch(path: str | Path, model: Int8Model) -> Path:
         obj["passthrough_orig_dtypes"] = dict(model.passthrough_orig_dtypes)
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    return write_atomic(path, zlib.compress(buffer.getvalue(), level=9))
+    blob = zlib.compress(buffer.getvalue(), level=9)
+    return ArtifactInfo(
+        write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), "upstream-torch"
+    )
 
 
 # ------------------------------------------------------------------ the budget
 def code_bytes(paths: list[Path]) -> int:
-    return sum(Path(p).stat().st_size for p in paths)
+    """Bytes of the code files that count against the budget."""
+    total = 0
+    for path in paths:
+        try:
+            total += Path(path).stat().st_size
+        except OSError as exc:
+            raise PgolfError(f"code file {path}: cannot read ({exc.strerror})") from None
+    return total
 
 
 def size_report(payload_bytes: int, model_bytes: int, code_bytes: int) -> dict[str, int]:

@@ -24,11 +24,13 @@ log = logging.getLogger("pgolf")
 
 
 def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
+    """Write a shard atomically; the ids must be integers that fit uint16."""
     tokens = np.asarray(tokens)
-    if tokens.size and (
-        not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 0 or tokens.max() > 65_535
-    ):
-        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535]")
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {tokens.dtype}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() > 65_535):
+        bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
+        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {bad}")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
     return write_atomic(path, header.tobytes() + tokens.astype("<u2").tobytes())
@@ -107,6 +109,9 @@ class TokenStream:
         self.position = 0
 
     def take(self, n: int) -> np.ndarray:
+        """The next n tokens (uint16); the result may be a view of the loaded shard."""
+        if n <= 0:
+            return np.zeros(0, dtype=np.uint16)
         parts, remaining = [], n
         while remaining > 0:
             available = len(self.tokens) - self.position
@@ -123,14 +128,21 @@ class TokenStream:
         return {"file_index": self.file_index, "position": self.position, "epoch": self.epoch}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        index = int(state["file_index"])
+        try:
+            index, position, epoch = int(state["file_index"]), int(state["position"]), int(state["epoch"])
+        except (KeyError, TypeError, ValueError):
+            raise PgolfError(f"data position {state!r} needs integer file_index, position, epoch") from None
         if not 0 <= index < len(self.files):
             raise PgolfError(
                 f"data position refers to shard #{index}, but there are {len(self.files)} shards"
             )
-        if index != self.file_index:
-            self.tokens = read_shard(self.files[index], self.vocab_size)
-        self.file_index, self.position, self.epoch = index, int(state["position"]), int(state["epoch"])
+        tokens = self.tokens if index == self.file_index else read_shard(self.files[index], self.vocab_size)
+        if not 0 <= position <= len(tokens) or epoch < 1:
+            raise PgolfError(
+                f"data position {position} (epoch {epoch}) does not fit shard {self.files[index]} "
+                f"of {len(tokens)} tokens"
+            )
+        self.tokens, self.file_index, self.position, self.epoch = tokens, index, position, epoch
 
 
 class BatchLoader:
@@ -142,6 +154,8 @@ class BatchLoader:
     """
 
     def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
+        if not 0 <= rank < world_size:
+            raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
         self.stream = TokenStream(files, vocab_size)
         self.rank, self.world_size = rank, world_size
 
@@ -166,20 +180,32 @@ class BatchLoader:
 def load_val_tokens(
     files: list[Path], seq_len: int, max_tokens: int = 0, vocab_size: int | None = None
 ) -> np.ndarray:
-    """All validation tokens, cut to whole sequences plus the one target token after them."""
+    """All validation tokens, cut to whole sequences plus the one target token after them.
+
+    `max_tokens` > 0 caps the sequences scored (rounded down, but at least one): a quick eval.
+    """
+    if not files:
+        raise PgolfError("no validation shards were given")
     tokens = np.concatenate([read_shard(f, vocab_size) for f in files])
     usable = ((len(tokens) - 1) // seq_len) * seq_len
     if max_tokens > 0:
         usable = min(usable, max(max_tokens // seq_len, 1) * seq_len)
     if usable <= 0:
-        raise PgolfError(f"validation split has {len(tokens)} tokens, too few for one sequence of {seq_len}")
+        raise PgolfError(
+            f"validation shards in {Path(files[0]).parent}: {len(tokens)} tokens, "
+            f"too few for one sequence of {seq_len} plus its target"
+        )
     return tokens[: usable + 1]
 
 
 def val_spans(
     n_tokens: int, seq_len: int, batch_seqs: int, rank: int = 0, world_size: int = 1
 ) -> list[tuple[int, int]]:
-    """Token ranges [start, end) this rank scores, in batches of at most batch_seqs sequences."""
+    """Token ranges [start, end) this rank scores, in batches of at most batch_seqs sequences.
+
+    Each range holds whole sequences plus the next token (the last target). Ranks get
+    contiguous, disjoint runs of sequences, split as upstream does.
+    """
     total = (n_tokens - 1) // seq_len
     first, last = total * rank // world_size, total * (rank + 1) // world_size
     return [

@@ -26,6 +26,8 @@ def load_tokenizer(path: str | Path) -> spm.SentencePieceProcessor:
     path = Path(path)
     if not path.is_file():
         raise PgolfError(f"tokenizer {path} does not exist (run: python cli.py data prepare)")
+    if path.suffix != ".model":
+        raise PgolfError(f"tokenizer {path} should be a SentencePiece .model file")
     sp = spm.SentencePieceProcessor()
     try:
         sp.Load(str(path))
@@ -99,9 +101,10 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as exc:
-        raise PgolfError(f"tokenizer training failed: {exc}") from None
-    path = write_atomic(prefix.with_suffix(".model"), model.getvalue())
+        raise PgolfError(f"tokenizer {prefix}.model: training failed ({exc})") from None
+    # Appended, not with_suffix: a prefix such as "tok.v2" keeps its dot.
+    path = write_atomic(prefix.parent / f"{prefix.name}.model", model.getvalue())
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.vocab_size()))
-    write_atomic(prefix.with_suffix(".vocab"), vocab.encode("utf-8"))
+    write_atomic(prefix.parent / f"{prefix.name}.vocab", vocab.encode("utf-8"))
     return path

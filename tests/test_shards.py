@@ -161,3 +161,26 @@ def test_batch_must_be_whole_sequences(tmp_path):
     loader = BatchLoader(shards(tmp_path, [1000]), rank=0, world_size=2)
     with pytest.raises(PgolfError, match="not a whole number of sequences of 64"):
         loader.next_batch(200, 64, accum_steps=1)
+
+
+def test_edge_cases_fail_clearly(tmp_path):
+    files = shards(tmp_path, [40])
+    stream = TokenStream(files)
+    assert stream.take(0).size == 0 and stream.state()["position"] == 0
+    with pytest.raises(PgolfError, match="got float64"):
+        write_shard(tmp_path / "x.bin", np.zeros(3))
+    with pytest.raises(PgolfError, match="does not fit shard"):
+        stream.load_state({"file_index": 0, "position": 41, "epoch": 1})
+    with pytest.raises(PgolfError, match="needs integer file_index"):
+        stream.load_state({"file_index": 0})
+    with pytest.raises(PgolfError, match="rank 2 is outside a world of 2"):
+        BatchLoader(files, rank=2, world_size=2)
+
+
+def test_val_tokens_check_the_vocabulary(tmp_path):
+    files = shards(tmp_path, [100], split="val", vocab=4096)
+    with pytest.raises(PgolfError, match="do not match the tokenizer vocabulary") as info:
+        load_val_tokens(files, seq_len=32, vocab_size=1024)
+    assert str(files[0]) in str(info.value)
+    with pytest.raises(PgolfError, match="no validation shards"):
+        load_val_tokens([], seq_len=32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from core.bpb import BPBMeter, token_bytes
 from core.corpus import read_text, speech_files
 from core.errors import PgolfError
+from core.shards import find_shards, read_shard
 from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer, train_tokenizer
 
 MULTILINGUAL = [
@@ -42,9 +44,23 @@ def test_challenge_tokenizer_counts_real_text_exactly(challenge_dir):
 def test_challenge_tokenizer_counts_uncovered_characters_as_zero(challenge_dir):
     sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
     tables = byte_tables(sp, 1024)
-    ids = sp.encode("東京")
+    ids = sp.encode("Tokyo 東京 is big")
     assert sp.unk_id() in ids  # no byte fallback: unknown characters become <unk>
     assert tables.base_bytes[sp.unk_id()] == 0 and tables.is_boundary[sp.unk_id()]
+    # <unk> counts nothing, and as a boundary it also drops the space of the token after it:
+    # "Tokyo" "▁" <unk> "▁is" "▁b" "ig" count as "Tokyo is big", 12 of the text's 19 bytes.
+    assert counted_bytes(sp, tables, "Tokyo 東京 is big")[0] == len(b"Tokyo is big")
+
+
+def test_a_validation_stream_counts_the_bytes_of_its_documents(sotu_dataset):
+    # As evaluation sees it: one token stream, each document opened by BOS, every token a target.
+    sp = load_tokenizer(sotu_dataset.tokenizer_path)
+    tables = byte_tables(sp, sotu_dataset.vocab_size)
+    tokens = read_shard(find_shards(sotu_dataset.data_path, "val")[0]).astype(np.int64)
+    counted = int(token_bytes(tokens[:-1], tokens[1:], tables).sum())
+    starts = [*np.flatnonzero(tokens == sp.bos_id()), len(tokens)]
+    docs = [tokens[a + 1 : b].tolist() for a, b in itertools.pairwise(starts)]
+    assert len(docs) == 4 and counted == sum(len(sp.decode(d).encode("utf-8")) for d in docs)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +103,9 @@ def test_vocab_mismatch_and_bad_files(challenge_dir, tmp_path):
         load_tokenizer(tmp_path / "bad.model")
     with pytest.raises(PgolfError, match="does not exist"):
         load_tokenizer(tmp_path / "missing.model")
+    (tmp_path / "tok.vocab").write_text("<pad>\t0\n")
+    with pytest.raises(PgolfError, match=r"should be a SentencePiece \.model file"):
+        load_tokenizer(tmp_path / "tok.vocab")
 
 
 def test_bpb_of_a_uniform_model_is_log2_vocab_times_tokens_per_byte(challenge_dir):
@@ -112,6 +131,9 @@ def test_meter_merges_like_one_pass(challenge_dir):
     b.add(200.0, ids[100:-1], ids[101:])
     merged = BPBMeter.from_array(tables, a.as_array() + b.as_array())
     assert merged.val_bpb == pytest.approx(whole.val_bpb) and merged.tokens == whole.tokens == 200
+    counts = BPBMeter(tables)
+    counts.add_counts(300.0, 200, int(token_bytes(ids[:-1], ids[1:], tables).sum()))
+    assert np.array_equal(counts.as_array(), whole.as_array())
 
 
 def test_bpb_against_hand_built_tables():
