@@ -75,7 +75,7 @@ class Config:
 
     # --- execution ---
     compute_dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32
-    compile: str = "auto"  # auto (on for CUDA and MLX, off for torch on CPU) | on | off
+    compile: str = "auto"  # auto (on for GPUs: CUDA and Metal, off on CPUs) | on | off
     mlx_max_microbatch_tokens: int = 8_192  # MLX: largest sub-batch (tokens) of a micro-batch
     mlx_eager_eval: bool = True  # MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)
 

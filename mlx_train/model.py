@@ -15,6 +15,7 @@ import mlx.nn as nn
 
 from core.config import Config
 from core.params import num_skip_weights
+from mlx_train.ops import Ops, default_ops, softcap_logits
 
 # F.rms_norm(eps=None) uses the fp32 machine epsilon for fp32 and bf16 inputs alike.
 RMS_EPS = float(mx.finfo(mx.float32).eps)
@@ -39,24 +40,26 @@ def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
 class CastedLinear(nn.Module):
     """A bias-free linear layer whose fp32 weight is cast to the input dtype at the matmul."""
 
-    def __init__(self, in_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, out_dim: int, ops: Ops):
         super().__init__()
+        self.ops = ops
         self.weight = mx.zeros((out_dim, in_dim), dtype=mx.float32)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return x @ self.weight.astype(x.dtype).T
+        return self.ops.linear(x, self.weight)
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, ops: Ops):
         super().__init__()
+        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.rope_base = cfg.rope_base
         kv_dim = cfg.num_kv_heads * cfg.head_dim
-        self.c_q = CastedLinear(cfg.model_dim, cfg.model_dim)
-        self.c_k = CastedLinear(cfg.model_dim, kv_dim)
-        self.c_v = CastedLinear(cfg.model_dim, kv_dim)
-        self.proj = CastedLinear(cfg.model_dim, cfg.model_dim)
+        self.c_q = CastedLinear(cfg.model_dim, cfg.model_dim, ops)
+        self.c_k = CastedLinear(cfg.model_dim, kv_dim, ops)
+        self.c_v = CastedLinear(cfg.model_dim, kv_dim, ops)
+        self.proj = CastedLinear(cfg.model_dim, cfg.model_dim, ops)
         self.q_gain = mx.full((cfg.num_heads,), cfg.qk_gain_init, dtype=mx.float32)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -68,26 +71,26 @@ class CausalSelfAttention(nn.Module):
         cos, sin = rope_tables(t, self.head_dim, self.rope_base, q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q = q * self.q_gain.astype(q.dtype)[None, :, None, None]
-        y = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim), mask="causal")
+        y = self.ops.attention(q, k, v, 1.0 / math.sqrt(self.head_dim))
         return self.proj(y.transpose(0, 2, 1, 3).reshape(b, t, d))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, ops: Ops):
         super().__init__()
-        self.fc = CastedLinear(cfg.model_dim, cfg.mlp_mult * cfg.model_dim)
-        self.proj = CastedLinear(cfg.mlp_mult * cfg.model_dim, cfg.model_dim)
+        self.fc = CastedLinear(cfg.model_dim, cfg.mlp_mult * cfg.model_dim, ops)
+        self.proj = CastedLinear(cfg.mlp_mult * cfg.model_dim, cfg.model_dim, ops)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.proj(mx.square(nn.relu(self.fc(x))))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, ops: Ops):
         super().__init__()
         d = cfg.model_dim
-        self.attn = CausalSelfAttention(cfg)
-        self.mlp = MLP(cfg)
+        self.attn = CausalSelfAttention(cfg, ops)
+        self.mlp = MLP(cfg, ops)
         self.attn_scale = mx.ones((d,), dtype=mx.float32)
         self.mlp_scale = mx.ones((d,), dtype=mx.float32)
         self.resid_mix = mx.stack([mx.ones((d,)), mx.zeros((d,))]).astype(mx.float32)
@@ -100,19 +103,22 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: Config, compute_dtype: mx.Dtype = mx.float32):
+    """The v1 GPT; `ops` picks the kernels (default: those of the current MLX device)."""
+
+    def __init__(self, cfg: Config, compute_dtype: mx.Dtype = mx.float32, ops: Ops | None = None):
         super().__init__()
+        self.ops = ops or default_ops()
         self.compute_dtype = compute_dtype
         self.softcap = cfg.logit_softcap
         self.num_encoder = cfg.num_layers // 2
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.model_dim)
         self.skip_weights = mx.ones((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
-        self.blocks = [Block(cfg) for _ in range(cfg.num_layers)]
+        self.blocks = [Block(cfg, self.ops) for _ in range(cfg.num_layers)]
         if not cfg.tie_embeddings:
-            self.lm_head = CastedLinear(cfg.model_dim, cfg.vocab_size)
+            self.lm_head = CastedLinear(cfg.model_dim, cfg.vocab_size, self.ops)
 
-    def __call__(self, idx: mx.array) -> mx.array:
-        """Token ids (B, T) -> softcapped logits (B, T, V) in the compute dtype."""
+    def hidden(self, idx: mx.array) -> mx.array:
+        """Token ids (B, T) -> the final normed hidden states (B, T, d) in the compute dtype."""
         x = rms_norm(self.tok_emb(idx).astype(self.compute_dtype))  # (B, T, d)
         x0, skips = x, []
         for block in self.blocks[: self.num_encoder]:
@@ -122,16 +128,18 @@ class GPT(nn.Module):
             if skips:
                 x = x + self.skip_weights[i].astype(x.dtype) * skips.pop()
             x = block(x, x0)
-        x = rms_norm(x)
-        if "lm_head" in self:
-            logits = self.lm_head(x)
-        else:
-            logits = x @ self.tok_emb.weight.astype(x.dtype).T
-        return self.softcap * mx.tanh(logits / self.softcap)
+        return rms_norm(x)
+
+    def head_weight(self) -> mx.array:
+        return self.lm_head.weight if "lm_head" in self else self.tok_emb.weight
+
+    def __call__(self, idx: mx.array) -> mx.array:
+        """Token ids (B, T) -> softcapped logits (B, T, V) in the compute dtype."""
+        return softcap_logits(self.hidden(idx), self.head_weight(), self.softcap, self.ops.linear)
 
     def token_losses(self, idx: mx.array, targets: mx.array) -> mx.array:
         """Cross-entropy in nats per token (B, T), computed in fp32."""
-        return nn.losses.cross_entropy(self(idx).astype(mx.float32), targets, reduction="none")
+        return self.ops.token_losses(self.hidden(idx), self.head_weight(), targets, self.softcap)
 
     def loss(self, idx: mx.array, targets: mx.array) -> mx.array:
         return self.token_losses(idx, targets).mean()

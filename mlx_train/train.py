@@ -2,9 +2,12 @@
 
 A step accumulates gradients over the micro-batches, each cut into sub-batches of
 at most `mlx_max_microbatch_tokens` tokens so a 16 GB Mac does not run out of
-memory, then applies one optimizer update. Both the gradient of a sub-batch and
-the update are `mx.compile`d; the learning-rate multiplier and the momentum enter
-as arrays, so changing them does not recompile.
+memory, then applies one optimizer update. On the GPU both the gradient of a
+sub-batch and the update are `mx.compile`d; the learning-rate multiplier and the
+momentum enter as arrays, so changing them does not recompile. On a CPU `compile`
+defaults to off: it is no faster there, and it merges the recomputations of the
+CPU ops (mlx_train/ops.py) with their forward passes, which keeps the very arrays
+they exist to free.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class MLXBackend:
         self.dtypes = {k: DTYPES[v] for k, v in storage_dtypes(cfg, self.bf16).items()}
         self.model = GPT(cfg, mx.bfloat16 if self.bf16 else mx.float32)
         self.optim = Optimizers(cfg)
-        compile_on = cfg.compile != "off"
+        compile_on = cfg.compile == "on" or (cfg.compile == "auto" and gpu)
 
         grad_fn = nn.value_and_grad(self.model, self.model.loss)
         # value_and_grad swaps traced parameters into the model, so its state is an output too.
