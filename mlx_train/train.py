@@ -8,6 +8,11 @@ momentum enter as arrays, so changing them does not recompile. On a CPU `compile
 defaults to off: it is no faster there, and it merges the recomputations of the
 CPU ops (mlx_train/ops.py) with their forward passes, which keeps the very arrays
 they exist to free.
+
+Several processes (or Macs) train together through MLX's own `mx.distributed`,
+started by `mlx.launch` (see the README): each rank reads its own share of every
+batch, the gradients are averaged with one `all_sum` per tensor, and every rank
+then applies the same update (Muon's orthogonalisation is computed on every rank).
 """
 
 from __future__ import annotations
@@ -39,11 +44,11 @@ def sub_batches(x: np.ndarray, y: np.ndarray, max_tokens: int) -> list[tuple[np.
 
 class MLXBackend:
     name = "mlx"
-    rank = 0
-    world_size = 1
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.group = mx.distributed.init()  # a group of one unless started by mlx.launch
+        self.rank, self.world_size = self.group.rank(), self.group.size()
         gpu = _on_gpu()
         self.bf16 = cfg.compute_dtype == "bfloat16" or (cfg.compute_dtype == "auto" and gpu)
         self.device = f"gpu ({mx.device_info().get('device_name', 'Apple GPU')})" if gpu else "cpu"
@@ -125,6 +130,10 @@ class MLXBackend:
                 if self.cfg.mlx_eager_eval:
                     mx.eval(grads, loss)  # keep the lazy graph from growing across sub-batches
         assert grads is not None, "train_step needs at least one micro-batch"
+        if self.world_size > 1:
+            grads = {
+                k: mx.distributed.all_sum(g, group=self.group) / self.world_size for k, g in grads.items()
+            }
         self._update(grads, mx.array(lr_mult, dtype=mx.float32), mx.array(muon_momentum, dtype=mx.float32))
         mx.eval(self.model.state, self.optim.state, loss)
         return loss
@@ -140,7 +149,11 @@ class MLXBackend:
 
     # ------------------------------------------------------------ plumbing
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values, dtype=np.float64)
+        values = np.asarray(values, dtype=np.float64)
+        if self.world_size == 1:
+            return values
+        # float64 exists on the CPU stream only; the sums (bytes, nats) need its precision.
+        return np.array(mx.distributed.all_sum(mx.array(values), group=self.group, stream=mx.cpu))
 
     def synchronize(self) -> None:
         mx.synchronize()

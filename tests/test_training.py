@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -113,38 +114,47 @@ def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_na
     assert end < unigram_bpb(sotu_dataset) - 0.3  # the best context-free model scores ~2.7
 
 
-@pytest.mark.torch
-def test_two_gloo_processes_match_one_process(sotu_dataset, tmp_path):
-    pytest.importorskip("torch")
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher(backend_name: str) -> list[str]:
+    """The framework's own launcher for two processes on this machine."""
+    if backend_name == "cuda":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                "--master_addr=127.0.0.1"]  # fmt: skip
+    mlx_launch = Path(sys.executable).parent / "mlx.launch"
+    if not mlx_launch.exists():
+        pytest.skip(f"{mlx_launch} not found")
+    # The ring backend listens on two consecutive ports from --starting-port.
+    return [str(mlx_launch), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
+            sys.executable]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     args = [
-        "cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path),
+        "cli.py", "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
         "--iterations", "3",
     ]  # fmt: skip
     # Loopback only: gloo otherwise picks an interface from the host name, which can fail.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    single = subprocess.run(
-        [sys.executable, *args, "--run-id", "one"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert single.returncode == 0, single.stderr[-2000:]
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-    ]
-    double = subprocess.run(
-        [*torchrun, *args, "--run-id", "two"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert double.returncode == 0, double.stderr[-2000:]
-    assert "world_size:2 grad_accum_steps:1" in double.stdout
+    outputs = {}
+    for run_id, command in (("one", [sys.executable]), ("two", launcher(backend_name))):
+        done = subprocess.run(
+            [*command, *args, "--run-id", run_id],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        outputs[run_id] = done.stdout
+    assert "world_size:2 grad_accum_steps:1" in outputs["two"]
     one = load_checkpoint(tmp_path / "one" / "checkpoints" / "step_000003.safetensors").params
     two = load_checkpoint(tmp_path / "two" / "checkpoints" / "step_000003.safetensors").params
     for k in one:  # same tokens, gradients averaged in a different order: fp32 round-off only
