@@ -4,7 +4,8 @@ Muon (SPEC section 5): Nesterov momentum, then the quintic Newton-Schulz
 orthogonalisation, scaled for the matrix shape. With several ranks each matrix
 is orthogonalised by one rank (round-robin) and a single all-reduce of a flat
 buffer shares the updates. Newton-Schulz runs in bf16 on CUDA, as the challenge's
-script does, and in fp32 elsewhere (bf16 matmuls are slow or emulated on CPUs).
+script does, and in fp32 elsewhere (bf16 matmuls are slow or emulated on CPUs);
+with `compile` on it is `torch.compile`d (one graph per matrix shape).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def newton_schulz(g: Tensor, steps: int) -> Tensor:
 
 
 class Muon(torch.optim.Optimizer):
-    def __init__(self, params, lr: float, momentum: float, backend_steps: int):
+    def __init__(self, params, lr: float, momentum: float, backend_steps: int, orthogonalise=newton_schulz):
         super().__init__(params, {"lr": lr, "momentum": momentum, "backend_steps": backend_steps})
+        self.orthogonalise = orthogonalise
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -59,7 +61,7 @@ class Muon(torch.optim.Optimizer):
                 buf = state["momentum_buffer"]
                 buf.mul_(momentum).add_(p.grad)
                 if i % world == rank:
-                    update = newton_schulz(p.grad.float() + momentum * buf, group["backend_steps"])
+                    update = self.orthogonalise(p.grad.float() + momentum * buf, group["backend_steps"])
                     flat[offset : offset + p.numel()] = update.float().flatten() * muon_scale(*p.shape)
                 offset += p.numel()
             if distributed:
@@ -70,8 +72,11 @@ class Muon(torch.optim.Optimizer):
                 offset += p.numel()
 
 
-def build_optimizers(model: nn.Module, cfg: Config) -> list[torch.optim.Optimizer]:
+def build_optimizers(model: nn.Module, cfg: Config, compile_on: bool = False) -> list[torch.optim.Optimizer]:
     """One optimizer per group of core.params.param_group, each group remembering its base lr."""
+    orthogonalise = (
+        torch.compile(newton_schulz, dynamic=False, fullgraph=True) if compile_on else newton_schulz
+    )
     groups: dict[str, list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         groups.setdefault(param_group(name), []).append(p)
@@ -80,7 +85,9 @@ def build_optimizers(model: nn.Module, cfg: Config) -> list[torch.optim.Optimize
     for group, params in groups.items():
         lr = base_lr(cfg, group)
         if group == "matrix":
-            opt: torch.optim.Optimizer = Muon(params, lr, cfg.muon_momentum, cfg.muon_backend_steps)
+            opt: torch.optim.Optimizer = Muon(
+                params, lr, cfg.muon_momentum, cfg.muon_backend_steps, orthogonalise
+            )
         else:
             opt = torch.optim.Adam(params, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=fused)
         opt.param_groups[0]["base_lr"] = lr

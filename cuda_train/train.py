@@ -38,8 +38,6 @@ class TorchBackend:
         if torch.cuda.is_available():
             self.torch_device = torch.device("cuda", local_rank)
             torch.cuda.set_device(self.torch_device)
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
             name = torch.cuda.get_device_name(self.torch_device)
             self.device = f"cuda:{local_rank} ({name})"
         else:
@@ -49,6 +47,9 @@ class TorchBackend:
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if cuda else "gloo", device_id=self.torch_device if cuda else None)
         self.bf16 = cfg.compute_dtype == "bfloat16" or (cfg.compute_dtype == "auto" and cuda)
+        if cuda:  # TF32 for the fp32 matmuls left outside autocast; float32 asked for means float32
+            torch.backends.cuda.matmul.allow_tf32 = self.bf16
+            torch.backends.cudnn.allow_tf32 = self.bf16
         self.peak_flops = (
             next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None) if self.bf16 else None
         )
@@ -57,9 +58,9 @@ class TorchBackend:
         self.model = GPT(cfg).to(self.torch_device)
         for pname, dtype in storage_dtypes(cfg, self.bf16).items():
             self.model.get_parameter(pname).data = self.model.get_parameter(pname).data.to(DTYPES[dtype])
-        self.optimizers = build_optimizers(self.model, cfg)
-        self.steps_taken = 0
         compile_on = cfg.compile == "on" or (cfg.compile == "auto" and cuda)
+        self.optimizers = build_optimizers(self.model, cfg, compile_on)
+        self.steps_taken = 0
         self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model
         self.runner = self.compiled
         if self.world_size > 1:

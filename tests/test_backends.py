@@ -223,3 +223,43 @@ def test_mlx_rms_norm_equals_torch_in_both_dtypes(dtype):
     got = np.array(rms_norm(mx.array(x).astype(getattr(mx, dtype))).astype(mx.float32))
     # fp32 may differ in the last bit (each framework's rsqrt); a wrong epsilon moves values by ~1e-3.
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.torch
+def test_torch_compiled_steady_state_has_no_recompiles():
+    """After one step and one validation pass, neither new lrs nor new steps recompile anything."""
+    dynamo = pytest.importorskip("torch._dynamo")
+
+    cfg = preset("smoke").replace(compile="on")
+    backend = make_backend("cuda", cfg)
+    backend.load_params(busy_params(cfg))
+    micro = [batch(cfg, seed=11), batch(cfg, seed=12)]
+    x, y = batch(cfg, n=5, seed=13)
+
+    def validate():  # a full batch, then a shorter last one, as core.loop's spans give
+        return backend.eval_nll(x[:3], y[:3]) + backend.eval_nll(x[3:], y[3:])
+
+    backend.train_step(micro, 1.0, 0.85)
+    first = validate()
+    with dynamo.config.patch(error_on_recompile=True):
+        for i in range(3):
+            backend.train_step(micro, 0.9 - 0.2 * i, 0.9 + 0.02 * i)
+        later = validate()
+    assert later != first  # the steps did train
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_bf16_compute_stays_close_to_the_reference_and_learns(backend_name):
+    """bf16 (autocast in torch, bf16 activations in MLX): round-off near 1e-2 on logits of size ~4."""
+    cfg = preset("smoke").replace(num_layers=3, compute_dtype="bfloat16")
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(busy_params(cfg))
+    stored = backend.params()  # the embedding is held in bf16
+    x, y = batch(cfg)
+    error = np.abs(backend.logits(x) - reference_logits(stored, cfg, x)).max()
+    assert backend.bf16 and 1e-4 < error < 0.06  # bf16 is really in use, and only its round-off shows
+    first = backend.eval_nll(x, y) / y.size
+    assert first == pytest.approx(reference_loss(stored, cfg, x, y), rel=1e-3)
+    for _ in range(30):  # memorise one batch
+        last = float(backend.train_step([(x, y)], 1.0, 0.9))
+    assert last < 0.1 * first
