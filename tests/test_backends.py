@@ -226,11 +226,12 @@ def test_mlx_rms_norm_equals_torch_in_both_dtypes(dtype):
 
 
 @pytest.mark.torch
-def test_torch_compiled_steady_state_has_no_recompiles():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16: autocast, as on CUDA
+def test_torch_compiled_steady_state_has_no_recompiles(dtype):
     """After one step and one validation pass, neither new lrs nor new steps recompile anything."""
     dynamo = pytest.importorskip("torch._dynamo")
 
-    cfg = preset("smoke").replace(compile="on")
+    cfg = preset("smoke").replace(compile="on", compute_dtype=dtype)
     backend = make_backend("cuda", cfg)
     backend.load_params(busy_params(cfg))
     micro = [batch(cfg, seed=11), batch(cfg, seed=12)]
