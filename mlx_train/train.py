@@ -5,9 +5,9 @@ at most `mlx_max_microbatch_tokens` tokens so a 16 GB Mac does not run out of
 memory, then applies one optimizer update. On the GPU both the gradient of a
 sub-batch and the update are `mx.compile`d; the learning-rate multiplier and the
 momentum enter as arrays, so changing them does not recompile. On a CPU `compile`
-defaults to off: it is no faster there, and it merges the recomputations of the
-CPU ops (mlx_train/ops.py) with their forward passes, which keeps the very arrays
-they exist to free.
+defaults to off: measured there, it was no faster and it undid the memory saving
+of the CPU ops (mlx_train/ops.py), most likely by merging their backward-pass
+recomputations with the forward pass.
 
 Several processes (or Macs) train together through MLX's own `mx.distributed`,
 started by `mlx.launch` (see the README): each rank reads its own share of every
