@@ -28,12 +28,6 @@ class BPBMeter:
         self.tokens += float(np.size(target_ids))
         self.nbytes += float(token_bytes(prev_ids, target_ids, self.tables).sum())
 
-    def add_counts(self, nll_sum: float, tokens: int, nbytes: int) -> None:
-        """Add sums computed elsewhere (e.g. on the device) without the token ids."""
-        self.nats += float(nll_sum)
-        self.tokens += float(tokens)
-        self.nbytes += float(nbytes)
-
     def as_array(self) -> np.ndarray:
         return np.array([self.nats, self.tokens, self.nbytes], dtype=np.float64)
 

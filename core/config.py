@@ -88,6 +88,14 @@ class Config:
         """Micro-batches each rank runs per step."""
         return self.grad_accum_steps // world_size
 
+    def uses_bf16(self, on_gpu: bool) -> bool:
+        """Compute in bf16: when asked to, or by default on a GPU."""
+        return self.compute_dtype == "bfloat16" or (self.compute_dtype == "auto" and on_gpu)
+
+    def uses_compile(self, on_gpu: bool) -> bool:
+        """Compile the step: when asked to, or by default on a GPU."""
+        return self.compile == "on" or (self.compile == "auto" and on_gpu)
+
     def validate(self, world_size: int = 1) -> Config:
         """Raise PgolfError naming the first inconsistent setting; return self."""
 

@@ -46,7 +46,7 @@ class TorchBackend:
         cuda = self.torch_device.type == "cuda"
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if cuda else "gloo", device_id=self.torch_device if cuda else None)
-        self.bf16 = cfg.compute_dtype == "bfloat16" or (cfg.compute_dtype == "auto" and cuda)
+        self.bf16 = cfg.uses_bf16(cuda)
         if cuda:  # TF32 for the fp32 matmuls left outside autocast; float32 asked for means float32
             torch.backends.cuda.matmul.allow_tf32 = self.bf16
             torch.backends.cudnn.allow_tf32 = self.bf16
@@ -58,7 +58,7 @@ class TorchBackend:
         self.model = GPT(cfg).to(self.torch_device)
         for pname, dtype in storage_dtypes(cfg, self.bf16).items():
             self.model.get_parameter(pname).data = self.model.get_parameter(pname).data.to(DTYPES[dtype])
-        compile_on = cfg.compile == "on" or (cfg.compile == "auto" and cuda)
+        compile_on = cfg.uses_compile(cuda)
         self.optimizers = build_optimizers(self.model, cfg, compile_on)
         self.steps_taken = 0
         self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model

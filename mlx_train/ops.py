@@ -69,10 +69,15 @@ def blas_linear(x: mx.array, w: mx.array) -> mx.array:
     return fused_linear(x, w) if x.dtype == F32 else _linear_via_fp32(x, w)
 
 
+def _spans(n: int, row_elements: int) -> list[tuple[int, int]]:
+    """[start, end) runs of rows covering 0..n, each of at most BLOCK_ELEMENTS elements (one row at least)."""
+    rows = max(1, BLOCK_ELEMENTS // row_elements)
+    return [(i, min(i + rows, n)) for i in range(0, n, rows)]
+
+
 def _query_blocks(q: mx.array) -> list[tuple[int, int]]:
     b, h, t, _ = q.shape
-    rows = max(1, BLOCK_ELEMENTS // (b * h * t))
-    return [(i, min(i + rows, t)) for i in range(0, t, rows)]
+    return _spans(t, b * h * t)  # a query row holds (B, H) rows of T scores
 
 
 def _block_probs(q5: mx.array, k5: mx.array, start: int, end: int, scale: float) -> mx.array:
@@ -103,11 +108,9 @@ def _blocked_attention(scale: float) -> Callable:
         q5, k5, v5 = _grouped(q, k, v)
         do5 = cotangent.astype(F32).reshape(q5.shape)
         t = q.shape[2]
-        dq, dk, dv = (
-            [],
-            mx.zeros(k5.shape[:2] + k5.shape[3:], F32),
-            mx.zeros(v5.shape[:2] + v5.shape[3:], F32),
-        )
+        dq = []
+        dk = mx.zeros(k.shape, F32)
+        dv = mx.zeros(v.shape, F32)
         for s, e in _query_blocks(q):
             p = _block_probs(q5, k5, s, e, scale)
             do = do5[..., s:e, :]
@@ -127,11 +130,6 @@ def blocked_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx
     return _blocked_attention(float(scale))(q, k, v)
 
 
-def _token_chunks(n: int, vocab: int) -> list[tuple[int, int]]:
-    rows = max(1, BLOCK_ELEMENTS // vocab)
-    return [(i, min(i + rows, n)) for i in range(0, n, rows)]
-
-
 @cache
 def _chunked_token_losses(softcap: float) -> Callable:
     def capped(x: mx.array, w: mx.array) -> mx.array:
@@ -140,7 +138,7 @@ def _chunked_token_losses(softcap: float) -> Callable:
     @mx.custom_function
     def token_losses(x: mx.array, w: mx.array, targets: mx.array) -> mx.array:
         out = []
-        for s, e in _token_chunks(x.shape[0], w.shape[0]):
+        for s, e in _spans(x.shape[0], w.shape[0]):
             logits = capped(x[s:e], w)
             picked = mx.take_along_axis(logits, targets[s:e, None], axis=-1)[:, 0]
             out.append(mx.logsumexp(logits, axis=-1) - picked)
@@ -152,7 +150,7 @@ def _chunked_token_losses(softcap: float) -> Callable:
         vocab = w.shape[0]
         w_used = w.astype(x.dtype).astype(F32)
         dx, dw = [], mx.zeros(w.shape, F32)
-        for s, e in _token_chunks(x.shape[0], vocab):
+        for s, e in _spans(x.shape[0], vocab):
             logits = capped(x[s:e], w)
             onehot = mx.arange(vocab)[None, :] == targets[s:e, None]
             dcapped = cotangent[s:e, None].astype(F32) * (mx.softmax(logits, axis=-1) - onehot)

@@ -50,13 +50,13 @@ class MLXBackend:
         self.group = mx.distributed.init()  # a group of one unless started by mlx.launch
         self.rank, self.world_size = self.group.rank(), self.group.size()
         gpu = _on_gpu()
-        self.bf16 = cfg.compute_dtype == "bfloat16" or (cfg.compute_dtype == "auto" and gpu)
+        self.bf16 = cfg.uses_bf16(gpu)
         self.device = f"gpu ({mx.device_info().get('device_name', 'Apple GPU')})" if gpu else "cpu"
         self.peak_flops = None
         self.dtypes = {k: DTYPES[v] for k, v in storage_dtypes(cfg, self.bf16).items()}
         self.model = GPT(cfg, mx.bfloat16 if self.bf16 else mx.float32)
         self.optim = Optimizers(cfg)
-        compile_on = cfg.compile == "on" or (cfg.compile == "auto" and gpu)
+        compile_on = cfg.uses_compile(gpu)
 
         grad_fn = nn.value_and_grad(self.model, self.model.loss)
         # value_and_grad swaps traced parameters into the model, so its state is an output too.
