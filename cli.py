@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import math
 import platform
 import re
 import sys
@@ -342,6 +343,52 @@ def bench(
         console.print(f"{key}: {shown}")
     if json_out is not None:
         json_out.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+
+
+RUNS_DIR = typer.Option(Path(Config().out_dir), "--out-dir", help="Where the run directories are.")
+
+
+@app.command()
+def runs(out_dir: Path = RUNS_DIR) -> None:
+    """List the runs under --out-dir: steps, training time, val_bpb, score and size."""
+    from rich.table import Table
+
+    from core.runs import find_runs, summarize
+
+    table = Table(title=f"runs in {out_dir}")
+    for column in ("run", "model", "steps", "train time", "val_bpb", "int8 val_bpb", "total bytes"):
+        table.add_column(column, justify="left" if column in ("run", "model") else "right")
+    for path in find_runs(out_dir):
+        s = summarize(path)
+        table.add_row(
+            s.name,
+            s.model,
+            f"{s.steps:,}",
+            f"{s.train_time_ms / 1000:,.1f} s",
+            "–" if math.isnan(s.val_bpb) else f"{s.val_bpb:.4f}",
+            f"{s.roundtrip_val_bpb:.4f}" if s.finished else "unfinished",
+            f"{s.total_bytes:,}" if s.total_bytes is not None else "–",
+        )
+    console.print(table)
+
+
+@app.command()
+def plot(
+    run_dirs: list[Path] = typer.Argument(None, help="Run directories (default: every run in --out-dir)."),
+    out: Path = typer.Option(Path("curves.png"), help="PNG file to write."),
+    x: str = typer.Option("step", help="x axis: step or time (training minutes)."),
+    out_dir: Path = RUNS_DIR,
+) -> None:
+    """Plot validation BPB and training loss of runs side by side, as a PNG."""
+    from core.runs import find_runs, plot_runs
+
+    chosen = list(run_dirs or find_runs(out_dir))
+    for path in chosen:
+        if not (path / "metrics.jsonl").is_file():
+            raise PgolfError(f"{path}: not a run directory (no metrics.jsonl)")
+    if not chosen:
+        raise PgolfError(f"no runs to plot in {out_dir}")
+    console.print(f"wrote {plot_runs(chosen, out, x)} ({len(chosen)} runs)")
 
 
 @app.command()

@@ -112,12 +112,19 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 class RunDir:
     """The files of one training run; only rank 0 writes."""
 
-    def __init__(self, root: str | Path, run_id: str = "", enabled: bool = True):
+    def __init__(self, root: str | Path, run_id: str = "", enabled: bool = True, reuse: bool = False):
+        """`reuse` lets a resumed run write into a directory that already holds a run."""
         self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
         self.path = Path(root) / self.run_id
         self.enabled = enabled
-        if enabled:
+        if not enabled:
+            return
+        if not reuse and (self.path / "config.json").exists():
+            raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
+        try:
             (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PgolfError(f"cannot create run directory {self.path}: {exc.strerror}") from None
 
     @property
     def artifact(self) -> Path:
@@ -139,11 +146,3 @@ class RunDir:
         if self.enabled:
             with open(self.path / "train.log", "a", encoding="utf-8") as f:
                 f.write(line + "\n")
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a run's metrics.jsonl (path = the run directory or the file)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "metrics.jsonl"
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -128,11 +128,22 @@ def load_weights(
 
 
 def _shared_run_id(cfg: Config, backend: Backend) -> str:
-    """Every rank must name the same run directory: take rank 0's clock."""
+    """A fresh timestamp name unless one is given; every rank takes rank 0's choice."""
     if cfg.run_id:
         return cfg.run_id
-    now = backend.all_reduce_sum(np.array([time.time() if backend.rank == 0 else 0.0]))[0]
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+
+    def name(now: float, n: int) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        return stamp if n == 0 else f"{stamp}-{n}"
+
+    choice = np.zeros(2)
+    if backend.rank == 0:  # runs started within the same second get -1, -2, ...
+        now, n = time.time(), 0
+        while (Path(cfg.out_dir) / name(now, n)).exists():
+            n += 1
+        choice[:] = now, n
+    now, n = backend.all_reduce_sum(choice)
+    return name(now, int(n))
 
 
 def train(
@@ -148,18 +159,10 @@ def train(
     cfg.validate(world)
     main = rank == 0
     accum = cfg.local_accum_steps(world)
-    run = RunDir(cfg.out_dir, _shared_run_id(cfg, backend), enabled=main)
-
-    def say(line: str) -> None:
-        if main:
-            log(line)
-            run.log_line(line)
-
+    # Everything that can be refused is checked before the run directory exists.
     data = load_eval_data(cfg)
     loader = BatchLoader(find_shards(cfg.data_path, "train"), rank, world, cfg.vocab_size)
     dtypes = storage_dtypes(cfg, backend.bf16)
-    run.write_config(cfg.to_dict())
-
     step, train_time_ms = 0, 0.0
     if resume is not None:
         ckpt = load_checkpoint(resume)
@@ -168,9 +171,18 @@ def train(
         backend.load_optimizer_state(ckpt.optimizer)
         loader.load_state(ckpt.data_state)
         step, train_time_ms = ckpt.step, ckpt.train_time_ms
-        say(f"resumed:{resume} step:{step} train_time:{train_time_ms:.0f}ms")
     else:
         backend.load_params(init_params(cfg, bf16=backend.bf16))
+    run = RunDir(cfg.out_dir, _shared_run_id(cfg, backend), enabled=main, reuse=resume is not None)
+
+    def say(line: str) -> None:
+        if main:
+            log(line)
+            run.log_line(line)
+
+    run.write_config(cfg.to_dict())
+    if resume is not None:
+        say(f"resumed:{resume} step:{step} train_time:{train_time_ms:.0f}ms")
 
     n_params = sum(int(np.prod(s)) for s in param_shapes(cfg).values())
     say(f"backend:{backend.name} device:{backend.device} world_size:{world} grad_accum_steps:{accum}")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from core.checkpoint import Checkpoint, RunDir, is_checkpoint, load_checkpoint, read_metrics, save_checkpoint
-from core.config import preset
+from core.checkpoint import Checkpoint, RunDir, is_checkpoint, load_checkpoint, save_checkpoint
+from core.config import Config, preset
 from core.errors import PgolfError
+from core.loop import _shared_run_id
 from core.params import init_params
+from core.runs import read_metrics
 
 
 def make_checkpoint() -> Checkpoint:
@@ -80,3 +84,30 @@ def test_run_dir_layout(tmp_path):
     silent = RunDir(tmp_path, "other-rank", enabled=False)
     silent.metric({"kind": "train"})
     assert not (tmp_path / "other-rank").exists()
+
+
+def test_a_run_directory_holding_a_run_is_refused_unless_resuming(tmp_path):
+    RunDir(tmp_path, "demo").write_config({"iterations": 3})
+    with pytest.raises(PgolfError, match="already holds a run"):
+        RunDir(tmp_path, "demo")
+    assert RunDir(tmp_path, "demo", reuse=True).path == tmp_path / "demo"
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(PgolfError, match="cannot create run directory"):
+        RunDir(tmp_path / "a-file", "demo")
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
+    class OneProcess:
+        rank = 0
+
+        def all_reduce_sum(self, values):
+            return np.asarray(values, dtype=np.float64)
+
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)
+    cfg = Config(out_dir=str(tmp_path))
+    names = []
+    for _ in range(3):
+        names.append(_shared_run_id(cfg, OneProcess()))
+        RunDir(tmp_path, names[-1]).write_config({})
+    assert names[1] == names[0] + "-1" and names[2] == names[0] + "-2"
+    assert _shared_run_id(cfg.replace(run_id="mine"), OneProcess()) == "mine"

@@ -109,10 +109,10 @@ def test_malformed_shard(sotu_dataset, tmp_path):
 
 
 def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_dir, tmp_path):
+    runs = tmp_path / "runs"
     # A vocabulary flag that disagrees with the tokenizer...
-    result = cli(
-        "train", "--backend", "cuda", "--preset", "smoke", "--vocab-size", "512", *data_flags(sotu_dataset)
-    )
+    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--vocab-size", "512",
+                 "--out-dir", str(runs), *data_flags(sotu_dataset))  # fmt: skip
     assert_one_line_error(result, "has 1024 pieces but vocab_size is 512")
     # ...and shards whose ids exceed the tokenizer's vocabulary.
     wide = tmp_path / "wide"
@@ -121,9 +121,19 @@ def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_
 
     write_shard(wide / "fineweb_val_000000.bin", np.arange(2000) % 2000)
     write_shard(wide / "fineweb_train_000000.bin", np.arange(2000) % 2000)
-    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--data-path", str(wide),
-                 "--tokenizer-path", str(challenge_dir / "fineweb_1024_bpe.model"))  # fmt: skip
+    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--data-path", str(wide), "--out-dir",
+                 str(runs), "--tokenizer-path", str(challenge_dir / "fineweb_1024_bpe.model"))  # fmt: skip
     assert_one_line_error(result, "fineweb_val_000000.bin", "do not match the tokenizer vocabulary")
+    assert not runs.exists(), "a refused run left a run directory behind"
+
+
+def test_a_run_directory_is_never_reused(sotu_dataset, trained):
+    run_dir, _ = trained
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(run_dir.parent),
+                 "--run-id", run_dir.name, *data_flags(sotu_dataset))  # fmt: skip
+    assert_one_line_error(result, str(run_dir), "already holds a run")
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
 
 
 def test_tampered_and_truncated_artifacts(sotu_dataset, trained, tmp_path):
@@ -137,6 +147,20 @@ def test_tampered_and_truncated_artifacts(sotu_dataset, trained, tmp_path):
         path.write_bytes(damaged)
         result = cli("eval", str(path), "--backend", "cuda", "--preset", "smoke", *data_flags(sotu_dataset))
         assert_one_line_error(result, name)
+
+
+def test_runs_lists_the_run_and_plot_draws_it(trained, tmp_path):
+    run_dir, stdout = trained
+    listed = cli("runs", "--out-dir", str(run_dir.parent))
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if line.strip("│ ").startswith("r "))
+    assert f"{roundtrip_bpb(stdout):.4f}" in row
+    pytest.importorskip("matplotlib")
+    drawn = cli("plot", str(run_dir), "--out", str(tmp_path / "c.png"))
+    assert drawn.returncode == 0, drawn.stderr
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_one_line_error(cli("plot", str(tmp_path), "--out", str(tmp_path / "d.png")), "not a run directory")
+    assert_one_line_error(cli("runs", "--out-dir", str(tmp_path / "none")), "no such directory of runs")
 
 
 def test_info_and_help_work():

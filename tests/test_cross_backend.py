@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from core import quant
-from core.checkpoint import load_checkpoint, read_metrics
+from core.checkpoint import load_checkpoint
 from core.loop import evaluate, export_artifact, load_eval_data
 from core.params import init_params, storage_dtypes
+from core.runs import read_metrics
 from tests.test_backends import batch, busy_params, make_backend
 from tests.test_training import final_params, run
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.checkpoint import load_checkpoint, read_metrics
+from core.checkpoint import load_checkpoint
 from core.loop import train
 from core.quant import dequantize_int8, load_artifact
+from core.runs import read_metrics
 from core.shards import find_shards, read_shard
 from tests.test_backends import BACKENDS, make_backend
 

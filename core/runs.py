@@ -1,0 +1,135 @@
+"""Reading finished and unfinished runs back: a summary per run, and their curves as a plot.
+
+Everything here reads a run directory's `config.json` and `metrics.jsonl` (see
+`core.checkpoint`); nothing needs the framework that trained the run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.atomic import write_atomic
+from core.errors import PgolfError
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a run's metrics.jsonl (path = the run directory or the file).
+
+    A run killed while writing can leave its last line cut short: that line is
+    skipped. Damage anywhere else is an error naming the line.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "metrics.jsonl"
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PgolfError(f"{p}: cannot read the metrics log ({exc})") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise PgolfError(f"{p}:{number}: not a JSON record") from None
+        if not isinstance(record, dict) or "kind" not in record:
+            raise PgolfError(f"{p}:{number}: a record needs a 'kind'")
+        records.append(record)
+    return records
+
+
+@dataclass
+class RunSummary:
+    """Where a run got to: its last figures, and its final ones when it finished."""
+
+    name: str
+    path: Path
+    model: str  # "layers x dim, vocab V"
+    steps: int  # optimizer steps logged so far (the final count when finished)
+    train_time_ms: float
+    val_bpb: float  # the last validation before quantization (nan if none yet)
+    roundtrip_val_bpb: float  # the score after the int8 round trip (nan until finished)
+    total_bytes: int | None  # artifact + code, when finished
+    finished: bool
+
+
+def summarize(run_dir: str | Path) -> RunSummary:
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        model = f"{cfg['num_layers']}x{cfg['model_dim']}, vocab {cfg['vocab_size']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        model = "?"
+    final = next((r for r in reversed(records) if r["kind"] == "final"), None)
+    vals = [r for r in records if r["kind"] == "val"]
+    timed = [r for r in records if r["kind"] in ("train", "val")]
+    return RunSummary(
+        name=run_dir.name,
+        path=run_dir,
+        model=model,
+        steps=int(final["steps"]) if final else max((int(r["step"]) for r in timed), default=0),
+        train_time_ms=float(final["train_time_ms"])
+        if final
+        else max((float(r["train_time_ms"]) for r in timed), default=0.0),
+        val_bpb=float(vals[-1]["val_bpb"]) if vals else math.nan,
+        roundtrip_val_bpb=float(final["roundtrip_val_bpb"]) if final else math.nan,
+        total_bytes=int(final["artifact_bytes"]) + int(final["code_bytes"]) if final else None,
+        finished=final is not None,
+    )
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Run directories under `root` (those holding a metrics log), oldest name first."""
+    root = Path(root)
+    if not root.is_dir():
+        raise PgolfError(f"{root}: no such directory of runs")
+    return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").is_file())
+
+
+def plot_runs(run_dirs: list[Path], out: Path, x: str = "step") -> Path:
+    """Validation BPB and training loss of each run, against steps or training minutes, as a PNG."""
+    if x not in ("step", "time"):
+        raise PgolfError(f"unknown x axis {x!r} (choose step or time)")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PgolfError("plotting needs matplotlib: pip install 'pgolf[plot]'") from None
+
+    def xs(records: list[dict[str, Any]]) -> list[float]:
+        return [r["step"] if x == "step" else r["train_time_ms"] / 60_000 for r in records]
+
+    fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    for run_dir in run_dirs:
+        records = read_metrics(run_dir)
+        vals = [r for r in records if r["kind"] == "val"]
+        trains = [r for r in records if r["kind"] == "train"]
+        (line,) = ax_val.plot(xs(vals), [r["val_bpb"] for r in vals], marker=".", label=run_dir.name)
+        ax_train.plot(xs(trains), [r["train_loss"] for r in trains], color=line.get_color(), lw=1)
+        final = next((r for r in records if r["kind"] == "final"), None)
+        if final is not None and vals:
+            ax_val.plot(xs(vals)[-1:], [final["roundtrip_val_bpb"]], marker="x", color=line.get_color())
+    label = "step" if x == "step" else "training time (min)"
+    ax_val.set(xlabel=label, ylabel="val_bpb", title="validation bits per byte (x: after int8 round trip)")
+    ax_train.set(xlabel=label, ylabel="train loss (nats)", title="training loss")
+    for ax in (ax_val, ax_train):
+        ax.grid(alpha=0.3)
+    ax_val.legend(fontsize="small")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    try:
+        return write_atomic(out, buffer.getvalue())
+    except OSError as exc:
+        raise PgolfError(f"cannot write {out}: {exc.strerror}") from None

@@ -1,0 +1,69 @@
+"""Reading runs back: the metrics log, per-run summaries, and the curves plot."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from core.checkpoint import RunDir
+from core.errors import PgolfError
+from core.runs import find_runs, plot_runs, read_metrics, summarize
+
+
+def make_run(root, name, steps=4, finished=True):
+    run = RunDir(root, name)
+    run.write_config({"num_layers": 2, "model_dim": 64, "vocab_size": 1024})
+    for step in range(1, steps + 1):
+        run.metric({"kind": "train", "step": step, "train_loss": 6.0 - step, "train_time_ms": 100.0 * step})
+        if step % 2 == 0:
+            run.metric(
+                {"kind": "val", "step": step, "val_bpb": 3.0 - 0.1 * step, "train_time_ms": 100.0 * step}
+            )
+    if finished:
+        run.metric(
+            {"kind": "final", "steps": steps, "train_time_ms": 100.0 * steps, "roundtrip_val_bpb": 2.5,
+             "artifact_bytes": 1000, "code_bytes": 234}
+        )  # fmt: skip
+    return run.path
+
+
+def test_a_finished_and_an_unfinished_run_are_summarized(tmp_path):
+    done = summarize(make_run(tmp_path, "done", steps=4))
+    assert (done.steps, done.train_time_ms, done.finished) == (4, 400.0, True)
+    assert done.val_bpb == pytest.approx(2.6) and done.roundtrip_val_bpb == 2.5
+    assert done.total_bytes == 1234 and done.model == "2x64, vocab 1024"
+    partial = summarize(make_run(tmp_path, "partial", steps=3, finished=False))
+    assert (partial.steps, partial.train_time_ms, partial.finished) == (3, 300.0, False)
+    assert partial.val_bpb == pytest.approx(2.8)
+    assert math.isnan(partial.roundtrip_val_bpb) and partial.total_bytes is None
+    (tmp_path / "not-a-run").mkdir()
+    assert [p.name for p in find_runs(tmp_path)] == ["done", "partial"]
+
+
+def test_a_cut_off_last_line_is_skipped_but_damage_elsewhere_is_named(tmp_path):
+    path = make_run(tmp_path, "r", steps=2, finished=False)
+    log = path / "metrics.jsonl"
+    good = log.read_text()
+    log.write_text(good + '{"kind": "train", "st')
+    assert [r["kind"] for r in read_metrics(path)] == ["train", "train", "val"]
+    log.write_text('{"kind": "tr\n' + good)
+    with pytest.raises(PgolfError, match=r"metrics.jsonl:1: not a JSON record"):
+        read_metrics(path)
+    log.write_text("[1, 2]\n" + good)
+    with pytest.raises(PgolfError, match=r"metrics.jsonl:1: a record needs a 'kind'"):
+        read_metrics(path)
+
+
+def test_the_plot_is_a_png_of_the_expected_size(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    runs = [make_run(tmp_path, "a"), make_run(tmp_path, "b", steps=6, finished=False)]
+    out = plot_runs(runs, tmp_path / "curves.png", x="time")
+    with Image.open(out) as image:
+        assert image.format == "PNG" and image.size == (1440, 540)
+        assert len(image.convert("RGB").getcolors(maxcolors=1 << 16)) > 50  # lines and text, not blank
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["curves.png"]
+    with pytest.raises(PgolfError, match="unknown x axis 'steps'"):
+        plot_runs(runs, tmp_path / "other.png", x="steps")
