@@ -7,6 +7,7 @@ fp32 on the smoke model. Tolerances are fp32 round-off: 2e-5 relative on losses,
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 
 import numpy as np
@@ -17,18 +18,28 @@ from core.optim import base_lr
 from core.params import init_params, param_group, param_shapes
 from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
 
-BACKENDS = [
-    pytest.param("cuda", marks=[pytest.mark.torch, pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="torch not installed")]),
-    pytest.param("mlx", marks=[pytest.mark.mlx, pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")]),
-]  # fmt: skip
+# What a test of each backend needs: its marker, and a skip when its framework is missing.
+NEEDS = {
+    "cuda": [pytest.mark.torch, pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="torch not installed")],
+    "mlx": [pytest.mark.mlx, pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")],
+}  # fmt: skip
+BACKENDS = [pytest.param(name, marks=marks, id=name) for name, marks in NEEDS.items()]
+
+
+def needs(name: str):
+    """Decorator: the test needs this backend's framework (marked, and skipped without it)."""
+
+    def mark(test):
+        for m in NEEDS[name]:
+            test = m(test)
+        return test
+
+    return mark
 
 
 def make_backend(name: str, cfg):
-    if name == "cuda":
-        from cuda_train.train import create_backend
-    else:
-        from mlx_train.train import create_backend
-    return create_backend(cfg)
+    module = {"cuda": "cuda_train.train", "mlx": "mlx_train.train"}[name]  # KeyError on anything else
+    return importlib.import_module(module).create_backend(cfg)
 
 
 def busy_params(cfg, seed: int = 0) -> dict[str, np.ndarray]:

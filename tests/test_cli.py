@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from core.shards import find_shards
+from tests.test_backends import BACKENDS, needs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,15 +49,16 @@ def roundtrip_bpb(stdout: str) -> float:
     return float(re.search(r"final_int8_roundtrip_exact val_loss:\S+ val_bpb:(\S+)", stdout).group(1))
 
 
+@needs("cuda")
 def test_train_prints_the_score_and_the_budget(trained):
     run_dir, stdout = trained
     assert "final_int8_roundtrip" in stdout and "budget:16000000 (fits)" in stdout
     assert (run_dir / "final_model.int8.pgolf").is_file()
 
 
-@pytest.mark.parametrize("backend", ["cuda", "mlx"])
+@needs("cuda")
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_eval_of_the_artifact_gives_the_training_score(sotu_dataset, trained, backend):
-    pytest.importorskip({"cuda": "torch", "mlx": "mlx"}[backend])
     run_dir, stdout = trained
     result = cli("eval", str(run_dir / "final_model.int8.pgolf"), "--backend", backend, "--preset", "smoke",
                  *data_flags(sotu_dataset))  # fmt: skip
@@ -65,6 +67,7 @@ def test_eval_of_the_artifact_gives_the_training_score(sotu_dataset, trained, ba
     assert got == pytest.approx(roundtrip_bpb(stdout), abs=1e-6)
 
 
+@needs("cuda")
 def test_export_upstream_then_eval_and_verify(sotu_dataset, trained, tmp_path):
     run_dir, stdout = trained
     ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]
@@ -96,6 +99,7 @@ def test_bad_flag_value():
     assert_one_line_error(cli("train", "--backend", "tpu"), "unknown backend 'tpu'")
 
 
+@needs("cuda")
 def test_malformed_shard(sotu_dataset, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -108,6 +112,7 @@ def test_malformed_shard(sotu_dataset, tmp_path):
     assert_one_line_error(result, "fineweb_val_000000.bin", "header promises")
 
 
+@needs("cuda")
 def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_dir, tmp_path):
     runs = tmp_path / "runs"
     # A vocabulary flag that disagrees with the tokenizer...
@@ -127,6 +132,7 @@ def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_
     assert not runs.exists(), "a refused run left a run directory behind"
 
 
+@needs("cuda")
 def test_a_run_directory_is_never_reused(sotu_dataset, trained):
     run_dir, _ = trained
     before = (run_dir / "metrics.jsonl").read_bytes()
@@ -136,6 +142,7 @@ def test_a_run_directory_is_never_reused(sotu_dataset, trained):
     assert (run_dir / "metrics.jsonl").read_bytes() == before
 
 
+@needs("cuda")
 def test_tampered_and_truncated_artifacts(sotu_dataset, trained, tmp_path):
     run_dir, _ = trained
     blob = (run_dir / "final_model.int8.pgolf").read_bytes()
@@ -149,6 +156,7 @@ def test_tampered_and_truncated_artifacts(sotu_dataset, trained, tmp_path):
         assert_one_line_error(result, name)
 
 
+@needs("cuda")
 def test_runs_lists_the_run_and_plot_draws_it(trained, tmp_path):
     run_dir, stdout = trained
     listed = cli("runs", "--out-dir", str(run_dir.parent))

@@ -11,8 +11,6 @@ Tolerances (fp32 on a CPU, smoke model):
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -21,13 +19,10 @@ from core.checkpoint import load_checkpoint
 from core.loop import evaluate, export_artifact, load_eval_data
 from core.params import init_params, storage_dtypes
 from core.runs import read_metrics
-from tests.test_backends import batch, busy_params, make_backend
+from tests.test_backends import NEEDS, batch, busy_params, make_backend
 from tests.test_training import final_params, run
 
-pytestmark = pytest.mark.skipif(
-    not (importlib.util.find_spec("torch") and importlib.util.find_spec("mlx")),
-    reason="cross-backend tests need both torch and mlx installed",
-)
+pytestmark = [*NEEDS["cuda"], *NEEDS["mlx"]]
 DIRECTIONS = [("cuda", "mlx"), ("mlx", "cuda")]
 
 

@@ -16,7 +16,7 @@ from core.loop import train
 from core.quant import dequantize_int8, load_artifact
 from core.runs import read_metrics
 from core.shards import find_shards, read_shard
-from tests.test_backends import BACKENDS, make_backend
+from tests.test_backends import BACKENDS, NEEDS, make_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,9 +75,10 @@ def test_compile_warmup_steps_are_undone(sotu_dataset, backend_name, tmp_path):
         np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=k)
 
 
-def test_wallclock_cap_stops_early(sotu_dataset, tmp_path):
+@pytest.mark.parametrize("backend_name", BACKENDS[:1])  # the driver's clock; one backend is enough
+def test_wallclock_cap_stops_early(sotu_dataset, backend_name, tmp_path):
     result = run(
-        sotu_dataset, "cuda", tmp_path, iterations=100_000, max_wallclock_seconds=1.0, train_log_every=0
+        sotu_dataset, backend_name, tmp_path, iterations=100_000, max_wallclock_seconds=1.0, train_log_every=0
     )
     assert 1 <= result.steps < 100_000
     log = (result.run_dir / "train.log").read_text()
@@ -101,7 +102,10 @@ def unigram_bpb(dataset) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend_name", "steps", "batch"),
-    [(BACKENDS[0], 120, 8192), (BACKENDS[1], 60, 4096)],  # MLX on a CPU is slower: fewer tokens
+    [  # MLX on a CPU is slower: fewer tokens
+        pytest.param("cuda", 120, 8192, marks=NEEDS["cuda"], id="cuda"),
+        pytest.param("mlx", 60, 4096, marks=NEEDS["mlx"], id="mlx"),
+    ],
 )
 def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_name, steps, batch, tmp_path):
     result = run(
