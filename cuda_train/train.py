@@ -188,6 +188,10 @@ class TorchBackend:
 
     def close(self) -> None:
         if dist.is_available() and dist.is_initialized():
+            # Both ranks leave together, and DDP lets go of the group before it is destroyed:
+            # a gloo group still referenced at interpreter exit can abort the process.
+            dist.barrier()
+            self.runner = self.compiled
             dist.destroy_process_group()
 
 
