@@ -13,6 +13,7 @@ import inspect
 import math
 import platform
 import re
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -23,6 +24,11 @@ from rich.console import Console
 
 from core.config import Config
 from core.errors import PgolfError
+
+try:  # recent typer releases carry their own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:
+    from click import exceptions as click_errors
 
 app = typer.Typer(
     help="Train small GPTs under the Parameter Golf rules, with PyTorch (cuda) or MLX.",
@@ -54,9 +60,10 @@ def config_flags(command):
     params = [p for p in signature.parameters.values() if p.name != "overrides"]
     for f in fields(Config):
         kind = type(getattr(defaults, f.name))
-        option = typer.Option(
-            None, "--" + f.name.replace("_", "-"), help=helps.get(f.name, ""), rich_help_panel="Config fields"
-        )
+        flag = "--" + f.name.replace("_", "-")
+        if kind is bool:  # a pair: --tie-embeddings / --no-tie-embeddings
+            flag = f"{flag}/--no-{flag[2:]}"
+        option = typer.Option(None, flag, help=helps.get(f.name, ""), rich_help_panel="Config fields")
         params.append(
             inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind | None)
         )
@@ -208,6 +215,8 @@ def train(
     from core.loop import train as run_training
 
     cfg = _resolve(preset, config, overrides or {})
+    backend = pick_backend(backend)  # a bad name or config is refused before any data is prepared
+    cfg.validate()
     _ensure_default_data(cfg)
     engine = create_backend(backend, cfg)
     try:
@@ -304,8 +313,12 @@ def export_command(
     suffixes = {"pgolf": ".int8.pgolf", "upstream": ".int8.ptz"}
     if format not in suffixes:
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
-    ckpt = load_checkpoint(checkpoint)
+    if format == "upstream" and compressor != "zlib":
+        raise PgolfError("--compressor applies to the pgolf format only (upstream is always zlib)")
     target = out or checkpoint.with_suffix(suffixes[format])
+    if target.resolve() == checkpoint.resolve():
+        raise PgolfError(f"--out {target} is the checkpoint itself: choose another file")
+    ckpt = load_checkpoint(checkpoint)
     report = export_artifact(
         ckpt.params, ckpt.dtypes, target, pick_backend(backend), compressor, upstream=format == "upstream"
     )
@@ -328,6 +341,7 @@ def bench(
     """Time training steps on random tokens: ms/step, tokens/s, peak memory, MFU."""
     import json
 
+    from core.atomic import write_atomic
     from core.bench import benchmark
 
     cfg = _resolve(preset, config, overrides or {})
@@ -342,7 +356,7 @@ def bench(
         shown = f"{value:,.2f}" if isinstance(value, float) else str(value)
         console.print(f"{key}: {shown}")
     if json_out is not None:
-        json_out.write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+        write_atomic(json_out, (json.dumps(result.as_dict(), indent=2) + "\n").encode())
 
 
 RUNS_DIR = typer.Option(Path(Config().out_dir), "--out-dir", help="Where the run directories are.")
@@ -424,15 +438,40 @@ def info() -> None:
     console.print(f"default dataset: {data} ({'present' if data.exists() else 'not prepared yet'})")
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: unwind like Ctrl-C, so that no temp file or half-written output is left."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        app()
+        code = app(standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:
+        console.print(exc.ctx.get_help())
+        code = 0
+    except click_errors.UsageError as exc:  # a bad flag or argument
+        command = exc.ctx.command_path if exc.ctx else "cli.py"
+        err_console.print(f"error: {exc.format_message()} (see {command} --help)", markup=False)
+        raise SystemExit(2) from None
     except PgolfError as exc:
-        err_console.print(f"error: {exc}", markup=False, soft_wrap=True)
+        err_console.print(f"error: {exc}", markup=False)
         raise SystemExit(1) from None
-    except KeyboardInterrupt:
+    except OSError as exc:  # a file problem not caught nearer its cause: still one line
+        where = f": {exc.filename}" if exc.filename else ""
+        err_console.print(f"error: {exc.strerror or exc}{where}", markup=False)
+        raise SystemExit(1) from None
+    except (KeyboardInterrupt, typer.Abort):
+        code = 130
+    except Terminated:
+        err_console.print("terminated", markup=False)
+        raise SystemExit(143) from None
+    if code == 130:  # typer turns Ctrl-C into exit code 130
         err_console.print("interrupted", markup=False)
-        raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

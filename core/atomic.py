@@ -6,18 +6,41 @@ import os
 import tempfile
 from pathlib import Path
 
+from core.errors import PgolfError
+
 
 def write_atomic(path: str | Path, data: bytes) -> Path:
-    """Write `data` to a temp file beside `path`, then rename it over `path`."""
+    """Write `data` to a temp file beside `path`, then rename it over `path`.
+
+    A failure (no permission, full disk, a folder in the way) raises PgolfError
+    naming `path`, and leaves neither a temp file nor a changed `path` behind.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.name in ("", ".", ".."):
+        raise PgolfError(f"cannot write {str(path)!r}: not a file name")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(tmp, 0o644)  # mkstemp makes files private; outputs are ordinary files
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except OSError as exc:
+        raise PgolfError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None and Path(tmp).exists():
+            Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def make_dir(path: str | Path) -> Path:
+    """mkdir -p, with a PgolfError naming the folder when that is impossible."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PgolfError(f"cannot create folder {path}: {exc.strerror or exc}") from None
     return path

@@ -91,10 +91,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         meta = json.loads(header["__metadata__"]["pgolf"])
     except (SafetensorError, ValueError, KeyError, TypeError):
         raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint (corrupt or wrong file)") from None
-    if meta.get("format") != CHECKPOINT_FORMAT:
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint")
     if meta.get("version") != CHECKPOINT_VERSION:
         raise PgolfError(f"checkpoint {path}: unsupported version {meta.get('version')}")
+    _check_metadata(meta, path)
     params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
     optimizer = {k.removeprefix("opt/"): v for k, v in tensors.items() if k.startswith("opt/")}
     return Checkpoint(
@@ -107,6 +108,27 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         backend=meta.get("backend", ""),
         dtypes=meta.get("dtypes", {}),
     )
+
+
+def _check_metadata(meta: dict[str, Any], path: Path) -> None:
+    """Each metadata field has the type the loop relies on, or the file is refused by name."""
+    expected = {
+        "config": (dict, "an object"),
+        "step": (int, "a whole number >= 0"),
+        "train_time_ms": ((int, float), "a number >= 0"),
+        "data_state": (dict, "an object"),
+        "backend": (str, "a string"),
+        "dtypes": (dict, "an object"),
+    }
+    for key, (kind, wanted) in expected.items():
+        value = meta.get(key)
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if ok and key in ("step", "train_time_ms"):
+            ok = value >= 0 and value < float("inf")
+        if key in ("data_state", "backend", "dtypes") and key not in meta:
+            ok = True  # optional: written by every version, but not needed to resume
+        if not ok:
+            raise PgolfError(f"checkpoint {path}: metadata {key!r} must be {wanted}, got {value!r}")
 
 
 class RunDir:

@@ -8,6 +8,7 @@ by upper-casing. Sources are layered: preset < TOML file < environment < flags.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from dataclasses import dataclass, fields
@@ -18,6 +19,19 @@ from core.errors import PgolfError
 
 # Upstream spellings that are not simply FIELD.upper().
 ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
+
+
+# Range rules of the numeric fields, checked by Config.validate.
+POSITIVE_FIELDS = (
+    "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult", "train_seq_len",
+    "train_batch_tokens", "grad_accum_steps", "val_batch_size", "logit_softcap", "rope_base", "adam_eps",
+)  # fmt: skip
+NON_NEGATIVE_FIELDS = (
+    "iterations", "warmup_steps", "warmdown_iters", "val_loss_every", "val_max_tokens", "train_log_every",
+    "checkpoint_every", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
+    "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm",
+)  # fmt: skip
+FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2")
 
 
 @dataclass
@@ -103,31 +117,18 @@ class Config:
             if not ok:
                 raise PgolfError(f"config: {message}")
 
-        for name in (
-            "vocab_size",
-            "num_layers",
-            "model_dim",
-            "num_heads",
-            "num_kv_heads",
-            "mlp_mult",
-            "train_seq_len",
-            "train_batch_tokens",
-            "grad_accum_steps",
-            "val_batch_size",
+        for f in fields(self):
+            value = getattr(self, f.name)
+            require(
+                not isinstance(value, float) or math.isfinite(value), f"{f.name} must be finite, got {value}"
+            )
+        for names, ok, rule in (
+            (POSITIVE_FIELDS, lambda v: v > 0, "must be positive"),
+            (NON_NEGATIVE_FIELDS, lambda v: v >= 0, "must be >= 0"),
+            (FRACTION_FIELDS, lambda v: 0 <= v < 1, "must be in [0, 1)"),
         ):
-            require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
-        for name in (
-            "iterations",
-            "warmup_steps",
-            "warmdown_iters",
-            "val_loss_every",
-            "val_max_tokens",
-            "train_log_every",
-            "checkpoint_every",
-            "muon_backend_steps",
-            "max_wallclock_seconds",
-        ):
-            require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+            for name in names:
+                require(ok(getattr(self, name)), f"{name} {rule}, got {getattr(self, name)}")
         require(self.vocab_size <= 65_536, "vocab_size must fit uint16 shards (<= 65536)")
         require(
             self.model_dim % self.num_heads == 0,
@@ -138,7 +139,10 @@ class Config:
             f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}",
         )
         require(self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE")
-        require(self.logit_softcap > 0, "logit_softcap must be positive")
+        require(
+            self.run_id == Path(self.run_id).name and self.run_id not in (".", ".."),
+            f"run_id must be a plain folder name, got {self.run_id!r}",
+        )
         require(
             self.grad_accum_steps % world_size == 0,
             f"world size {world_size} must divide grad_accum_steps={self.grad_accum_steps}",
@@ -199,6 +203,8 @@ def _coerce(name: str, value: Any) -> Any:
     """Convert strings (env vars, flags) and TOML values to the field's type, with a clear error."""
     kind = _field_type(name)
     try:
+        if isinstance(value, (list, dict, tuple)) or (isinstance(value, bool) and kind is not bool):
+            raise ValueError(value)
         if kind is bool:
             if isinstance(value, bool):
                 return value
@@ -209,16 +215,16 @@ def _coerce(name: str, value: Any) -> Any:
                 return False
             raise ValueError(value)
         if kind is int:
-            if isinstance(value, bool):
+            if isinstance(value, int):
+                return value
+            number = float(str(value).replace("_", ""))  # accepts 2e4 and 20_000; whole numbers only
+            if not number.is_integer():
                 raise ValueError(value)
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            text = str(value).replace("_", "")
-            return int(float(text)) if ("e" in text.lower() or "." in text) else int(text)
+            return int(number)
         if kind is float:
-            return float(value)
+            return float(str(value).replace("_", "")) if isinstance(value, str) else float(value)
         return str(value)
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):
         raise PgolfError(f"config: {name} expects {kind.__name__}, got {value!r}") from None
 
 
@@ -295,6 +301,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PgolfError(f"config: file not found: {p}") from None
+    except UnicodeDecodeError:
+        raise PgolfError(f"config: {p} is not UTF-8 text") from None
+    except OSError as exc:
+        raise PgolfError(f"config: cannot read {p}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise PgolfError(f"config: {p} is not valid TOML ({exc})") from None
     unknown = sorted(set(data) - field_names())

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from core.atomic import write_atomic
+from core.atomic import make_dir, write_atomic
 from core.errors import PgolfError
 from core.shards import write_shard
 from core.tokenizer import load_tokenizer, train_tokenizer
@@ -122,6 +124,10 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise PgolfError(f"manifest {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise PgolfError(f"manifest {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise PgolfError(f"cannot read manifest {path}: {exc.strerror or exc}") from None
     if not isinstance(manifest, dict):
         raise PgolfError(f"manifest {path} must be a JSON object")
     for key in ("datasets", "tokenizers"):
@@ -138,6 +144,20 @@ def merge_manifest(root: Path, dataset: dict[str, Any], tokenizer: dict[str, Any
         others = [e for e in manifest[key] if e.get("name") != entry["name"]]
         manifest[key] = [*others, entry]
     write_atomic(root / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+
+
+def _move_into_place(stage: Path, root: Path, name: str, tok_name: str) -> Path:
+    """Swap the staged shards and tokenizer in for any older ones; return the tokenizer path."""
+    out_dir = root / "datasets" / name
+    make_dir(out_dir.parent)
+    old = stage / "previous"
+    if out_dir.exists():
+        out_dir.rename(old)
+    (stage / "shards").rename(out_dir)
+    tokenizers = make_dir(root / "tokenizers")
+    for suffix in (".model", ".vocab"):
+        os.replace(stage / f"{tok_name}{suffix}", tokenizers / f"{tok_name}{suffix}")
+    return tokenizers / f"{tok_name}.model"
 
 
 def prepare_sotu(
@@ -158,24 +178,31 @@ def prepare_sotu(
     val_files, train_files = split_documents(files)
     if not val_files or not train_files:
         raise PgolfError("the corpus needs at least one validation and one training speech")
+    if not 1 < vocab_size <= 65_536:
+        raise PgolfError(f"vocab_size must be in 2..65536 (uint16 shards), got {vocab_size}")
     name, tok_name = f"sotu_sp{vocab_size}", f"sotu_{vocab_size}_bpe"
-    say(f"training a {vocab_size}-piece BPE tokenizer on {len(train_files)} speeches")
-    model_path = train_tokenizer(
-        paragraphs(read_text(f) for f in train_files), vocab_size, root / "tokenizers" / tok_name
-    )
-    sp = load_tokenizer(model_path)
-    # The trainer may stop short of vocab_size on little text (hard_vocab_limit=False).
-    if sp.vocab_size() != vocab_size:
-        raise PgolfError(
-            f"tokenizer {model_path} has only {sp.vocab_size()} pieces: "
-            f"{len(train_files)} training speeches are too little text for vocab_size {vocab_size}"
-        )
     out_dir = root / "datasets" / name
-    for stale in out_dir.glob("fineweb_*.bin"):
-        stale.unlink()
-    say(f"tokenizing {len(files)} speeches into {out_dir}")
-    docs = (read_text(f) for f in [*val_files, *train_files])
-    counts = export_documents(docs, sp, out_dir, len(val_files), shard_tokens, sp.bos_id())
+    # Everything is built in a staging folder and moved into place only when complete:
+    # an interrupted or failed run leaves the previous dataset as it was.
+    stage = make_dir(root / f".staging-{name}")
+    try:
+        say(f"training a {vocab_size}-piece BPE tokenizer on {len(train_files)} speeches")
+        staged_model = train_tokenizer(
+            paragraphs(read_text(f) for f in train_files), vocab_size, stage / tok_name
+        )
+        sp = load_tokenizer(staged_model)
+        # The trainer may stop short of vocab_size on little text (hard_vocab_limit=False).
+        if sp.vocab_size() != vocab_size:
+            raise PgolfError(
+                f"the tokenizer has only {sp.vocab_size()} pieces: "
+                f"{len(train_files)} training speeches are too little text for vocab_size {vocab_size}"
+            )
+        say(f"tokenizing {len(files)} speeches into {out_dir}")
+        docs = (read_text(f) for f in [*val_files, *train_files])
+        counts = export_documents(docs, sp, stage / "shards", len(val_files), shard_tokens, sp.bos_id())
+        model_path = _move_into_place(stage, root, name, tok_name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     dataset = {
         "name": name,
         "tokenizer_name": tok_name,

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from core.atomic import make_dir
 from core.corpus import merge_manifest, read_manifest
 from core.errors import PgolfError
 from core.shards import read_shard_header
@@ -33,8 +35,10 @@ def hub_fetcher(repo_id: str = REPO_ID) -> Fetch:
     def fetch(remote: str, dest: Path) -> None:
         try:
             from huggingface_hub import hf_hub_download
+            from huggingface_hub.utils import logging as hub_logging
         except ImportError:
             raise PgolfError("downloading needs huggingface_hub: pip install huggingface_hub") from None
+        hub_logging.set_verbosity_error()  # its retry warnings; a failure still ends as one error line
         folder, _, name = remote.rpartition("/")
         try:
             cached = hf_hub_download(
@@ -73,6 +77,8 @@ def download_fineweb(
     root = Path(out_root)
     if train_shards < 0:
         raise PgolfError(f"--train-shards must be >= 0, got {train_shards}")
+    if not re.fullmatch(r"sp\d+|byte260", variant):
+        raise PgolfError(f"{variant!r} is not a variant name: sp<VOCAB> (e.g. sp1024) or byte260")
 
     dataset, tokenizer = _entries(root, variant, repo_id, fetch, say)
     stats = dataset.get("stats") or {}
@@ -195,7 +201,7 @@ def _fetch_one(fetch: Fetch, remote: str, dest: Path, is_shard: bool) -> None:
     Whatever `fetch` does, `dest` is never seen half-written or unchecked.
     """
     staging = dest.with_name(f".{dest.name}.part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(dest.parent)
     staging.unlink(missing_ok=True)  # left by an interrupted run
     try:
         try:

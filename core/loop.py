@@ -27,7 +27,14 @@ from core.bpb import BPBMeter
 from core.checkpoint import Checkpoint, RunDir, is_checkpoint, load_checkpoint, save_checkpoint
 from core.config import Config
 from core.errors import PgolfError
-from core.params import config_for_params, flops_per_token, init_params, param_shapes, storage_dtypes
+from core.params import (
+    config_for_params,
+    flops_per_token,
+    init_params,
+    optimizer_state_shapes,
+    param_shapes,
+    storage_dtypes,
+)
 from core.schedule import lr_multiplier, muon_momentum
 from core.shards import BatchLoader, find_shards, load_val_tokens, val_spans
 from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
@@ -119,12 +126,12 @@ def load_weights(
     A checkpoint brings its own model config; for an artifact the shape is read
     off the tensors. Data paths and evaluation settings always come from `cfg`.
     """
+    cfg.validate()
     if is_checkpoint(path):
-        ckpt = load_checkpoint(path)
-        model_cfg = config_for_params(cfg, {k: tuple(v.shape) for k, v in ckpt.params.items()})
-        return ckpt.params, model_cfg
-    params = quant.dequantize_int8(quant.load_artifact(path, allow_pickle=allow_pickle))
-    return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()})
+        params = load_checkpoint(path).params
+    else:
+        params = quant.dequantize_int8(quant.load_artifact(path, allow_pickle=allow_pickle))
+    return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()}).validate()
 
 
 def _shared_run_id(cfg: Config, backend: Backend) -> str:
@@ -167,13 +174,23 @@ def train(
     if resume is not None:
         ckpt = load_checkpoint(resume)
         _check_same_model(cfg, ckpt, resume)
+        if ckpt.step > cfg.iterations:
+            raise PgolfError(
+                f"checkpoint {resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
+                "raise --iterations to train on"
+            )
         backend.load_params(ckpt.params)
         backend.load_optimizer_state(ckpt.optimizer)
         loader.load_state(ckpt.data_state)
         step, train_time_ms = ckpt.step, ckpt.train_time_ms
     else:
         backend.load_params(init_params(cfg, bf16=backend.bf16))
-    run = RunDir(cfg.out_dir, _shared_run_id(cfg, backend), enabled=main, reuse=resume is not None)
+    run_id = _shared_run_id(cfg, backend)
+    # A resumed run goes on writing into its own directory, and into no other run's.
+    own_run = resume is not None and Path(resume).resolve().is_relative_to(
+        (Path(cfg.out_dir) / run_id).resolve()
+    )
+    run = RunDir(cfg.out_dir, run_id, enabled=main, reuse=own_run)
 
     def say(line: str) -> None:
         if main:
@@ -272,6 +289,11 @@ def train(
             step <= 10 or step % cfg.train_log_every == 0 or stop_after is not None
         ):
             loss_value = float(loss)
+            if not math.isfinite(loss_value):
+                raise PgolfError(
+                    f"training diverged: train_loss is {loss_value} at step {step}; "
+                    f"lower the learning rates (the log is in {run.path})"
+                )
             elapsed_ms = clock_ms()  # after the loss sync, so the step time is honest
             step_avg = elapsed_ms / step
             run_ms = max(elapsed_ms - start_ms, 1e-9)  # this process's share of the clock
@@ -343,9 +365,18 @@ def train(
 
 
 def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:
-    shapes = param_shapes(cfg)
-    for name, shape in shapes.items():
-        got = ckpt.params.get(name)
-        if got is None or tuple(got.shape) != shape:
-            found = "missing" if got is None else f"shape {tuple(got.shape)}"
-            raise PgolfError(f"checkpoint {path}: {name} is {found}, but the config expects {shape}")
+    """The checkpoint holds every parameter and optimizer tensor this config needs, in its shape."""
+    for tensors, what, shapes in (
+        (ckpt.params, "", param_shapes(cfg)),
+        (ckpt.optimizer, "optimizer state ", optimizer_state_shapes(cfg)),
+    ):
+        for name, shape in shapes.items():
+            got = tensors.get(name)
+            if got is None or tuple(got.shape) != shape:
+                found = "missing" if got is None else f"shape {tuple(got.shape)}"
+                raise PgolfError(
+                    f"checkpoint {path}: {what}{name} is {found}, but the config expects {shape}"
+                )
+    step = ckpt.optimizer["step"]
+    if step.dtype.kind not in "iu" or int(step) < 0:
+        raise PgolfError(f"checkpoint {path}: optimizer step must be a whole number >= 0, got {step}")

@@ -75,6 +75,16 @@ def param_group(name: str) -> str:
     return "scalar"
 
 
+def optimizer_state_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The canonical optimizer state of `core.backend`: a step counter, then Muon
+    momentum for matrices and Adam moments for everything else, each shaped like its parameter."""
+    shapes: dict[str, tuple[int, ...]] = {"step": ()}
+    for name, shape in param_shapes(cfg).items():
+        keys = ("momentum_buffer",) if param_group(name) == "matrix" else ("exp_avg", "exp_avg_sq")
+        shapes.update({f"{key}/{name}": shape for key in keys})
+    return shapes
+
+
 def storage_dtypes(cfg: Config, bf16: bool) -> dict[str, str]:
     """The dtype each parameter is kept in by the model (recorded in the artifact).
 

@@ -129,7 +129,8 @@ def _quantize_tensor(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         scale = np.maximum(clip / np.float32(127.0), np.float32(1.0 / 127.0))
         # The fp32 scale divides; only its fp16 copy is stored (as upstream).
         q = np.round(np.clip(w, -clip[:, None], clip[:, None]) / scale[:, None])
-        return np.clip(q, -127, 127).astype(np.int8), scale.astype(np.float16)
+        with np.errstate(over="ignore"):  # an overflow to inf is refused by the caller
+            return np.clip(q, -127, 127).astype(np.int8), scale.astype(np.float16)
     clip = float(_abs_quantile(w.reshape(1, -1))[0])
     scale = np.array(clip / 127.0 if clip > 0 else 1.0, dtype=np.float32)
     q = np.round(np.clip(w, -clip, clip) / scale)
@@ -174,26 +175,38 @@ def quantize_int8(state: dict[str, np.ndarray], orig_dtypes: dict[str, str] | No
             )
         stats["baseline_tensor_bytes"] += t.size * FLOAT_BYTES[dtype]
         w = _in_dtype(t.astype(np.float32), dtype)
+        if not np.isfinite(w).all():  # upstream would cast NaN to int8, which is undefined
+            raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
         if t.size <= KEEP_FLOAT_MAX_NUMEL:
             if is_control(name):
                 kept = w
             else:
-                kept = w.astype(np.float16)
+                with np.errstate(over="ignore"):  # an overflow to inf is refused below
+                    kept = w.astype(np.float16)
                 if dtype != "float16":
                     out.passthrough_orig_dtypes[name] = dtype
+            _check_float16_range(name, w, kept)
             out.passthrough[name] = kept
             stats["int8_payload_bytes"] += kept.nbytes
             continue
-        if not np.isfinite(w).all():  # upstream would cast NaN to int8, which is undefined
-            raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
         stats["num_float_tensors"] += 1
         q, s = _quantize_tensor(w)
+        _check_float16_range(name, w, s)
         if s.ndim > 0:
             out.qmeta[name] = {"scheme": "per_row", "axis": 0}
         out.quantized[name], out.scales[name], out.dtypes[name] = q, s, dtype
         stats["int8_payload_bytes"] += q.nbytes + s.nbytes
     out.stats = {k: int(v) for k, v in stats.items()}
     return out
+
+
+def _check_float16_range(name: str, w: np.ndarray, stored: np.ndarray) -> None:
+    """Values or scales beyond float16's range would be stored as infinities: refuse them."""
+    if not np.isfinite(stored).all():
+        raise PgolfError(
+            f"quantize: {name} is too large for the format's float16 (max |w| {np.abs(w).max():.3g}; "
+            "did training diverge?)"
+        )
 
 
 def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:

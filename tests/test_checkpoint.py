@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 import pytest
 
+from core.atomic import make_dir, write_atomic
 from core.checkpoint import Checkpoint, RunDir, is_checkpoint, load_checkpoint, save_checkpoint
 from core.config import Config, preset
 from core.errors import PgolfError
@@ -61,6 +63,35 @@ def test_damaged_checkpoints_are_one_clear_error(tmp_path):
     assert not is_checkpoint(tmp_path / "garbage.safetensors")
 
 
+def rewrite_metadata(path, change) -> None:
+    """Re-save a checkpoint with its JSON metadata replaced by change(metadata)."""
+    from safetensors.numpy import load_file, save_file
+
+    blob = path.read_bytes()
+    header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
+    meta = change(json.loads(header["__metadata__"]["pgolf"]))
+    save_file(load_file(path), path, metadata={"pgolf": json.dumps(meta)})
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: {**m, "step": "abc"}, "'step' must be a whole number"),
+        (lambda m: {**m, "step": -2}, "'step' must be a whole number"),
+        (lambda m: {k: v for k, v in m.items() if k != "step"}, "'step' must be a whole number"),
+        (lambda m: {**m, "config": [1]}, "'config' must be an object"),
+        (lambda m: {**m, "train_time_ms": "soon"}, "'train_time_ms' must be a number"),
+        (lambda m: {**m, "data_state": 7}, "'data_state' must be an object"),
+        (lambda m: [m], "not a pgolf checkpoint"),
+    ],
+)
+def test_malformed_metadata_is_one_clear_error(tmp_path, change, message):
+    path = save_checkpoint(tmp_path / "c.safetensors", make_checkpoint())
+    rewrite_metadata(path, change)
+    with pytest.raises(PgolfError, match=message):
+        load_checkpoint(path)
+
+
 def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     path = save_checkpoint(tmp_path / "c.safetensors", make_checkpoint())
     before = path.read_bytes()
@@ -70,6 +101,22 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
         save_checkpoint(path, bad)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
+
+
+def test_unwritable_targets_are_one_clear_error(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_folder").mkdir()
+    for target, message in [
+        (tmp_path / "a_folder", "Is a directory"),
+        (tmp_path / "a_file" / "out.bin", "cannot write"),
+        (tmp_path / "..", "not a file name"),
+    ]:
+        with pytest.raises(PgolfError, match=message):
+            write_atomic(target, b"data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "a_folder"]
+    assert list((tmp_path / "a_folder").iterdir()) == []
+    with pytest.raises(PgolfError, match="cannot create folder"):
+        make_dir(tmp_path / "a_file" / "sub")
 
 
 def test_run_dir_layout(tmp_path):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -84,9 +86,34 @@ def test_export_upstream_then_eval_and_verify(sotu_dataset, trained, tmp_path):
     assert "backends agree" in verified.stdout
 
 
-def test_unknown_flag_is_a_usage_error():
-    result = cli("train", "--matrx-lr", "0.1")
-    assert result.returncode == 2 and "No such option" in result.stderr and "Traceback" not in result.stderr
+def test_usage_errors_are_one_line():
+    for args, message in [
+        (("train", "--matrx-lr", "0.1"), "No such option: --matrx-lr"),
+        (("train", "--iterations", "1e999"), "--iterations"),
+        (("export",), "Missing argument"),
+    ]:
+        result = cli(*args)
+        assert_one_line_error(result, message, "--help")
+        assert result.returncode == 2
+
+
+def test_bad_config_values_are_refused_before_any_work(tmp_path):
+    for flags, message in [
+        (("--logit-softcap", "inf"), "logit_softcap must be finite"),
+        (("--beta2", "5"), "beta2 must be in [0, 1)"),
+        (("--tied-embed-init-std", "-1"), "tied_embed_init_std must be >= 0"),
+        (("--run-id", "../../x"), "run_id must be a plain folder name"),
+        (("--config", str(tmp_path)), "cannot read"),
+    ]:
+        assert_one_line_error(cli("train", "--out-dir", str(tmp_path / "runs"), *flags), message)
+    # eval checks its settings too, before it reads anything
+    assert_one_line_error(
+        cli("eval", "missing.pgolf", "--train-seq-len", "0"), "train_seq_len must be positive"
+    )
+    assert_one_line_error(
+        cli("eval", "missing.pgolf", "--compile", "maybe"), "compile must be auto, on or off"
+    )
+    assert list(tmp_path.iterdir()) == [], "a refused command left files behind"
 
 
 def test_unknown_config_key_in_a_file(tmp_path):
@@ -174,3 +201,89 @@ def test_runs_lists_the_run_and_plot_draws_it(trained, tmp_path):
 def test_info_and_help_work():
     assert "auto backend" in cli("info").stdout
     assert "--matrix-lr" in cli("train", "--help").stdout
+
+
+@needs("cuda")
+def test_export_refuses_to_overwrite_its_input_or_write_where_it_cannot(trained, tmp_path):
+    run_dir, _ = trained
+    ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]
+    before = ckpt.read_bytes()
+    (tmp_path / "a_file").write_text("x")
+    for out, message in [
+        (ckpt, "is the checkpoint itself"),
+        (tmp_path, "Is a directory"),
+        (tmp_path / "a_file" / "x.pgolf", "cannot write"),
+    ]:
+        assert_one_line_error(cli("export", str(ckpt), "--out", str(out)), message)
+    result = cli("export", str(ckpt), "--format", "upstream", "--compressor", "lzma")
+    assert_one_line_error(result, "--compressor applies to the pgolf format only")
+    assert ckpt.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+@needs("cuda")
+def test_resume_is_refused_past_its_iterations_and_into_another_run(sotu_dataset, trained, tmp_path):
+    run_dir, _ = trained
+    ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]  # step 4 of the smoke preset
+    base = [
+        "train",
+        "--backend",
+        "cuda",
+        "--preset",
+        "smoke",
+        "--resume",
+        str(ckpt),
+        *data_flags(sotu_dataset),
+    ]
+    result = cli(*base, "--iterations", "2", "--out-dir", str(tmp_path))
+    assert_one_line_error(result, "is at step 4, past iterations=2")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    result = cli(*base, "--iterations", "6", "--out-dir", str(tmp_path), "--run-id", "other")
+    assert_one_line_error(result, "already holds a run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+    assert [p.name for p in other.iterdir()] == ["config.json"]
+
+
+@needs("cuda")
+def test_resume_refuses_optimizer_state_of_the_wrong_shape(sotu_dataset, trained, tmp_path):
+    from core.checkpoint import load_checkpoint, save_checkpoint
+
+    run_dir, _ = trained
+    ckpt = load_checkpoint(sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1])
+    ckpt.optimizer["momentum_buffer/blocks.0.attn.c_q.weight"] = np.zeros((3, 3), np.float32)
+    path = save_checkpoint(tmp_path / "bad.safetensors", ckpt)
+    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--resume", str(path), "--iterations", "6",
+                 "--out-dir", str(tmp_path / "runs"), *data_flags(sotu_dataset))  # fmt: skip
+    assert_one_line_error(result, "momentum_buffer/blocks.0.attn.c_q.weight is shape (3, 3)")
+    assert not (tmp_path / "runs").exists()
+
+
+@needs("cuda")
+def test_boolean_fields_can_be_switched_off(sotu_dataset, tmp_path):
+    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--iterations", "1", "--no-tie-embeddings",
+                 "--out-dir", str(tmp_path), "--run-id", "untied", *data_flags(sotu_dataset))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "untied" / "config.json").read_text())["tie_embeddings"] is False
+
+
+@needs("cuda")
+@pytest.mark.parametrize(("sig", "code", "message"), [(signal.SIGINT, 130, "interrupted"),
+                                                       (signal.SIGTERM, 143, "terminated")])  # fmt: skip
+def test_interrupted_training_says_so_and_leaves_no_temp_files(sotu_dataset, tmp_path, sig, code, message):
+    # Checkpoints every step, so that the signal is likely to land during a write.
+    command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
+               "--iterations", "100000", "--checkpoint-every", "1", "--out-dir", str(tmp_path), "--run-id", "r",
+               *data_flags(sotu_dataset)]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores Ctrl-C
+    )  # fmt: skip
+    for line in process.stdout:
+        if line.startswith("step:3/"):
+            break
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code and stderr.strip() == message, stderr
+    assert list(tmp_path.rglob("*.tmp")) == []

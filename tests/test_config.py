@@ -66,6 +66,15 @@ def test_every_preset_is_valid(name):
         ({"grad_accum_steps": 0}, "grad_accum_steps must be positive"),
         ({"compute_dtype": "fp8"}, "compute_dtype"),
         ({"iterations": -1}, "iterations must be >= 0"),
+        ({"matrix_lr": float("nan")}, "matrix_lr must be finite"),
+        ({"logit_softcap": float("inf")}, "logit_softcap must be finite"),
+        ({"logit_softcap": 0.0}, "logit_softcap must be positive"),
+        ({"rope_base": 0.0}, "rope_base must be positive"),
+        ({"tied_embed_init_std": -1.0}, "tied_embed_init_std must be >= 0"),
+        ({"scalar_lr": -0.1}, "scalar_lr must be >= 0"),
+        ({"beta2": 5.0}, r"beta2 must be in \[0, 1\)"),
+        ({"muon_momentum": 1.0}, r"muon_momentum must be in \[0, 1\)"),
+        ({"run_id": "../elsewhere"}, "run_id must be a plain folder name"),
     ],
 )
 def test_validation_names_the_problem(change, message):
@@ -107,6 +116,12 @@ def test_bad_value_types_are_one_clear_error():
         resolve("baseline", environ={"ITERATIONS": "many"})
     with pytest.raises(PgolfError, match="tie_embeddings expects bool"):
         Config().replace(tie_embeddings="maybe")
+    for value in ("1e999", "1.7", "nan", [1, 2], True):  # too big, not whole, not a number, a list, a bool
+        with pytest.raises(PgolfError, match="iterations expects int"):
+            Config().replace(iterations=value)
+    with pytest.raises(PgolfError, match="matrix_lr expects float"):
+        Config().replace(matrix_lr=[1, 2])
+    assert Config().replace(iterations="2e4", train_seq_len="2_048").iterations == 20_000
 
 
 def test_layering_preset_toml_env_flags(tmp_path):
@@ -130,6 +145,12 @@ def test_toml_errors(tmp_path):
         load_toml(unknown)
     with pytest.raises(PgolfError, match="file not found"):
         load_toml(tmp_path / "missing.toml")
+    with pytest.raises(PgolfError, match="cannot read"):
+        load_toml(tmp_path)  # a folder
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00iterations = 1")
+    with pytest.raises(PgolfError, match="not UTF-8"):
+        load_toml(binary)
 
 
 def test_dict_round_trip_tolerates_old_keys():

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from core import corpus
 from core.corpus import VAL_EVERY, prepare_sotu, read_manifest, speech_files, split_documents
 from core.errors import PgolfError
 from core.shards import find_shards, read_shard
@@ -77,6 +78,23 @@ def test_too_little_text_for_the_vocabulary(tmp_path):
     # The trainer quietly stops short of vocab_size on little text; the export must not.
     with pytest.raises(PgolfError, match="too little text for vocab_size 30000"):
         prepare_sotu(tmp_path, vocab_size=30_000, limit_docs=10)
+    assert list(tmp_path.iterdir()) == [], "a refused export left files behind"
+    with pytest.raises(PgolfError, match="vocab_size must be in 2..65536"):
+        prepare_sotu(tmp_path, vocab_size=70_000, limit_docs=10)
+
+
+def test_a_failed_export_keeps_the_previous_dataset(tmp_path, monkeypatch):
+    prepare_sotu(tmp_path, vocab_size=512, limit_docs=12, shard_tokens=20_000)
+    before = digest(tmp_path)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(corpus, "export_documents", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_sotu(tmp_path, vocab_size=512, limit_docs=12, shard_tokens=20_000)
+    assert digest(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["datasets", "manifest.json", "tokenizers"]
 
 
 def test_missing_sotu_package_says_how_to_install(monkeypatch):

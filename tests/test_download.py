@@ -148,6 +148,13 @@ def test_unknown_variant_lists_the_available_ones(tmp_path, remote):
         download_fineweb(tmp_path / "data", variant="sp4096", fetch=CopyFetch(remote))
 
 
+def test_a_malformed_variant_is_refused_before_any_fetch(tmp_path, remote):
+    fetch = CopyFetch(remote)
+    with pytest.raises(PgolfError, match="'sp1o24' is not a variant name"):
+        download_fineweb(tmp_path / "data", variant="sp1o24", fetch=fetch)
+    assert fetch.calls == [] and not (tmp_path / "data").exists()
+
+
 def test_too_many_train_shards(tmp_path, remote):
     with pytest.raises(PgolfError, match=r"only 3 training shards.*4 were asked"):
         download_fineweb(tmp_path / "data", train_shards=4, fetch=CopyFetch(remote))

@@ -277,6 +277,13 @@ def test_unsupported_weights_are_refused():
     bad[7, 7] = np.nan
     with pytest.raises(PgolfError, match="w holds NaN"):
         quant.quantize_int8({"w": bad})
+    with pytest.raises(PgolfError, match="small holds NaN"):  # kept in float, checked all the same
+        quant.quantize_int8({"small": np.array([1.0, np.inf], np.float32)})
+    # Finite, but past float16: as a passed-through tensor, and as a per-row scale (|w| / 127).
+    with pytest.raises(PgolfError, match="small is too large for the format's float16"):
+        quant.quantize_int8({"small": np.array([1.0, 1e5], np.float32)})
+    with pytest.raises(PgolfError, match="w is too large for the format's float16"):
+        quant.quantize_int8({"w": np.full((300, 256), 1e7, np.float32)})
 
 
 # ------------------------------------------------------------- the container
