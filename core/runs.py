@@ -16,6 +16,13 @@ from typing import Any
 from core.atomic import write_atomic
 from core.errors import PgolfError
 
+# The fields each kind of record must hold as numbers (other kinds are kept as they are).
+NUMERIC_FIELDS = {
+    "train": ("step", "train_time_ms", "train_loss"),
+    "val": ("step", "train_time_ms", "val_bpb"),
+    "final": ("steps", "train_time_ms", "roundtrip_val_bpb", "artifact_bytes", "code_bytes"),
+}
+
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a run's metrics.jsonl (path = the run directory or the file).
@@ -42,6 +49,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             raise PgolfError(f"{p}:{number}: not a JSON record") from None
         if not isinstance(record, dict) or "kind" not in record:
             raise PgolfError(f"{p}:{number}: a record needs a 'kind'")
+        for key in NUMERIC_FIELDS.get(record["kind"], ()):
+            value = record.get(key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise PgolfError(
+                    f"{p}:{number}: a {record['kind']} record needs a number '{key}', got {value!r}"
+                )
         records.append(record)
     return records
 
@@ -129,7 +142,4 @@ def plot_runs(run_dirs: list[Path], out: Path, x: str = "step") -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
-    try:
-        return write_atomic(out, buffer.getvalue())
-    except OSError as exc:
-        raise PgolfError(f"cannot write {out}: {exc.strerror}") from None
+    return write_atomic(out, buffer.getvalue())
