@@ -7,6 +7,7 @@ and a non-zero exit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -81,7 +82,9 @@ def config_flags(command):
 
 WEIGHTS_ARG = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors).")
 EVAL_PRESET = typer.Option("baseline", help="Config preset for data paths and eval settings.")
-CONFIG_FILE = typer.Option(None, help="TOML file of config fields.")
+CONFIG_FILE = typer.Option(None, help="TOML file of config fields, applied over the preset.")
+BACKEND = typer.Option("auto", help="cuda (PyTorch: CUDA, else CPU), mlx, or auto (MLX on Apple silicon).")
+PRESET = typer.Option("baseline", help="Starting config: baseline, seq4096, tiny, smoke.")
 ALLOW_PICKLE = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!).")
 
 
@@ -126,6 +129,16 @@ def create_backend(name: str, cfg: Config):
         raise PgolfError(f"the {name} backend needs {extra}: pip install 'pgolf[{extra}]'")
     module = importlib.import_module(f"{package}.train")
     return module.create_backend(cfg)
+
+
+@contextlib.contextmanager
+def opened_backend(name: str, cfg: Config):
+    """A backend for the length of a command; its process group is released however it ends."""
+    engine = create_backend(name, cfg)
+    try:
+        yield engine
+    finally:
+        engine.close()
 
 
 def _ensure_default_data(cfg: Config) -> None:
@@ -201,9 +214,9 @@ def data_download(
 @app.command()
 @config_flags
 def train(
-    backend: str = typer.Option("auto", help="cuda (PyTorch: CUDA, else CPU), mlx, or auto."),
-    preset: str = typer.Option("baseline", help="Starting config: baseline, seq4096, tiny, smoke."),
-    config: Path | None = typer.Option(None, help="TOML file of config fields, applied over the preset."),
+    backend: str = BACKEND,
+    preset: str = PRESET,
+    config: Path | None = CONFIG_FILE,
     resume: Path | None = typer.Option(None, help="Checkpoint to resume from."),
     overrides: dict | None = None,
 ) -> None:
@@ -218,11 +231,8 @@ def train(
     backend = pick_backend(backend)  # a bad name or config is refused before any data is prepared
     cfg.validate()
     _ensure_default_data(cfg)
-    engine = create_backend(backend, cfg)
-    try:
+    with opened_backend(backend, cfg) as engine:
         result = run_training(cfg, engine, resume=resume, log=_log_line, progress=_val_progress())
-    finally:
-        engine.close()
     if engine.rank == 0:
         console.print(
             f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the int8 round trip "
@@ -235,7 +245,7 @@ def train(
 @config_flags
 def eval_command(
     path: Path = WEIGHTS_ARG,
-    backend: str = typer.Option("auto", help="cuda, mlx, or auto."),
+    backend: str = BACKEND,
     preset: str = EVAL_PRESET,
     config: Path | None = CONFIG_FILE,
     allow_pickle: bool = ALLOW_PICKLE,
@@ -245,12 +255,9 @@ def eval_command(
     from core.loop import evaluate
 
     params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
-    engine = create_backend(backend, cfg.replace(compile="off") if cfg.compile == "auto" else cfg)
-    try:
+    with opened_backend(backend, cfg.replace(compile="off") if cfg.compile == "auto" else cfg) as engine:
         engine.load_params(params)
         meter = evaluate(engine, cfg, data, _val_progress())
-    finally:
-        engine.close()
     if engine.rank == 0:
         console.print(
             f"backend:{engine.name} tokens:{int(meter.tokens)} val_loss:{meter.val_loss:.8f} "
@@ -330,9 +337,9 @@ def export_command(
 @app.command()
 @config_flags
 def bench(
-    backend: str = typer.Option("auto", help="cuda, mlx, or auto."),
-    preset: str = typer.Option("baseline", help="Model and batch to time: baseline, seq4096, tiny, smoke."),
-    config: Path | None = typer.Option(None, help="TOML file of config fields."),
+    backend: str = BACKEND,
+    preset: str = PRESET,
+    config: Path | None = CONFIG_FILE,
     steps: int = typer.Option(10, min=1, help="Timed optimizer steps."),
     warmup: int = typer.Option(3, min=0, help="Untimed steps first (compilation, caches)."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the figures to this JSON file."),
@@ -345,11 +352,8 @@ def bench(
     from core.bench import benchmark
 
     cfg = _resolve(preset, config, overrides or {})
-    engine = create_backend(backend, cfg)
-    try:
+    with opened_backend(backend, cfg) as engine:
         result = benchmark(cfg, engine, steps=steps, warmup=warmup)
-    finally:
-        engine.close()
     if engine.rank != 0:
         return
     for key, value in result.as_dict().items():
