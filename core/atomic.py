@@ -1,4 +1,4 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half of it."""
+"""Files in and out with one-line errors; writes are atomic (a reader sees the old file or the whole new one)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,11 @@ def make_dir(path: str | Path) -> Path:
     except OSError as exc:
         raise PgolfError(f"cannot create folder {path}: {exc.strerror or exc}") from None
     return path
+
+
+def read_file(path: str | Path, what: str) -> bytes:
+    """The bytes of `path`; a PgolfError naming it (as `what`, e.g. "checkpoint") when unreadable."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None

@@ -2,8 +2,9 @@
 
 A checkpoint is one safetensors file: parameters under `param/<name>`, optimizer
 state under `opt/<key>` (the canonical layout of `core.backend`), and one JSON
-metadata entry with the config, the step, the training clock and the data
-position. Either backend can resume from a checkpoint the other wrote.
+metadata entry with the config, the step, the training clock, the data
+position and a sha256 of the tensors (checked on load). Either backend can
+resume from a checkpoint the other wrote.
 
 A run directory holds:
     config.json          the resolved config
@@ -15,6 +16,7 @@ A run directory holds:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.atomic import write_atomic
+from core.atomic import read_file, write_atomic
 from core.errors import PgolfError
 
 CHECKPOINT_FORMAT = "pgolf-checkpoint"
@@ -46,6 +48,16 @@ class Checkpoint:
     dtypes: dict[str, str] = field(default_factory=dict)  # storage dtype of each parameter in the model
 
 
+def tensors_digest(tensors: dict[str, np.ndarray]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        digest.update(a.data)
+    return digest.hexdigest()
+
+
 def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
     path = Path(path)
     tensors = {f"param/{k}": np.require(v, requirements="C") for k, v in ckpt.params.items()}
@@ -59,6 +71,7 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
         "data_state": ckpt.data_state,
         "backend": ckpt.backend,
         "dtypes": ckpt.dtypes,
+        "sha256": tensors_digest(tensors),
     }
     blob = st_save(tensors, metadata={"pgolf": json.dumps(meta, sort_keys=True, separators=(",", ":"))})
     write_atomic(path, blob)
@@ -80,10 +93,7 @@ def is_checkpoint(path: str | Path) -> bool:
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
-    try:
-        blob = path.read_bytes()
-    except OSError as exc:
-        raise PgolfError(f"checkpoint {path}: cannot read ({exc.strerror})") from None
+    blob = read_file(path, "checkpoint")
     try:
         tensors = st_load(blob)
         n = int.from_bytes(blob[:8], "little")
@@ -96,6 +106,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if meta.get("version") != CHECKPOINT_VERSION:
         raise PgolfError(f"checkpoint {path}: unsupported version {meta.get('version')}")
     _check_metadata(meta, path)
+    # Written since the digest was added; a changed byte in any tensor no longer passes unseen.
+    if "sha256" in meta and meta["sha256"] != tensors_digest(tensors):
+        raise PgolfError(f"checkpoint {path}: its tensors do not match their checksum (the file is damaged)")
     params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
     optimizer = {k.removeprefix("opt/"): v for k, v in tensors.items() if k.startswith("opt/")}
     return Checkpoint(

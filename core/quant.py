@@ -39,7 +39,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.atomic import write_atomic
+from core.atomic import read_file, write_atomic
 from core.errors import PgolfError
 from core.params import is_control, round_to_bfloat16
 
@@ -391,10 +391,7 @@ def _check(model: Int8Model) -> Int8Model:
 def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     """Read pgolf's container, or the challenge's torch (or, if allowed, MLX pickle) container."""
     path = Path(path)
-    try:
-        blob = path.read_bytes()
-    except OSError as exc:
-        raise PgolfError(f"artifact {path}: cannot read ({exc.strerror})") from None
+    blob = read_file(path, "artifact")
     try:
         if blob.startswith(MAGIC):
             return _check(_parse_pgolf(blob))

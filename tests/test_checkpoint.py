@@ -92,6 +92,15 @@ def test_malformed_metadata_is_one_clear_error(tmp_path, change, message):
         load_checkpoint(path)
 
 
+def test_a_changed_tensor_byte_is_caught_by_the_checksum(tmp_path):
+    path = save_checkpoint(tmp_path / "c.safetensors", make_checkpoint())
+    blob = bytearray(path.read_bytes())
+    blob[-5] ^= 0x01  # one bit of the last tensor's data: still a valid safetensors file
+    path.write_bytes(bytes(blob))
+    with pytest.raises(PgolfError, match="do not match their checksum"):
+        load_checkpoint(path)
+
+
 def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     path = save_checkpoint(tmp_path / "c.safetensors", make_checkpoint())
     before = path.read_bytes()
@@ -122,8 +131,8 @@ def test_unwritable_targets_are_one_clear_error(tmp_path):
 def test_run_dir_layout(tmp_path):
     run = RunDir(tmp_path, "demo")
     run.write_config({"iterations": 3})
-    run.metric({"kind": "train", "step": 1, "train_loss": 5.0})
-    run.metric({"kind": "val", "step": 1, "val_bpb": 2.0})
+    run.metric({"kind": "train", "step": 1, "train_loss": 5.0, "train_time_ms": 10.0})
+    run.metric({"kind": "val", "step": 1, "val_bpb": 2.0, "train_time_ms": 10.0})
     run.log_line("hello")
     assert (tmp_path / "demo" / "config.json").exists() and (tmp_path / "demo" / "checkpoints").is_dir()
     assert [r["kind"] for r in read_metrics(run.path)] == ["train", "val"]
