@@ -30,6 +30,8 @@ try:  # recent typer releases carry their own copy of click
     from typer._click import exceptions as click_errors
 except ImportError:
     from click import exceptions as click_errors
+# A bare group command raises this (click >= 8.2) to show its help; older clicks just print it.
+NO_ARGS_IS_HELP = getattr(click_errors, "NoArgsIsHelpError", ())
 
 app = typer.Typer(
     help="Train small GPTs under the Parameter Golf rules, with PyTorch (cuda) or MLX.",
@@ -454,7 +456,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = app(standalone_mode=False)
-    except click_errors.NoArgsIsHelpError as exc:
+    except NO_ARGS_IS_HELP as exc:
         console.print(exc.ctx.get_help())
         code = 0
     except click_errors.UsageError as exc:  # a bad flag or argument
