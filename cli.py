@@ -162,25 +162,51 @@ def _log_line(line: str) -> None:
     console.print(line, markup=False)
 
 
-def _val_progress():
-    """A rich progress bar for validation passes, driven by (done, total) callbacks; none when piped."""
-    if not console.is_terminal:
-        return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+class LiveProgress:
+    """One live display per command: a bar for each thing under way (training steps, a
+    validation pass), with the log lines printed above it. None when output is piped."""
 
-    bar = Progress("[dim]validating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
-    state: dict[str, Any] = {}
+    def __init__(self, enabled: bool = True):
+        self.bars = None
+        if enabled and console.is_terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-    def update(done: int, total: int) -> None:
-        if "task" not in state:
-            bar.start()
-            state["task"] = bar.add_task("val", total=total)
-        bar.update(state["task"], completed=done, total=total)
-        if done >= total:
-            bar.stop()
-            state.clear()
+            self.bars = Progress(
+                TextColumn("[dim]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("[dim]left"), TimeRemainingColumn(), console=console, transient=True,
+            )  # fmt: skip
+        self.tasks: dict[str, Any] = {}
 
-    return update
+    def __enter__(self) -> LiveProgress:
+        if self.bars is not None:
+            self.bars.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+
+    def tracker(self, name: str):
+        """A (done, total) callback that draws the bar `name`, removed once done reaches total."""
+        if self.bars is None:
+            return None
+
+        def update(done: int, total: int) -> None:
+            if name not in self.tasks:
+                self.tasks[name] = self.bars.add_task(name, total=total)
+            self.bars.update(self.tasks[name], completed=done, total=total)
+            if done >= total:
+                self.bars.remove_task(self.tasks.pop(name))
+                self.bars.refresh()
+
+        return update
 
 
 # --------------------------------------------------------------------- commands
@@ -233,8 +259,11 @@ def train(
     backend = pick_backend(backend)  # a bad name or config is refused before any data is prepared
     cfg.validate()
     _ensure_default_data(cfg)
-    with opened_backend(backend, cfg) as engine:
-        result = run_training(cfg, engine, resume=resume, log=_log_line, progress=_val_progress())
+    with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
+        result = run_training(
+            cfg, engine, resume=resume, log=_log_line,
+            progress=live.tracker("validating"), step_progress=live.tracker("training"),
+        )  # fmt: skip
     if engine.rank == 0:
         console.print(
             f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the int8 round trip "
@@ -259,7 +288,8 @@ def eval_command(
     params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
     with opened_backend(backend, cfg.replace(compile="off") if cfg.compile == "auto" else cfg) as engine:
         engine.load_params(params)
-        meter = evaluate(engine, cfg, data, _val_progress())
+        with LiveProgress(engine.rank == 0) as live:
+            meter = evaluate(engine, cfg, data, live.tracker("validating"))
     if engine.rank == 0:
         console.print(
             f"backend:{engine.name} tokens:{int(meter.tokens)} val_loss:{meter.val_loss:.8f} "

@@ -160,8 +160,14 @@ def train(
     resume: str | Path | None = None,
     log: Log = print,
     progress: Progress | None = None,
+    step_progress: Progress | None = None,
 ) -> RunResult:
-    """Train, validate, checkpoint and export one model; return the final figures."""
+    """Train, validate, checkpoint and export one model; return the final figures.
+
+    `progress` follows each validation pass and `step_progress` the training steps,
+    as (done, expected total); under a wallclock cap the total is where the cap
+    will stop the run at the current pace.
+    """
     world, rank = backend.world_size, backend.rank
     cfg.validate(world)
     main = rank == 0
@@ -285,6 +291,14 @@ def train(
         loss = backend.train_step(next_micro_batches(), lr_mult, momentum)
         step += 1
         elapsed_ms = clock_ms()
+        if main and step_progress is not None:
+            expected = cfg.iterations
+            if cap_ms is not None:  # the cap may come first
+                ms_per_step = (elapsed_ms - start_ms) / (step - start_step)
+                expected = min(
+                    expected, step + math.ceil(max(cap_ms - elapsed_ms, 0) / max(ms_per_step, 1e-9))
+                )
+            step_progress(step, expected)
         if cfg.train_log_every > 0 and (
             step <= 10 or step % cfg.train_log_every == 0 or stop_after is not None
         ):
@@ -321,6 +335,8 @@ def train(
         if stop_after is None and reached_cap:
             stop_after = step
 
+    if main and step_progress is not None:
+        step_progress(step, step)  # training is over, wherever it stopped
     peak = backend.peak_memory_bytes()
     if peak is not None:
         say(f"peak memory allocated: {peak // 2**20} MiB")

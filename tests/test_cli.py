@@ -287,3 +287,24 @@ def test_interrupted_training_says_so_and_leaves_no_temp_files(sotu_dataset, tmp
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == code and stderr.strip() == message, stderr
     assert list(tmp_path.rglob("*.tmp")) == []
+
+
+def test_live_progress_draws_a_bar_per_task_on_a_terminal_only(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import cli as cli_module
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli_module, "console", Console(file=screen, force_terminal=True, width=100))
+    with cli_module.LiveProgress() as live:
+        training = live.tracker("training")
+        training(1, 4)
+        assert list(live.tasks) == ["training"]
+        training(4, 4)
+        assert live.tasks == {}  # a finished bar goes away
+    assert "training" in screen.getvalue()
+    monkeypatch.setattr(cli_module, "console", Console(file=io.StringIO(), force_terminal=False))
+    assert cli_module.LiveProgress().tracker("training") is None  # piped: plain log lines only
+    assert cli_module.LiveProgress(enabled=False).tracker("training") is None

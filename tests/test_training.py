@@ -21,11 +21,13 @@ from tests.test_backends import BACKENDS, NEEDS, make_backend
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(dataset, backend_name, tmp_path, run_id="run", resume=None, preset="smoke", **changes):
+def run(
+    dataset, backend_name, tmp_path, run_id="run", resume=None, preset="smoke", step_progress=None, **changes
+):
     cfg = dataset.config(preset, out_dir=str(tmp_path), run_id=run_id, **changes)
     backend = make_backend(backend_name, cfg)
     try:
-        return train(cfg, backend, resume=resume, log=lambda line: None)
+        return train(cfg, backend, resume=resume, log=lambda line: None, step_progress=step_progress)
     finally:
         backend.close()
 
@@ -37,7 +39,11 @@ def final_params(result) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_a_run_writes_logs_checkpoint_and_a_scored_artifact(sotu_dataset, backend_name, tmp_path):
-    result = run(sotu_dataset, backend_name, tmp_path, val_loss_every=2)
+    steps = []
+    result = run(
+        sotu_dataset, backend_name, tmp_path, val_loss_every=2, step_progress=lambda *a: steps.append(a)
+    )
+    assert steps == [(1, 4), (2, 4), (3, 4), (4, 4), (4, 4)]  # each step, then "training is over"
     records = read_metrics(result.run_dir)
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4]
     assert [r["step"] for r in records if r["kind"] == "val"] == [0, 2, 4]
@@ -77,10 +83,14 @@ def test_compile_warmup_steps_are_undone(sotu_dataset, backend_name, tmp_path):
 
 @pytest.mark.parametrize("backend_name", BACKENDS[:1])  # the driver's clock; one backend is enough
 def test_wallclock_cap_stops_early(sotu_dataset, backend_name, tmp_path):
+    steps = []
     result = run(
-        sotu_dataset, backend_name, tmp_path, iterations=100_000, max_wallclock_seconds=1.0, train_log_every=0
-    )
+        sotu_dataset, backend_name, tmp_path, iterations=100_000, max_wallclock_seconds=1.0, train_log_every=0,
+        step_progress=lambda *a: steps.append(a),
+    )  # fmt: skip
     assert 1 <= result.steps < 100_000
+    # The expected total is where the cap will stop the run at the current pace, not 100,000.
+    assert all(done <= total < 100_000 for done, total in steps) and steps[-1] == (result.steps, result.steps)
     log = (result.run_dir / "train.log").read_text()
     assert "stopping_early: wallclock_cap" in log and result.train_time_ms >= 1000.0
 
