@@ -31,18 +31,18 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     except OSError as exc:
         raise PgolfError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
-        if tmp is not None and Path(tmp).exists():
+        if tmp is not None:  # gone already when the rename succeeded
             Path(tmp).unlink(missing_ok=True)
     return path
 
 
-def make_dir(path: str | Path) -> Path:
-    """mkdir -p, with a PgolfError naming the folder when that is impossible."""
+def make_dir(path: str | Path, what: str = "folder") -> Path:
+    """mkdir -p, with a PgolfError naming the folder (as `what`) when that is impossible."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise PgolfError(f"cannot create folder {path}: {exc.strerror or exc}") from None
+        raise PgolfError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
     return path
 
 

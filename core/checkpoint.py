@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.atomic import read_file, write_atomic
+from core.atomic import make_dir, read_file, write_atomic
 from core.errors import PgolfError
 
 CHECKPOINT_FORMAT = "pgolf-checkpoint"
@@ -133,13 +133,14 @@ def _check_metadata(meta: dict[str, Any], path: Path) -> None:
         "backend": (str, "a string"),
         "dtypes": (dict, "an object"),
     }
+    optional = ("data_state", "backend", "dtypes")  # written by every version, not needed to resume
     for key, (kind, wanted) in expected.items():
+        if key in optional and key not in meta:
+            continue
         value = meta.get(key)
         ok = isinstance(value, kind) and not isinstance(value, bool)
         if ok and key in ("step", "train_time_ms"):
-            ok = value >= 0 and value < float("inf")
-        if key in ("data_state", "backend", "dtypes") and key not in meta:
-            ok = True  # optional: written by every version, but not needed to resume
+            ok = 0 <= value < float("inf")
         if not ok:
             raise PgolfError(f"checkpoint {path}: metadata {key!r} must be {wanted}, got {value!r}")
 
@@ -156,10 +157,7 @@ class RunDir:
             return
         if not reuse and (self.path / "config.json").exists():
             raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
-        try:
-            (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise PgolfError(f"cannot create run directory {self.path}: {exc.strerror}") from None
+        make_dir(self.path / "checkpoints", "run directory")
 
     @property
     def artifact(self) -> Path:

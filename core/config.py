@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from core.errors import PgolfError
+from core.shards import MAX_VOCAB
 
 # Upstream spellings that are not simply FIELD.upper().
 ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
@@ -129,7 +131,7 @@ class Config:
         ):
             for name in names:
                 require(ok(getattr(self, name)), f"{name} {rule}, got {getattr(self, name)}")
-        require(self.vocab_size <= 65_536, "vocab_size must fit uint16 shards (<= 65536)")
+        require(self.vocab_size <= MAX_VOCAB, f"vocab_size must fit uint16 shards (<= {MAX_VOCAB})")
         require(
             self.model_dim % self.num_heads == 0,
             f"num_heads={self.num_heads} must divide model_dim={self.model_dim}",
@@ -217,7 +219,10 @@ def _coerce(name: str, value: Any) -> Any:
         if kind is int:
             if isinstance(value, int):
                 return value
-            number = float(str(value).replace("_", ""))  # accepts 2e4 and 20_000; whole numbers only
+            text = str(value).strip()
+            if re.fullmatch(r"[+-]?\d[\d_]*", text):  # exact, however large (a seed, say)
+                return int(text)
+            number = float(text.replace("_", ""))  # 2e4 or 100.0: whole numbers only
             if not number.is_integer():
                 raise ValueError(value)
             return int(number)

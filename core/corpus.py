@@ -27,7 +27,7 @@ import sentencepiece as spm
 
 from core.atomic import make_dir, write_atomic
 from core.errors import PgolfError
-from core.shards import write_shard
+from core.shards import MAX_VOCAB, write_shard
 from core.tokenizer import load_tokenizer, train_tokenizer
 
 VAL_EVERY = 10  # every 10th speech (sorted by file name) is validation
@@ -78,7 +78,7 @@ def export_documents(
     Each document is `[bos_id] + ids` (the tokenizer's BOS unless given), no EOS.
     Returns the counts of documents, tokens and files per split.
     """
-    if sp.vocab_size() > 65_536:
+    if sp.vocab_size() > MAX_VOCAB:
         raise PgolfError(f"shards in {out_dir}: {sp.vocab_size()} pieces do not fit uint16 token ids")
     bos = sp.bos_id() if bos_id is None else bos_id
     if not 0 <= bos < sp.vocab_size() or shard_tokens < 1:
@@ -178,8 +178,8 @@ def prepare_sotu(
     val_files, train_files = split_documents(files)
     if not val_files or not train_files:
         raise PgolfError("the corpus needs at least one validation and one training speech")
-    if not 1 < vocab_size <= 65_536:
-        raise PgolfError(f"vocab_size must be in 2..65536 (uint16 shards), got {vocab_size}")
+    if not 1 < vocab_size <= MAX_VOCAB:
+        raise PgolfError(f"vocab_size must be in 2..{MAX_VOCAB} (uint16 shards), got {vocab_size}")
     name, tok_name = f"sotu_sp{vocab_size}", f"sotu_{vocab_size}_bpe"
     out_dir = root / "datasets" / name
     # Everything is built in a staging folder and moved into place only when complete:

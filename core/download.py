@@ -50,7 +50,7 @@ def hub_fetcher(repo_id: str = REPO_ID) -> Fetch:
             raise PgolfError(f"download of {remote} from {repo_id} failed: {_one_line(exc)}") from None
         # Cache entries are usually symlinks into a blob store: materialize the real file.
         source = Path(cached).resolve(strict=True)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(dest.parent)
         try:
             os.link(source, dest)  # no second copy of a 200 MB shard on disk
         except OSError:

@@ -19,6 +19,7 @@ SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
+MAX_VOCAB = 2**16  # token ids are stored as uint16
 
 log = logging.getLogger("pgolf")
 
