@@ -122,6 +122,7 @@ def test_bad_value_types_are_one_clear_error():
     with pytest.raises(PgolfError, match="matrix_lr expects float"):
         Config().replace(matrix_lr=[1, 2])
     assert Config().replace(iterations="2e4", train_seq_len="2_048").iterations == 20_000
+    assert Config().replace(seed="12345678901234567891").seed == 12345678901234567891  # exact, not via float
 
 
 def test_layering_preset_toml_env_flags(tmp_path):
