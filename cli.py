@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import inspect
 import math
 import platform
-import re
 import signal
-import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -44,15 +41,13 @@ app.add_typer(data_app, name="data")
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
-BACKENDS = ("auto", "cuda", "mlx")
 DEFAULT_DATA = Config().data_path
 
 
 # ----------------------------------------------------------------- config flags
 def _field_help() -> dict[str, str]:
-    """The one-line comment of each Config field, used as its --flag help."""
-    source = inspect.getsource(Config)
-    return dict(re.findall(r"^\s+(\w+): [^=]+= .*?  # (.*)$", source, flags=re.M))
+    """The one-line meaning of each Config field, used as its --flag help."""
+    return {f.name: f.metadata.get("help", "") for f in fields(Config)}
 
 
 def config_flags(command):
@@ -85,7 +80,9 @@ def config_flags(command):
 WEIGHTS_ARG = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors).")
 EVAL_PRESET = typer.Option("baseline", help="Config preset for data paths and eval settings.")
 CONFIG_FILE = typer.Option(None, help="TOML file of config fields, applied over the preset.")
-BACKEND = typer.Option("auto", help="cuda (PyTorch: CUDA, else CPU), mlx, or auto (MLX on Apple silicon).")
+BACKEND = typer.Option(
+    "auto", help="cuda (PyTorch: CUDA, else CPU; 'torch' also works), mlx, or auto (MLX on Apple silicon)."
+)
 PRESET = typer.Option("baseline", help="Starting config: baseline, seq4096, tiny, smoke.")
 ALLOW_PICKLE = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!).")
 
@@ -93,10 +90,15 @@ ALLOW_PICKLE = typer.Option(False, help="Allow the upstream MLX pickle container
 def _weights_and_data(
     path: Path, preset: str, config: Path | None, overrides: dict | None, allow_pickle: bool
 ):
-    """(weights, the config they fit, validation data) for the eval and verify commands."""
+    """(weights, the one config they are scored with, validation data) for the eval and verify commands.
+
+    Evaluation runs once: unless asked for, nothing is compiled.
+    """
     from core.loop import load_eval_data, load_weights
 
     params, cfg = load_weights(path, _resolve(preset, config, overrides or {}), allow_pickle=allow_pickle)
+    if cfg.compile == "auto":
+        cfg = cfg.replace(compile="off")
     return params, cfg, load_eval_data(cfg)
 
 
@@ -107,36 +109,13 @@ def _resolve(preset: str, config: Path | None, overrides: dict[str, Any]) -> Con
 
 
 # --------------------------------------------------------------------- backends
-def pick_backend(name: str) -> str:
-    """auto: MLX on Apple silicon when installed, else the PyTorch backend."""
-    if name not in BACKENDS:
-        raise PgolfError(f"unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
-    if name != "auto":
-        return name
-    on_apple = sys.platform == "darwin" and platform.machine() == "arm64"
-    if on_apple and importlib.util.find_spec("mlx") is not None:
-        return "mlx"
-    if importlib.util.find_spec("torch") is not None:
-        return "cuda"
-    if importlib.util.find_spec("mlx") is not None:
-        return "mlx"
-    raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
-
-
-def create_backend(name: str, cfg: Config):
-    name = pick_backend(name)
-    package = {"cuda": "cuda_train", "mlx": "mlx_train"}[name]
-    extra = {"cuda": "torch", "mlx": "mlx"}[name]
-    if importlib.util.find_spec(extra) is None:
-        raise PgolfError(f"the {name} backend needs {extra}: pip install 'pgolf[{extra}]'")
-    module = importlib.import_module(f"{package}.train")
-    return module.create_backend(cfg)
-
-
 @contextlib.contextmanager
 def opened_backend(name: str, cfg: Config):
-    """A backend for the length of a command; its process group is released however it ends."""
-    engine = create_backend(name, cfg)
+    """A backend for the length of a command, holding its one config; its process group is
+    released however the command ends."""
+    from core import backend as backends
+
+    engine = backends.create(name, cfg)
     try:
         yield engine
     finally:
@@ -253,15 +232,15 @@ def train(
     Config fields come from the preset, then --config, then upstream environment
     variables (ITERATIONS, MATRIX_LR, ...), then the flags below.
     """
+    from core.backend import check_config
     from core.loop import train as run_training
 
     cfg = _resolve(preset, config, overrides or {})
-    backend = pick_backend(backend)  # a bad name or config is refused before any data is prepared
-    cfg.validate()
+    check_config(backend, cfg)  # a bad name or config is refused before any data is prepared
     _ensure_default_data(cfg)
     with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
         result = run_training(
-            cfg, engine, resume=resume, log=_log_line,
+            engine, resume=resume, log=_log_line,
             progress=live.tracker("validating"), step_progress=live.tracker("training"),
         )  # fmt: skip
     if engine.rank == 0:
@@ -286,10 +265,10 @@ def eval_command(
     from core.loop import evaluate
 
     params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
-    with opened_backend(backend, cfg.replace(compile="off") if cfg.compile == "auto" else cfg) as engine:
+    with opened_backend(backend, cfg) as engine:
         engine.load_params(params)
         with LiveProgress(engine.rank == 0) as live:
-            meter = evaluate(engine, cfg, data, live.tracker("validating"))
+            meter = evaluate(engine, data, live.tracker("validating"))
     if engine.rank == 0:
         console.print(
             f"backend:{engine.name} tokens:{int(meter.tokens)} val_loss:{meter.val_loss:.8f} "
@@ -313,10 +292,12 @@ def verify(
     from core.quant import BUDGET_BYTES
 
     params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
-    names = [n for n, module in (("cuda", "torch"), ("mlx", "mlx")) if importlib.util.find_spec(module)]
+    from core.backend import create, installed
+
+    names = [info.name for info in installed()]
     if not names:
         raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
-    verdict = check.verify(params, cfg, data, {n: functools.partial(create_backend, n) for n in names})
+    verdict = check.verify(params, cfg, data, {n: functools.partial(create, n) for n in names})
     size = path.stat().st_size
     table = Table(title=f"{path} ({size:,} B of the {BUDGET_BYTES:,} B budget, before code)")
     for column in ("backend", "device", "tokens", "val_loss", "val_bpb"):
@@ -346,7 +327,9 @@ def export_command(
     backend: str = typer.Option("cuda", help="Whose source files count as code bytes: cuda or mlx."),
 ) -> None:
     """Write the int8 artifact of a checkpoint and report its bytes against the budget."""
+    from core.backend import pick
     from core.checkpoint import load_checkpoint
+    from core.config import Config as RunConfig
     from core.loop import export_artifact
 
     suffixes = {"pgolf": ".int8.pgolf", "upstream": ".int8.ptz"}
@@ -358,8 +341,9 @@ def export_command(
     if target.resolve() == checkpoint.resolve():
         raise PgolfError(f"--out {target} is the checkpoint itself: choose another file")
     ckpt = load_checkpoint(checkpoint)
+    cfg = RunConfig.from_dict(ckpt.config)
     report = export_artifact(
-        ckpt.params, ckpt.dtypes, target, pick_backend(backend), compressor, upstream=format == "upstream"
+        ckpt.params, cfg, ckpt.dtypes, target, pick(backend).name, compressor, upstream=format == "upstream"
     )
     console.print(f"wrote {target}")
     for key, value in report.items():
@@ -385,7 +369,7 @@ def bench(
 
     cfg = _resolve(preset, config, overrides or {})
     with opened_backend(backend, cfg) as engine:
-        result = benchmark(cfg, engine, steps=steps, warmup=warmup)
+        result = benchmark(engine, steps=steps, warmup=warmup)
     if engine.rank != 0:
         return
     for key, value in result.as_dict().items():
@@ -448,25 +432,26 @@ def info() -> None:
 
     console.print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}")
     console.print(f"numpy {numpy.__version__}")
-    if importlib.util.find_spec("torch") is not None:
-        import torch
+    from core.backend import BACKENDS, pick
 
-        devices = (
-            ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-            if torch.cuda.is_available()
-            else "no CUDA device (CPU)"
-        )
-        console.print(f"backend cuda: torch {torch.__version__}: {devices}")
-    else:
-        console.print("backend cuda: not installed (pip install 'pgolf[torch]')")
-    if importlib.util.find_spec("mlx") is not None:
-        import mlx.core as mx
+    for info_ in BACKENDS.values():
+        if not info_.installed:
+            console.print(f"backend {info_.name}: not installed (pip install 'pgolf[{info_.framework}]')")
+        elif info_.framework == "torch":
+            import torch
 
-        console.print(f"backend mlx: mlx {mx.__version__}: default device {mx.default_device()}")
-    else:
-        console.print("backend mlx: not installed (pip install 'pgolf[mlx]')")
+            devices = (
+                ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+                if torch.cuda.is_available()
+                else "CPU (no CUDA device)"
+            )
+            console.print(f"backend {info_.name}: PyTorch {torch.__version__} on {devices}")
+        else:
+            import mlx.core as mx
+
+            console.print(f"backend {info_.name}: MLX {mx.__version__} on {mx.default_device()}")
     try:
-        chosen = pick_backend("auto")
+        chosen = pick("auto").name
     except PgolfError:
         chosen = "none"
     console.print(f"auto backend: {chosen}")

@@ -1,25 +1,109 @@
-"""The small interface a framework implements so that `core.loop` can drive it.
+"""The backends: the one registry of them, and the small interface each implements for `core.loop`.
 
 The driver owns everything framework-neutral (data, schedules, timing,
 validation, logging, checkpoints, export). A backend owns only the model, the
 optimizers and the collectives, and exchanges state as numpy in the canonical
 layout of `core.params`:
 
-- parameters: `{name: float32 array}` with the names of `param_shapes`;
+- parameters: `{name: float32 array}` with the names of `param_specs`;
 - optimizer state: `{"step": int64 0-d array}` (optimizer steps taken) plus, per
   parameter, `"exp_avg/<name>"` and `"exp_avg_sq/<name>"` (Adam groups) or
-  `"momentum_buffer/<name>"` (Muon group), all float32.
+  `"momentum_buffer/<name>"` (Muon group), and `"ema/<name>"` when `ema_decay` > 0,
+  all float32.
+
+A backend is the module `<package>.backend` of its entry in BACKENDS, with a
+function `create_backend(cfg)`; it checks the config options that only it reads.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+import importlib.util
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
+
+from core.config import Config
+from core.errors import PgolfError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str  # the --backend value
+    package: str  # the folder holding model.py, optim.py and backend.py
+    framework: str  # the module it needs installed, and the pgolf extra that installs it
+    title: str  # how people call the framework
+
+    @property
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.framework) is not None
+
+
+BACKENDS = {
+    "cuda": BackendInfo("cuda", "cuda_train", "torch", "PyTorch"),
+    "mlx": BackendInfo("mlx", "mlx_train", "mlx", "MLX"),
+}
+ALIASES = {"torch": "cuda"}
+CHOICES = ("auto", *BACKENDS, *ALIASES)
+
+
+def pick(name: str) -> BackendInfo:
+    """The backend a --backend value means; auto: MLX on Apple silicon when installed, else PyTorch."""
+    name = ALIASES.get(name, name)
+    if name in BACKENDS:
+        return BACKENDS[name]
+    if name != "auto":
+        raise PgolfError(f"unknown backend {name!r} (choose from {', '.join(CHOICES)})")
+    on_apple = sys.platform == "darwin" and platform.machine() == "arm64"
+    order = ("mlx", "cuda") if on_apple else ("cuda", "mlx")
+    for candidate in order:
+        if BACKENDS[candidate].installed:
+            return BACKENDS[candidate]
+    raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
+
+
+def installed() -> list[BackendInfo]:
+    return [info for info in BACKENDS.values() if info.installed]
+
+
+def _module(info: BackendInfo) -> Any:
+    if not info.installed:
+        raise PgolfError(
+            f"the {info.name} backend needs {info.framework}: pip install 'pgolf[{info.framework}]'"
+        )
+    return importlib.import_module(f"{info.package}.backend")
+
+
+def check_config(name: str, cfg: Config) -> None:
+    """The shared checks, then those of the backend's own options (before any data is prepared)."""
+    info = pick(name)
+    cfg.validate()
+    _module(info).check_config(cfg)
+
+
+def create(name: str, cfg: Config) -> Backend:
+    info = pick(name)
+    module = _module(info)
+    module.check_config(cfg)
+    return module.create_backend(cfg)
+
+
+def source_files(name: str) -> list[Path]:
+    """The source files a run of this backend needs: core, the backend package, the CLI."""
+    package = pick(name).package
+    files = sorted((ROOT / "core").glob("*.py")) + sorted((ROOT / package).glob("*.py"))
+    return [*files, ROOT / "cli.py"]
 
 
 class Backend(Protocol):
     name: str  # "cuda" or "mlx": the --backend value
+    cfg: Config  # the run's one config; the loop reads it from here
     rank: int  # this process's rank (0 when not distributed)
     world_size: int  # number of processes training together
     device: str  # human-readable device, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)" or "cpu"
@@ -33,19 +117,20 @@ class Backend(Protocol):
         """The model's parameters as canonical float32 numpy arrays."""
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
-        """The optimizers' state in the canonical layout above."""
+        """The optimizers' state (and the weights' moving average) in the canonical layout above."""
 
     def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
         """Restore what `optimizer_state` returned (possibly from the other backend)."""
 
     def train_step(
         self, micro_batches: list[tuple[np.ndarray, np.ndarray]], lr_mult: float, muon_momentum: float
-    ) -> float:
+    ) -> Any:
         """One optimizer step on this rank's micro-batches (x, y int32 of shape (B, T)).
 
         Gradients are averaged over all micro-batches of all ranks; every base lr
-        is multiplied by `lr_mult`; Muon uses `muon_momentum`. Returns this rank's
-        mean training loss.
+        is multiplied by `lr_mult`; Muon uses `muon_momentum`; the moving average
+        of the weights follows. Returns this rank's mean training loss as a 0-d
+        array of the framework, left on the device (`float()` it to wait for it).
         """
 
     def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from core.backend import Backend
-from core.config import Config
 from core.params import count_params, flops_per_token, init_params
 
 
@@ -34,7 +33,8 @@ class BenchResult:
         return asdict(self)
 
 
-def benchmark(cfg: Config, backend: Backend, steps: int = 10, warmup: int = 3, seed: int = 0) -> BenchResult:
+def benchmark(backend: Backend, steps: int = 10, warmup: int = 3, seed: int = 0) -> BenchResult:
+    cfg = backend.cfg
     cfg.validate(backend.world_size)
     accum = cfg.local_accum_steps(backend.world_size)
     seqs = cfg.train_batch_tokens // cfg.grad_accum_steps // cfg.train_seq_len

@@ -1,24 +1,16 @@
-"""Resumable training checkpoints and the run directory, in a framework-neutral form.
+"""Resumable training checkpoints, in a framework-neutral form.
 
 A checkpoint is one safetensors file: parameters under `param/<name>`, optimizer
 state under `opt/<key>` (the canonical layout of `core.backend`), and one JSON
 metadata entry with the config, the step, the training clock, the data
 position and a sha256 of the tensors (checked on load). Either backend can
 resume from a checkpoint the other wrote.
-
-A run directory holds:
-    config.json          the resolved config
-    metrics.jsonl        one JSON record per line: kind = train | val | final
-    train.log            the console lines
-    checkpoints/step_NNNNNN.safetensors
-    final_model.int8.pgolf   the int8 artifact
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +20,11 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.atomic import make_dir, read_file, write_atomic
+from core.atomic import read_file, write_atomic
 from core.errors import PgolfError
 
 CHECKPOINT_FORMAT = "pgolf-checkpoint"
 CHECKPOINT_VERSION = 1
-ARTIFACT_NAME = "final_model.int8.pgolf"
 
 
 @dataclass
@@ -143,39 +134,3 @@ def _check_metadata(meta: dict[str, Any], path: Path) -> None:
             ok = 0 <= value < float("inf")
         if not ok:
             raise PgolfError(f"checkpoint {path}: metadata {key!r} must be {wanted}, got {value!r}")
-
-
-class RunDir:
-    """The files of one training run; only rank 0 writes."""
-
-    def __init__(self, root: str | Path, run_id: str = "", enabled: bool = True, reuse: bool = False):
-        """`reuse` lets a resumed run write into a directory that already holds a run."""
-        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
-        self.path = Path(root) / self.run_id
-        self.enabled = enabled
-        if not enabled:
-            return
-        if not reuse and (self.path / "config.json").exists():
-            raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
-        make_dir(self.path / "checkpoints", "run directory")
-
-    @property
-    def artifact(self) -> Path:
-        return self.path / ARTIFACT_NAME
-
-    def checkpoint_path(self, step: int) -> Path:
-        return self.path / "checkpoints" / f"step_{step:06d}.safetensors"
-
-    def write_config(self, config: dict[str, Any]) -> None:
-        if self.enabled:
-            write_atomic(self.path / "config.json", (json.dumps(config, indent=2) + "\n").encode())
-
-    def metric(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-
-    def log_line(self, line: str) -> None:
-        if self.enabled:
-            with open(self.path / "train.log", "a", encoding="utf-8") as f:
-                f.write(line + "\n")

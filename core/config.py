@@ -12,7 +12,7 @@ import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,73 +27,115 @@ ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
 POSITIVE_FIELDS = (
     "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult", "train_seq_len",
     "train_batch_tokens", "grad_accum_steps", "val_batch_size", "logit_softcap", "rope_base", "adam_eps",
+    "mlp_mult", "ve_dim",
 )  # fmt: skip
 NON_NEGATIVE_FIELDS = (
     "iterations", "warmup_steps", "warmdown_iters", "val_loss_every", "val_max_tokens", "train_log_every",
     "checkpoint_every", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
-    "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm",
+    "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm", "rope_dims", "xsa_last_n", "muon_wd",
+    "embed_wd", "adam_wd",
 )  # fmt: skip
-FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2")
+FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2", "ema_decay")
+UNIT_FIELDS = ("warmdown_frac", "min_lr")  # in [0, 1]
+CHOICES = {
+    "compute_dtype": ("auto", "bfloat16", "float32"),
+    "compile": ("auto", "on", "off"),
+    "mlp_activation": ("relu2", "leaky_relu2"),
+}
+
+
+def opt(default: Any, help: str) -> Any:
+    """A Config field with its one-line meaning (the --flag help)."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Config:
     # --- data ---
-    data_path: str = "data/datasets/sotu_sp1024"  # folder holding fineweb_{train,val}_*.bin shards
-    tokenizer_path: str = "data/tokenizers/sotu_1024_bpe.model"  # SentencePiece model used for BPB
-    run_id: str = ""  # name of the run directory under out_dir; empty = timestamp
-    out_dir: str = "runs"  # where run directories are created
-    seed: int = 1337  # seeds the numpy initialisation (identical weights in both backends)
+    data_path: str = opt("data/datasets/sotu_sp1024", "folder holding fineweb_{train,val}_*.bin shards")
+    tokenizer_path: str = opt("data/tokenizers/sotu_1024_bpe.model", "SentencePiece model used for BPB")
+    run_id: str = opt("", "name of the run directory under out_dir; empty = timestamp")
+    out_dir: str = opt("runs", "where run directories are created")
+    seed: int = opt(1337, "seeds the numpy initialisation (identical weights in both backends)")
 
     # --- training length and batch ---
-    iterations: int = 20_000  # optimizer steps (the wallclock cap may stop earlier)
-    train_batch_tokens: int = 524_288  # tokens per optimizer step, summed over ranks and micro-batches
-    train_seq_len: int = 1024  # tokens per training sequence
-    grad_accum_steps: int = 8  # micro-batches per step on one process, split evenly over W ranks
-    max_wallclock_seconds: float = 600.0  # training-time cap (validation excluded); 0 = none
-    warmup_steps: int = 20  # compile-warmup steps, run for real then undone
-    warmdown_iters: int = 1200  # steps of the final linear LR decay (step-times under a wallclock cap)
+    iterations: int = opt(20_000, "optimizer steps (the wallclock cap may stop earlier)")
+    train_batch_tokens: int = opt(524_288, "tokens per optimizer step, summed over ranks and micro-batches")
+    train_seq_len: int = opt(1024, "tokens per training sequence")
+    grad_accum_steps: int = opt(8, "micro-batches per step on one process, split evenly over W ranks")
+    max_wallclock_seconds: float = opt(600.0, "training-time cap (validation excluded); 0 = none")
+    warmup_steps: int = opt(20, "compile-warmup steps, run for real then undone")
+    warmdown_iters: int = opt(1200, "steps of the final linear LR decay (step-times under a wallclock cap)")
+    warmdown_frac: float = opt(
+        0.0, "if > 0: the last fraction of the run (steps, or the wallclock cap) decays the LR instead"
+    )
+    min_lr: float = opt(0.0, "floor of the LR multiplier during the warmdown")
 
     # --- validation and logging ---
-    val_loss_every: int = 1000  # validate every N steps (and always at the end); 0 = only at the end
-    val_batch_size: int = 524_288  # validation tokens per forward pass, summed over ranks
-    val_max_tokens: int = 0  # cap on validation tokens for quick looks; 0 = the whole split
-    train_log_every: int = 200  # log train loss every N steps (and the first 10)
-    checkpoint_every: int = 0  # write a resumable checkpoint every N steps; 0 = only at the end
+    val_loss_every: int = opt(1000, "validate every N steps (and always at the end); 0 = only at the end")
+    val_batch_size: int = opt(
+        524_288, "validation tokens per forward pass x grad_accum_steps (each pass holds 1/grad_accum_steps)"
+    )
+    val_max_tokens: int = opt(0, "cap on validation tokens for quick looks; 0 = the whole split")
+    train_log_every: int = opt(200, "log train loss every N steps (and the first 10)")
+    checkpoint_every: int = opt(0, "write a resumable checkpoint every N steps; 0 = only at the end")
 
     # --- model shape ---
-    vocab_size: int = 1024  # must equal the tokenizer's vocabulary
-    num_layers: int = 9  # transformer blocks (first half encoder, second half decoder of the U-Net)
-    model_dim: int = 512  # residual width
-    num_heads: int = 8  # query heads
-    num_kv_heads: int = 4  # key/value heads (grouped-query attention)
-    mlp_mult: int = 2  # MLP hidden width = mlp_mult * model_dim
-    tie_embeddings: bool = True  # share the token embedding with the output head
-    rope_base: float = 10_000.0  # RoPE frequency base
-    logit_softcap: float = 30.0  # logits = c * tanh(z / c)
-    qk_gain_init: float = 1.5  # initial per-head query gain
-    tied_embed_init_std: float = 0.005  # std of the (tied) embedding init
+    vocab_size: int = opt(1024, "must equal the tokenizer's vocabulary")
+    num_layers: int = opt(9, "transformer blocks (first half encoder, second half decoder of the U-Net)")
+    model_dim: int = opt(512, "residual width")
+    num_heads: int = opt(8, "query heads")
+    num_kv_heads: int = opt(4, "key/value heads (grouped-query attention)")
+    mlp_mult: float = opt(2.0, "MLP hidden width = int(mlp_mult * model_dim)")
+    mlp_activation: str = opt("relu2", "relu2 (relu(x)^2) | leaky_relu2 (leaky_relu(x, 0.5)^2)")
+    tie_embeddings: bool = opt(True, "share the token embedding with the output head")
+    rope_base: float = opt(10_000.0, "RoPE frequency base")
+    logit_softcap: float = opt(30.0, "logits = c * tanh(z / c)")
+    qk_gain_init: float = opt(1.5, "initial per-head query gain")
+    rope_dims: int = opt(0, "rotate only the first rope_dims dimensions of each head (partial RoPE); 0 = all")
+    ln_scale: bool = opt(False, "scale each block's normed inputs by 1/sqrt(layer + 1)")
+    xsa_last_n: int = opt(
+        0, "XSA on the last N layers: remove each token's own value direction from attention's output"
+    )
+    ve_enabled: bool = opt(
+        False, "value embeddings: a shared token embedding added to the values of ve_layers"
+    )
+    ve_dim: int = opt(128, "width of the value embedding (projected to the kv width when different)")
+    ve_layers: str = opt("9,10", "comma-separated layers that receive the value embedding")
+    skip_gates_enabled: bool = opt(False, "U-Net skips blended in through a sigmoid gate per channel")
+    tied_embed_init_std: float = opt(0.005, "std of the (tied) embedding init")
 
     # --- optimizers ---
-    embed_lr: float = 0.6  # Adam lr of the embedding when untied
-    head_lr: float = 0.008  # Adam lr of the untied output head
-    tied_embed_lr: float = 0.05  # Adam lr of the tied embedding
-    matrix_lr: float = 0.04  # Muon lr of the 2-D block matrices
-    scalar_lr: float = 0.04  # Adam lr of vectors, scalars, control tensors and skip weights
-    muon_momentum: float = 0.95  # Muon momentum after warmup
-    muon_backend_steps: int = 5  # Newton-Schulz iterations
-    muon_momentum_warmup_start: float = 0.85  # Muon momentum at step 0
-    muon_momentum_warmup_steps: int = 500  # steps of the linear momentum warmup
-    beta1: float = 0.9  # Adam beta1
-    beta2: float = 0.95  # Adam beta2
-    adam_eps: float = 1e-8  # Adam epsilon
-    grad_clip_norm: float = 0.0  # global gradient-norm clip; 0 = off
+    embed_lr: float = opt(0.6, "Adam lr of the embedding when untied")
+    head_lr: float = opt(0.008, "Adam lr of the untied output head")
+    tied_embed_lr: float = opt(0.05, "Adam lr of the tied embedding")
+    matrix_lr: float = opt(0.04, "Muon lr of the 2-D block matrices")
+    scalar_lr: float = opt(0.04, "Adam lr of vectors, scalars, control tensors and skip weights")
+    muon_momentum: float = opt(0.95, "Muon momentum after warmup")
+    muon_backend_steps: int = opt(5, "Newton-Schulz iterations")
+    muon_momentum_warmup_start: float = opt(0.85, "Muon momentum at step 0")
+    muon_momentum_warmup_steps: int = opt(500, "steps of the linear momentum warmup")
+    beta1: float = opt(0.9, "Adam beta1")
+    beta2: float = opt(0.95, "Adam beta2")
+    adam_eps: float = opt(1e-8, "Adam epsilon")
+    grad_clip_norm: float = opt(0.0, "global gradient-norm clip; 0 = off")
+    muon_row_normalize: bool = opt(
+        False, "MuonEq-R: scale each row of the update to unit norm before Newton-Schulz"
+    )
+    muon_wd: float = opt(0.0, "decoupled weight decay of the Muon matrices (p *= 1 - lr * wd each step)")
+    embed_wd: float = opt(0.0, "decoupled weight decay of the embeddings (AdamW)")
+    adam_wd: float = opt(0.0, "decoupled weight decay of the scalar/control tensors (AdamW)")
+    ema_decay: float = opt(
+        0.0, "keep an exponential moving average of the weights; evaluate and export it; 0 = off"
+    )
 
     # --- execution ---
-    compute_dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32
-    compile: str = "auto"  # auto (on for GPUs: CUDA and Metal, off on CPUs) | on | off
-    mlx_max_microbatch_tokens: int = 8_192  # MLX: largest sub-batch (tokens) of a micro-batch
-    mlx_eager_eval: bool = True  # MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)
+    compute_dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32")
+    compile: str = opt("auto", "auto (on for GPUs: CUDA and Metal, off on CPUs) | on | off")
+    mlx_max_microbatch_tokens: int = opt(8_192, "MLX: largest sub-batch (tokens) of a micro-batch")
+    mlx_eager_eval: bool = opt(
+        True, "MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)"
+    )
 
     # ------------------------------------------------------------------ derived
     @property
@@ -128,6 +170,7 @@ class Config:
             (POSITIVE_FIELDS, lambda v: v > 0, "must be positive"),
             (NON_NEGATIVE_FIELDS, lambda v: v >= 0, "must be >= 0"),
             (FRACTION_FIELDS, lambda v: 0 <= v < 1, "must be in [0, 1)"),
+            (UNIT_FIELDS, lambda v: 0 <= v <= 1, "must be in [0, 1]"),
         ):
             for name in names:
                 require(ok(getattr(self, name)), f"{name} {rule}, got {getattr(self, name)}")
@@ -158,18 +201,38 @@ class Config:
             self.val_batch_size // self.grad_accum_steps >= self.train_seq_len,
             f"val_batch_size={self.val_batch_size} must hold grad_accum_steps sequences of train_seq_len",
         )
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            choices = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
+            require(value in allowed, f"{name} must be {choices}, got {value!r}")
         require(
-            self.compute_dtype in ("auto", "bfloat16", "float32"),
-            f"compute_dtype must be auto, bfloat16 or float32, got {self.compute_dtype!r}",
+            self.rope_dims % 2 == 0 and self.rope_dims <= self.head_dim,
+            f"rope_dims={self.rope_dims} must be even and at most head_dim={self.head_dim}",
         )
+        require(int(self.mlp_mult * self.model_dim) >= 1, f"mlp_mult={self.mlp_mult} leaves the MLP no width")
         require(
-            self.compile in ("auto", "on", "off"), f"compile must be auto, on or off, got {self.compile!r}"
+            self.xsa_last_n <= self.num_layers,
+            f"xsa_last_n={self.xsa_last_n} exceeds num_layers={self.num_layers}",
         )
-        require(
-            self.mlx_max_microbatch_tokens >= self.train_seq_len,
-            "mlx_max_microbatch_tokens must be >= train_seq_len",
-        )
+        if self.ve_enabled:
+            layers = self.ve_layer_indices
+            require(bool(layers), "ve_layers must name at least one layer when ve_enabled is on")
+            bad = [i for i in layers if not 0 <= i < self.num_layers]
+            require(not bad, f"ve_layers: layer {bad[0] if bad else 0} is not in 0..{self.num_layers - 1}")
+            require(len(set(layers)) == len(layers), f"ve_layers lists a layer twice: {self.ve_layers!r}")
         return self
+
+    @property
+    def ve_layer_indices(self) -> list[int]:
+        """The layers that get the value embedding (empty when ve_enabled is off)."""
+        if not self.ve_enabled:
+            return []
+        try:
+            return [int(part) for part in self.ve_layers.split(",") if part.strip()]
+        except ValueError:
+            raise PgolfError(
+                f"config: ve_layers must be comma-separated layer numbers, got {self.ve_layers!r}"
+            ) from None
 
     # ------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:

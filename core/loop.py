@@ -1,46 +1,54 @@
 """The training driver, written once for both backends.
 
-When to validate, stop, checkpoint, log and export; the wallclock clock and the
+When to validate, stop, checkpoint, log and export; the training clock and the
 schedules; the data stream and the validation metric. A backend (see
-`core.backend`) only takes steps and evaluates token spans.
+`core.backend`) only takes steps and evaluates token spans, and holds the run's
+one config (`backend.cfg`).
 
-The timeline follows the challenge's reference script: optional compile-warmup
-steps that are then undone; validation at step 0, every `val_loss_every` steps
-and at the end, with validation (and checkpoint) time off the training clock; a
-wallclock cap that stops all ranks at the same step; the int8 export, then its
-round trip: the artifact is read back from disk and scored again.
+The timeline follows the challenge's reference script, one named step each in
+`Training`: `start` (everything that can be refused, then the run directory),
+`warm_up` (compile-warmup steps, then undone), the loop of `train_step`s with
+`validate` at step 0, every `val_loss_every` steps and at the end, and
+`save_checkpoint`; validation and checkpoints are off the training clock
+(`Clock.paused`). A wallclock cap stops all ranks at the same step. Then
+`export_and_score`: the moving average of the weights replaces them when
+`ema_decay` > 0, the artifact is written, read back from disk and scored again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from core import quant
-from core.backend import Backend
+from core.backend import Backend, source_files
 from core.bpb import BPBMeter
-from core.checkpoint import Checkpoint, RunDir, is_checkpoint, load_checkpoint, save_checkpoint
+from core.checkpoint import Checkpoint, is_checkpoint, load_checkpoint, save_checkpoint
 from core.config import Config
 from core.errors import PgolfError
 from core.params import (
+    artifact_classes,
+    check_layout,
     config_for_params,
+    count_params,
     flops_per_token,
     init_params,
     optimizer_state_shapes,
-    param_shapes,
     storage_dtypes,
 )
+from core.runs import RunDir
 from core.schedule import lr_multiplier, muon_momentum
 from core.shards import BatchLoader, find_shards, load_val_tokens, val_spans
 from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 
 Log = Callable[[str], None]
-Progress = Callable[[int, int], None]  # (done, total) for long validation passes
+Progress = Callable[[int, int], None]  # (done, total) of something long
 
 
 @dataclass
@@ -56,9 +64,9 @@ class RunResult:
     run_dir: Path
     steps: int
     train_time_ms: float
-    val_loss: float  # final validation before quantization
+    val_loss: float  # the exported weights before quantization
     val_bpb: float
-    roundtrip_val_loss: float  # the score: after the int8 artifact round trip
+    roundtrip_val_loss: float  # the score: after the artifact round trip
     roundtrip_val_bpb: float
     artifact_bytes: int
     code_bytes: int
@@ -74,8 +82,9 @@ def load_eval_data(cfg: Config) -> EvalData:
     return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size))
 
 
-def evaluate(backend: Backend, cfg: Config, data: EvalData, progress: Progress | None = None) -> BPBMeter:
+def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
     """val_loss and val_bpb over this rank's share of the validation tokens, summed over ranks."""
+    cfg = backend.cfg
     seq = cfg.train_seq_len
     batch_seqs = max(cfg.val_batch_size // cfg.grad_accum_steps // seq, 1)
     spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size)
@@ -89,24 +98,20 @@ def evaluate(backend: Backend, cfg: Config, data: EvalData, progress: Progress |
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 
-def code_paths(backend_name: str) -> list[Path]:
-    """The source files a submission of this backend needs: core, the backend package, the CLI."""
-    root = Path(__file__).resolve().parent.parent
-    package = {"cuda": "cuda_train", "mlx": "mlx_train"}[backend_name]
-    files = sorted((root / "core").glob("*.py")) + sorted((root / package).glob("*.py"))
-    return [*files, root / "cli.py"]
-
-
 def export_artifact(
     params: dict[str, np.ndarray],
+    cfg: Config,
     dtypes: dict[str, str],
     path: Path,
     backend_name: str,
     compressor: str = "zlib",
     upstream: bool = False,
 ) -> dict[str, int]:
-    """Quantize, write the artifact (pgolf's container, or the challenge's), report its bytes."""
-    model = quant.quantize_int8(params, dtypes)
+    """Quantize, write the artifact (pgolf's container, or the challenge's), report its bytes.
+
+    `dtypes` are the storage dtypes of the weights in the model that trained them.
+    """
+    model = quant.quantize_int8(params, dtypes, artifact_classes(cfg))
     if upstream:
         quant.save_upstream_torch(path, model)
     else:
@@ -114,7 +119,7 @@ def export_artifact(
     return quant.size_report(
         payload_bytes=model.stats["int8_payload_bytes"],
         model_bytes=path.stat().st_size,
-        code_bytes=quant.code_bytes(code_paths(backend_name)),
+        code_bytes=quant.code_bytes(source_files(backend_name)),
     )
 
 
@@ -153,8 +158,316 @@ def _shared_run_id(cfg: Config, backend: Backend) -> str:
     return name(now, int(n))
 
 
+class Clock:
+    """Training time in ms: it runs while training, stops for validation and checkpoints,
+    and starts from the time a resumed run had already trained."""
+
+    def __init__(self, backend: Backend, start_ms: float = 0.0):
+        self.backend, self.banked_ms = backend, start_ms
+        self.started: float | None = None
+
+    def start(self) -> None:
+        self.backend.synchronize()
+        self.started = time.perf_counter()
+
+    def stop(self) -> None:
+        self.backend.synchronize()
+        self.banked_ms, self.started = self.ms(), None
+
+    def ms(self) -> float:
+        running = 0.0 if self.started is None else 1000.0 * (time.perf_counter() - self.started)
+        return self.banked_ms + running
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        running = self.started is not None
+        self.stop()
+        yield
+        if running:
+            self.start()
+
+
+class Training:
+    """One training run, as the named steps the module docstring lists; `run` strings them together."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        resume: str | Path | None = None,
+        log: Log = print,
+        progress: Progress | None = None,
+        step_progress: Progress | None = None,
+    ):
+        self.backend, self.cfg = backend, backend.cfg
+        self.resume, self.log = resume, log
+        self.progress, self.step_progress = progress, step_progress
+        self.main = backend.rank == 0
+        self.accum = self.cfg.local_accum_steps(backend.world_size)
+        self.dtypes = storage_dtypes(self.cfg, backend.bf16)
+        self.step = 0
+        self.stop_after: int | None = None
+        self.val_loss = self.val_bpb = math.nan
+
+    # ------------------------------------------------------------------ steps
+    def start(self) -> None:
+        """Check and load everything that can be refused, then create the run directory."""
+        cfg, backend = self.cfg, self.backend
+        cfg.validate(backend.world_size)
+        self.data = load_eval_data(cfg)
+        self.loader = BatchLoader(
+            find_shards(cfg.data_path, "train"), backend.rank, backend.world_size, cfg.vocab_size
+        )
+        start_ms = 0.0
+        if self.resume is not None:
+            ckpt = load_checkpoint(self.resume)
+            _check_same_model(cfg, ckpt, self.resume)
+            if ckpt.step > cfg.iterations:
+                raise PgolfError(
+                    f"checkpoint {self.resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
+                    "raise --iterations to train on"
+                )
+            backend.load_params(ckpt.params)
+            backend.load_optimizer_state(ckpt.optimizer)
+            self.loader.load_state(ckpt.data_state)
+            self.step, start_ms = ckpt.step, ckpt.train_time_ms
+        else:
+            backend.load_params(init_params(cfg, bf16=backend.bf16))
+        self.clock = Clock(backend, start_ms)
+        run_id = _shared_run_id(cfg, backend)
+        # A resumed run goes on writing into its own directory, and into no other run's.
+        own_run = self.resume is not None and Path(self.resume).resolve().is_relative_to(
+            (Path(cfg.out_dir) / run_id).resolve()
+        )
+        self.run = RunDir(cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
+        self.run.write_config(cfg.to_dict())
+        self._log_header()
+
+    def warm_up(self) -> None:
+        """Prime the compiled paths with real steps, then restore the true initial state and rewind the data."""
+        backend, cfg = self.backend, self.cfg
+        params0, opt0, data0 = backend.params(), backend.optimizer_state(), self.loader.state()
+        for i in range(cfg.warmup_steps):
+            backend.train_step(self._micro_batches(), lr_multiplier(cfg, 0, 0.0), muon_momentum(cfg, 0))
+            if cfg.warmup_steps <= 20 or (i + 1) % 10 == 0 or i + 1 == cfg.warmup_steps:
+                self.say(f"warmup_step:{i + 1}/{cfg.warmup_steps}")
+        backend.load_params(params0)
+        backend.load_optimizer_state(opt0)
+        self.loader.load_state(data0)
+
+    def validate(self) -> None:
+        with self.clock.paused():
+            meter = evaluate(self.backend, self.data, self.progress if self.main else None)
+            self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            ms = self.clock.ms()
+            self.say(
+                f"step:{self.step}/{self.cfg.iterations} val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} "
+                f"train_time:{ms:.0f}ms step_avg:{ms / max(self.step, 1):.2f}ms"
+            )
+            self.metric(
+                kind="val", step=self.step, val_loss=self.val_loss, val_bpb=self.val_bpb, train_time_ms=ms
+            )
+
+    def train_step(self) -> None:
+        """One optimizer step at the scheduled lr and momentum, then its log line when due."""
+        cfg = self.cfg
+        lr_mult = lr_multiplier(cfg, self.step, self.elapsed_ms)
+        momentum = muon_momentum(cfg, self.step)
+        loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum)
+        self.step += 1
+        self.elapsed_ms = self.agreed_ms()
+        if self.main and self.step_progress is not None:
+            self.step_progress(self.step, self._expected_steps())
+        due = self.step <= 10 or self.step % max(cfg.train_log_every, 1) == 0 or self.stop_after is not None
+        if cfg.train_log_every > 0 and due:
+            self._log_train(loss, lr_mult, momentum)
+
+    def save_checkpoint(self) -> None:
+        """Rank 0 writes; every rank's clock stops until it is on disk."""
+        with self.clock.paused():
+            if self.main:
+                save_checkpoint(
+                    self.run.checkpoint_path(self.step),
+                    Checkpoint(
+                        params=self.backend.params(),
+                        optimizer=self.backend.optimizer_state(),
+                        config=self.cfg.to_dict(),
+                        step=self.step,
+                        train_time_ms=self.clock.ms(),
+                        data_state=self.loader.state(),
+                        backend=self.backend.name,
+                        dtypes=self.dtypes,
+                    ),
+                )
+            self.backend.all_reduce_sum(np.zeros(1))  # the barrier that keeps the clocks alike
+
+    def export_and_score(self) -> RunResult:
+        """Write the artifact of the final (or averaged) weights and score what was written."""
+        backend, cfg = self.backend, self.cfg
+        if cfg.ema_decay > 0:
+            state = backend.optimizer_state()
+            backend.load_params({name: state[f"ema/{name}"] for name in backend.params()})
+            meter = evaluate(backend, self.data, self.progress if self.main else None)
+            self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            self.say(
+                f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
+            )
+        report: dict[str, int] = {}
+        if self.main:
+            report = export_artifact(backend.params(), cfg, self.dtypes, self.run.artifact, backend.name)
+            fits = "fits" if report["total_bytes"] <= report["budget_bytes"] else "OVER BUDGET"
+            self.say(
+                f"artifact:{self.run.artifact} int8_payload:{report['payload_bytes']} "
+                f"model_bytes:{report['model_bytes']} code_bytes:{report['code_bytes']} "
+                f"total:{report['total_bytes']} budget:{report['budget_bytes']} ({fits})"
+            )
+        backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
+        backend.load_params(quant.dequantize_int8(quant.load_artifact(self.run.artifact)))
+        t_eval = time.perf_counter()
+        meter = evaluate(backend, self.data, self.progress if self.main else None)
+        self.say(
+            f"final_int8_roundtrip val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
+            f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms"
+        )
+        self.say(f"final_int8_roundtrip_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
+        return RunResult(
+            run_dir=self.run.path,
+            steps=self.step,
+            train_time_ms=self.clock.ms(),
+            val_loss=self.val_loss,
+            val_bpb=self.val_bpb,
+            roundtrip_val_loss=meter.val_loss,
+            roundtrip_val_bpb=meter.val_bpb,
+            artifact_bytes=report.get("model_bytes", 0),
+            code_bytes=report.get("code_bytes", 0),
+            peak_memory_bytes=self.peak_memory,
+        )
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        self.start()
+        if cfg.warmup_steps > 0 and self.resume is None:
+            self.warm_up()
+        self.first_step = self.step
+        self.first_ms = self.elapsed_ms = self.clock.ms()
+        self.clock.start()
+        while True:
+            last = self.step == cfg.iterations or (
+                self.stop_after is not None and self.step >= self.stop_after
+            )
+            if last or (cfg.val_loss_every > 0 and self.step % cfg.val_loss_every == 0):
+                self.validate()
+            if last:
+                break
+            self.train_step()
+            if (
+                cfg.checkpoint_every > 0
+                and self.step % cfg.checkpoint_every == 0
+                and self.step < cfg.iterations
+            ):
+                self.save_checkpoint()
+            if self.stop_after is None and self.reached_cap():
+                self.stop_after = self.step
+        self.clock.stop()
+        if self.stop_after is not None and self.step < cfg.iterations:
+            self.say(
+                f"stopping_early: wallclock_cap train_time:{self.clock.ms():.0f}ms step:{self.step}/{cfg.iterations}"
+            )
+        if self.main and self.step_progress is not None:
+            self.step_progress(self.step, self.step)  # training is over, wherever it stopped
+        self.peak_memory = self.backend.peak_memory_bytes()
+        if self.peak_memory is not None:
+            self.say(f"peak memory allocated: {self.peak_memory // 2**20} MiB")
+        self.save_checkpoint()
+        result = self.export_and_score()
+        self.metric(
+            kind="final", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}
+        )
+        return result
+
+    # ---------------------------------------------------------------- helpers
+    def say(self, line: str) -> None:
+        if self.main:
+            self.log(line)
+            self.run.log_line(line)
+
+    def metric(self, **record) -> None:
+        if self.main:
+            self.run.metric(record)
+
+    def agreed_ms(self) -> float:
+        """The training clock every rank agrees on (their mean), so schedules and the cap match across
+        ranks; one small all-reduce per step, only when several ranks run under a cap."""
+        if self.backend.world_size == 1 or self.cfg.max_wallclock_seconds <= 0:
+            return self.clock.ms()  # without a cap the schedules read steps, not the clock
+        return float(self.backend.all_reduce_sum(np.array([self.clock.ms()]))[0]) / self.backend.world_size
+
+    def reached_cap(self) -> bool:
+        cap_s = self.cfg.max_wallclock_seconds
+        return cap_s > 0 and self.elapsed_ms >= 1000.0 * cap_s
+
+    def _micro_batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        cfg = self.cfg
+        return [
+            self.loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, self.accum)
+            for _ in range(self.accum)
+        ]
+
+    def _expected_steps(self) -> int:
+        """Where the run will stop: the iterations, or the cap at the current pace when it comes first."""
+        cap_s = self.cfg.max_wallclock_seconds
+        if cap_s <= 0:
+            return self.cfg.iterations
+        elapsed = self.clock.ms()
+        ms_per_step = max((elapsed - self.first_ms) / (self.step - self.first_step), 1e-9)
+        left = math.ceil(max(1000.0 * cap_s - elapsed, 0.0) / ms_per_step)
+        return min(self.cfg.iterations, self.step + left)
+
+    def _log_train(self, loss, lr_mult: float, momentum: float) -> None:
+        """The training log line; the loss is averaged over ranks, so every rank stops alike on divergence."""
+        cfg, backend = self.cfg, self.backend
+        loss_value = float(backend.all_reduce_sum(np.array([float(loss)]))[0]) / backend.world_size
+        if not math.isfinite(loss_value):
+            raise PgolfError(
+                f"training diverged: train_loss is {loss_value} at step {self.step}; "
+                f"lower the learning rates (the log is in {self.run.path})"
+            )
+        elapsed_ms = self.clock.ms()  # after the loss sync, so the step time is honest
+        step_avg = elapsed_ms / self.step
+        run_ms = max(elapsed_ms - self.first_ms, 1e-9)  # the time of this process's steps
+        tok_s = 1e3 * cfg.train_batch_tokens * (self.step - self.first_step) / run_ms
+        peak = backend.peak_flops
+        mfu = flops_per_token(cfg) * tok_s / (peak * backend.world_size) if peak else None
+        self.say(
+            f"step:{self.step}/{cfg.iterations} train_loss:{loss_value:.4f} train_time:{elapsed_ms:.0f}ms "
+            f"step_avg:{step_avg:.2f}ms tok/s:{tok_s:,.0f} lr_mult:{lr_mult:.3f}"
+            + (f" mfu:{100 * mfu:.1f}%" if mfu is not None else "")
+        )
+        self.metric(
+            kind="train", step=self.step, train_loss=loss_value, train_time_ms=elapsed_ms, step_avg_ms=step_avg,
+            tokens_per_s=tok_s, lr_mult=lr_mult, muon_momentum=momentum, mfu=mfu,
+        )  # fmt: skip
+
+    def _log_header(self) -> None:
+        cfg, backend = self.cfg, self.backend
+        if self.resume is not None:
+            self.say(f"resumed:{self.resume} step:{self.step} train_time:{self.clock.ms():.0f}ms")
+        self.say(
+            f"backend:{backend.name} device:{backend.device} world_size:{backend.world_size} "
+            f"grad_accum_steps:{self.accum}"
+        )
+        self.say(
+            f"model_params:{count_params(cfg)} layers:{cfg.num_layers} dim:{cfg.model_dim} heads:{cfg.num_heads}/"
+            f"{cfg.num_kv_heads} vocab:{cfg.vocab_size} compute:{'bf16' if backend.bf16 else 'fp32'}"
+        )
+        self.say(
+            f"train_batch_tokens:{cfg.train_batch_tokens} train_seq_len:{cfg.train_seq_len} "
+            f"iterations:{cfg.iterations} warmup_steps:{cfg.warmup_steps} "
+            f"max_wallclock_seconds:{cfg.max_wallclock_seconds:.3f} val_tokens:{len(self.data.tokens) - 1}"
+        )
+        self.say(f"run_dir:{self.run.path}")
+
+
 def train(
-    cfg: Config,
     backend: Backend,
     *,
     resume: str | Path | None = None,
@@ -162,237 +475,25 @@ def train(
     progress: Progress | None = None,
     step_progress: Progress | None = None,
 ) -> RunResult:
-    """Train, validate, checkpoint and export one model; return the final figures.
+    """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
 
     `progress` follows each validation pass and `step_progress` the training steps,
     as (done, expected total); under a wallclock cap the total is where the cap
     will stop the run at the current pace.
     """
-    world, rank = backend.world_size, backend.rank
-    cfg.validate(world)
-    main = rank == 0
-    accum = cfg.local_accum_steps(world)
-    # Everything that can be refused is checked before the run directory exists.
-    data = load_eval_data(cfg)
-    loader = BatchLoader(find_shards(cfg.data_path, "train"), rank, world, cfg.vocab_size)
-    dtypes = storage_dtypes(cfg, backend.bf16)
-    step, train_time_ms = 0, 0.0
-    if resume is not None:
-        ckpt = load_checkpoint(resume)
-        _check_same_model(cfg, ckpt, resume)
-        if ckpt.step > cfg.iterations:
-            raise PgolfError(
-                f"checkpoint {resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
-                "raise --iterations to train on"
-            )
-        backend.load_params(ckpt.params)
-        backend.load_optimizer_state(ckpt.optimizer)
-        loader.load_state(ckpt.data_state)
-        step, train_time_ms = ckpt.step, ckpt.train_time_ms
-    else:
-        backend.load_params(init_params(cfg, bf16=backend.bf16))
-    run_id = _shared_run_id(cfg, backend)
-    # A resumed run goes on writing into its own directory, and into no other run's.
-    own_run = resume is not None and Path(resume).resolve().is_relative_to(
-        (Path(cfg.out_dir) / run_id).resolve()
-    )
-    run = RunDir(cfg.out_dir, run_id, enabled=main, reuse=own_run)
-
-    def say(line: str) -> None:
-        if main:
-            log(line)
-            run.log_line(line)
-
-    run.write_config(cfg.to_dict())
-    if resume is not None:
-        say(f"resumed:{resume} step:{step} train_time:{train_time_ms:.0f}ms")
-
-    n_params = sum(int(np.prod(s)) for s in param_shapes(cfg).values())
-    say(f"backend:{backend.name} device:{backend.device} world_size:{world} grad_accum_steps:{accum}")
-    say(
-        f"model_params:{n_params} layers:{cfg.num_layers} dim:{cfg.model_dim} heads:{cfg.num_heads}/"
-        f"{cfg.num_kv_heads} vocab:{cfg.vocab_size} compute:{'bf16' if backend.bf16 else 'fp32'}"
-    )
-    say(
-        f"train_batch_tokens:{cfg.train_batch_tokens} train_seq_len:{cfg.train_seq_len} "
-        f"iterations:{cfg.iterations} warmup_steps:{cfg.warmup_steps} "
-        f"max_wallclock_seconds:{cfg.max_wallclock_seconds:.3f} val_tokens:{len(data.tokens) - 1}"
-    )
-    say(f"run_dir:{run.path}")
-
-    def next_micro_batches() -> list[tuple[np.ndarray, np.ndarray]]:
-        return [loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, accum) for _ in range(accum)]
-
-    if cfg.warmup_steps > 0 and resume is None:
-        # Prime compiled paths, then restore the true initial state and rewind the data.
-        params0, opt0, data0 = backend.params(), backend.optimizer_state(), loader.state()
-        for i in range(cfg.warmup_steps):
-            backend.train_step(next_micro_batches(), lr_multiplier(cfg, 0, 0.0), muon_momentum(cfg, 0))
-            if cfg.warmup_steps <= 20 or (i + 1) % 10 == 0 or i + 1 == cfg.warmup_steps:
-                say(f"warmup_step:{i + 1}/{cfg.warmup_steps}")
-        backend.load_params(params0)
-        backend.load_optimizer_state(opt0)
-        loader.load_state(data0)
-
-    cap_ms = 1000.0 * cfg.max_wallclock_seconds if cfg.max_wallclock_seconds > 0 else None
-    flops_per_tok = flops_per_token(cfg)
-    stop_after: int | None = None
-    val_loss = val_bpb = math.nan
-    backend.synchronize()
-    t0 = time.perf_counter()
-
-    def clock_ms() -> float:
-        return train_time_ms + 1000.0 * (time.perf_counter() - t0)
-
-    def write_checkpoint() -> None:
-        if main:
-            save_checkpoint(
-                run.checkpoint_path(step),
-                Checkpoint(
-                    params=backend.params(),
-                    optimizer=backend.optimizer_state(),
-                    config=cfg.to_dict(),
-                    step=step,
-                    train_time_ms=train_time_ms,
-                    data_state=loader.state(),
-                    backend=backend.name,
-                    dtypes=dtypes,
-                ),
-            )
-
-    start_step, start_ms = step, train_time_ms
-    while True:
-        last = step == cfg.iterations or (stop_after is not None and step >= stop_after)
-        if last or (cfg.val_loss_every > 0 and step % cfg.val_loss_every == 0):
-            backend.synchronize()
-            train_time_ms = clock_ms()
-            meter = evaluate(backend, cfg, data, progress if main else None)
-            val_loss, val_bpb = meter.val_loss, meter.val_bpb
-            say(
-                f"step:{step}/{cfg.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
-                f"train_time:{train_time_ms:.0f}ms step_avg:{train_time_ms / max(step, 1):.2f}ms"
-            )
-            if main:
-                run.metric(
-                    {"kind": "val", "step": step, "val_loss": val_loss, "val_bpb": val_bpb,
-                     "train_time_ms": train_time_ms}
-                )  # fmt: skip
-            backend.synchronize()
-            t0 = time.perf_counter()
-        if last:
-            if stop_after is not None and step < cfg.iterations:
-                say(
-                    f"stopping_early: wallclock_cap train_time:{train_time_ms:.0f}ms step:{step}/{cfg.iterations}"
-                )
-            break
-
-        lr_mult = lr_multiplier(cfg, step, clock_ms())
-        momentum = muon_momentum(cfg, step)
-        loss = backend.train_step(next_micro_batches(), lr_mult, momentum)
-        step += 1
-        elapsed_ms = clock_ms()
-        if main and step_progress is not None:
-            expected = cfg.iterations
-            if cap_ms is not None:  # the cap may come first
-                ms_per_step = (elapsed_ms - start_ms) / (step - start_step)
-                expected = min(
-                    expected, step + math.ceil(max(cap_ms - elapsed_ms, 0) / max(ms_per_step, 1e-9))
-                )
-            step_progress(step, expected)
-        if cfg.train_log_every > 0 and (
-            step <= 10 or step % cfg.train_log_every == 0 or stop_after is not None
-        ):
-            loss_value = float(loss)
-            if not math.isfinite(loss_value):
-                raise PgolfError(
-                    f"training diverged: train_loss is {loss_value} at step {step}; "
-                    f"lower the learning rates (the log is in {run.path})"
-                )
-            elapsed_ms = clock_ms()  # after the loss sync, so the step time is honest
-            step_avg = elapsed_ms / step
-            run_ms = max(elapsed_ms - start_ms, 1e-9)  # this process's share of the clock
-            tok_s = 1e3 * cfg.train_batch_tokens * (step - start_step) / run_ms
-            mfu = flops_per_tok * tok_s / (backend.peak_flops * world) if backend.peak_flops else None
-            say(
-                f"step:{step}/{cfg.iterations} train_loss:{loss_value:.4f} train_time:{elapsed_ms:.0f}ms "
-                f"step_avg:{step_avg:.2f}ms tok/s:{tok_s:,.0f} lr_mult:{lr_mult:.3f}"
-                + (f" mfu:{100 * mfu:.1f}%" if mfu is not None else "")
-            )
-            if main:
-                run.metric(
-                    {"kind": "train", "step": step, "train_loss": loss_value, "train_time_ms": elapsed_ms,
-                     "step_avg_ms": step_avg, "tokens_per_s": tok_s, "lr_mult": lr_mult,
-                     "muon_momentum": momentum, "mfu": mfu}
-                )  # fmt: skip
-        if cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0 and step < cfg.iterations:
-            backend.synchronize()
-            train_time_ms = clock_ms()
-            write_checkpoint()
-            t0 = time.perf_counter()
-        reached_cap = cap_ms is not None and clock_ms() >= cap_ms
-        if world > 1 and cap_ms is not None:
-            reached_cap = backend.all_reduce_sum(np.array([float(reached_cap)]))[0] > 0
-        if stop_after is None and reached_cap:
-            stop_after = step
-
-    if main and step_progress is not None:
-        step_progress(step, step)  # training is over, wherever it stopped
-    peak = backend.peak_memory_bytes()
-    if peak is not None:
-        say(f"peak memory allocated: {peak // 2**20} MiB")
-    write_checkpoint()
-
-    # Export, then score what was written: the artifact read back from disk.
-    report: dict[str, int] = {}
-    if main:
-        report = export_artifact(backend.params(), dtypes, run.artifact, backend.name)
-        say(
-            f"artifact:{run.artifact} int8_payload:{report['payload_bytes']} "
-            f"model_bytes:{report['model_bytes']} code_bytes:{report['code_bytes']} "
-            f"total:{report['total_bytes']} budget:{report['budget_bytes']} "
-            f"({'fits' if report['total_bytes'] <= report['budget_bytes'] else 'OVER BUDGET'})"
-        )
-    backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
-    backend.load_params(quant.dequantize_int8(quant.load_artifact(run.artifact)))
-    t_eval = time.perf_counter()
-    meter = evaluate(backend, cfg, data, progress if main else None)
-    say(
-        f"final_int8_roundtrip val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
-        f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms"
-    )
-    say(f"final_int8_roundtrip_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
-    result = RunResult(
-        run_dir=run.path,
-        steps=step,
-        train_time_ms=train_time_ms,
-        val_loss=val_loss,
-        val_bpb=val_bpb,
-        roundtrip_val_loss=meter.val_loss,
-        roundtrip_val_bpb=meter.val_bpb,
-        artifact_bytes=report.get("model_bytes", 0),
-        code_bytes=report.get("code_bytes", 0),
-        peak_memory_bytes=peak,
-    )
-    if main:
-        run.metric(
-            {"kind": "final", **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(result).items()}}
-        )
-    return result
+    return Training(backend, resume, log, progress, step_progress).run()
 
 
 def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:
     """The checkpoint holds every parameter and optimizer tensor this config needs, in its shape."""
-    for tensors, what, shapes in (
-        (ckpt.params, "", param_shapes(cfg)),
-        (ckpt.optimizer, "optimizer state ", optimizer_state_shapes(cfg)),
-    ):
-        for name, shape in shapes.items():
-            got = tensors.get(name)
-            if got is None or tuple(got.shape) != shape:
-                found = "missing" if got is None else f"shape {tuple(got.shape)}"
-                raise PgolfError(
-                    f"checkpoint {path}: {what}{name} is {found}, but the config expects {shape}"
-                )
+    check_layout(cfg, {k: tuple(v.shape) for k, v in ckpt.params.items()}, f"checkpoint {path}")
+    for name, shape in optimizer_state_shapes(cfg).items():
+        got = ckpt.optimizer.get(name)
+        if got is None or tuple(got.shape) != shape:
+            found = "missing" if got is None else f"shape {tuple(got.shape)}"
+            raise PgolfError(
+                f"checkpoint {path}: optimizer state {name} is {found}, but the config expects {shape}"
+            )
     step = ckpt.optimizer["step"]
     if step.dtype.kind not in "iu" or int(step) < 0:
         raise PgolfError(f"checkpoint {path}: optimizer step must be a whole number >= 0, got {step}")

@@ -1,19 +1,59 @@
-"""Optimizer facts both backends implement: Muon's Newton-Schulz and the lr of each group.
+"""Optimizer facts both backends implement: the groups, Muon's orthogonalisation, its coefficients.
 
 Muon (for the 2-D block matrices): b = mu*b + g; u = g + mu*b (Nesterov);
-X = u / (||u||_F + NS_EPS), transposed when rows > cols; NS_STEPS quintic
-iterations X <- a X + (b A + c A A) X with A = X X^T; update scaled by
-sqrt(max(1, rows/cols)); p -= lr * update. Everything else uses Adam.
+optionally each row of u scaled to unit norm (MuonEq-R); X = u / (||u||_F + NS_EPS),
+transposed when rows > cols; one polynomial step X <- a X + (b A + c A A) X with
+A = X X^T per coefficient triple; update scaled by sqrt(max(1, rows/cols));
+p <- p * (1 - lr * wd) - lr * update. Everything else uses Adam (decoupled weight
+decay, as torch.optim.AdamW, when the group's decay is not zero).
+
+`newton_schulz` is written once, here, with numpy-style operators only (`@`, `*`,
+`.T`, `.sum`), so it runs unchanged on numpy, torch and MLX arrays; each backend
+only picks the dtype it runs in.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from core.config import Config
 
-NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic Newton-Schulz (a, b, c)
 NS_EPS = 1e-7  # added to the Frobenius norm before normalising
+ROW_EPS = 1e-7  # added to each row's norm before MuonEq-R's row normalisation
+
+# The quintic of the challenge's baseline, the same triple at every step.
+QUINTIC = (3.4445, -4.7750, 2.0315)
+
+
+@dataclass(frozen=True)
+class Group:
+    """How the parameters of one group of core.params are trained."""
+
+    muon: bool  # Muon (2-D matrices) or Adam
+    lr_field: str  # the Config field holding the base learning rate
+    wd_field: str | None  # the Config field holding the decoupled weight decay, if any
+
+
+GROUPS = {
+    "embed": Group(muon=False, lr_field="tied_embed_lr", wd_field="embed_wd"),
+    "head": Group(muon=False, lr_field="head_lr", wd_field=None),
+    "matrix": Group(muon=True, lr_field="matrix_lr", wd_field="muon_wd"),
+    "scalar": Group(muon=False, lr_field="scalar_lr", wd_field="adam_wd"),
+}
+
+
+def base_lr(cfg: Config, group: str) -> float:
+    """Base learning rate of an optimizer group (the untied embedding has its own)."""
+    if group == "embed" and not cfg.tie_embeddings:
+        return cfg.embed_lr
+    return getattr(cfg, GROUPS[group].lr_field)
+
+
+def weight_decay(cfg: Config, group: str) -> float:
+    field = GROUPS[group].wd_field
+    return 0.0 if field is None else getattr(cfg, field)
 
 
 def muon_scale(rows: int, cols: int) -> float:
@@ -21,14 +61,22 @@ def muon_scale(rows: int, cols: int) -> float:
     return math.sqrt(max(1.0, rows / cols))
 
 
-def base_lr(cfg: Config, group: str) -> float:
-    """Base learning rate of an optimizer group from core.params.param_group."""
-    if group == "embed":
-        return cfg.tied_embed_lr if cfg.tie_embeddings else cfg.embed_lr
-    if group == "head":
-        return cfg.head_lr
-    if group == "matrix":
-        return cfg.matrix_lr
-    if group == "scalar":
-        return cfg.scalar_lr
-    raise ValueError(f"unknown optimizer group {group!r}")
+def ns_coefficients(cfg: Config) -> tuple[tuple[float, float, float], ...]:
+    """One (a, b, c) triple per Newton-Schulz step."""
+    return (QUINTIC,) * cfg.muon_backend_steps
+
+
+def newton_schulz(
+    g: Any, coefficients: tuple[tuple[float, float, float], ...], row_normalize: bool = False
+) -> Any:
+    """Approximately orthogonalise a 2-D array (numpy, torch or MLX) in the dtype it arrives in."""
+    if row_normalize:
+        g = g / ((g * g).sum(axis=-1, keepdims=True) ** 0.5 + ROW_EPS)
+    x = g / ((g * g).sum() ** 0.5 + NS_EPS)
+    transposed = g.shape[0] > g.shape[1]
+    if transposed:
+        x = x.T
+    for a, b, c in coefficients:
+        gram = x @ x.T
+        x = a * x + (b * gram + c * (gram @ gram)) @ x
+    return x.T if transposed else x

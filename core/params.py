@@ -1,38 +1,54 @@
-"""The canonical parameter layout of the v1 GPT, and its initialisation in numpy.
+"""Every parameter of the GPT, declared once: name, shape, initialisation, optimizer
+group, storage dtype and artifact class.
 
-Both backends build their modules from these names and shapes and load the
-arrays `init_params` returns, so one seed gives the same weights everywhere and
-checkpoints exchange without a mapping table. The names are the upstream
-scripts' state-dict keys (they are also the key set of the int8 artifact).
+`param_specs(cfg)` is the one table. Everything else is derived from it:
+- the initial weights (`init_params`, numpy, so one seed gives the same weights in both backends);
+- the optimizer groups: Muon or Adam, base learning rate and weight decay (`core.optim.GROUPS`);
+- the canonical optimizer state and checkpoint layout (`optimizer_state_shapes`);
+- the dtype each parameter is kept in (`storage_dtypes`);
+- the class the quantizer treats it as (`artifact_classes`).
+
+A backend builds its modules with these names and shapes, and a test checks that
+each backend's model and this table cover each other exactly, for every feature.
+The names are the challenge scripts' state-dict keys (the key set of an artifact).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from core.config import Config
 from core.errors import PgolfError
 
-# Small per-channel tensors that steer the residual stream: trained with Adam at
-# the scalar lr and kept in fp32 everywhere, including in the int8 artifact.
-CONTROL_PATTERNS = (
-    "attn_scale",
-    "attn_scales",
-    "mlp_scale",
-    "mlp_scales",
-    "resid_mix",
-    "resid_mixes",
-    "q_gain",
-    "skip_weight",
-    "skip_weights",
-)
-
-# Output projections start at zero, so every block starts as the identity.
-ZERO_INIT_SUFFIXES = ("attn.proj.weight", "mlp.proj.weight", "lm_head.weight")
+KINDS = ("embedding", "attention", "mlp", "other", "control")  # artifact classes
 
 
-def is_control(name: str) -> bool:
-    return any(pattern in name for pattern in CONTROL_PATTERNS)
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter: what it is, how it starts, how it is trained, stored and quantized."""
+
+    shape: tuple[int, ...]
+    init: str  # normal (std = value) | uniform (+-1/sqrt(fan_in)) | const (= value) | resid_mix
+    group: str  # optimizer group, a key of core.optim.GROUPS
+    kind: str  # artifact class, one of KINDS; "control" tensors stay fp32 in every artifact
+    value: float = 0.0  # the std of "normal", the fill of "const"
+    low_precision: bool = False  # kept in the compute dtype (bf16 runs), not fp32
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _matrix(rows: int, cols: int, kind: str, zero: bool = False) -> ParamSpec:
+    """A linear layer's weight (out, in), trained by Muon; output projections start at zero."""
+    return ParamSpec((rows, cols), "const" if zero else "uniform", "matrix", kind)
+
+
+def _control(shape: tuple[int, ...], value: float = 1.0, init: str = "const") -> ParamSpec:
+    """A small tensor that steers the residual stream: Adam at the scalar lr, fp32 everywhere."""
+    return ParamSpec(shape, init, "scalar", "control", value)
 
 
 def num_skip_weights(cfg: Config) -> int:
@@ -40,60 +56,80 @@ def num_skip_weights(cfg: Config) -> int:
     return min(encoder, cfg.num_layers - encoder)
 
 
-def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Every parameter's name and shape (the embedding first, then the blocks in order; keys, not order, matter)."""
-    d, kv_dim, hidden = cfg.model_dim, cfg.num_kv_heads * cfg.head_dim, cfg.mlp_mult * cfg.model_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "tok_emb.weight": (cfg.vocab_size, d),
-        "skip_weights": (num_skip_weights(cfg), d),
+def mlp_hidden(cfg: Config) -> int:
+    """MLP width: mlp_mult * model_dim, rounded down (mlp_mult may be fractional)."""
+    return int(cfg.mlp_mult * cfg.model_dim)
+
+
+def param_specs(cfg: Config) -> dict[str, ParamSpec]:
+    """The table: every parameter the configured model has, in a fixed order (the init draw order)."""
+    d, kv_dim, hidden = cfg.model_dim, cfg.num_kv_heads * cfg.head_dim, mlp_hidden(cfg)
+    emb_std = cfg.tied_embed_init_std if cfg.tie_embeddings else 1.0
+    specs: dict[str, ParamSpec] = {
+        "tok_emb.weight": ParamSpec((cfg.vocab_size, d), "normal", "embed", "embedding", emb_std, True),
+        "skip_weights": _control((num_skip_weights(cfg), d)),
     }
+    if cfg.skip_gates_enabled:  # sigmoid(0) = 1/2: each skip starts half blended in
+        specs["skip_gates"] = _control((num_skip_weights(cfg), d), 0.0)
     for i in range(cfg.num_layers):
         b = f"blocks.{i}."
-        shapes[b + "attn.c_q.weight"] = (d, d)
-        shapes[b + "attn.c_k.weight"] = (kv_dim, d)
-        shapes[b + "attn.c_v.weight"] = (kv_dim, d)
-        shapes[b + "attn.proj.weight"] = (d, d)
-        shapes[b + "attn.q_gain"] = (cfg.num_heads,)
-        shapes[b + "mlp.fc.weight"] = (hidden, d)
-        shapes[b + "mlp.proj.weight"] = (d, hidden)
-        shapes[b + "attn_scale"] = (d,)
-        shapes[b + "mlp_scale"] = (d,)
-        shapes[b + "resid_mix"] = (2, d)
+        specs[b + "attn.c_q.weight"] = _matrix(d, d, "attention")
+        specs[b + "attn.c_k.weight"] = _matrix(kv_dim, d, "attention")
+        specs[b + "attn.c_v.weight"] = _matrix(kv_dim, d, "attention")
+        specs[b + "attn.proj.weight"] = _matrix(d, d, "attention", zero=True)
+        specs[b + "attn.q_gain"] = _control((cfg.num_heads,), cfg.qk_gain_init)
+        specs[b + "mlp.fc.weight"] = _matrix(hidden, d, "mlp")
+        specs[b + "mlp.proj.weight"] = _matrix(d, hidden, "mlp", zero=True)
+        specs[b + "attn_scale"] = _control((d,))
+        specs[b + "mlp_scale"] = _control((d,))
+        specs[b + "resid_mix"] = _control((2, d), init="resid_mix")
+    if cfg.ve_enabled:
+        # One shared value embedding, its scale, and a scale per receiving layer. Its classes follow
+        # the records' quantizer: the table is "other" (int8 there), the projection "attention".
+        specs["ve_shared.embed.weight"] = ParamSpec(
+            (cfg.vocab_size, cfg.ve_dim), "normal", "embed", "other", 0.01, True
+        )
+        if cfg.ve_dim != kv_dim:
+            specs["ve_shared.proj.weight"] = _matrix(kv_dim, cfg.ve_dim, "attention", zero=True)
+        specs["ve_shared.scale"] = _control((), 0.1)
+        for j in range(len(cfg.ve_layer_indices)):
+            specs[f"ve_layer_scales.{j}"] = _control((1,))
     if not cfg.tie_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, d)
-    return shapes
+        specs["lm_head.weight"] = ParamSpec((cfg.vocab_size, d), "const", "head", "embedding")
+    return specs
 
 
-def param_group(name: str) -> str:
-    """Which optimizer group a parameter belongs to: embed, head, matrix (Muon) or scalar."""
-    if name == "tok_emb.weight":
-        return "embed"
-    if name == "lm_head.weight":
-        return "head"
-    if name.startswith("blocks.") and name.endswith(".weight") and not is_control(name):
-        return "matrix"
-    return "scalar"
+def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    return {name: spec.shape for name, spec in param_specs(cfg).items()}
 
 
 def optimizer_state_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """The canonical optimizer state of `core.backend`: a step counter, then Muon
-    momentum for matrices and Adam moments for everything else, each shaped like its parameter."""
+    momentum for matrices and Adam moments for everything else, and the moving
+    average of the weights when `ema_decay` > 0, each shaped like its parameter."""
     shapes: dict[str, tuple[int, ...]] = {"step": ()}
-    for name, shape in param_shapes(cfg).items():
-        keys = ("momentum_buffer",) if param_group(name) == "matrix" else ("exp_avg", "exp_avg_sq")
-        shapes.update({f"{key}/{name}": shape for key in keys})
+    for name, spec in param_specs(cfg).items():
+        keys = ("momentum_buffer",) if spec.group == "matrix" else ("exp_avg", "exp_avg_sq")
+        keys += ("ema",) if cfg.ema_decay > 0 else ()
+        shapes.update({f"{key}/{name}": spec.shape for key in keys})
     return shapes
 
 
 def storage_dtypes(cfg: Config, bf16: bool) -> dict[str, str]:
     """The dtype each parameter is kept in by the model (recorded in the artifact).
 
-    With bf16 compute the embedding lives in bf16 (as upstream); linear weights and
+    With bf16 compute the embeddings live in bf16 (as upstream); linear weights and
     control tensors stay fp32 and are cast at the matmul.
     """
     return {
-        name: ("bfloat16" if bf16 and name == "tok_emb.weight" else "float32") for name in param_shapes(cfg)
+        name: "bfloat16" if bf16 and spec.low_precision else "float32"
+        for name, spec in param_specs(cfg).items()
     }
+
+
+def artifact_classes(cfg: Config) -> dict[str, str]:
+    """The class of each parameter for the quantizer (one of KINDS)."""
+    return {name: spec.kind for name, spec in param_specs(cfg).items()}
 
 
 def round_to_bfloat16(a: np.ndarray) -> np.ndarray:
@@ -106,39 +142,35 @@ def round_to_bfloat16(a: np.ndarray) -> np.ndarray:
     return rounded.view(np.float32).reshape(np.shape(a))
 
 
+def _initial_value(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
+    if spec.init == "normal":
+        return rng.normal(0.0, spec.value, size=spec.shape)
+    if spec.init == "uniform":  # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        bound = 1.0 / np.sqrt(spec.shape[1])
+        return rng.uniform(-bound, bound, size=spec.shape)
+    if spec.init == "const":
+        return np.full(spec.shape, spec.value)
+    if spec.init == "resid_mix":  # [1, 0]: the block starts from the residual alone
+        return np.stack([np.ones(spec.shape[1]), np.zeros(spec.shape[1])])
+    raise ValueError(f"unknown init rule {spec.init!r}")
+
+
 def init_params(cfg: Config, seed: int | None = None, bf16: bool = False) -> dict[str, np.ndarray]:
     """Fresh weights as float32 numpy arrays, the same for both backends.
 
-    Distributions follow the upstream model: tied embedding N(0, tied_embed_init_std)
-    (untied N(0, 1)), linear weights U(-1/sqrt(fan_in), 1/sqrt(fan_in)) like
-    nn.Linear, output projections zero, q_gain = qk_gain_init, scales and skip
-    weights one, resid_mix = [1, 0].
+    Random tensors are drawn from one generator in the table's order; with bf16
+    compute the low-precision ones are rounded to bf16 values.
     """
     rng = np.random.default_rng(cfg.seed if seed is None else seed)
     out: dict[str, np.ndarray] = {}
-    for name, shape in param_shapes(cfg).items():
-        if name == "tok_emb.weight":
-            std = cfg.tied_embed_init_std if cfg.tie_embeddings else 1.0
-            value = rng.normal(0.0, std, size=shape)
-        elif name.endswith(ZERO_INIT_SUFFIXES):
-            value = np.zeros(shape)
-        elif param_group(name) == "matrix":
-            bound = 1.0 / np.sqrt(shape[1])
-            value = rng.uniform(-bound, bound, size=shape)
-        elif name.endswith("q_gain"):
-            value = np.full(shape, cfg.qk_gain_init)
-        elif name.endswith("resid_mix"):
-            value = np.stack([np.ones(shape[1]), np.zeros(shape[1])])
-        else:
-            value = np.ones(shape)
-        out[name] = value.astype(np.float32)
-    if bf16:
-        out["tok_emb.weight"] = round_to_bfloat16(out["tok_emb.weight"])
+    for name, spec in param_specs(cfg).items():
+        value = _initial_value(spec, rng).astype(np.float32)
+        out[name] = round_to_bfloat16(value) if bf16 and spec.low_precision else value
     return out
 
 
 def count_params(cfg: Config) -> int:
-    return sum(int(np.prod(s)) for s in param_shapes(cfg).values())
+    return sum(spec.numel for spec in param_specs(cfg).values())
 
 
 def flops_per_token(cfg: Config) -> float:
@@ -147,8 +179,22 @@ def flops_per_token(cfg: Config) -> float:
     The attention term is 6 * layers * dim * seq_len for a causal mask (half of the
     full 12 * L * d * T); the tied output head counts as a matmul.
     """
-    matmul = sum(int(np.prod(s)) for n, s in param_shapes(cfg).items() if len(s) == 2 and not is_control(n))
+    matmul = sum(s.numel for s in param_specs(cfg).values() if len(s.shape) == 2 and s.kind != "control")
     return 6.0 * matmul + 6.0 * cfg.num_layers * cfg.model_dim * cfg.train_seq_len
+
+
+def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> None:
+    """Refuse tensors that are not exactly the configured model's parameters, naming the first mismatch."""
+    expected = param_shapes(cfg)
+    extra = sorted(set(shapes) - set(expected))
+    missing = [n for n in expected if n not in shapes]
+    if extra:
+        raise PgolfError(f"{what}: unexpected tensor {extra[0]!r} for this model config")
+    if missing:
+        raise PgolfError(f"{what}: missing tensor {missing[0]!r} for this model config")
+    for name, shape in expected.items():
+        if tuple(shapes[name]) != shape:
+            raise PgolfError(f"{what}: {name} is shape {tuple(shapes[name])}, but the config expects {shape}")
 
 
 def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config:
@@ -156,30 +202,29 @@ def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config
 
     Everything the shapes determine is taken from them: vocabulary, width, depth,
     heads (q_gain has one entry per head), KV heads, MLP width and head tying.
-    Other settings (softcap, RoPE base) stay as in `cfg`.
+    Settings that leave no trace in the shapes (softcap, RoPE) stay as in `cfg`.
     """
     try:
         vocab, dim = shapes["tok_emb.weight"]
         layers = 1 + max(int(n.split(".")[1]) for n in shapes if n.startswith("blocks."))
         heads = shapes["blocks.0.attn.q_gain"][0]
         kv_heads = shapes["blocks.0.attn.c_k.weight"][0] // (dim // heads)
-        mlp_mult = shapes["blocks.0.mlp.fc.weight"][0] // dim
-    except (KeyError, ValueError, IndexError, ZeroDivisionError):
+        hidden = shapes["blocks.0.mlp.fc.weight"][0]
+    except (KeyError, ValueError, IndexError, ZeroDivisionError, TypeError):
         raise PgolfError(
-            "weights do not have the layout of the v1 GPT (missing or malformed tensors)"
+            "weights do not have the layout of pgolf's GPT (missing or malformed tensors)"
         ) from None
+    if layers > len(shapes):  # a damaged name like blocks.999999999 must not size the model
+        raise PgolfError(f"weights: a block index up to {layers - 1} among only {len(shapes)} tensors")
+    mlp_mult = hidden / dim
     out = cfg.replace(
         vocab_size=vocab,
         model_dim=dim,
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
-        mlp_mult=mlp_mult,
+        mlp_mult=int(mlp_mult) if float(mlp_mult).is_integer() else mlp_mult,
         tie_embeddings="lm_head.weight" not in shapes,
     )
-    expected = param_shapes(out)
-    if set(expected) != set(shapes) or any(tuple(shapes[n]) != s for n, s in expected.items()):
-        extra = sorted(set(shapes) ^ set(expected))
-        detail = f"unexpected or missing {extra[0]!r}" if extra else "a tensor has the wrong shape"
-        raise PgolfError(f"weights do not match the v1 GPT layout: {detail}")
+    check_layout(out, shapes, "weights")
     return out

@@ -1,9 +1,10 @@
 """The int8 artifact: format "int8_clean_per_row_v1", its containers, and the byte budget.
 
-Quantization (the challenge's format, SPEC section 6), bit for bit as the
+Quantization (the challenge's format), bit for bit as the
 challenge's torch script computes it:
 - non-float tensors pass through;
-- float tensors of at most 65,536 elements pass through: control tensors in fp32,
+- float tensors of at most 65,536 elements pass through: control tensors (by the
+  parameter table's class) in fp32,
   the others in fp16 with their original dtype recorded;
 - larger 2-D tensors: per-row int8, clipped at the 99.99984th percentile of |w|,
   scale = max(clip/127, 1/127) stored in fp16;
@@ -41,7 +42,7 @@ from safetensors.numpy import save as st_save
 
 from core.atomic import read_file, write_atomic
 from core.errors import PgolfError
-from core.params import is_control, round_to_bfloat16
+from core.params import round_to_bfloat16
 
 __all__ = [
     "BUDGET_BYTES",
@@ -146,13 +147,18 @@ def _in_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
     return values.astype(np.float32)
 
 
-def quantize_int8(state: dict[str, np.ndarray], orig_dtypes: dict[str, str] | None = None) -> Int8Model:
-    """Quantize weights; `orig_dtypes` names the dtype each had in the model (default: its own).
+def quantize_int8(
+    state: dict[str, np.ndarray],
+    orig_dtypes: dict[str, str] | None = None,
+    classes: dict[str, str] | None = None,
+) -> Int8Model:
+    """Quantize weights; `orig_dtypes` names the dtype each had in the model (default: its own),
+    `classes` the artifact class of each (core.params.artifact_classes): "control" ones stay fp32.
 
     Float weights arrive as float32; one recorded as bfloat16 or float16 is first
     rounded to that precision, so the result is what upstream gets from the model.
     """
-    orig_dtypes = orig_dtypes or {}
+    orig_dtypes, classes = orig_dtypes or {}, classes or {}
     out = Int8Model()
     stats = dict.fromkeys(
         ("param_count", "num_tensors", "num_float_tensors", "num_nonfloat_tensors",
@@ -178,7 +184,7 @@ def quantize_int8(state: dict[str, np.ndarray], orig_dtypes: dict[str, str] | No
         if not np.isfinite(w).all():  # upstream would cast NaN to int8, which is undefined
             raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
         if t.size <= KEEP_FLOAT_MAX_NUMEL:
-            if is_control(name):
+            if classes.get(name) == "control":
                 kept = w
             else:
                 with np.errstate(over="ignore"):  # an overflow to inf is refused below

@@ -1,7 +1,13 @@
-"""Reading finished and unfinished runs back: a summary per run, and their curves as a plot.
+"""The run directory: written by a training run, read back as a summary per run and a plot.
 
-Everything here reads a run directory's `config.json` and `metrics.jsonl` (see
-`core.checkpoint`); nothing needs the framework that trained the run.
+A run directory holds:
+    config.json          the resolved config
+    metrics.jsonl        one JSON record per line: kind = train | val | final
+    train.log            the console lines
+    checkpoints/step_NNNNNN.safetensors
+    final_model.int8.pgolf   the artifact
+
+Nothing here needs the framework that trained the run.
 """
 
 from __future__ import annotations
@@ -9,12 +15,15 @@ from __future__ import annotations
 import io
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.atomic import write_atomic
+from core.atomic import make_dir, write_atomic
 from core.errors import PgolfError
+
+ARTIFACT_NAME = "final_model.int8.pgolf"
 
 # The fields each kind of record must hold as numbers (other kinds are kept as they are).
 NUMERIC_FIELDS = {
@@ -22,6 +31,42 @@ NUMERIC_FIELDS = {
     "val": ("step", "train_time_ms", "val_bpb"),
     "final": ("steps", "train_time_ms", "roundtrip_val_bpb", "artifact_bytes", "code_bytes"),
 }
+
+
+class RunDir:
+    """The files of one training run; only rank 0 writes."""
+
+    def __init__(self, root: str | Path, run_id: str = "", enabled: bool = True, reuse: bool = False):
+        """`reuse` lets a resumed run write into a directory that already holds a run."""
+        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
+        self.path = Path(root) / self.run_id
+        self.enabled = enabled
+        if not enabled:
+            return
+        if not reuse and (self.path / "config.json").exists():
+            raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
+        make_dir(self.path / "checkpoints", "run directory")
+
+    @property
+    def artifact(self) -> Path:
+        return self.path / ARTIFACT_NAME
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.path / "checkpoints" / f"step_{step:06d}.safetensors"
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        if self.enabled:
+            write_atomic(self.path / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+
+    def metric(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def log_line(self, line: str) -> None:
+        if self.enabled:
+            with open(self.path / "train.log", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

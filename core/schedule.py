@@ -6,22 +6,31 @@ from core.config import Config
 
 
 def lr_multiplier(cfg: Config, step: int, elapsed_ms: float) -> float:
-    """Factor applied to every base lr at `step` (no warmup, linear warmdown to 0).
+    """Factor applied to every base lr at `step`: no warmup, then a linear warmdown to `min_lr`.
 
-    Without a wallclock cap the warmdown covers the last `warmdown_iters` steps.
-    With a cap it covers the last `warmdown_iters` average step times before the
-    cap: the multiplier is remaining_ms / window once remaining_ms <= window.
+    With `warmdown_frac` > 0 the warmdown is the last fraction of the run, measured
+    in steps (no wallclock cap) or in training time (against the cap): the
+    multiplier is (1 - progress) / warmdown_frac once progress >= 1 - warmdown_frac.
+    Otherwise it covers the last `warmdown_iters` steps, or, under a cap, the last
+    `warmdown_iters` average step times before it (remaining_ms / window).
     """
+    capped = cfg.max_wallclock_seconds > 0
+    cap_ms = 1000.0 * cfg.max_wallclock_seconds
+    if cfg.warmdown_frac > 0:
+        progress = elapsed_ms / cap_ms if capped else step / max(cfg.iterations, 1)
+        if progress < 1.0 - cfg.warmdown_frac:
+            return 1.0
+        return max((1.0 - progress) / cfg.warmdown_frac, cfg.min_lr)
     if cfg.warmdown_iters <= 0:
         return 1.0
-    if cfg.max_wallclock_seconds <= 0:
+    if not capped:
         start = max(cfg.iterations - cfg.warmdown_iters, 0)
         if start <= step < cfg.iterations:
-            return max((cfg.iterations - step) / max(cfg.warmdown_iters, 1), 0.0)
+            return max((cfg.iterations - step) / max(cfg.warmdown_iters, 1), cfg.min_lr)
         return 1.0
     window_ms = cfg.warmdown_iters * (elapsed_ms / max(step, 1))
-    remaining_ms = max(1000.0 * cfg.max_wallclock_seconds - elapsed_ms, 0.0)
-    return remaining_ms / max(window_ms, 1e-9) if remaining_ms <= window_ms else 1.0
+    remaining_ms = max(cap_ms - elapsed_ms, 0.0)
+    return max(remaining_ms / max(window_ms, 1e-9), cfg.min_lr) if remaining_ms <= window_ms else 1.0
 
 
 def muon_momentum(cfg: Config, step: int) -> float:

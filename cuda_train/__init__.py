@@ -1,1 +1,1 @@
-"""PyTorch backend: the v1 GPT, Muon, torch.compile and DDP (via torchrun) for CUDA GPUs, or a CPU."""
+"""PyTorch backend: the GPT, Muon, torch.compile and DDP (via torchrun) for CUDA GPUs, or a CPU."""

@@ -1,27 +1,38 @@
-"""The v1 GPT in PyTorch (the challenge's baseline), mirrored by mlx_train/model.py.
+"""pgolf's GPT in PyTorch, mirrored block by block by mlx_train/model.py.
 
-Features (SPEC section 4):
+The challenge's baseline, and the records' features as config switches (all off
+by default):
 - token embedding -> RMSNorm -> x0; tied (or untied) output head with a tanh softcap;
 - a U-Net of blocks: the first half push their outputs, the second half pop them
-  in reverse and add them back scaled by `skip_weights`;
+  in reverse and add them back scaled by `skip_weights` (or blended in through a
+  sigmoid gate per channel, `skip_gates_enabled`);
 - each block mixes the residual with x0 (`resid_mix`), then adds scaled attention
-  and relu^2-MLP outputs (`attn_scale`, `mlp_scale`);
-- attention with separate q/k/v/proj, RMSNorm on q and k, RoPE, a per-head query
-  gain, grouped-query causal SDPA.
+  and MLP outputs (`attn_scale`, `mlp_scale`); `ln_scale` scales the normed block
+  inputs by 1/sqrt(layer + 1);
+- attention: separate q/k/v/proj, RMSNorm on q and k, RoPE on all or the first
+  `rope_dims` dimensions of each head, a per-head query gain, grouped-query causal
+  SDPA; value embeddings (`ve_enabled`) added to v in `ve_layers`; XSA on the last
+  `xsa_last_n` layers removes from each output its component along the token's own value;
+- MLP: relu(x)^2 or leaky_relu(x, 0.5)^2, width int(mlp_mult * model_dim).
 
-Weights are created empty and filled by `load_params` from core.params.init_params,
-so both backends start from the same numbers. Linear weights stay fp32 and are
-cast to the compute dtype at the matmul; the embedding is bf16 in bf16 runs.
+Parameters are created with the names and shapes of core/params.py and filled by
+`load_params` from its numpy initialisation, so both backends start from the
+same numbers. Linear weights stay fp32 and are cast to the compute dtype at the
+matmul; the embeddings are bf16 in bf16 runs.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from core.config import Config
-from core.params import num_skip_weights
+from core.params import mlp_hidden, num_skip_weights
+
+Rope = tuple[Tensor, Tensor]  # cos, sin: (T, rope_dims / 2)
 
 
 def rms_norm(x: Tensor) -> Tensor:
@@ -29,11 +40,27 @@ def rms_norm(x: Tensor) -> Tensor:
     return F.rms_norm(x, (x.size(-1),))
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the two halves of each head by -theta: [x1 cos + x2 sin, -x1 sin + x2 cos]."""
-    half = x.size(-1) // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+def rope_tables(seq_len: int, rope_dims: int, base: float) -> Rope:
+    inv_freq = 1.0 / (base ** (torch.arange(0, rope_dims, 2, dtype=torch.float32) / rope_dims))
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, R/2)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x: Tensor, rope: Rope) -> Tensor:
+    """Rotate the two halves of the first R dims of each head by -theta: [x1 cos + x2 sin, -x1 sin + x2 cos]."""
+    cos, sin = rope
+    half = cos.size(-1)
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin, rest), dim=-1)
+
+
+def remove_self_value(y: Tensor, v: Tensor) -> Tensor:
+    """XSA: y (B, H, T, D) minus its projection on the unit value vector of its own token (B, KV, T, D)."""
+    b, h, t, d = y.shape
+    kv = v.size(1)
+    y = y.view(b, kv, h // kv, t, d)  # query head h = kv_head * G + g
+    unit = F.normalize(v, dim=-1).unsqueeze(2)  # (B, KV, 1, T, D)
+    return (y - (y * unit).sum(dim=-1, keepdim=True) * unit).view(b, h, t, d)
 
 
 class CastedLinear(nn.Linear):
@@ -47,55 +74,85 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, layer: int):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.xsa = layer >= cfg.num_layers - cfg.xsa_last_n
         kv_dim = cfg.num_kv_heads * cfg.head_dim
         self.c_q = CastedLinear(cfg.model_dim, cfg.model_dim)
         self.c_k = CastedLinear(cfg.model_dim, kv_dim)
         self.c_v = CastedLinear(cfg.model_dim, kv_dim)
         self.proj = CastedLinear(cfg.model_dim, cfg.model_dim)
-        self.q_gain = nn.Parameter(torch.full((cfg.num_heads,), cfg.qk_gain_init))
+        self.q_gain = nn.Parameter(torch.zeros(cfg.num_heads))
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, rope: Rope, v_embed: Tensor | None = None) -> Tensor:
         b, t, d = x.shape
+        v = self.c_v(x)
+        if v_embed is not None:
+            v = v + v_embed
         q = self.c_q(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
-        v = self.c_v(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q = apply_rope(rms_norm(q), cos, sin) * self.q_gain.to(q.dtype)[None, :, None, None]
-        k = apply_rope(rms_norm(k), cos, sin)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        rope = (rope[0].to(q.dtype), rope[1].to(q.dtype))
+        q = apply_rope(rms_norm(q), rope) * self.q_gain.to(q.dtype)[None, :, None, None]
+        k = apply_rope(rms_norm(k), rope)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads
         )  # (B, H, T, D)
+        if self.xsa:
+            y = remove_self_value(y, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
-        self.fc = CastedLinear(cfg.model_dim, cfg.mlp_mult * cfg.model_dim)
-        self.proj = CastedLinear(cfg.mlp_mult * cfg.model_dim, cfg.model_dim)
+        self.negative_slope = 0.5 if cfg.mlp_activation == "leaky_relu2" else 0.0
+        self.fc = CastedLinear(cfg.model_dim, mlp_hidden(cfg))
+        self.proj = CastedLinear(mlp_hidden(cfg), cfg.model_dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(torch.relu(self.fc(x)).square())
+        h = self.fc(x)
+        h = F.leaky_relu(h, self.negative_slope) if self.negative_slope else torch.relu(h)
+        return self.proj(h.square())
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, layer: int):
         super().__init__()
         d = cfg.model_dim
-        self.attn = CausalSelfAttention(cfg)
+        self.norm_scale = 1.0 / math.sqrt(layer + 1) if cfg.ln_scale else 1.0
+        self.attn = CausalSelfAttention(cfg, layer)
         self.mlp = MLP(cfg)
-        self.attn_scale = nn.Parameter(torch.ones(d))
-        self.mlp_scale = nn.Parameter(torch.ones(d))
-        self.resid_mix = nn.Parameter(torch.stack((torch.ones(d), torch.zeros(d))))
+        self.attn_scale = nn.Parameter(torch.zeros(d))
+        self.mlp_scale = nn.Parameter(torch.zeros(d))
+        self.resid_mix = nn.Parameter(torch.zeros(2, d))
 
-    def forward(self, x: Tensor, x0: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def norm(self, x: Tensor) -> Tensor:
+        return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
+
+    def forward(self, x: Tensor, x0: Tensor, rope: Rope, v_embed: Tensor | None = None) -> Tensor:
         mix = self.resid_mix.to(x.dtype)
         x = mix[0] * x + mix[1] * x0
-        x = x + self.attn_scale.to(x.dtype) * self.attn(rms_norm(x), cos, sin)
-        return x + self.mlp_scale.to(x.dtype) * self.mlp(rms_norm(x))
+        x = x + self.attn_scale.to(x.dtype) * self.attn(self.norm(x), rope, v_embed)
+        return x + self.mlp_scale.to(x.dtype) * self.mlp(self.norm(x))
+
+
+class ValueEmbedding(nn.Module):
+    """One token embedding shared by the value-embedding layers, projected to the kv width and scaled."""
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        kv_dim = cfg.num_kv_heads * cfg.head_dim
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.ve_dim)
+        self.proj = CastedLinear(cfg.ve_dim, kv_dim) if cfg.ve_dim != kv_dim else None
+        self.scale = nn.Parameter(torch.zeros(()))
+
+    def forward(self, idx: Tensor) -> Tensor:
+        h = self.embed(idx)  # (B, T, ve_dim)
+        if self.proj is not None:
+            h = self.proj(h)
+        return h * self.scale.to(h.dtype)
 
 
 class GPT(nn.Module):
@@ -104,40 +161,70 @@ class GPT(nn.Module):
         self.softcap = cfg.logit_softcap
         self.num_encoder = cfg.num_layers // 2
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.model_dim)
-        self.skip_weights = nn.Parameter(torch.ones(num_skip_weights(cfg), cfg.model_dim))
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.skip_weights = nn.Parameter(torch.zeros(num_skip_weights(cfg), cfg.model_dim))
+        self.skip_gates = (
+            nn.Parameter(torch.zeros(num_skip_weights(cfg), cfg.model_dim))
+            if cfg.skip_gates_enabled
+            else None
+        )
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.ve_layers = cfg.ve_layer_indices
+        self.ve_shared = ValueEmbedding(cfg) if self.ve_layers else None
+        self.ve_layer_scales = nn.ParameterList(nn.Parameter(torch.zeros(1)) for _ in self.ve_layers)
         self.lm_head = None if cfg.tie_embeddings else CastedLinear(cfg.model_dim, cfg.vocab_size)
         # RoPE tables for the training length; longer inputs recompute them.
-        cos, sin = self._rope(cfg.train_seq_len, cfg.head_dim, cfg.rope_base)
-        self.rope_base, self.head_dim = cfg.rope_base, cfg.head_dim
+        self.rope_dims, self.rope_base = cfg.rope_dims or cfg.head_dim, cfg.rope_base
+        cos, sin = rope_tables(cfg.train_seq_len, self.rope_dims, self.rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    @staticmethod
-    def _rope(seq_len: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, D/2)
-        return freqs.cos(), freqs.sin()
-
-    def forward(self, idx: Tensor, targets: Tensor | None = None, reduction: str = "mean") -> Tensor:
-        """Logits (B, T, V) when targets is None, else the cross-entropy (mean or sum)."""
-        t = idx.size(1)
+    def rope(self, t: int, device: torch.device) -> Rope:
         if t <= self.rope_cos.size(0):
-            cos, sin = self.rope_cos[:t], self.rope_sin[:t]
-        else:
-            cos, sin = (r.to(idx.device) for r in self._rope(t, self.head_dim, self.rope_base))
+            return self.rope_cos[:t], self.rope_sin[:t]
+        cos, sin = rope_tables(t, self.rope_dims, self.rope_base)
+        return cos.to(device), sin.to(device)
+
+    def value_embeds(self, idx: Tensor) -> dict[int, Tensor]:
+        """The value embedding each ve layer adds to its values (B, T, kv_dim)."""
+        if self.ve_shared is None:
+            return {}
+        shared = self.ve_shared(idx)
+        scales = zip(self.ve_layers, self.ve_layer_scales, strict=True)
+        return {layer: shared * scale.to(shared.dtype) for layer, scale in scales}
+
+    def skip(self, i: int, x: Tensor, skipped: Tensor) -> Tensor:
+        """Decoder layer i takes back the encoder output `skipped`: added, or blended through a gate."""
+        scaled = self.skip_weights[i].to(x.dtype) * skipped
+        if self.skip_gates is None:
+            return x + scaled
+        return torch.lerp(scaled, x, torch.sigmoid(self.skip_gates[i].to(x.dtype)))
+
+    def hidden(self, idx: Tensor) -> Tensor:
+        """Token ids (B, T) -> the final normed hidden states (B, T, d)."""
+        rope = self.rope(idx.size(1), idx.device)
         x = rms_norm(self.tok_emb(idx))  # (B, T, d)
+        ve = self.value_embeds(idx)
         x0, skips = x, []
-        for block in self.blocks[: self.num_encoder]:
-            x = block(x, x0, cos, sin)
-            skips.append(x)
-        for i, block in enumerate(self.blocks[self.num_encoder :]):
-            if skips:
-                x = x + self.skip_weights[i].to(x.dtype) * skips.pop()
-            x = block(x, x0, cos, sin)
-        x = rms_norm(x)
-        logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.tok_emb.weight.to(x.dtype))
-        logits = self.softcap * torch.tanh(logits / self.softcap)
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction=reduction)
+        for i, block in enumerate(self.blocks):
+            if i >= self.num_encoder and skips:
+                x = self.skip(i - self.num_encoder, x, skips.pop())
+            x = block(x, x0, rope, ve.get(i))
+            if i < self.num_encoder:
+                skips.append(x)
+        return rms_norm(x)
+
+    def logits(self, idx: Tensor) -> Tensor:
+        """Token ids (B, T) -> softcapped logits (B, T, V)."""
+        x = self.hidden(idx)
+        z = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.tok_emb.weight.to(x.dtype))
+        return self.softcap * torch.tanh(z / self.softcap)
+
+    def token_losses(self, idx: Tensor, targets: Tensor) -> Tensor:
+        """Cross-entropy in nats per token (B, T), computed in fp32."""
+        logits = self.logits(idx).float()
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+
+    def forward(self, idx: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
+        """The entry point that compile and DDP wrap: the cross-entropy, mean or sum."""
+        logits = self.logits(idx).float()
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)

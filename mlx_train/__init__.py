@@ -1,1 +1,1 @@
-"""MLX backend: the v1 GPT, Muon and a compiled, memory-aware training step for Apple silicon."""
+"""MLX backend: the GPT, Muon and a compiled, memory-aware training step for Apple silicon."""

@@ -1,9 +1,11 @@
-"""The v1 GPT in MLX: the same modules, maths and parameter names as cuda_train/model.py.
+"""pgolf's GPT in MLX: the same modules, maths and parameter names as cuda_train/model.py.
 
-See that file's docstring for the architecture. The conventions are PyTorch's so
-that weights mean the same in both backends: RoPE rotates by -theta
-(`[x1 cos + x2 sin, -x1 sin + x2 cos]`, not `nn.RoPE`'s default), and RMSNorm's
-epsilon is the fp32 machine epsilon in fp32 and bf16 alike (what `F.rms_norm(eps=None)` uses).
+See that file's docstring for the architecture and its features; this one reads
+block by block like it. The conventions are PyTorch's so that weights mean the
+same in both backends: RoPE rotates by -theta (`[x1 cos + x2 sin, -x1 sin + x2 cos]`,
+not `nn.RoPE`'s default), and RMSNorm's epsilon is the fp32 machine epsilon in
+fp32 and bf16 alike (what `F.rms_norm(eps=None)` uses). The heavy operations come
+from mlx_train/ops.py (Metal kernels, or lean CPU versions).
 """
 
 from __future__ import annotations
@@ -14,27 +16,42 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from core.config import Config
-from core.params import num_skip_weights
+from core.params import mlp_hidden, num_skip_weights
 from mlx_train.ops import Ops, default_ops, softcap_logits
+
+Rope = tuple[mx.array, mx.array]  # cos, sin: (T, rope_dims / 2)
 
 # F.rms_norm(eps=None) uses the fp32 machine epsilon for fp32 and bf16 inputs alike.
 RMS_EPS = float(mx.finfo(mx.float32).eps)
+NORMALIZE_EPS = 1e-12  # F.normalize's floor on the norm
 
 
 def rms_norm(x: mx.array) -> mx.array:
     return mx.fast.rms_norm(x, None, RMS_EPS)
 
 
-def rope_tables(seq_len: int, head_dim: int, base: float, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
-    inv_freq = 1.0 / (base ** (mx.arange(0, head_dim, 2, dtype=mx.float32) / head_dim))
-    freqs = mx.arange(seq_len, dtype=mx.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
-    return mx.cos(freqs).astype(dtype), mx.sin(freqs).astype(dtype)
+def rope_tables(seq_len: int, rope_dims: int, base: float) -> Rope:
+    inv_freq = 1.0 / (base ** (mx.arange(0, rope_dims, 2, dtype=mx.float32) / rope_dims))
+    freqs = mx.arange(seq_len, dtype=mx.float32)[:, None] * inv_freq[None, :]  # (T, R/2)
+    return mx.cos(freqs), mx.sin(freqs)
 
 
-def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return mx.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], axis=-1)
+def apply_rope(x: mx.array, rope: Rope) -> mx.array:
+    """Rotate the two halves of the first R dims of each head by -theta: [x1 cos + x2 sin, -x1 sin + x2 cos]."""
+    cos, sin = rope
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    return mx.concatenate([x1 * cos + x2 * sin, x2 * cos - x1 * sin, rest], axis=-1)
+
+
+def remove_self_value(y: mx.array, v: mx.array) -> mx.array:
+    """XSA: y (B, H, T, D) minus its projection on the unit value vector of its own token (B, KV, T, D)."""
+    b, h, t, d = y.shape
+    kv = v.shape[1]
+    y = y.reshape(b, kv, h // kv, t, d)  # query head h = kv_head * G + g
+    norm = mx.sqrt(mx.sum(v * v, axis=-1, keepdims=True))
+    unit = (v / mx.maximum(norm, NORMALIZE_EPS))[:, :, None]  # (B, KV, 1, T, D)
+    return (y - mx.sum(y * unit, axis=-1, keepdims=True) * unit).reshape(b, h, t, d)
 
 
 class CastedLinear(nn.Module):
@@ -50,60 +67,89 @@ class CastedLinear(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: Config, ops: Ops):
+    def __init__(self, cfg: Config, layer: int, ops: Ops):
         super().__init__()
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.rope_base = cfg.rope_base
+        self.xsa = layer >= cfg.num_layers - cfg.xsa_last_n
         kv_dim = cfg.num_kv_heads * cfg.head_dim
         self.c_q = CastedLinear(cfg.model_dim, cfg.model_dim, ops)
         self.c_k = CastedLinear(cfg.model_dim, kv_dim, ops)
         self.c_v = CastedLinear(cfg.model_dim, kv_dim, ops)
         self.proj = CastedLinear(cfg.model_dim, cfg.model_dim, ops)
-        self.q_gain = mx.full((cfg.num_heads,), cfg.qk_gain_init, dtype=mx.float32)
+        self.q_gain = mx.zeros((cfg.num_heads,), dtype=mx.float32)
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, rope: Rope, v_embed: mx.array | None = None) -> mx.array:
         b, t, d = x.shape
+        v = self.c_v(x)
+        if v_embed is not None:
+            v = v + v_embed
         q = self.c_q(x).reshape(b, t, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)  # (B, H, T, D)
         k = self.c_k(x).reshape(b, t, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)  # (B, KV, T, D)
-        v = self.c_v(x).reshape(b, t, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)
-        q, k = rms_norm(q), rms_norm(k)
-        cos, sin = rope_tables(t, self.head_dim, self.rope_base, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        q = q * self.q_gain.astype(q.dtype)[None, :, None, None]
-        y = self.ops.attention(q, k, v, 1.0 / math.sqrt(self.head_dim))
+        v = v.reshape(b, t, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)
+        rope = (rope[0].astype(q.dtype), rope[1].astype(q.dtype))
+        q = apply_rope(rms_norm(q), rope) * self.q_gain.astype(q.dtype)[None, :, None, None]
+        k = apply_rope(rms_norm(k), rope)
+        y = self.ops.attention(q, k, v, 1.0 / math.sqrt(self.head_dim))  # (B, H, T, D)
+        if self.xsa:
+            y = remove_self_value(y, v)
         return self.proj(y.transpose(0, 2, 1, 3).reshape(b, t, d))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: Config, ops: Ops):
         super().__init__()
-        self.fc = CastedLinear(cfg.model_dim, cfg.mlp_mult * cfg.model_dim, ops)
-        self.proj = CastedLinear(cfg.mlp_mult * cfg.model_dim, cfg.model_dim, ops)
+        self.negative_slope = 0.5 if cfg.mlp_activation == "leaky_relu2" else 0.0
+        self.fc = CastedLinear(cfg.model_dim, mlp_hidden(cfg), ops)
+        self.proj = CastedLinear(mlp_hidden(cfg), cfg.model_dim, ops)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.proj(mx.square(nn.relu(self.fc(x))))
+        h = self.fc(x)
+        h = nn.leaky_relu(h, self.negative_slope) if self.negative_slope else nn.relu(h)
+        return self.proj(mx.square(h))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: Config, ops: Ops):
+    def __init__(self, cfg: Config, layer: int, ops: Ops):
         super().__init__()
         d = cfg.model_dim
-        self.attn = CausalSelfAttention(cfg, ops)
+        self.norm_scale = 1.0 / math.sqrt(layer + 1) if cfg.ln_scale else 1.0
+        self.attn = CausalSelfAttention(cfg, layer, ops)
         self.mlp = MLP(cfg, ops)
-        self.attn_scale = mx.ones((d,), dtype=mx.float32)
-        self.mlp_scale = mx.ones((d,), dtype=mx.float32)
-        self.resid_mix = mx.stack([mx.ones((d,)), mx.zeros((d,))]).astype(mx.float32)
+        self.attn_scale = mx.zeros((d,), dtype=mx.float32)
+        self.mlp_scale = mx.zeros((d,), dtype=mx.float32)
+        self.resid_mix = mx.zeros((2, d), dtype=mx.float32)
 
-    def __call__(self, x: mx.array, x0: mx.array) -> mx.array:
+    def norm(self, x: mx.array) -> mx.array:
+        return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
+
+    def __call__(self, x: mx.array, x0: mx.array, rope: Rope, v_embed: mx.array | None = None) -> mx.array:
         mix = self.resid_mix.astype(x.dtype)
         x = mix[0] * x + mix[1] * x0
-        x = x + self.attn_scale.astype(x.dtype) * self.attn(rms_norm(x))
-        return x + self.mlp_scale.astype(x.dtype) * self.mlp(rms_norm(x))
+        x = x + self.attn_scale.astype(x.dtype) * self.attn(self.norm(x), rope, v_embed)
+        return x + self.mlp_scale.astype(x.dtype) * self.mlp(self.norm(x))
+
+
+class ValueEmbedding(nn.Module):
+    """One token embedding shared by the value-embedding layers, projected to the kv width and scaled."""
+
+    def __init__(self, cfg: Config, ops: Ops):
+        super().__init__()
+        kv_dim = cfg.num_kv_heads * cfg.head_dim
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.ve_dim)
+        if cfg.ve_dim != kv_dim:
+            self.proj = CastedLinear(cfg.ve_dim, kv_dim, ops)
+        self.scale = mx.zeros((), dtype=mx.float32)
+
+    def __call__(self, idx: mx.array, dtype: mx.Dtype) -> mx.array:
+        h = self.embed(idx).astype(dtype)  # (B, T, ve_dim)
+        if "proj" in self:
+            h = self.proj(h)
+        return h * self.scale.astype(h.dtype)
 
 
 class GPT(nn.Module):
-    """The v1 GPT; `ops` picks the kernels (default: those of the current MLX device)."""
+    """pgolf's GPT; `ops` picks the kernels (default: those of the current MLX device)."""
 
     def __init__(self, cfg: Config, compute_dtype: mx.Dtype = mx.float32, ops: Ops | None = None):
         super().__init__()
@@ -112,28 +158,52 @@ class GPT(nn.Module):
         self.softcap = cfg.logit_softcap
         self.num_encoder = cfg.num_layers // 2
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.model_dim)
-        self.skip_weights = mx.ones((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
-        self.blocks = [Block(cfg, self.ops) for _ in range(cfg.num_layers)]
+        self.skip_weights = mx.zeros((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
+        if cfg.skip_gates_enabled:
+            self.skip_gates = mx.zeros((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
+        self.blocks = [Block(cfg, i, self.ops) for i in range(cfg.num_layers)]
+        self.ve_layers = cfg.ve_layer_indices
+        if self.ve_layers:
+            self.ve_shared = ValueEmbedding(cfg, self.ops)
+            self.ve_layer_scales = [mx.zeros((1,), dtype=mx.float32) for _ in self.ve_layers]
         if not cfg.tie_embeddings:
             self.lm_head = CastedLinear(cfg.model_dim, cfg.vocab_size, self.ops)
+        self.rope_dims, self.rope_base = cfg.rope_dims or cfg.head_dim, cfg.rope_base
+
+    def value_embeds(self, idx: mx.array) -> dict[int, mx.array]:
+        """The value embedding each ve layer adds to its values (B, T, kv_dim)."""
+        if not self.ve_layers:
+            return {}
+        shared = self.ve_shared(idx, self.compute_dtype)
+        scales = zip(self.ve_layers, self.ve_layer_scales, strict=True)
+        return {layer: shared * scale.astype(shared.dtype) for layer, scale in scales}
+
+    def skip(self, i: int, x: mx.array, skipped: mx.array) -> mx.array:
+        """Decoder layer i takes back the encoder output `skipped`: added, or blended through a gate."""
+        scaled = self.skip_weights[i].astype(x.dtype) * skipped
+        if "skip_gates" not in self:
+            return x + scaled
+        gate = mx.sigmoid(self.skip_gates[i].astype(x.dtype))
+        return scaled + gate * (x - scaled)  # torch.lerp(scaled, x, gate)
 
     def hidden(self, idx: mx.array) -> mx.array:
         """Token ids (B, T) -> the final normed hidden states (B, T, d) in the compute dtype."""
+        rope = rope_tables(idx.shape[1], self.rope_dims, self.rope_base)
         x = rms_norm(self.tok_emb(idx).astype(self.compute_dtype))  # (B, T, d)
+        ve = self.value_embeds(idx)
         x0, skips = x, []
-        for block in self.blocks[: self.num_encoder]:
-            x = block(x, x0)
-            skips.append(x)
-        for i, block in enumerate(self.blocks[self.num_encoder :]):
-            if skips:
-                x = x + self.skip_weights[i].astype(x.dtype) * skips.pop()
-            x = block(x, x0)
+        for i, block in enumerate(self.blocks):
+            if i >= self.num_encoder and skips:
+                x = self.skip(i - self.num_encoder, x, skips.pop())
+            x = block(x, x0, rope, ve.get(i))
+            if i < self.num_encoder:
+                skips.append(x)
         return rms_norm(x)
 
     def head_weight(self) -> mx.array:
         return self.lm_head.weight if "lm_head" in self else self.tok_emb.weight
 
-    def __call__(self, idx: mx.array) -> mx.array:
+    def logits(self, idx: mx.array) -> mx.array:
         """Token ids (B, T) -> softcapped logits (B, T, V) in the compute dtype."""
         return softcap_logits(self.hidden(idx), self.head_weight(), self.softcap, self.ops.linear)
 
@@ -143,3 +213,5 @@ class GPT(nn.Module):
 
     def loss(self, idx: mx.array, targets: mx.array) -> mx.array:
         return self.token_losses(idx, targets).mean()
+
+    __call__ = logits

@@ -1,4 +1,4 @@
-"""An independent numpy float64 implementation of SPEC sections 4 and 5, for parity tests.
+"""An independent numpy float64 implementation of the model and optimizers, for parity tests.
 
 Written from the formulas, with explicit loops and no framework: if a backend
 and this file agree, both implement the spec (or both misread it the same way).
@@ -90,7 +90,7 @@ def reference_loss(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, y:
 def reference_muon_update(
     param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, momentum: float, steps: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One Muon step on a 2-D matrix: (new param, new momentum buffer), SPEC section 5."""
+    """One Muon step on a 2-D matrix: (new param, new momentum buffer)."""
     a, b, c = 3.4445, -4.7750, 2.0315
     buf = momentum * buf + grad
     g = grad + momentum * buf

@@ -7,22 +7,25 @@ fp32 on the smoke model. Tolerances are fp32 round-off: 2e-5 relative on losses,
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 
 import numpy as np
 import pytest
 
+from core import backend as backends
 from core.config import preset
-from core.optim import base_lr
-from core.params import init_params, param_group, param_shapes
+from core.optim import GROUPS, base_lr
+from core.params import init_params, param_shapes, param_specs
 from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
 
-# What a test of each backend needs: its marker, and a skip when its framework is missing.
+# What a test of each backend needs: its framework's marker, and a skip when it is missing.
 NEEDS = {
-    "cuda": [pytest.mark.torch, pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="torch not installed")],
-    "mlx": [pytest.mark.mlx, pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")],
-}  # fmt: skip
+    name: [
+        getattr(pytest.mark, info.framework),
+        pytest.mark.skipif(not info.installed, reason=f"{info.framework} not installed"),
+    ]
+    for name, info in backends.BACKENDS.items()
+}
 BACKENDS = [pytest.param(name, marks=marks, id=name) for name, marks in NEEDS.items()]
 
 
@@ -38,8 +41,8 @@ def needs(name: str):
 
 
 def make_backend(name: str, cfg):
-    module = {"cuda": "cuda_train.train", "mlx": "mlx_train.train"}[name]  # KeyError on anything else
-    return importlib.import_module(module).create_backend(cfg)
+    assert name in backends.BACKENDS, name
+    return backends.create(name, cfg)
 
 
 def busy_params(cfg, seed: int = 0) -> dict[str, np.ndarray]:
@@ -112,9 +115,10 @@ def test_train_steps_equal_the_hand_computed_updates(backend_name):
         grads = [gradients(backend, backend_name, x, y) for x, y in micro]
         grad = {k: (grads[0][k] + grads[1][k]) / 2 for k in params}  # mean over micro-batches
         backend.train_step(micro, lr_mult, momentum)
+        specs = param_specs(cfg)
         for name in params:
-            lr = base_lr(cfg, param_group(name)) * lr_mult
-            if param_group(name) == "matrix":
+            lr = base_lr(cfg, specs[name].group) * lr_mult
+            if GROUPS[specs[name].group].muon:
                 params[name], state[name] = reference_muon_update(
                     params[name], grad[name], state[name], lr, momentum, cfg.muon_backend_steps
                 )

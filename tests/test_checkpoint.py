@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from core.atomic import make_dir, write_atomic
-from core.checkpoint import Checkpoint, RunDir, is_checkpoint, load_checkpoint, save_checkpoint
+from core.checkpoint import Checkpoint, is_checkpoint, load_checkpoint, save_checkpoint
 from core.config import Config, preset
 from core.errors import PgolfError
 from core.loop import _shared_run_id
 from core.params import init_params
-from core.runs import read_metrics
+from core.runs import RunDir, read_metrics
 
 
 def make_checkpoint() -> Checkpoint:

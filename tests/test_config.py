@@ -167,4 +167,5 @@ def test_dict_round_trip_tolerates_old_keys():
 def test_every_field_has_a_one_line_comment():
     import cli
 
-    assert set(cli._field_help()) == field_names()
+    helps = cli._field_help()
+    assert set(helps) == field_names() and all(helps.values())

@@ -55,7 +55,7 @@ def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_pa
         backend = make_backend(name, cfg)
         backend.load_params(params)
         path = tmp_path / f"{name}.pgolf"
-        export_artifact(backend.params(), storage_dtypes(cfg, backend.bf16), path, name)
+        export_artifact(backend.params(), cfg, storage_dtypes(cfg, backend.bf16), path, name)
         paths.append(path)
     assert paths[0].read_bytes() == paths[1].read_bytes()
 
@@ -67,7 +67,7 @@ def test_an_artifact_scores_the_same_in_both(sotu_dataset, tmp_path, writer, rea
     cfg = sotu_dataset.config()
     backend = make_backend(reader, cfg)
     backend.load_params(artifact)
-    meter = evaluate(backend, cfg, load_eval_data(cfg))
+    meter = evaluate(backend, load_eval_data(cfg))
     assert meter.val_bpb == pytest.approx(result.roundtrip_val_bpb, abs=1e-5)
 
 

@@ -1,4 +1,4 @@
-"""The canonical parameter layout, the numpy initialisation and the FLOP count."""
+"""The parameter table, what is derived from it (initialisation, groups, state, classes), the FLOP count."""
 
 from __future__ import annotations
 
@@ -7,16 +7,26 @@ import pytest
 
 from core.config import preset
 from core.errors import PgolfError
+from core.optim import GROUPS
 from core.params import (
+    KINDS,
+    artifact_classes,
     config_for_params,
     count_params,
     flops_per_token,
     init_params,
-    param_group,
+    optimizer_state_shapes,
     param_shapes,
+    param_specs,
     round_to_bfloat16,
     storage_dtypes,
 )
+
+# Every feature that adds or changes parameters, on at once.
+ALL_FEATURES = dict(
+    num_layers=5, skip_gates_enabled=True, ve_enabled=True, ve_dim=24, ve_layers="3,4", mlp_mult=2.5,
+    tie_embeddings=False, ema_decay=0.9,
+)  # fmt: skip
 
 
 def test_baseline_parameter_count_is_the_published_one():
@@ -34,9 +44,27 @@ def test_names_are_the_upstream_state_dict_keys():
     assert "lm_head.weight" in param_shapes(preset("baseline").replace(tie_embeddings=False))
 
 
+def test_every_row_names_a_known_group_kind_and_init():
+    cfg = preset("smoke").replace(**ALL_FEATURES)
+    assert {"skip_gates", "ve_shared.embed.weight", "ve_shared.proj.weight", "ve_layer_scales.1"} <= set(
+        param_specs(cfg)
+    )
+    for name, spec in param_specs(cfg).items():
+        assert spec.group in GROUPS and spec.kind in KINDS, name
+        assert spec.init in ("normal", "uniform", "const", "resid_mix"), name
+        assert spec.kind != "control" or (spec.group == "scalar" and not spec.low_precision), name
+    init = init_params(cfg)
+    assert init.keys() == param_specs(cfg).keys()
+    assert all(init[n].shape == s.shape for n, s in param_specs(cfg).items())
+    state = optimizer_state_shapes(cfg)
+    assert {k.split("/")[0] for k in state if "/" in k} == {"momentum_buffer", "exp_avg", "exp_avg_sq", "ema"}
+    assert all(f"ema/{n}" in state for n in param_specs(cfg))
+
+
 def test_groups():
-    shapes = param_shapes(preset("baseline").replace(tie_embeddings=False))
-    groups = {name: param_group(name) for name in shapes}
+    specs = param_specs(preset("baseline").replace(tie_embeddings=False))
+    shapes = {n: s.shape for n, s in specs.items()}
+    groups = {name: spec.group for name, spec in specs.items()}
     assert groups["tok_emb.weight"] == "embed"
     assert groups["lm_head.weight"] == "head"
     assert groups["skip_weights"] == "scalar"
@@ -68,6 +96,9 @@ def test_bf16_init_holds_bf16_values():
     emb = init_params(preset("smoke"), bf16=True)["tok_emb.weight"]
     assert not (emb.view(np.uint32) & 0xFFFF).any()
     assert storage_dtypes(preset("smoke"), bf16=True)["tok_emb.weight"] == "bfloat16"
+    classes = artifact_classes(preset("smoke"))
+    assert classes["tok_emb.weight"] == "embedding" and classes["blocks.1.mlp.fc.weight"] == "mlp"
+    assert classes["blocks.0.attn.c_k.weight"] == "attention" and classes["blocks.0.resid_mix"] == "control"
     assert set(storage_dtypes(preset("smoke"), bf16=False).values()) == {"float32"}
 
 
@@ -82,7 +113,7 @@ def test_round_to_bfloat16_matches_torch():
 
 
 def test_flops_per_token_matches_the_spec_estimate():
-    # SPEC: 6N + 6*L*d*T = 102.2 + 28.3 = 130.5 MFLOP for the baseline.
+    # The published estimate: 6N + 6*L*d*T = 102.2 + 28.3 = 130.5 MFLOP for the baseline.
     assert flops_per_token(preset("baseline")) / 1e6 == pytest.approx(130.5, abs=0.1)
 
 
@@ -107,5 +138,5 @@ def test_foreign_weights_are_refused():
     shapes = param_shapes(preset("smoke"))
     with pytest.raises(PgolfError, match="layout"):
         config_for_params(preset("smoke"), {k: v for k, v in shapes.items() if k != "tok_emb.weight"})
-    with pytest.raises(PgolfError, match="unexpected or missing 'extra'"):
+    with pytest.raises(PgolfError, match="unexpected tensor 'extra'"):
         config_for_params(preset("smoke"), {**shapes, "extra": (3,)})

@@ -24,7 +24,7 @@ from safetensors.numpy import save as st_save
 from core import quant
 from core.config import preset
 from core.errors import PgolfError
-from core.params import init_params, storage_dtypes
+from core.params import artifact_classes, init_params, storage_dtypes
 
 try:
     import torch
@@ -34,6 +34,14 @@ except ImportError:
 ROOT = Path(__file__).resolve().parent.parent
 CLIP_Q = 99.99984 / 100
 requires_torch = pytest.mark.skipif(torch is None, reason="torch is the independent reference here")
+# The challenge script's own rule for the tensors its int8 format keeps in fp32.
+CONTROL_PATTERNS = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
+
+
+def quantize(state: dict[str, np.ndarray], dtypes: dict[str, str] | None = None) -> quant.Int8Model:
+    """quant.quantize_int8 with the classes the challenge's name patterns give (control = fp32)."""
+    classes = {n: "control" for n in state if any(c in n for c in CONTROL_PATTERNS)}
+    return quant.quantize_int8(state, dtypes, classes)
 
 
 def baseline_like_state(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -78,11 +86,10 @@ def baseline_like_state(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str,
 
 # ------------------------------------------------- the format against torch
 def torch_reference(state: dict[str, np.ndarray], dtypes: dict[str, str]) -> dict[str, tuple]:
-    """SPEC section 6 written directly in torch, on tensors in the model's own dtypes.
+    """The challenge's int8 format written directly in torch, on tensors in the model's own dtypes.
 
     Per name: ("pass", stored tensor, dequantized) or ("q", int8, scale, dequantized).
     """
-    control = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
     out: dict[str, tuple] = {}
     for name, a in state.items():
         t = torch.from_numpy(a)
@@ -91,7 +98,7 @@ def torch_reference(state: dict[str, np.ndarray], dtypes: dict[str, str]) -> dic
             continue
         t = t.to(getattr(torch, dtypes.get(name, "float32")))
         if t.numel() <= 65_536:
-            if any(c in name for c in control):
+            if any(c in name for c in CONTROL_PATTERNS):
                 out[name] = ("pass", t.float(), t.float())
             elif t.dtype in (torch.float32, torch.bfloat16):
                 out[name] = ("pass", t.half(), t.half().to(t.dtype))
@@ -127,7 +134,7 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_quantize_and_dequantize_match_the_torch_reference(seed):
     state, dtypes = baseline_like_state(seed)
-    model = quant.quantize_int8(state, dtypes)
+    model = quantize(state, dtypes)
     deq = quant.dequantize_int8(model)
     ref = torch_reference(state, dtypes)
     assert set(deq) == set(ref)
@@ -247,7 +254,10 @@ def test_round_to_bfloat16_matches_torch():
 
 def test_baseline_payload_is_the_published_figure():
     cfg = preset("baseline")
-    model = quant.quantize_int8(init_params(cfg, bf16=True), storage_dtypes(cfg, bf16=True))
+    # The parameter table's classes keep exactly the challenge's control tensors in fp32.
+    model = quant.quantize_int8(
+        init_params(cfg, bf16=True), storage_dtypes(cfg, bf16=True), artifact_classes(cfg)
+    )
     assert model.stats["int8_payload_bytes"] == 17_178_912
     assert model.stats["param_count"] == 17_059_912
     assert model.stats["baseline_tensor_bytes"] == 4 * 17_059_912 - 2 * 1024 * 512  # bf16 embedding
@@ -256,7 +266,7 @@ def test_baseline_payload_is_the_published_figure():
 
 
 def test_non_float_tensors_pass_through():
-    model = quant.quantize_int8({"counter": np.arange(5, dtype=np.int64), "mask": np.ones(3, bool)})
+    model = quantize({"counter": np.arange(5, dtype=np.int64), "mask": np.ones(3, bool)})
     deq = quant.dequantize_int8(model)
     assert same(deq["counter"], np.arange(5, dtype=np.int64)) and same(deq["mask"], np.ones(3, bool))
     assert model.stats["num_nonfloat_tensors"] == 2 and model.stats["int8_payload_bytes"] == 43
@@ -265,25 +275,25 @@ def test_non_float_tensors_pass_through():
 def test_bf16_weights_are_rounded_before_quantizing():
     rng = np.random.default_rng(3)
     w = rng.normal(0, 0.02, (300, 256)).astype(np.float32)
-    a = quant.quantize_int8({"w": w}, {"w": "bfloat16"})
-    b = quant.quantize_int8({"w": quant.round_to_bfloat16(w)}, {"w": "bfloat16"})
+    a = quantize({"w": w}, {"w": "bfloat16"})
+    b = quantize({"w": quant.round_to_bfloat16(w)}, {"w": "bfloat16"})
     assert same(a.quantized["w"], b.quantized["w"]) and same(a.scales["w"], b.scales["w"])
 
 
 def test_unsupported_weights_are_refused():
     with pytest.raises(PgolfError, match="w has dtype float64"):
-        quant.quantize_int8({"w": np.zeros(4)})
+        quantize({"w": np.zeros(4)})
     bad = np.zeros((300, 256), np.float32)
     bad[7, 7] = np.nan
     with pytest.raises(PgolfError, match="w holds NaN"):
-        quant.quantize_int8({"w": bad})
+        quantize({"w": bad})
     with pytest.raises(PgolfError, match="small holds NaN"):  # kept in float, checked all the same
-        quant.quantize_int8({"small": np.array([1.0, np.inf], np.float32)})
+        quantize({"small": np.array([1.0, np.inf], np.float32)})
     # Finite, but past float16: as a passed-through tensor, and as a per-row scale (|w| / 127).
     with pytest.raises(PgolfError, match="small is too large for the format's float16"):
-        quant.quantize_int8({"small": np.array([1.0, 1e5], np.float32)})
+        quantize({"small": np.array([1.0, 1e5], np.float32)})
     with pytest.raises(PgolfError, match="w is too large for the format's float16"):
-        quant.quantize_int8({"w": np.full((300, 256), 1e7, np.float32)})
+        quantize({"w": np.full((300, 256), 1e7, np.float32)})
 
 
 # ------------------------------------------------------------- the container
@@ -316,7 +326,7 @@ GOLDEN_SHA256 = {
 def test_golden_bytes(compressor):
     if compressor == "zlib" and "ng" in zlib.ZLIB_RUNTIME_VERSION:
         pytest.skip(f"zlib-ng ({zlib.ZLIB_RUNTIME_VERSION}) deflates differently from zlib")
-    blob = quant.artifact_bytes(quant.quantize_int8(*golden_state()), compressor=compressor)
+    blob = quant.artifact_bytes(quantize(*golden_state()), compressor=compressor)
     assert hashlib.sha256(blob).hexdigest() == GOLDEN_SHA256[compressor]
 
 
@@ -325,9 +335,10 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
     np.savez(tmp_path / "state.npz", **state)
     code = (
         "import hashlib, sys, numpy as np\n"
+        "from tests.test_quant import quantize\n"
         "from core import quant\n"
         f"state = dict(np.load({str(tmp_path / 'state.npz')!r}))\n"
-        f"print(hashlib.sha256(quant.artifact_bytes(quant.quantize_int8(state, {dtypes!r}))).hexdigest())"
+        f"print(hashlib.sha256(quant.artifact_bytes(quantize(state, {dtypes!r}))).hexdigest())"
     )
     digests = set()
     for seed in ("0", "1", "12345"):
@@ -338,7 +349,7 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
         assert result.returncode == 0, result.stderr
         digests.add(result.stdout.strip())
     reordered = dict(reversed(list(state.items())))
-    digests.add(hashlib.sha256(quant.artifact_bytes(quant.quantize_int8(reordered, dtypes))).hexdigest())
+    digests.add(hashlib.sha256(quant.artifact_bytes(quantize(reordered, dtypes))).hexdigest())
     assert len(digests) == 1
 
 
@@ -350,7 +361,7 @@ def equal_weights(a: quant.Int8Model, b: quant.Int8Model) -> bool:
 @pytest.mark.parametrize(("compressor", "level"), [("none", None), ("zlib", None), ("zlib", 1), ("lzma", None),
                                                    ("lzma", 6), ("bz2", None), ("bz2", 1)])  # fmt: skip
 def test_round_trip_through_every_compressor(tmp_path, compressor, level):
-    model = quant.quantize_int8(*golden_state())
+    model = quantize(*golden_state())
     info = quant.save_artifact(tmp_path / "m.pgolf", model, compressor=compressor, level=level)
     blob = info.path.read_bytes()
     assert (info.file_bytes, info.sha256) == (len(blob), hashlib.sha256(blob).hexdigest())
@@ -363,7 +374,7 @@ def test_round_trip_through_every_compressor(tmp_path, compressor, level):
 
 
 def test_bad_compressor_settings_are_refused(tmp_path):
-    model = quant.quantize_int8(*golden_state())
+    model = quantize(*golden_state())
     with pytest.raises(PgolfError, match="unknown compressor 'zstd'"):
         quant.save_artifact(tmp_path / "m.pgolf", model, compressor="zstd")
     with pytest.raises(PgolfError, match="level 0 is not in 1..9"):
@@ -372,7 +383,7 @@ def test_bad_compressor_settings_are_refused(tmp_path):
 
 
 def test_the_container_is_plain_safetensors_inside():
-    blob = quant.artifact_bytes(quant.quantize_int8(*golden_state()))
+    blob = quant.artifact_bytes(quantize(*golden_state()))
     assert blob[: len(quant.MAGIC) + 1] == b"PGOLF-INT8\x00\x01"
     payload = zlib.decompress(blob[len(quant.MAGIC) + 1 :])
     inner = st_load(payload)
@@ -395,7 +406,7 @@ def test_the_container_is_plain_safetensors_inside():
 
 # ------------------------------------------------------- upstream containers
 def torch_dequantize(obj: dict) -> dict:
-    """The upstream dequantizer, from SPEC section 6, on a torch.load-ed object."""
+    """The upstream dequantizer, from the format's description, on a torch.load-ed object."""
     out = {}
     for name, q in obj["quantized"].items():
         s, dtype = obj["scales"][name], getattr(torch, obj["dtypes"][name])
@@ -413,7 +424,7 @@ def torch_dequantize(obj: dict) -> dict:
 @requires_torch
 def test_upstream_torch_container_round_trip(tmp_path):
     state, dtypes = baseline_like_state()
-    model = quant.quantize_int8(state, dtypes)
+    model = quantize(state, dtypes)
     info = quant.save_upstream_torch(tmp_path / "final_model.int8.ptz", model)
     obj = torch.load(io.BytesIO(zlib.decompress(info.path.read_bytes())), weights_only=True)
     assert set(obj) == {"__quant_format__", "quantized", "scales", "dtypes", "passthrough", "qmeta",
@@ -460,7 +471,7 @@ def test_upstream_torch_container_without_torch(tmp_path, monkeypatch):
     with pytest.raises(PgolfError, match=r"needs PyTorch: pip install 'pgolf\[torch\]'"):
         quant.load_artifact(path)
     with pytest.raises(PgolfError, match="needs PyTorch"):
-        quant.save_upstream_torch(tmp_path / "out.ptz", quant.quantize_int8(*golden_state()))
+        quant.save_upstream_torch(tmp_path / "out.ptz", quantize(*golden_state()))
 
 
 def mlx_style_blob(model: quant.Int8Model) -> bytes:
@@ -480,7 +491,7 @@ def mlx_style_blob(model: quant.Int8Model) -> bytes:
 
 
 def test_mlx_pickle_needs_explicit_consent(tmp_path):
-    model = quant.quantize_int8(*baseline_like_state())
+    model = quantize(*baseline_like_state())
     path = tmp_path / "run_mlx_model.int8.ptz"
     path.write_bytes(mlx_style_blob(model))
     with pytest.raises(PgolfError, match="is a pickle.*can run code.*allow_pickle=True"):
@@ -500,7 +511,7 @@ def test_mlx_pickle_needs_explicit_consent(tmp_path):
     ],
 )
 def test_a_damaged_mlx_pickle_is_one_clear_error(tmp_path, change, reason):
-    obj = pickle.loads(zlib.decompress(mlx_style_blob(quant.quantize_int8(*golden_state()))))
+    obj = pickle.loads(zlib.decompress(mlx_style_blob(quantize(*golden_state()))))
     change(obj)
     path = tmp_path / "a.ptz"
     path.write_bytes(zlib.compress(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
@@ -604,7 +615,7 @@ def test_missing_file_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize("compressor", ["zlib", "none"])
 def test_truncated_and_flipped_files(tmp_path, compressor):
-    blob = quant.artifact_bytes(quant.quantize_int8(*golden_state()), compressor=compressor)
+    blob = quant.artifact_bytes(quantize(*golden_state()), compressor=compressor)
     path = tmp_path / "a.pgolf"
     for cut in (5, len(quant.MAGIC) + 1, 100, len(blob) // 2, len(blob) - 1):
         path.write_bytes(blob[:cut])
@@ -619,7 +630,7 @@ def test_truncated_and_flipped_files(tmp_path, compressor):
 
 @pytest.fixture(scope="module")
 def golden_blobs() -> dict[str, bytes]:
-    model = quant.quantize_int8(*golden_state())
+    model = quantize(*golden_state())
     return {c: quant.artifact_bytes(model, compressor=c) for c in ("none", "zlib", "bz2")}
 
 

@@ -6,9 +6,8 @@ import math
 
 import pytest
 
-from core.checkpoint import RunDir
 from core.errors import PgolfError
-from core.runs import find_runs, plot_runs, read_metrics, summarize
+from core.runs import RunDir, find_runs, plot_runs, read_metrics, summarize
 
 
 def make_run(root, name, steps=4, finished=True):

@@ -27,7 +27,7 @@ def run(
     cfg = dataset.config(preset, out_dir=str(tmp_path), run_id=run_id, **changes)
     backend = make_backend(backend_name, cfg)
     try:
-        return train(cfg, backend, resume=resume, log=lambda line: None, step_progress=step_progress)
+        return train(backend, resume=resume, log=lambda line: None, step_progress=step_progress)
     finally:
         backend.close()
 

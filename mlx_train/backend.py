@@ -1,4 +1,4 @@
-"""The MLX backend: what core.loop needs to train the v1 GPT on Apple silicon (or a CPU).
+"""The MLX backend: what core.loop needs to train pgolf's GPT on Apple silicon (or a CPU).
 
 A step accumulates gradients over the micro-batches, each cut into sub-batches of
 at most `mlx_max_microbatch_tokens` tokens so a 16 GB Mac does not run out of
@@ -25,9 +25,10 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from core.config import Config
-from core.params import param_shapes, storage_dtypes
+from core.errors import PgolfError
+from core.params import check_layout, param_specs, storage_dtypes
 from mlx_train.model import GPT
-from mlx_train.muon import Optimizers
+from mlx_train.optim import Optimizers
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 
@@ -36,8 +37,16 @@ def _on_gpu() -> bool:
     return mx.default_device() == mx.gpu
 
 
+def check_config(cfg: Config) -> None:
+    """The options only MLX reads."""
+    if cfg.mlx_max_microbatch_tokens <= 0:
+        raise PgolfError(
+            f"config: mlx_max_microbatch_tokens must be positive, got {cfg.mlx_max_microbatch_tokens}"
+        )
+
+
 def sub_batches(x: np.ndarray, y: np.ndarray, max_tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Split (B, T) batches into runs of whole sequences of at most max_tokens tokens."""
+    """Split (B, T) batches into runs of whole sequences of at most max_tokens tokens (one sequence at least)."""
     per = max(max_tokens // x.shape[1], 1)
     return [(x[i : i + per], y[i : i + per]) for i in range(0, x.shape[0], per)]
 
@@ -47,6 +56,7 @@ class MLXBackend:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.specs = param_specs(cfg)
         self.group = mx.distributed.init()  # a group of one unless started by mlx.launch
         self.rank, self.world_size = self.group.rank(), self.group.size()
         gpu = _on_gpu()
@@ -55,7 +65,9 @@ class MLXBackend:
         self.peak_flops = None
         self.dtypes = {k: DTYPES[v] for k, v in storage_dtypes(cfg, self.bf16).items()}
         self.model = GPT(cfg, mx.bfloat16 if self.bf16 else mx.float32)
-        self.optim = Optimizers(cfg)
+        shapes = {k: tuple(v.shape) for k, v in tree_flatten(self.model.parameters())}
+        check_layout(cfg, shapes, "the MLX model")
+        self.optim = Optimizers(cfg, self.specs)
         compile_on = cfg.uses_compile(gpu)
 
         grad_fn = nn.value_and_grad(self.model, self.model.loss)
@@ -85,19 +97,17 @@ class MLXBackend:
 
     # ------------------------------------------------------------------ state
     def load_params(self, params: dict[str, np.ndarray]) -> None:
-        expected = param_shapes(self.cfg)
-        missing = sorted(set(expected) - set(params))
-        if missing:
-            raise ValueError(f"missing parameter {missing[0]}")
+        check_layout(self.cfg, {k: np.shape(v) for k, v in params.items()}, "weights")
         arrays = [
-            (k, mx.array(np.asarray(params[k], dtype=np.float32)).astype(self.dtypes[k])) for k in expected
+            (k, mx.array(np.asarray(params[k], dtype=np.float32)).astype(self.dtypes[k])) for k in self.specs
         ]
         self.model.update(tree_unflatten(arrays))
-        mx.eval(self.model.parameters())
+        self.optim.reset_ema(dict(arrays))
+        mx.eval(self.model.parameters(), self.optim.state)
 
     def params(self) -> dict[str, np.ndarray]:
         flat = dict(tree_flatten(self.model.parameters()))
-        return {k: np.array(flat[k].astype(mx.float32)) for k in param_shapes(self.cfg)}
+        return {k: np.array(flat[k].astype(mx.float32)) for k in self.specs}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         return {k: np.array(v) for k, v in self.optim.state.items()}
@@ -106,7 +116,7 @@ class MLXBackend:
         for key, current in list(self.optim.state.items()):
             value = state.get(key)
             if value is None:
-                raise ValueError(f"optimizer state lacks {key}")
+                raise PgolfError(f"optimizer state lacks {key}")
             self.optim.state[key] = mx.array(np.asarray(value)).astype(current.dtype).reshape(current.shape)
         mx.eval(self.optim.state)
 
@@ -145,7 +155,7 @@ class MLXBackend:
         return total
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return np.array(self.model(mx.array(x)).astype(mx.float32))
+        return np.array(self.model.logits(mx.array(x)).astype(mx.float32))
 
     # ------------------------------------------------------------ plumbing
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:

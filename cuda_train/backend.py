@@ -1,4 +1,4 @@
-"""The PyTorch backend: what core.loop needs to train the v1 GPT on CUDA GPUs or a CPU.
+"""The PyTorch backend: what core.loop needs to train pgolf's GPT on CUDA GPUs or a CPU.
 
 Launched as a plain process it uses one device; under `torchrun` it joins the
 process group (NCCL on CUDA, gloo on CPU) and wraps the compiled model in DDP.
@@ -19,12 +19,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core.config import Config
 from core.errors import PgolfError
-from core.params import param_shapes, storage_dtypes
+from core.params import check_layout, param_specs, storage_dtypes
 from cuda_train.model import GPT
-from cuda_train.muon import Muon, build_optimizers
+from cuda_train.optim import Muon, build_optimizers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense, datasheet
+
+
+def check_config(cfg: Config) -> None:
+    """PyTorch reads no option of its own: the shared checks of Config.validate are all."""
 
 
 class TorchBackend:
@@ -32,6 +36,7 @@ class TorchBackend:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.specs = param_specs(cfg)
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -56,10 +61,18 @@ class TorchBackend:
         torch.manual_seed(cfg.seed)
 
         self.model = GPT(cfg).to(self.torch_device)
+        check_layout(cfg, {n: tuple(p.shape) for n, p in self.model.named_parameters()}, "the PyTorch model")
         for pname, dtype in storage_dtypes(cfg, self.bf16).items():
             self.model.get_parameter(pname).data = self.model.get_parameter(pname).data.to(DTYPES[dtype])
         compile_on = cfg.uses_compile(cuda)
-        self.optimizers = build_optimizers(self.model, cfg, compile_on)
+        self.optimizers = build_optimizers(self.model, self.specs, cfg, compile_on)
+        # The moving average of the weights, in fp32 on the device (core.backend's "ema/<name>").
+        # load_params starts it at the loaded weights; load_optimizer_state restores a saved one.
+        self.ema = (
+            {n: torch.zeros(s.shape, device=self.torch_device) for n, s in self.specs.items()}
+            if cfg.ema_decay > 0
+            else {}
+        )
         self.steps_taken = 0
         self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model
         self.runner = self.compiled
@@ -78,10 +91,13 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ state
     def load_params(self, params: dict[str, np.ndarray]) -> None:
+        check_layout(self.cfg, {k: np.shape(v) for k, v in params.items()}, "weights")
         with torch.no_grad():
-            for name in param_shapes(self.cfg):
+            for name in self.specs:
                 p = self.model.get_parameter(name)
                 p.copy_(torch.from_numpy(np.asarray(params[name], dtype=np.float32)).to(p.device, p.dtype))
+                if self.ema:
+                    self.ema[name].copy_(p.float())
 
     def params(self) -> dict[str, np.ndarray]:
         return {name: p.detach().float().cpu().numpy().copy() for name, p in self.model.named_parameters()}
@@ -97,17 +113,24 @@ class TorchBackend:
                     value = state.get(key)
                     array = np.zeros(p.shape, np.float32) if value is None else value.float().cpu().numpy()
                     out[f"{key}/{names[p]}"] = array.copy()
+        out.update({f"ema/{n}": e.cpu().numpy().copy() for n, e in self.ema.items()})
         return out
 
     def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
         step = int(state["step"])
         names = {p: n for n, p in self.model.named_parameters()}
 
-        def tensor(key: str, p: torch.Tensor) -> torch.Tensor:
-            if f"{key}/{names[p]}" not in state:
-                raise PgolfError(f"optimizer state lacks {key}/{names[p]}")
-            return torch.from_numpy(np.asarray(state[f"{key}/{names[p]}"])).to(p.device, torch.float32)
+        def tensor_of(key: str) -> torch.Tensor:
+            if key not in state:
+                raise PgolfError(f"optimizer state lacks {key}")
+            return torch.from_numpy(np.asarray(state[key])).to(self.torch_device, torch.float32)
 
+        def tensor(key: str, p: torch.Tensor) -> torch.Tensor:
+            return tensor_of(f"{key}/{names[p]}")
+
+        with torch.no_grad():
+            for n, e in self.ema.items():
+                e.copy_(tensor_of(f"ema/{n}"))
         for opt in self.optimizers:
             opt.state.clear()
             if step == 0:  # a fresh optimizer: torch creates its state lazily
@@ -152,6 +175,11 @@ class TorchBackend:
             if isinstance(opt, Muon):
                 group["momentum"] = muon_momentum
             opt.step()
+        if self.ema:
+            with torch.no_grad():
+                ema, live = list(self.ema.values()), [self.model.get_parameter(n).float() for n in self.ema]
+                torch._foreach_mul_(ema, self.cfg.ema_decay)
+                torch._foreach_add_(ema, live, alpha=1.0 - self.cfg.ema_decay)
         self.steps_taken += 1
         return total / n
 
@@ -166,7 +194,7 @@ class TorchBackend:
     def logits(self, x: np.ndarray) -> np.ndarray:
         self.model.eval()
         with self.autocast:
-            return self.model(self._to_device(x)).float().cpu().numpy()
+            return self.model.logits(self._to_device(x)).float().cpu().numpy()
 
     # ------------------------------------------------------------ plumbing
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
