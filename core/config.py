@@ -41,6 +41,7 @@ CHOICES = {
     "compute_dtype": ("auto", "bfloat16", "float32"),
     "compile": ("auto", "on", "off"),
     "mlp_activation": ("relu2", "leaky_relu2"),
+    "muon_ns_coefficients": ("quintic", "polar_express"),
 }
 
 
@@ -119,6 +120,7 @@ class Config:
     beta2: float = opt(0.95, "Adam beta2")
     adam_eps: float = opt(1e-8, "Adam epsilon")
     grad_clip_norm: float = opt(0.0, "global gradient-norm clip; 0 = off")
+    muon_ns_coefficients: str = opt("quintic", "Newton-Schulz coefficients: quintic (the baseline's) or polar_express")
     muon_row_normalize: bool = opt(
         False, "MuonEq-R: scale each row of the update to unit norm before Newton-Schulz"
     )
