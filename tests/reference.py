@@ -1,5 +1,8 @@
 """An independent numpy float64 implementation of the model and optimizers, for parity tests.
 
+It covers the baseline and every model feature of the config (partial RoPE, LN scale,
+XSA, value embeddings, skip gates, leaky-ReLU^2, fractional MLP width).
+
 Written from the formulas, with explicit loops and no framework: if a backend
 and this file agree, both implement the spec (or both misread it the same way).
 """
@@ -18,25 +21,36 @@ def rms_norm(x: np.ndarray) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS32)
 
 
-def rope(x: np.ndarray, base: float) -> np.ndarray:
-    """x: (B, H, T, D). Rotate (x1, x2) halves by -theta: (x1 cos + x2 sin, -x1 sin + x2 cos)."""
-    t, d = x.shape[2], x.shape[3]
-    theta = np.arange(t)[:, None] * base ** (-np.arange(0, d, 2) / d)[None, :]  # (T, D/2)
+def rope(x: np.ndarray, base: float, dims: int = 0) -> np.ndarray:
+    """x: (B, H, T, D). Rotate the halves (x1, x2) of the first `dims` dims (0 = all) by -theta:
+    (x1 cos + x2 sin, -x1 sin + x2 cos); the other dims pass unchanged."""
+    t, d = x.shape[2], dims or x.shape[3]
+    theta = np.arange(t)[:, None] * base ** (-np.arange(0, d, 2) / d)[None, :]  # (T, d/2)
     cos, sin = np.cos(theta), np.sin(theta)
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    return np.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], axis=-1)
+    x1, x2, rest = x[..., : d // 2], x[..., d // 2 : d], x[..., d:]
+    return np.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos, rest], axis=-1)
 
 
-def attention(params: dict, prefix: str, cfg: Config, x: np.ndarray) -> np.ndarray:
-    """Grouped-query causal attention of x (B, T, d), head by head with an explicit softmax."""
+def attention(
+    params: dict, prefix: str, cfg: Config, x: np.ndarray, v_embed: np.ndarray | None, xsa: bool
+) -> np.ndarray:
+    """Grouped-query causal attention of x (B, T, d), head by head with an explicit softmax.
+
+    `v_embed` (B, T, kv_dim) is added to the values; with `xsa` each head's output loses
+    its component along the unit vector of its own token's value."""
     b, t, d = x.shape
     h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
-    def heads(name: str, n: int) -> np.ndarray:
-        return (x @ params[prefix + name].T).reshape(b, t, n, hd).transpose(0, 2, 1, 3)
+    def heads(y: np.ndarray, n: int) -> np.ndarray:
+        return y.reshape(b, t, n, hd).transpose(0, 2, 1, 3)
 
-    q, k, v = heads("c_q.weight", h), heads("c_k.weight", kv), heads("c_v.weight", kv)
-    q, k = rope(rms_norm(q), cfg.rope_base), rope(rms_norm(k), cfg.rope_base)
+    values = x @ params[prefix + "c_v.weight"].T + (0.0 if v_embed is None else v_embed)
+    q, k, v = (
+        heads(x @ params[prefix + "c_q.weight"].T, h),
+        heads(x @ params[prefix + "c_k.weight"].T, kv),
+        heads(values, kv),
+    )
+    q, k = rope(rms_norm(q), cfg.rope_base, cfg.rope_dims), rope(rms_norm(k), cfg.rope_base, cfg.rope_dims)
     q = q * params[prefix + "q_gain"][None, :, None, None]
     out = np.zeros((b, h, t, hd))
     mask = np.tril(np.ones((t, t), dtype=bool))
@@ -47,33 +61,60 @@ def attention(params: dict, prefix: str, cfg: Config, x: np.ndarray) -> np.ndarr
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
         weights /= weights.sum(axis=-1, keepdims=True)
         out[:, head] = weights @ v[:, group]
+        if xsa:
+            unit = v[:, group] / np.maximum(np.linalg.norm(v[:, group], axis=-1, keepdims=True), 1e-12)
+            out[:, head] -= (out[:, head] * unit).sum(axis=-1, keepdims=True) * unit
     y = out.transpose(0, 2, 1, 3).reshape(b, t, d)
     return y @ params[prefix + "proj.weight"].T
 
 
-def block(params: dict, i: int, cfg: Config, x: np.ndarray, x0: np.ndarray) -> np.ndarray:
-    """Block i: mix with x0, then the scaled attention and relu^2-MLP residual branches."""
+def block(
+    params: dict, i: int, cfg: Config, x: np.ndarray, x0: np.ndarray, v_embed: np.ndarray | None
+) -> np.ndarray:
+    """Block i: mix with x0, then the scaled attention and MLP residual branches on normed
+    inputs (scaled by 1/sqrt(i+1) with ln_scale); relu^2 or leaky_relu(0.5)^2."""
     p = f"blocks.{i}."
+    scale = 1.0 / np.sqrt(i + 1) if cfg.ln_scale else 1.0
     mix = params[p + "resid_mix"]
     x = mix[0] * x + mix[1] * x0
-    x = x + params[p + "attn_scale"] * attention(params, p + "attn.", cfg, rms_norm(x))
-    hidden = np.maximum(rms_norm(x) @ params[p + "mlp.fc.weight"].T, 0.0) ** 2
+    xsa = i >= cfg.num_layers - cfg.xsa_last_n
+    x = x + params[p + "attn_scale"] * attention(params, p + "attn.", cfg, rms_norm(x) * scale, v_embed, xsa)
+    u = rms_norm(x) * scale @ params[p + "mlp.fc.weight"].T
+    slope = 0.5 if cfg.mlp_activation == "leaky_relu2" else 0.0
+    hidden = np.where(u > 0, u, slope * u) ** 2
     return x + params[p + "mlp_scale"] * (hidden @ params[p + "mlp.proj.weight"].T)
+
+
+def value_embeddings(p: dict, cfg: Config, x: np.ndarray) -> dict[int, np.ndarray]:
+    """Layer -> the value embedding it adds: table row, projected when ve_dim != kv width, times both scales."""
+    if not cfg.ve_enabled:
+        return {}
+    h = p["ve_shared.embed.weight"][x]
+    if "ve_shared.proj.weight" in p:
+        h = h @ p["ve_shared.proj.weight"].T
+    h = h * p["ve_shared.scale"]
+    return {layer: h * p[f"ve_layer_scales.{j}"] for j, layer in enumerate(cfg.ve_layer_indices)}
 
 
 def reference_logits(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray) -> np.ndarray:
     """Logits (B, T, V) after the softcap for token ids x (B, T), in float64."""
     p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
+    ve = value_embeddings(p, cfg, x)
     h = rms_norm(p["tok_emb.weight"][x])
     x0, skips = h, []
     encoder = cfg.num_layers // 2
     for i in range(encoder):
-        h = block(p, i, cfg, h, x0)
+        h = block(p, i, cfg, h, x0, ve.get(i))
         skips.append(h)
     for j, i in enumerate(range(encoder, cfg.num_layers)):
         if skips:
-            h = h + p["skip_weights"][j] * skips.pop()
-        h = block(p, i, cfg, h, x0)
+            skip = p["skip_weights"][j] * skips.pop()
+            if cfg.skip_gates_enabled:  # gate g: (1 - g) * skip + g * h
+                gate = 1.0 / (1.0 + np.exp(-p["skip_gates"][j]))
+                h = (1.0 - gate) * skip + gate * h
+            else:
+                h = h + skip
+        h = block(p, i, cfg, h, x0, ve.get(i))
     head = p["tok_emb.weight"] if cfg.tie_embeddings else p["lm_head.weight"]
     z = rms_norm(h) @ head.T
     return cfg.logit_softcap * np.tanh(z / cfg.logit_softcap)
@@ -88,9 +129,15 @@ def reference_loss(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, y:
 
 
 def reference_muon_update(
-    param: np.ndarray, grad: np.ndarray, buf: np.ndarray, lr: float, momentum: float, steps: int
+    param: np.ndarray,
+    grad: np.ndarray,
+    buf: np.ndarray,
+    lr: float,
+    momentum: float,
+    steps: int,
+    wd: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One Muon step on a 2-D matrix: (new param, new momentum buffer)."""
+    """One Muon step on a 2-D matrix, after decoupled weight decay: (new param, new momentum buffer)."""
     a, b, c = 3.4445, -4.7750, 2.0315
     buf = momentum * buf + grad
     g = grad + momentum * buf
@@ -103,7 +150,7 @@ def reference_muon_update(
         x = a * x + (b * gram + c * gram @ gram) @ x
     if rows > cols:
         x = x.T
-    return param - lr * np.sqrt(max(1.0, rows / cols)) * x, buf
+    return param * (1 - lr * wd) - lr * np.sqrt(max(1.0, rows / cols)) * x, buf
 
 
 def reference_adam_update(
@@ -116,9 +163,10 @@ def reference_adam_update(
     beta1: float,
     beta2: float,
     eps: float,
+    wd: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One bias-corrected Adam step (step = 1 on the first): (new param, m, v)."""
+    """One bias-corrected AdamW step (step = 1 on the first; decoupled decay): (new param, m, v)."""
     m = beta1 * m + (1 - beta1) * grad
     v = beta2 * v + (1 - beta2) * grad * grad
     m_hat, v_hat = m / (1 - beta1**step), v / (1 - beta2**step)
-    return param - lr * m_hat / (np.sqrt(v_hat) + eps), m, v
+    return param * (1 - lr * wd) - lr * m_hat / (np.sqrt(v_hat) + eps), m, v

@@ -14,7 +14,7 @@ import pytest
 
 from core import backend as backends
 from core.config import preset
-from core.optim import GROUPS, base_lr
+from core.optim import GROUPS, base_lr, weight_decay
 from core.params import init_params, param_shapes, param_specs
 from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
 
@@ -90,10 +90,18 @@ def test_parameters_are_the_canonical_ones_and_round_trip(backend_name):
     assert all(got[k].dtype == np.float32 and np.array_equal(got[k], v) for k, v in params.items())
 
 
-@pytest.mark.parametrize("tied", [True, False])
+# Every model feature on at once (small: the numpy reference loops head by head).
+FEATURES = dict(
+    mlp_mult=2.5, mlp_activation="leaky_relu2", rope_dims=8, ln_scale=True, xsa_last_n=2, ve_enabled=True,
+    ve_dim=24, ve_layers="1,2", skip_gates_enabled=True, qk_gain_init=4.0,
+)  # fmt: skip
+VARIANTS = {"tied": {}, "untied": {"tie_embeddings": False}, "features": FEATURES}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("backend_name", BACKENDS)
-def test_forward_matches_the_reference(backend_name, tied):
-    cfg = preset("smoke").replace(tie_embeddings=tied, num_layers=3)  # odd depth: one unpaired block
+def test_forward_matches_the_reference(backend_name, variant):
+    cfg = preset("smoke").replace(num_layers=3, **VARIANTS[variant])  # odd depth: one unpaired block
     backend = make_backend(backend_name, cfg)
     params = busy_params(cfg)
     backend.load_params(params)
@@ -102,9 +110,12 @@ def test_forward_matches_the_reference(backend_name, tied):
     assert backend.eval_nll(x, y) / y.size == pytest.approx(reference_loss(params, cfg, x, y), rel=2e-5)
 
 
+@pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("backend_name", BACKENDS)
-def test_train_steps_equal_the_hand_computed_updates(backend_name):
+def test_train_steps_equal_the_hand_computed_updates(backend_name, decay):
     cfg = preset("smoke").replace(tie_embeddings=False)
+    if decay:
+        cfg = cfg.replace(muon_wd=0.3, embed_wd=0.2, adam_wd=0.1)
     backend = make_backend(backend_name, cfg)
     params = {k: v.astype(np.float64) for k, v in busy_params(cfg).items()}
     backend.load_params(params)
@@ -118,9 +129,10 @@ def test_train_steps_equal_the_hand_computed_updates(backend_name):
         specs = param_specs(cfg)
         for name in params:
             lr = base_lr(cfg, specs[name].group) * lr_mult
+            wd = weight_decay(cfg, specs[name].group)
             if GROUPS[specs[name].group].muon:
                 params[name], state[name] = reference_muon_update(
-                    params[name], grad[name], state[name], lr, momentum, cfg.muon_backend_steps
+                    params[name], grad[name], state[name], lr, momentum, cfg.muon_backend_steps, wd
                 )
             else:
                 params[name], state[name], second[name] = reference_adam_update(
@@ -133,6 +145,7 @@ def test_train_steps_equal_the_hand_computed_updates(backend_name):
                     cfg.beta1,
                     cfg.beta2,
                     cfg.adam_eps,
+                    wd,
                 )
         got = backend.params()
         for name in params:

@@ -19,15 +19,28 @@ from core.checkpoint import load_checkpoint
 from core.loop import evaluate, export_artifact, load_eval_data
 from core.params import init_params, storage_dtypes
 from core.runs import read_metrics
-from tests.test_backends import NEEDS, batch, busy_params, make_backend
+from tests.test_backends import FEATURES, NEEDS, batch, busy_params, make_backend
 from tests.test_training import final_params, run
 
 pytestmark = [*NEEDS["cuda"], *NEEDS["mlx"]]
 DIRECTIONS = [("cuda", "mlx"), ("mlx", "cuda")]
+# The baseline, and every model and optimizer feature on (weight decay, the weights' moving average).
+MODELS = {
+    "baseline": {},
+    "features": {
+        **FEATURES,
+        "num_layers": 3,
+        "muon_wd": 0.05,
+        "embed_wd": 0.05,
+        "adam_wd": 0.02,
+        "ema_decay": 0.9,
+    },
+}
 
 
-def test_same_seed_same_initial_weights(sotu_dataset):
-    cfg = sotu_dataset.config()
+@pytest.mark.parametrize("model", MODELS)
+def test_same_seed_same_initial_weights(sotu_dataset, model):
+    cfg = sotu_dataset.config(**MODELS[model])
     weights = [make_backend(name, cfg) for name in ("cuda", "mlx")]
     for backend in weights:
         backend.load_params(init_params(cfg))
@@ -35,9 +48,9 @@ def test_same_seed_same_initial_weights(sotu_dataset):
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_same_weights_same_logits_and_loss(sotu_dataset, tied):
-    cfg = sotu_dataset.config(tie_embeddings=tied)
+@pytest.mark.parametrize("model", [*MODELS, "untied"])
+def test_same_weights_same_logits_and_loss(sotu_dataset, model):
+    cfg = sotu_dataset.config(**MODELS.get(model, {"tie_embeddings": False}))
     params = busy_params(cfg, seed=11)
     x, y = batch(cfg, n=3, seed=12)
     torch_b, mlx_b = make_backend("cuda", cfg), make_backend("mlx", cfg)
@@ -47,8 +60,9 @@ def test_same_weights_same_logits_and_loss(sotu_dataset, tied):
     assert mlx_b.eval_nll(x, y) == pytest.approx(torch_b.eval_nll(x, y), rel=1e-5)
 
 
-def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_path):
-    cfg = sotu_dataset.config()
+@pytest.mark.parametrize("model", MODELS)
+def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_path, model):
+    cfg = sotu_dataset.config(**MODELS[model])
     params = busy_params(cfg, seed=13)
     paths = []
     for name in ("cuda", "mlx"):
@@ -71,15 +85,18 @@ def test_an_artifact_scores_the_same_in_both(sotu_dataset, tmp_path, writer, rea
     assert meter.val_bpb == pytest.approx(result.roundtrip_val_bpb, abs=1e-5)
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize(("writer", "reader"), DIRECTIONS)
-def test_a_checkpoint_resumes_in_the_other_backend(sotu_dataset, tmp_path, writer, reader):
-    first = run(sotu_dataset, writer, tmp_path, "first", iterations=4, checkpoint_every=2)
+def test_a_checkpoint_resumes_in_the_other_backend(sotu_dataset, tmp_path, writer, reader, model):
+    first = run(sotu_dataset, writer, tmp_path, "first", iterations=4, checkpoint_every=2, **MODELS[model])
     ckpt = first.run_dir / "checkpoints" / "step_000002.safetensors"
     assert load_checkpoint(ckpt).backend == writer
-    other = run(sotu_dataset, reader, tmp_path, "other", iterations=4, resume=ckpt)
+    other = run(sotu_dataset, reader, tmp_path, "other", iterations=4, resume=ckpt, **MODELS[model])
     a, b = final_params(first), final_params(other)
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-4, err_msg=k)
+    # The exported weights (the moving average when on) score alike.
+    assert other.roundtrip_val_bpb == pytest.approx(first.roundtrip_val_bpb, abs=1e-4)
 
 
 def test_training_curves_agree(sotu_dataset, tmp_path):

@@ -174,3 +174,20 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     two = load_checkpoint(tmp_path / "two" / "checkpoints" / "step_000003.safetensors").params
     for k in one:  # same tokens, gradients averaged in a different order: fp32 round-off only
         np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_the_moving_average_is_what_gets_exported(sotu_dataset, backend_name, tmp_path):
+    from core.params import artifact_classes
+    from core.quant import quantize_int8
+
+    result = run(sotu_dataset, backend_name, tmp_path, ema_decay=0.5)
+    ckpt = load_checkpoint(result.run_dir / "checkpoints" / "step_000004.safetensors")
+    ema = {name: ckpt.optimizer[f"ema/{name}"] for name in ckpt.params}
+    classes = artifact_classes(sotu_dataset.config(ema_decay=0.5))
+    artifact = dequantize_int8(load_artifact(result.run_dir / "final_model.int8.pgolf"))
+    from_ema = dequantize_int8(quantize_int8(ema, ckpt.dtypes, classes))
+    from_live = dequantize_int8(quantize_int8(ckpt.params, ckpt.dtypes, classes))
+    assert all(np.array_equal(artifact[k], from_ema[k]) for k in artifact)
+    assert not all(np.array_equal(artifact[k], from_live[k]) for k in artifact)
+    assert "ema val_loss:" in (result.run_dir / "train.log").read_text()
