@@ -20,7 +20,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from core.config import Config
+from core.config import PRESETS, Config
 from core.errors import PgolfError
 
 try:  # recent typer releases carry their own copy of click
@@ -83,7 +83,7 @@ CONFIG_FILE = typer.Option(None, help="TOML file of config fields, applied over 
 BACKEND = typer.Option(
     "auto", help="cuda (PyTorch: CUDA, else CPU; 'torch' also works), mlx, or auto (MLX on Apple silicon)."
 )
-PRESET = typer.Option("baseline", help="Starting config: baseline, seq4096, tiny, smoke.")
+PRESET = typer.Option("baseline", help=f"Starting config: {', '.join(PRESETS)}.")
 ALLOW_PICKLE = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!).")
 
 
@@ -205,7 +205,11 @@ def data_download(
     out: Path = typer.Option(Path("data"), help="Root folder: datasets/, tokenizers/, manifest.json."),
     variant: str = typer.Option("sp1024", help="Tokenization: sp<VOCAB> (e.g. sp1024) or byte260."),
     train_shards: int = typer.Option(80, help="How many train shards (1e8 tokens each) to fetch."),
-    repo_id: str = typer.Option("willdepueoai/parameter-golf", help="Hugging Face dataset repo."),
+    repo_id: str = typer.Option(
+        "willdepueoai/parameter-golf",
+        envvar="MATCHED_FINEWEB_REPO_ID",
+        help="Hugging Face dataset repo (e.g. kevclark/parameter-golf for record 2026-04-01's sp4096).",
+    ),
 ) -> None:
     """Download the challenge's FineWeb shards and tokenizer (files already present are kept)."""
     from core.download import download_fineweb

@@ -283,8 +283,10 @@ def test_stand_in_manifest_has_the_challenge_shape():
     assert ours["datasets"][0]["path"] == real["datasets"][0]["path"]
 
 
-def test_cli_download_through_the_default_fetch(tmp_path, monkeypatch, remote):
-    """`cli.py data download` end to end, with the hub replaced by the stand-in."""
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_cli_download_through_the_default_fetch(tmp_path, monkeypatch, remote, how):
+    """`cli.py data download` end to end, with the hub replaced by the stand-in; the repo is
+    named by --repo-id or by the challenge script's MATCHED_FINEWEB_REPO_ID."""
     huggingface_hub = pytest.importorskip("huggingface_hub")
     from typer.testing import CliRunner
 
@@ -296,7 +298,11 @@ def test_cli_download_through_the_default_fetch(tmp_path, monkeypatch, remote):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     out = tmp_path / "data"
-    args = ["data", "download", "--out", str(out), "--train-shards", "2", "--repo-id", "someone/repo"]
+    args = ["data", "download", "--out", str(out), "--train-shards", "2"]
+    if how == "flag":
+        args += ["--repo-id", "someone/repo"]
+    else:
+        monkeypatch.setenv("MATCHED_FINEWEB_REPO_ID", "someone/repo")
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "downloaded: 5" in result.output

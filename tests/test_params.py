@@ -29,8 +29,9 @@ ALL_FEATURES = dict(
 )  # fmt: skip
 
 
-def test_baseline_parameter_count_is_the_published_one():
+def test_parameter_counts_are_the_published_ones():
     assert count_params(preset("baseline")) == 17_059_912
+    assert count_params(preset("record_0401")) == 34_401_371  # the record's train log: model_params
 
 
 def test_names_are_the_upstream_state_dict_keys():
