@@ -292,3 +292,19 @@ def test_bf16_compute_stays_close_to_the_reference_and_learns(backend_name):
     for _ in range(30):  # memorise one batch
         last = float(backend.train_step([(x, y)], 1.0, 0.9))
     assert last < 0.1 * first
+
+
+def test_backend_options_are_checked_by_their_backend():
+    """A long sequence is no business of MLX's micro-batch option unless MLX runs."""
+    from core.errors import PgolfError
+
+    cfg = preset("smoke").replace(
+        train_seq_len=16_384, train_batch_tokens=32_768, val_batch_size=32_768, mlx_max_microbatch_tokens=128
+    )
+    for info in backends.installed():
+        backends.check_config(info.name, cfg)  # a sub-batch holds one whole sequence at least
+    if backends.BACKENDS["mlx"].installed:
+        with pytest.raises(PgolfError, match="mlx_max_microbatch_tokens must be positive"):
+            backends.check_config("mlx", cfg.replace(mlx_max_microbatch_tokens=0))
+    if backends.BACKENDS["cuda"].installed:
+        backends.check_config("torch", cfg.replace(mlx_max_microbatch_tokens=0))  # not PyTorch's option
