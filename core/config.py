@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import PgolfError
-from core.shards import MAX_VOCAB
+from core.shards import MAX_VOCAB, TRAIN_LOADERS
 
 # Upstream spellings that are not simply FIELD.upper().
 ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
@@ -42,6 +42,7 @@ CHOICES = {
     "compile": ("auto", "on", "off"),
     "mlp_activation": ("relu2", "leaky_relu2"),
     "muon_ns_coefficients": ("quintic", "polar_express"),
+    "train_loader": tuple(TRAIN_LOADERS),
 }
 
 
@@ -54,6 +55,11 @@ def opt(default: Any, help: str) -> Any:
 class Config:
     # --- data ---
     data_path: str = opt("data/datasets/sotu_sp1024", "folder holding fineweb_{train,val}_*.bin shards")
+    train_loader: str = opt(
+        "sequential",
+        "sequential (shards in order, upstream's stream) | coprime (the 03-29..04-04 records' "
+        "coprime-stride multi-shard sampler, seeded by the shard names)",
+    )
     tokenizer_path: str = opt("data/tokenizers/sotu_1024_bpe.model", "SentencePiece model used for BPB")
     run_id: str = opt("", "name of the run directory under out_dir; empty = timestamp")
     out_dir: str = opt("runs", "where run directories are created")

@@ -44,7 +44,7 @@ from core.params import (
 )
 from core.runs import RunDir
 from core.schedule import lr_multiplier, muon_momentum
-from core.shards import BatchLoader, find_shards, load_val_tokens, val_spans
+from core.shards import find_shards, load_val_tokens, make_train_loader, val_spans
 from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 
 Log = Callable[[str], None]
@@ -214,8 +214,12 @@ class Training:
         cfg, backend = self.cfg, self.backend
         cfg.validate(backend.world_size)
         self.data = load_eval_data(cfg)
-        self.loader = BatchLoader(
-            find_shards(cfg.data_path, "train"), backend.rank, backend.world_size, cfg.vocab_size
+        self.loader = make_train_loader(
+            cfg.train_loader,
+            find_shards(cfg.data_path, "train"),
+            backend.rank,
+            backend.world_size,
+            cfg.vocab_size,
         )
         start_ms = 0.0
         if self.resume is not None:

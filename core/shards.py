@@ -1,4 +1,8 @@
-"""The challenge's token shard format, the training stream and the validation split.
+"""The challenge's token shard format, the training loaders and the validation split.
+
+Two training loaders with one interface (`next_batch`, `state`, `load_state`), picked by
+`Config.train_loader`: `BatchLoader`, upstream's sequential stream, and `CoprimeLoader`, the
+records' coprime-stride sampler over many shards at once.
 
 A shard is a header of 256 little-endian int32 (magic 20240520, version 1, token
 count, zeros) followed by that many little-endian uint16 token ids.
@@ -7,6 +11,7 @@ count, zeros) followed by that many little-endian uint16 token ids.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +181,308 @@ class BatchLoader:
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.stream.load_state(state)
+
+
+FNV_PRIME = 1_099_511_628_211
+MIX_RAMP_CALLS = 1800  # next_batch calls over which the shard mixture goes from few to many shards
+
+
+def shard_names_seed(files: list[Path]) -> int:
+    """The coprime loader's RNG seed: 64-bit FNV-1a (offset basis 0, as the records) over the UTF-8
+    bytes of the shard file names, concatenated in sorted order.
+
+    The records hash the path strings exactly as `glob` returned them, so their batches change with
+    the folder the data sits in; names alone give the same batches wherever the dataset is moved.
+    For a glob run inside the shard folder (the golden batches) the two are the same strings.
+    """
+    seed = 0
+    for name in sorted(Path(f).name for f in files):
+        for byte in name.encode():
+            seed = ((seed ^ byte) * FNV_PRIME) & 0xFFFF_FFFF_FFFF_FFFF
+    return seed
+
+
+class CoprimeLoader:
+    """The records' coprime-stride multi-shard loader (`DistributedTokenLoader`, 2026-03-29 to 04-04).
+
+    Every call samples one global list of windows of seq_len+1 tokens, the same on every rank (one
+    RNG, seeded by `shard_names_seed`); rank r takes windows r, r+W, ... Each shard has a cursor: a
+    random phase (offset < seq_len), the blocks of seq_len tokens after it, and a pass over those
+    blocks in the order start, start+stride, ... (mod blocks) with gcd(stride, blocks) = 1, so a pass
+    visits every block once; an exhausted cursor is drawn again (new phase, start and stride).
+    A call picks `mix` shards without replacement, weighted by remaining blocks^alpha, splits the
+    windows among them (one each plus a multinomial), takes each shard's windows from its cursor,
+    shuffles them and interleaves the shards round-robin in random order. Over the first 1800 calls
+    the mixture widens (8 to 32 shards, for W <= 4) and alpha falls from 0.9 to 0.5. The RNG draws,
+    their order and the arithmetic are the record's, so the batches are identical to its batches
+    for the same shard names (see tests/test_loader.py). Ids are int32, as from `BatchLoader`.
+    """
+
+    def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
+        if not 0 <= rank < world_size:
+            raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
+        if not files:
+            raise PgolfError("the coprime loader needs at least one shard")
+        self.files = sorted((Path(f) for f in files), key=lambda p: (p.name, str(p)))
+        self.rank, self.world_size, self.vocab_size = rank, world_size, vocab_size
+        # Check every header now: a bad shard should fail at start-up, not hours into a run.
+        self.num_tokens = np.array([read_shard_header(f) for f in self.files], dtype=np.int64)
+        for f, n in zip(self.files, self.num_tokens.tolist(), strict=True):
+            if n == 0:
+                raise PgolfError(f"shard {f}: holds no tokens")
+        self.seed = shard_names_seed(self.files)
+        self.rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.seq_len = 0  # fixed by the first call: the cursors are in blocks of seq_len
+        self.calls = 0
+        n = len(self.files)
+        self.phase = np.zeros(n, dtype=np.int64)
+        self.blocks = np.zeros(n, dtype=np.int64)
+        self.next = np.zeros(n, dtype=np.int64)  # blocks of the current pass already taken
+        self.start = np.zeros(n, dtype=np.int64)
+        self.stride = np.ones(n, dtype=np.int64)
+        self.active = np.zeros(n, dtype=np.bool_)  # the shard has a cursor
+        self._memmaps: dict[int, np.memmap] = {}
+
+    # ------------------------------------------------------------------ cursors
+    def _coprime_stride(self, blocks: int) -> int:
+        if blocks <= 1:
+            return 1
+        while True:
+            stride = int(self.rng.integers(1, blocks))
+            if math.gcd(stride, blocks) == 1:
+                return stride
+
+    def _new_cursor(self, si: int) -> None:
+        n, seq_len = int(self.num_tokens[si]), self.seq_len
+        max_phase = min(seq_len - 1, max(0, n - seq_len - 1))
+        phase = int(self.rng.integers(max_phase + 1)) if max_phase > 0 else 0
+        blocks = (n - 1 - phase) // seq_len
+        self.phase[si], self.blocks[si], self.next[si] = phase, blocks, 0
+        self.start[si] = int(self.rng.integers(blocks)) if blocks > 1 else 0
+        self.stride[si] = self._coprime_stride(blocks)
+        self.active[si] = True
+
+    def _take(self, si: int, count: int) -> list[tuple[int, int]]:
+        """The next `count` windows (shard, first token) of shard si, starting new passes as needed."""
+        out: list[tuple[int, int]] = []
+        while count > 0:
+            if not self.active[si] or self.next[si] >= self.blocks[si]:
+                self._new_cursor(si)
+            blocks, done = int(self.blocks[si]), int(self.next[si])
+            phase, start, stride = int(self.phase[si]), int(self.start[si]), int(self.stride[si])
+            k = min(count, blocks - done)
+            out.extend(
+                (si, phase + (start + j * stride) % blocks * self.seq_len) for j in range(done, done + k)
+            )
+            self.next[si] = done + k
+            count -= k
+        return out
+
+    # ------------------------------------------------------------------ sampling
+    def _global_windows(self, global_seqs: int) -> list[tuple[int, int]]:
+        """One call's windows for all ranks, with the record's RNG draws in the record's order."""
+        eligible = self._eligible
+        ec = len(eligible)
+        progress = min(self.calls / float(MIX_RAMP_CALLS), 1.0)
+        remaining = np.array(
+            [
+                float(max(int(self.blocks[si]) - int(self.next[si]), 1))
+                if self.active[si]
+                else float((int(self.num_tokens[si]) - 1) // self.seq_len)
+                for si in eligible.tolist()
+            ],
+            dtype=np.float64,
+        )
+        weights = np.power(remaining, 0.90 - 0.40 * progress)
+        total = float(weights.sum())
+        if not np.isfinite(total) or total <= 0.0:
+            weights = np.ones(ec, dtype=np.float64)
+            total = float(weights.sum())
+        probs = weights / total
+        low = min(max(8, self.world_size), ec, global_seqs)
+        high = min(max(32, self.world_size * 8), ec, global_seqs)
+        mix = max(1, min(round(low + progress * (high - low)), ec, global_seqs))
+
+        picked = self.rng.choice(ec, size=mix, replace=False, p=probs)
+        chosen = eligible[picked]
+        chosen_probs = probs[picked].copy()
+        chosen_probs /= chosen_probs.sum()
+        counts = np.ones(mix, dtype=np.int64)
+        if global_seqs > mix:
+            counts += self.rng.multinomial(global_seqs - mix, chosen_probs).astype(np.int64)
+        order = self.rng.permutation(mix)
+        chosen, counts = chosen[order], counts[order]
+
+        buckets: list[list[tuple[int, int]]] = []
+        for si, count in zip(chosen.tolist(), counts.tolist(), strict=True):
+            bucket = self._take(si, count)
+            if len(bucket) > 1:
+                bucket = [bucket[k] for k in self.rng.permutation(len(bucket)).tolist()]
+            if bucket:
+                buckets.append(bucket)
+        # Round-robin in a fresh random order each round; each bucket gives its last window.
+        windows: list[tuple[int, int]] = []
+        live = list(range(len(buckets)))
+        while live:
+            still = []
+            for i in self.rng.permutation(len(live)).tolist():
+                bucket = buckets[live[i]]
+                windows.append(bucket.pop())
+                if bucket:
+                    still.append(live[i])
+            live = still
+        return windows
+
+    def _shard(self, si: int) -> np.memmap:
+        if si not in self._memmaps:
+            self._memmaps[si] = np.memmap(
+                self.files[si], dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(self.num_tokens[si]),)
+            )
+        return self._memmaps[si]
+
+    @property
+    def _eligible(self) -> np.ndarray:
+        """Shards holding at least one window of seq_len+1 tokens, in file order."""
+        return np.nonzero((self.num_tokens - 1) // self.seq_len > 0)[0].astype(np.int64)
+
+    def _fix_seq_len(self, seq_len: int) -> None:
+        if self.seq_len == 0:
+            if seq_len <= 0:
+                raise PgolfError(f"sequence length must be positive, got {seq_len}")
+            self.seq_len = seq_len
+            short = [
+                f.name for f, n in zip(self.files, self.num_tokens.tolist(), strict=True) if n <= seq_len
+            ]
+            if len(short) == len(self.files):
+                raise PgolfError(
+                    f"no training shard in {self.files[0].parent} holds {seq_len + 1} tokens "
+                    f"(one sequence of {seq_len} plus its target)"
+                )
+            if short:
+                log.warning(
+                    "train data: %d shards shorter than %d tokens are skipped: %s",
+                    len(short),
+                    seq_len + 1,
+                    ", ".join(short[:5]) + (" ..." if len(short) > 5 else ""),
+                )
+        elif seq_len != self.seq_len:
+            raise PgolfError(
+                f"the coprime loader's cursors are in blocks of {self.seq_len} tokens; "
+                f"it cannot serve sequences of {seq_len}"
+            )
+
+    # ------------------------------------------------------------------ interface
+    def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        local = global_tokens // (self.world_size * accum_steps)
+        if local <= 0 or local % seq_len:
+            raise PgolfError(
+                f"{global_tokens} tokens per step over {self.world_size} ranks x {accum_steps} micro-steps "
+                f"is not a whole number of sequences of {seq_len}"
+            )
+        self._fix_seq_len(seq_len)
+        # Sizes follow each call's arguments (the record fixes them at its first call; the loop's never change).
+        windows = self._global_windows(local // seq_len * self.world_size)[self.rank :: self.world_size]
+        batch = np.empty((len(windows), seq_len + 1), dtype=np.int32)
+        for row, (si, pos) in enumerate(windows):
+            batch[row] = self._shard(si)[pos : pos + seq_len + 1]
+        if self.vocab_size is not None and batch.size and int(batch.max()) >= self.vocab_size:
+            row = int(np.argmax(batch.max(axis=1)))
+            raise PgolfError(
+                f"shard {self.files[windows[row][0]]}: token id {int(batch[row].max())} >= vocab_size "
+                f"{self.vocab_size}; the shards do not match the tokenizer vocabulary"
+            )
+        self.calls += 1
+        return batch[:, :-1], batch[:, 1:]
+
+    def state(self) -> dict[str, Any]:
+        """Everything a resume needs, JSON-safe; the same on every rank (the windows are global)."""
+        rng = self.rng.bit_generator.state
+        return {
+            "loader": "coprime",
+            "seed": str(self.seed),
+            "shards": len(self.files),
+            "seq_len": self.seq_len,
+            "calls": self.calls,
+            # 128-bit integers as decimal strings: JSON readers other than Python's lose their digits.
+            "rng": {
+                "state": str(rng["state"]["state"]),
+                "inc": str(rng["state"]["inc"]),
+                "has_uint32": int(rng["has_uint32"]),
+                "uinteger": int(rng["uinteger"]),
+            },
+            "cursors": {
+                "phase": self.phase.tolist(),
+                "blocks": self.blocks.tolist(),
+                "next": self.next.tolist(),
+                "start": self.start.tolist(),
+                "stride": self.stride.tolist(),
+                "active": self.active.tolist(),
+            },
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("loader") != "coprime":
+            keys = sorted(state) if isinstance(state, dict) else state
+            raise PgolfError(
+                f"data position {keys!r} was not written by the coprime loader (train_loader=coprime); "
+                "resume with the train_loader the run started with"
+            )
+        n = len(self.files)
+        try:
+            seed, shards = int(state["seed"]), int(state["shards"])
+            seq_len, calls = int(state["seq_len"]), int(state["calls"])
+            rng = state["rng"]
+            bit_state = {
+                "bit_generator": "PCG64",
+                "state": {"state": int(rng["state"]), "inc": int(rng["inc"])},
+                "has_uint32": int(rng["has_uint32"]),
+                "uinteger": int(rng["uinteger"]),
+            }
+            cursors = {
+                key: np.array(state["cursors"][key], dtype=np.bool_ if key == "active" else np.int64)
+                for key in ("phase", "blocks", "next", "start", "stride", "active")
+            }
+        except (KeyError, TypeError, ValueError):
+            raise PgolfError(
+                "the coprime loader's data position needs seed, shards, seq_len, calls, rng and cursors"
+            ) from None
+        if seed != self.seed or shards != n:
+            raise PgolfError(
+                f"the data position was saved over {shards} shards (names hash {seed}), but these are "
+                f"{n} shards (names hash {self.seed}) in {self.files[0].parent}"
+            )
+        if any(c.shape != (n,) for c in cursors.values()) or seq_len < 0 or calls < 0:
+            raise PgolfError(f"the coprime loader's data position does not describe {n} shards")
+        on = cursors["active"]
+        if seq_len and on.any():
+            expected = (self.num_tokens[on] - 1 - cursors["phase"][on]) // seq_len
+            if not (
+                np.array_equal(cursors["blocks"][on], expected)
+                and np.all((cursors["next"][on] >= 0) & (cursors["next"][on] <= expected))
+            ):
+                raise PgolfError(
+                    f"the coprime loader's data position does not fit the shards in {self.files[0].parent} "
+                    "(a shard changed size since it was saved)"
+                )
+        try:
+            self.rng.bit_generator.state = bit_state
+        except (TypeError, ValueError) as exc:
+            raise PgolfError(f"the coprime loader's RNG state is not valid: {exc}") from None
+        self.seq_len, self.calls = seq_len, calls
+        self.phase, self.blocks, self.next = cursors["phase"], cursors["blocks"], cursors["next"]
+        self.start, self.stride, self.active = cursors["start"], cursors["stride"], cursors["active"]
+
+
+TRAIN_LOADERS = {"sequential": BatchLoader, "coprime": CoprimeLoader}  # Config.train_loader's choices
+
+
+def make_train_loader(
+    kind: str, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None
+) -> BatchLoader | CoprimeLoader:
+    """The training loader Config.train_loader names."""
+    if kind not in TRAIN_LOADERS:
+        raise PgolfError(f"train_loader must be {' or '.join(TRAIN_LOADERS)}, got {kind!r}")
+    return TRAIN_LOADERS[kind](files, rank, world_size, vocab_size)
 
 
 def load_val_tokens(

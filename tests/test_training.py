@@ -72,6 +72,19 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(sotu_datase
     assert resumed.roundtrip_val_bpb == pytest.approx(whole.roundtrip_val_bpb, abs=1e-6)
 
 
+@pytest.mark.parametrize("backend_name", BACKENDS[:1])  # the loader is core's; one backend is enough
+def test_the_coprime_loader_resumes_exactly_after_a_warmup(sotu_dataset, backend_name, tmp_path):
+    common = {"iterations": 6, "train_loader": "coprime", "warmup_steps": 2}
+    whole = run(sotu_dataset, backend_name, tmp_path, "whole", checkpoint_every=3, **common)
+    ckpt = whole.run_dir / "checkpoints" / "step_000003.safetensors"
+    state = load_checkpoint(ckpt).data_state
+    assert state["loader"] == "coprime" and state["calls"] == 3 * 2  # 3 steps x 2 micro-batches
+    resumed = run(sotu_dataset, backend_name, tmp_path, "resumed", resume=ckpt, **common)
+    a, b = final_params(whole), final_params(resumed)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=k)
+
+
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_compile_warmup_steps_are_undone(sotu_dataset, backend_name, tmp_path):
     plain = run(sotu_dataset, backend_name, tmp_path, "plain", iterations=3)
