@@ -338,6 +338,7 @@ RECORD_0401: dict[str, Any] = {
     "adam_wd": 0.02,
     "grad_clip_norm": 0.3,
     "ema_decay": 0.997,
+    "train_loader": "coprime",
 }
 TINY: dict[str, Any] = {
     "num_layers": 4,
