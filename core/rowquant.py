@@ -4,7 +4,9 @@ A matrix row w is stored as q = clamp(round(w / s), -R, R) in int8, R = 2**(N-1)
 (31 for int6), with one fp16 scale s per row; it comes back as q * s. The clip c sets
 the scale, s = fp16(max(c / R, 1 / R)); values past the clip saturate at +-R. This is
 the challenge records' `quantize_int6_per_row` (2026-03-22, 2026-04-01) bit for bit:
-the division is by the fp16 scale, the quantiles are torch.quantile's.
+the division is by the fp16 scale, the quantiles are torch.quantile's. (The floor
+1/R is the records' too: a row whose clip is below 1 gets steps of 1/R, coarser than
+its values need.)
 
 Ways to choose c (`Clip`):
 - "percentile": the q-quantile of |w| in the row (q = 1: its largest |value|);
