@@ -321,9 +321,10 @@ def budget_table(
     (those bytes compressed on their own with the artifact's compressor and shuffle;
     the total row has the whole artifact's size instead, so the rows need not add up),
     share (bytes_compressed / 16,000,000) and rms (root mean square of the weights:
-    `weights` if given, e.g. the float ones before quantization, else the dequantized).
+    those in `weights` where given, e.g. the float ones before quantization, else the
+    dequantized ones).
     """
-    weights = weights if weights is not None else dequantize_mixed(model)
+    weights = dequantize_mixed(model) | dict(weights or {})
     rows = []
     for cls in CLASSES:
         names = sorted(n for n, i in model.info.items() if i["class"] == cls)
