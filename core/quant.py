@@ -11,12 +11,16 @@ challenge's torch script computes it:
 - other large tensors: int8 with one fp32 scale (clip/127, or 1 when clip is 0).
 
 pgolf's container holds no pickle. Layout:
-    MAGIC (b"PGOLF-INT8\\x00") | 1 byte compressor id (0 none, 1 zlib, 2 lzma, 3 bz2) | compressed bytes
-where the compressed bytes are a safetensors file (readable with numpy alone) with
+    MAGIC (b"PGOLF-INT8\\x00") | 1 byte compressor id | compressed bytes
+(ids in core/compress.py: 0 none, 1 zlib, 2 lzma, 3 bz2, 4 brotli, 5 zstd; bit 0x80
+set when the payload was byte-shuffled first) where the payload is a safetensors
+file (readable with numpy alone) with
 tensors `q/<name>` (int8 values), `s/<name>` (scales: fp16 per row, or a 0-d fp32)
 and `p/<name>` (passed through), and one metadata entry "pgolf" holding canonical
 JSON: format, version, quant_format, dtypes, passthrough_orig_dtypes, qmeta. The
-same weights always give the same bytes, whatever order they come in.
+same weights always give the same bytes, whatever order they come in. The same
+container holds core/mixed.py's mixed-precision format (another "format" in its
+metadata).
 
 The challenge's torch container (`torch.save` + zlib) is read and written too; its
 MLX container (a pickle) is read only when explicitly allowed: unpickling can run code.
@@ -24,11 +28,9 @@ MLX container (a pickle) is read only when explicitly allowed: unpickling can ru
 
 from __future__ import annotations
 
-import bz2
 import hashlib
 import io
 import json
-import lzma
 import pickle
 import warnings
 import zlib
@@ -40,6 +42,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from core import compress
 from core.atomic import read_file, write_atomic
 from core.errors import PgolfError
 from core.params import round_to_bfloat16
@@ -47,11 +50,14 @@ from core.params import round_to_bfloat16
 __all__ = [
     "BUDGET_BYTES",
     "ArtifactInfo",
+    "Container",
     "Int8Model",
     "artifact_bytes",
     "code_bytes",
+    "container_bytes",
     "dequantize_int8",
     "load_artifact",
+    "open_container",
     "quantize_int8",
     "round_to_bfloat16",
     "save_artifact",
@@ -68,8 +74,7 @@ KEEP_FLOAT_MAX_NUMEL = 65_536
 CLIP_QUANTILE = 99.99984 / 100.0
 BUDGET_BYTES = 16_000_000  # code + compressed model, decimal bytes
 
-COMPRESSORS = {"none": 0, "zlib": 1, "lzma": 2, "bz2": 3}
-LEVELS = {"zlib": range(0, 10), "lzma": range(0, 10), "bz2": range(1, 10)}
+COMPRESSORS = {name: c.id for name, c in compress.COMPRESSORS.items()}  # name -> container id byte
 FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the float dtypes a model may hold
 
 
@@ -106,14 +111,14 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return s.astype(np.float32)
 
 
-def _abs_quantile(w: np.ndarray) -> np.ndarray:
-    """torch.quantile(|w|, CLIP_QUANTILE, dim=-1) for a 2-D float32 array, bit for bit.
+def _abs_quantile(w: np.ndarray, q: float = CLIP_QUANTILE) -> np.ndarray:
+    """torch.quantile(|w|, q, dim=-1) for a 2-D float32 array, bit for bit.
 
     torch computes the rank in float32 and interpolates with its lerp: a fused
     multiply-add, from the nearer end (weight < 0.5 or not).
     """
     n = w.shape[-1]
-    rank = np.float32(CLIP_QUANTILE) * np.float32(n - 1)
+    rank = np.float32(q) * np.float32(n - 1)
     below, above = int(np.floor(rank)), int(np.ceil(rank))
     part = np.partition(np.abs(w), (below, above), axis=-1)
     lo, hi = part[:, below], part[:, above]
@@ -237,34 +242,51 @@ def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------- pgolf container
-def _compress(data: bytes, compressor: str, level: int | None) -> bytes:
-    if compressor == "none":
-        return data
-    level = 9 if level is None else level
-    if level not in LEVELS[compressor]:
-        levels = LEVELS[compressor]
-        raise PgolfError(
-            f"compressor {compressor}: level {level} is not in {levels.start}..{levels.stop - 1}"
-        )
-    if compressor == "zlib":
-        return zlib.compress(data, level)
-    if compressor == "lzma":
-        return lzma.compress(data, preset=level)
-    return bz2.compress(data, level)
+def container_bytes(
+    tensors: dict[str, np.ndarray],
+    meta: dict[str, Any],
+    compressor: str = "zlib",
+    level: int | None = None,
+    shuffle: int = 0,
+) -> bytes:
+    """MAGIC + id byte + the compressed safetensors file holding `tensors` and `meta` (canonical JSON)."""
+    compress.get(compressor)  # an unknown name is refused before any work
+    # One metadata key: safetensors keeps metadata in a hash map, whose order could vary.
+    # (np.require, not ascontiguousarray: that one turns 0-d scales into shape (1,).)
+    payload = st_save(
+        {k: np.require(v, requirements="C") for k, v in tensors.items()},
+        metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))},
+    )
+    return MAGIC + compress.pack(payload, compressor, level, shuffle)
 
 
-def _decompress(data: bytes, code: int) -> bytes:
-    name = {v: k for k, v in COMPRESSORS.items()}.get(code)
-    if name is None:
-        raise ValueError(f"unknown compressor id {code}")
-    decompress = {"none": bytes, "zlib": zlib.decompress, "lzma": lzma.decompress, "bz2": bz2.decompress}
-    return decompress[name](data)
+@dataclass(frozen=True)
+class Container:
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, Any]  # the parsed "pgolf" metadata: a dict with a "format" key
+    compressor: str
+    shuffle: int  # byte-shuffle stride, 0 for none
 
 
-def artifact_bytes(model: Int8Model, compressor: str = "zlib", level: int | None = None) -> bytes:
-    """The file content of pgolf's container for `model`."""
-    if compressor not in COMPRESSORS:
-        raise PgolfError(f"unknown compressor {compressor!r} (choose from {', '.join(COMPRESSORS)})")
+def open_container(blob: bytes) -> Container:
+    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged."""
+    if not blob.startswith(MAGIC):
+        raise ValueError("not a pgolf container (no magic bytes)")
+    if len(blob) <= len(MAGIC):
+        raise ValueError("file ends after the magic bytes")
+    payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) :])
+    tensors = st_load(payload)
+    header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
+    meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
+    if not isinstance(meta, dict) or not isinstance(meta.get("format"), str):
+        raise ValueError("no pgolf metadata")
+    return Container(tensors, meta, compressor, shuffle)
+
+
+def artifact_bytes(
+    model: Int8Model, compressor: str = "zlib", level: int | None = None, shuffle: int = 0
+) -> bytes:
+    """The file content of pgolf's container for `model` (`shuffle`: byte-shuffle stride, 0 for none)."""
     tensors = {f"q/{k}": v for k, v in model.quantized.items()}
     tensors |= {f"s/{k}": v for k, v in model.scales.items()}
     tensors |= {f"p/{k}": v for k, v in model.passthrough.items()}
@@ -276,31 +298,21 @@ def artifact_bytes(model: Int8Model, compressor: str = "zlib", level: int | None
         "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
         "qmeta": model.qmeta,
     }
-    # One metadata key: safetensors keeps metadata in a hash map, whose order could vary.
-    # (np.require, not ascontiguousarray: that one turns 0-d scales into shape (1,).)
-    payload = st_save(
-        {k: np.require(v, requirements="C") for k, v in tensors.items()},
-        metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))},
-    )
-    return MAGIC + bytes([COMPRESSORS[compressor]]) + _compress(payload, compressor, level)
+    return container_bytes(tensors, meta, compressor, level, shuffle)
 
 
 def save_artifact(
-    path: str | Path, model: Int8Model, compressor: str = "zlib", level: int | None = None
+    path: str | Path, model: Int8Model, compressor: str = "zlib", level: int | None = None, shuffle: int = 0
 ) -> ArtifactInfo:
-    blob = artifact_bytes(model, compressor, level)
+    blob = artifact_bytes(model, compressor, level, shuffle)
     return ArtifactInfo(write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), compressor)
 
 
 def _parse_pgolf(blob: bytes) -> Int8Model:
-    if len(blob) <= len(MAGIC):
-        raise ValueError("file ends after the magic bytes")
-    payload = _decompress(blob[len(MAGIC) + 1 :], blob[len(MAGIC)])
-    tensors = st_load(payload)
-    header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
-    meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
-    if not isinstance(meta, dict) or meta.get("format") != CONTAINER_FORMAT:
-        raise ValueError("no pgolf metadata")
+    box = open_container(blob)
+    meta = box.meta
+    if meta["format"] != CONTAINER_FORMAT:
+        raise ValueError(f"format {meta['format']!r}, not the int8 format {CONTAINER_FORMAT!r}")
     if meta.get("version") != CONTAINER_VERSION:
         raise ValueError(f"container version {meta.get('version')!r} (this pgolf reads {CONTAINER_VERSION})")
     if meta.get("quant_format") != QUANT_FORMAT:
@@ -311,7 +323,7 @@ def _parse_pgolf(blob: bytes) -> Int8Model:
         qmeta=_names_to(meta, "qmeta", dict),
     )
     roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
-    for key, value in tensors.items():
+    for key, value in box.tensors.items():
         role, _, name = key.partition("/")
         if role not in roles:
             raise ValueError(f"unexpected tensor {key!r}")

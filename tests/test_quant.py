@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core import quant
+from core import mixed, quant
 from core.config import preset
 from core.errors import PgolfError
 from core.params import artifact_classes, init_params, storage_dtypes
@@ -375,8 +375,8 @@ def test_round_trip_through_every_compressor(tmp_path, compressor, level):
 
 def test_bad_compressor_settings_are_refused(tmp_path):
     model = quantize(*golden_state())
-    with pytest.raises(PgolfError, match="unknown compressor 'zstd'"):
-        quant.save_artifact(tmp_path / "m.pgolf", model, compressor="zstd")
+    with pytest.raises(PgolfError, match="unknown compressor 'lz4'"):
+        quant.save_artifact(tmp_path / "m.pgolf", model, compressor="lz4")
     with pytest.raises(PgolfError, match="level 0 is not in 1..9"):
         quant.save_artifact(tmp_path / "m.pgolf", model, compressor="bz2", level=0)
     assert not list(tmp_path.iterdir())
@@ -562,7 +562,7 @@ ROW_SCALES = np.ones(4, np.float16)
         (container({"q/w": Q, "s/w": ROW_SCALES}), None),  # the valid base case
         (container({"q/w": Q, "s/w": ROW_SCALES}, "{not json"), "Expecting property name"),
         (container({"q/w": Q, "s/w": ROW_SCALES}, {"version": 2}), "container version 2"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"format": "other"}), "no pgolf metadata"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"format": "other"}), "format 'other', not the int8"),
         (container({"q/w": Q, "s/w": ROW_SCALES}, {"quant_format": "int6"}), "quant format 'int6'"),
         (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {}}), "unknown dtype None"),
         (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {"w": "int8"}}), "unknown dtype 'int8'"),
@@ -631,27 +631,91 @@ def test_truncated_and_flipped_files(tmp_path, compressor):
 @pytest.fixture(scope="module")
 def golden_blobs() -> dict[str, bytes]:
     model = quantize(*golden_state())
-    return {c: quant.artifact_bytes(model, compressor=c) for c in ("none", "zlib", "bz2")}
+    blobs = {c: quant.artifact_bytes(model, compressor=c) for c in ("none", "zlib", "bz2", "zstd")}
+    return blobs | {"brotli+shuffle": quant.artifact_bytes(model, compressor="brotli", shuffle=2)}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), compressor=st.sampled_from(["none", "zlib", "bz2"]))
-def test_fuzzed_artifacts_fail_cleanly_or_load(tmp_path, golden_blobs, data, compressor):
-    """Random byte changes and truncations: a PgolfError, or a model that dequantizes."""
-    blob = bytearray(golden_blobs[compressor])
-    header_end = len(quant.MAGIC) + 1 + 8 + 600  # most flips land in the header, where parsing happens
+def fuzz(data, blob: bytes, header_end: int) -> bytes:
+    """1-4 random byte changes (mostly where parsing happens, before `header_end`), maybe a truncation."""
+    blob = bytearray(blob)
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, min(header_end, len(blob)) - 1) | st.integers(0, len(blob) - 1))
         blob[i] = data.draw(st.integers(0, 255))
-    blob = blob[: data.draw(st.integers(0, len(blob)) | st.just(len(blob)))]
+    return bytes(blob[: data.draw(st.integers(0, len(blob)) | st.just(len(blob)))])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), compressor=st.sampled_from(["none", "zlib", "bz2", "zstd", "brotli+shuffle"]))
+def test_fuzzed_artifacts_fail_cleanly_or_load(tmp_path, golden_blobs, data, compressor):
+    """Random byte changes and truncations: a PgolfError, or a model that dequantizes."""
+    blob = fuzz(data, golden_blobs[compressor], len(quant.MAGIC) + 1 + 8 + 600)
     path = tmp_path / "fuzz.pgolf"
-    path.write_bytes(bytes(blob))
+    path.write_bytes(blob)
     try:
         model = quant.load_artifact(path)
     except PgolfError as exc:
         assert "fuzz.pgolf" in str(exc) and "\n" not in str(exc)
         return
     quant.dequantize_int8(model)
+
+
+@pytest.fixture(scope="module")
+def mixed_blobs() -> dict[str, bytes]:
+    state, dtypes = golden_state()
+    classes = {"tok_emb.weight": "embedding", "blocks.0.mlp.fc.weight": "mlp", "blocks.0.attn.q_gain": "control",
+               "extra.cube": "other", "extra.bias": "other", "extra.step": "other"}  # fmt: skip
+    model = mixed.quantize_mixed(state, classes, bits={"mlp": 5}, orig_dtypes=dtypes)
+    settings = {
+        "none": ("none", 0),
+        "zlib+shuffle": ("zlib", 2),
+        "zstd": ("zstd", 0),
+        "brotli+shuffle": ("brotli", 2),
+    }
+    return {k: mixed.mixed_artifact_bytes(model, c, shuffle=s) for k, (c, s) in settings.items()}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), kind=st.sampled_from(["none", "zlib+shuffle", "zstd", "brotli+shuffle"]))
+def test_fuzzed_mixed_artifacts_fail_cleanly_or_load(tmp_path, mixed_blobs, data, kind):
+    blob = fuzz(data, mixed_blobs[kind], len(quant.MAGIC) + 1 + 8 + 1200)
+    path = tmp_path / "fuzz.pgolf"
+    path.write_bytes(blob)
+    try:
+        model = mixed.load_mixed_artifact(path)
+    except PgolfError as exc:
+        assert "fuzz.pgolf" in str(exc) and "\n" not in str(exc)
+        return
+    mixed.dequantize_mixed(model)
+
+
+@pytest.mark.parametrize("kind", ["none", "zlib+shuffle", "zstd", "brotli+shuffle"])
+def test_truncated_mixed_artifacts(tmp_path, mixed_blobs, kind):
+    blob = mixed_blobs[kind]
+    path = tmp_path / "a.pgolf"
+    for cut in (0, len(quant.MAGIC), len(quant.MAGIC) + 1, 40, len(blob) // 2, len(blob) - 1):
+        path.write_bytes(blob[:cut])
+        with pytest.raises(PgolfError, match="artifact .*a.pgolf") as err:
+            mixed.load_mixed_artifact(path)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.torch
+@requires_torch
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_record_artifacts_fail_cleanly_or_load(tmp_path, data):
+    from core.record_artifact import load_record_artifact
+    from tests.golden_data import RECORD_PTZ
+
+    blob = fuzz(data, RECORD_PTZ.read_bytes(), 2000)
+    path = tmp_path / "fuzz.ptz"
+    path.write_bytes(blob)
+    try:
+        model = load_record_artifact(path)
+    except PgolfError as exc:
+        assert "fuzz.ptz" in str(exc) and "\n" not in str(exc)
+        return
+    mixed.dequantize_mixed(model)
 
 
 # ------------------------------------------------------------------ the budget

@@ -1,0 +1,136 @@
+"""Compressors, the byte shuffle (against the record's own output), and the container's id byte."""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import zlib
+
+import brotli
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core import compress, quant
+from core.errors import PgolfError
+from tests.golden_data import goldens
+
+SAMPLE = np.random.default_rng(0).normal(0, 0.02, 5000).astype(np.float16).tobytes() + b"tail"
+
+
+def test_ids_never_change_meaning():
+    """Old artifacts name their compressor by these bytes: 0-3 are from the int8-only days."""
+    assert {n: c.id for n, c in compress.COMPRESSORS.items()} == {
+        "none": 0, "zlib": 1, "lzma": 2, "bz2": 3, "brotli": 4, "zstd": 5
+    }  # fmt: skip
+    assert {n: c.id for n, c in compress.COMPRESSORS.items()} == quant.COMPRESSORS
+    assert all(c.id < compress.SHUFFLE_FLAG for c in compress.COMPRESSORS.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "standard"),
+    [
+        ("zlib", lambda d: zlib.compress(d, 9)),
+        ("lzma", lambda d: lzma.compress(d, preset=9)),
+        ("bz2", lambda d: bz2.compress(d, 9)),
+        ("brotli", lambda d: brotli.compress(d, quality=11)),
+        ("zstd", lambda d: zstandard.ZstdCompressor(level=22).compress(d)),
+    ],
+)
+def test_defaults_are_the_records_settings(name, standard):
+    """brotli at quality 11 and zstd at level 22 (the records'); the others at 9, as pgolf always did."""
+    assert compress.compress(SAMPLE, name) == standard(SAMPLE)
+    assert compress.decompress(standard(SAMPLE), name) == SAMPLE
+
+
+@pytest.mark.parametrize("name", list(compress.COMPRESSORS))
+@pytest.mark.parametrize("shuffle", [0, 2, 3])
+def test_pack_round_trips(name, shuffle):
+    blob = compress.pack(SAMPLE, name, shuffle=shuffle)
+    assert blob[0] == compress.COMPRESSORS[name].id | (compress.SHUFFLE_FLAG if shuffle else 0)
+    assert compress.unpack(blob) == (SAMPLE, name, shuffle)
+
+
+def test_shuffle_helps_fp16_data():
+    plain = len(compress.pack(SAMPLE, "brotli", level=5))
+    assert len(compress.pack(SAMPLE, "brotli", level=5, shuffle=2)) < plain
+
+
+def test_byte_shuffle_is_the_records_bytes():
+    tensors, _ = goldens()
+    data = tensors["shuffle/data"].tobytes()
+    for stride in (2, 3, 4):
+        expected = tensors[f"shuffle/s{stride}"].tobytes()
+        assert expected[:5] == b"BSHF" + bytes([stride])
+        assert compress.byte_shuffle(data, stride) == expected
+        assert compress.byte_unshuffle(expected) == data
+
+
+def test_byte_shuffle_edge_cases_follow_the_record():
+    assert compress.byte_shuffle(b"a", 2) == b"a"  # shorter than the stride: unchanged, no header
+    assert compress.byte_shuffle(b"abcdef", 1) == b"abcdef"
+    assert compress.byte_shuffle(b"abcdef", 2) == b"BSHF\x02ace" + b"bdf"
+    assert compress.byte_unshuffle(b"plain bytes") == b"plain bytes"  # no header: as it is
+    assert compress.byte_unshuffle(b"BSHF\x01rest") == b"rest"
+    with pytest.raises(ValueError, match="header is missing"):
+        compress.byte_unshuffle(b"plain bytes", strict=True)
+    with pytest.raises(PgolfError, match="stride 300"):
+        compress.byte_shuffle(b"x" * 400, 300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300), stride=st.integers(2, 9))
+def test_byte_unshuffle_inverts_byte_shuffle(data, stride):
+    assert compress.byte_unshuffle(compress.byte_shuffle(data, stride)) == data
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(PgolfError, match="unknown compressor 'lz4'"):
+        compress.pack(b"x", "lz4")
+    with pytest.raises(PgolfError, match=r"brotli: level 12 is not in 0..11"):
+        compress.pack(b"x", "brotli", level=12)
+    with pytest.raises(PgolfError, match=r"zstd: level 0 is not in 1..22"):
+        compress.pack(b"x", "zstd", level=0)
+    with pytest.raises(PgolfError, match="stride 1"):
+        compress.pack(b"xyz", "zlib", shuffle=1)
+    with pytest.raises(PgolfError, match="longer than the 3-byte payload"):
+        compress.pack(b"xyz", "zlib", shuffle=4)
+
+
+@pytest.mark.parametrize(
+    ("blob", "reason"),
+    [
+        (b"", "id byte is missing"),
+        (b"\x09abc", "unknown compressor id 9"),
+        (bytes([4 | 0x80]) + brotli.compress(b"no header here"), "header is missing"),
+        (b"\x05" + zstandard.ZstdCompressor().compress(SAMPLE)[:-3], "ends before the end of its frame"),
+        (b"\x05" + zstandard.ZstdCompressor().compress(b"abc") + b"junk", "bytes after the end"),
+    ],
+)
+def test_damaged_bodies_raise_value_errors(blob, reason):
+    with pytest.raises(ValueError, match=reason):
+        compress.unpack(blob)
+
+
+def test_missing_packages_are_named(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "brotli", None)
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(PgolfError, match=r"pip install 'brotli"):
+        compress.pack(b"x", "brotli")
+    with pytest.raises(PgolfError, match=r"pip install 'zstandard"):
+        compress.decompress(b"x", "zstd")
+
+
+@pytest.mark.parametrize(("name", "shuffle"), [("brotli", 2), ("zstd", 0), ("lzma", 2), ("zlib", 4)])
+def test_the_int8_container_takes_every_compressor(tmp_path, name, shuffle):
+    from tests.test_quant import equal_weights, golden_state
+
+    model = quant.quantize_int8(*golden_state())
+    info = quant.save_artifact(tmp_path / "m.pgolf", model, compressor=name, shuffle=shuffle)
+    blob = info.path.read_bytes()
+    assert blob[len(quant.MAGIC)] == quant.COMPRESSORS[name] | (0x80 if shuffle else 0)
+    assert equal_weights(model, quant.load_artifact(info.path))
