@@ -133,8 +133,13 @@ class Backend(Protocol):
         array of the framework, left on the device (`float()` it to wait for it).
         """
 
-    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Sum over all tokens of the cross-entropy in nats (model in eval mode)."""
+    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """Sum over all tokens of the cross-entropy in nats (model in eval mode).
+
+        A 0-d array of the framework, left on the device and not waited for, in float64 where
+        the device has it: the caller adds these up with `+` and calls `float()` once at the
+        end, so that an evaluation pass waits for the device once, not once per batch.
+        """
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """float32 logits (B, T, V) after the softcap, for parity checks."""

@@ -184,11 +184,11 @@ class TorchBackend:
         return total / n
 
     @torch.inference_mode()
-    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:
+    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         self.model.eval()
         with self.autocast:
             loss = self.compiled(self._to_device(x), self._to_device(y), reduction="sum")
-        return float(loss.double().item())
+        return loss.double()  # queued, not waited for: the caller sums on the device
 
     @torch.inference_mode()
     def logits(self, x: np.ndarray) -> np.ndarray:

@@ -174,3 +174,50 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     two = load_checkpoint(tmp_path / "two" / "checkpoints" / "step_000003.safetensors").params
     for k in one:  # same tokens, gradients averaged in a different order: fp32 round-off only
         np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+class DeviceScalar:
+    """A framework's 0-d array, as core.loop sees it: added up lazily; each float() is a wait."""
+
+    waits = 0
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def __add__(self, other):
+        return DeviceScalar(self.value + (other.value if isinstance(other, DeviceScalar) else other))
+
+    __radd__ = __add__
+
+    def __float__(self) -> float:
+        DeviceScalar.waits += 1
+        return float(self.value)
+
+
+def test_evaluation_waits_for_the_device_once(sotu_dataset):
+    """The losses stay on the device until the end of the pass; the bytes are counted from the tokens."""
+    from core.bpb import token_bytes
+    from core.loop import evaluate, load_eval_data
+
+    cfg = sotu_dataset.config("smoke")
+    batches = []
+
+    class Backend:
+        rank, world_size = 0, 1
+
+        def __init__(self):
+            self.cfg = cfg
+
+        def eval_nll(self, x, y):
+            batches.append((x, y, float(len(batches) + 1)))
+            return DeviceScalar(batches[-1][2])
+
+        def all_reduce_sum(self, values):
+            return values
+
+    DeviceScalar.waits = 0
+    meter = evaluate(Backend(), load_eval_data(cfg))
+    assert len(batches) > 2 and DeviceScalar.waits == 1
+    assert meter.nats == sum(nll for _, _, nll in batches)
+    assert meter.tokens == sum(y.size for _, y, _ in batches)
+    assert meter.nbytes == sum(int(token_bytes(x, y, meter.tables).sum()) for x, y, _ in batches)
