@@ -24,7 +24,24 @@ from cuda_train.model import GPT
 from cuda_train.optim import Muon, build_optimizers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense, datasheet
+# Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:
+# the PCIe and NVL cards of a generation are slower than its SXM one (a substring would mix them).
+PEAK_BF16_FLOPS = {
+    "NVIDIA H100 80GB HBM3": 989e12,  # SXM5
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12,  # SXM
+    "NVIDIA H200 NVL": 835e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+}
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """The datasheet peak of a GPU by its torch.cuda name; None for a card not in the table (no MFU)."""
+    return PEAK_BF16_FLOPS.get(device_name.strip())
 
 
 def check_config(cfg: Config) -> None:
@@ -55,9 +72,7 @@ class TorchBackend:
         if cuda:  # TF32 for the fp32 matmuls left outside autocast; float32 asked for means float32
             torch.backends.cuda.matmul.allow_tf32 = self.bf16
             torch.backends.cudnn.allow_tf32 = self.bf16
-        self.peak_flops = (
-            next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None) if self.bf16 else None
-        )
+        self.peak_flops = peak_bf16_flops(name) if self.bf16 else None
         torch.manual_seed(cfg.seed)
 
         self.model = GPT(cfg).to(self.torch_device)
