@@ -153,5 +153,12 @@ class Backend(Protocol):
     def peak_memory_bytes(self) -> int | None:
         """Peak device memory in use so far, if the framework can tell."""
 
-    def close(self) -> None:
-        """Release process groups and other resources."""
+    def close(self, failed: bool = False) -> int | None:
+        """Release process groups and other resources.
+
+        After a success every rank leaves together. After a failure (`failed`: an exception is
+        ending the command) this rank waits for no other, as they may be gone or stuck in a
+        collective, and returns the rank whose failure came first in the job when it can tell
+        (this one or another), so that the error of that rank alone is shown; the process is
+        then expected to end at once, which is what makes the other ranks' collectives fail.
+        """

@@ -174,8 +174,8 @@ class MLXBackend:
     def peak_memory_bytes(self) -> int | None:
         return int(mx.get_peak_memory())  # Metal or CPU allocator: MLX tracks both
 
-    def close(self) -> None:
-        pass
+    def close(self, failed: bool = False) -> int | None:
+        return None  # mx.distributed keeps nothing to release; it cannot tell who failed first
 
 
 def create_backend(cfg: Config) -> MLXBackend:
