@@ -11,11 +11,15 @@ import contextlib
 import functools
 import inspect
 import math
+import os
 import platform
 import signal
+import sys
+import threading
+import time
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -42,6 +46,7 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DEFAULT_DATA = Config().data_path
+DATA_WAIT_S = 1800.0  # how long torchrun's other ranks wait for local rank 0 to prepare the default data
 
 
 # ----------------------------------------------------------------- config flags
@@ -112,19 +117,60 @@ def _resolve(preset: str, config: Path | None, overrides: dict[str, Any]) -> Con
 @contextlib.contextmanager
 def opened_backend(name: str, cfg: Config):
     """A backend for the length of a command, holding its one config; its process group is
-    released however the command ends."""
+    released however the command ends. A rank of a distributed job that fails ends its
+    process here, which lets the launcher stop the other ranks (`_end_failed_rank`)."""
     from core import backend as backends
 
     engine = backends.create(name, cfg)
     try:
         yield engine
-    finally:
-        engine.close()
+    except BaseException as exc:
+        first = engine.close(failed=True)
+        if engine.world_size > 1:
+            _end_failed_rank(engine.rank, exc, first)
+        raise
+    engine.close()
+
+
+def _end_failed_rank(rank: int, exc: BaseException, first: int | None) -> NoReturn:
+    """Show this rank's error, unless another rank failed first, and end the process now.
+
+    Not through the interpreter's exit, which waits on the process group's threads, stuck in a
+    collective with a rank that is gone: once this process has ended, the launcher (torchrun)
+    stops the other ranks within seconds. The exception has already unwound what was being written.
+    """
+    code, line = _ending(exc)
+    if first is not None and first != rank and not isinstance(exc, (Terminated, KeyboardInterrupt)):
+        code, line = 1, f"stopped: rank {first} failed first"
+    if line is None:  # a bug: its traceback (torch's hook marks each line with the rank)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    else:
+        err_console.print(f"[rank{rank}]: {line}", markup=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _ensure_default_data(cfg: Config) -> None:
-    """Build the embedded corpus on first use, when the default dataset is asked for."""
-    if cfg.data_path == DEFAULT_DATA and not Path(cfg.data_path).exists():
+    """Build the embedded corpus on first use, when the default dataset is asked for.
+
+    Under torchrun only local rank 0 builds it; the other ranks of the machine wait until its
+    folder is in place (the last step of building it), or until torchrun stops them because
+    rank 0 failed. Several machines sharing one disk would each build it: prepare it first.
+    """
+    if cfg.data_path != DEFAULT_DATA:
+        return
+    data = Path(cfg.data_path)
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        deadline = time.monotonic() + DATA_WAIT_S
+        while not data.exists():
+            if time.monotonic() > deadline:
+                raise PgolfError(
+                    f"local rank 0 has not prepared {data} in {DATA_WAIT_S:.0f} s: "
+                    "run `cli.py data prepare` before torchrun"
+                )
+            time.sleep(0.5)
+    elif not data.exists():
         console.print("[bold]No dataset yet: preparing the embedded corpus (one time, about a minute).[/]")
         _prepare(Path("data"), cfg.vocab_size)
 
@@ -471,8 +517,44 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated
 
 
+def _end_soon_after_sigterm(grace_s: float = 5.0) -> None:
+    """End the process `grace_s` after a SIGTERM, if the main thread has not ended it by then.
+
+    Python runs signal handlers on the main thread between bytecodes, which a rank waiting in a
+    collective for a rank that is gone (or in a device sync) never reaches; torchrun would wait
+    30 s before its SIGKILL. The wakeup fd hears the signal at once, on this thread.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while os.read(read_fd, 1) != bytes([signal.SIGTERM]):
+            pass
+        time.sleep(grace_s)
+        os._exit(143)
+
+    threading.Thread(target=watch, name="sigterm-grace", daemon=True).start()
+
+
+def _ending(exc: BaseException) -> tuple[int, str | None]:
+    """The exit status and the one line an exception ends a command with; None: a bug, show its traceback."""
+    if isinstance(exc, PgolfError):
+        return 1, f"error: {exc}"
+    if isinstance(exc, OSError):  # a file problem not caught nearer its cause: still one line
+        where = f": {exc.filename}" if exc.filename else ""
+        return 1, f"error: {exc.strerror or exc}{where}"
+    if isinstance(exc, (KeyboardInterrupt, typer.Abort)):
+        return 130, "interrupted"
+    if isinstance(exc, Terminated):
+        return 143, "terminated"
+    return 1, None
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank under torchrun
+        _end_soon_after_sigterm()
     try:
         code = app(standalone_mode=False)
     except NO_ARGS_IS_HELP as exc:
@@ -482,18 +564,10 @@ def main() -> None:
         command = exc.ctx.command_path if exc.ctx else "cli.py"
         err_console.print(f"error: {exc.format_message()} (see {command} --help)", markup=False)
         raise SystemExit(2) from None
-    except PgolfError as exc:
-        err_console.print(f"error: {exc}", markup=False)
-        raise SystemExit(1) from None
-    except OSError as exc:  # a file problem not caught nearer its cause: still one line
-        where = f": {exc.filename}" if exc.filename else ""
-        err_console.print(f"error: {exc.strerror or exc}{where}", markup=False)
-        raise SystemExit(1) from None
-    except (KeyboardInterrupt, typer.Abort):
-        code = 130
-    except Terminated:
-        err_console.print("terminated", markup=False)
-        raise SystemExit(143) from None
+    except (PgolfError, OSError, KeyboardInterrupt, typer.Abort, Terminated) as exc:
+        code, line = _ending(exc)
+        err_console.print(line, markup=False)
+        raise SystemExit(code) from None
     if code == 130:  # typer turns Ctrl-C into exit code 130
         err_console.print("interrupted", markup=False)
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -133,8 +133,13 @@ class Backend(Protocol):
         array of the framework, left on the device (`float()` it to wait for it).
         """
 
-    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:
-        """Sum over all tokens of the cross-entropy in nats (model in eval mode)."""
+    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """Sum over all tokens of the cross-entropy in nats (model in eval mode).
+
+        A 0-d array of the framework, left on the device and not waited for, in float64 where
+        the device has it: the caller adds these up with `+` and calls `float()` once at the
+        end, so that an evaluation pass waits for the device once, not once per batch.
+        """
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """float32 logits (B, T, V) after the softcap, for parity checks."""
@@ -148,5 +153,12 @@ class Backend(Protocol):
     def peak_memory_bytes(self) -> int | None:
         """Peak device memory in use so far, if the framework can tell."""
 
-    def close(self) -> None:
-        """Release process groups and other resources."""
+    def close(self, failed: bool = False) -> int | None:
+        """Release process groups and other resources.
+
+        After a success every rank leaves together. After a failure (`failed`: an exception is
+        ending the command) this rank waits for no other, as they may be gone or stuck in a
+        collective, and returns the rank whose failure came first in the job when it can tell
+        (this one or another), so that the error of that rank alone is shown; the process is
+        then expected to end at once, which is what makes the other ranks' collectives fail.
+        """

@@ -25,6 +25,10 @@ class BPBMeter:
 
     def add(self, nll_sum: float, prev_ids: np.ndarray, target_ids: np.ndarray) -> None:
         self.nats += float(nll_sum)
+        self.count(prev_ids, target_ids)
+
+    def count(self, prev_ids: np.ndarray, target_ids: np.ndarray) -> None:
+        """The tokens and their bytes alone: host numpy, while the device computes their loss."""
         self.tokens += float(np.size(target_ids))
         self.nbytes += float(token_bytes(prev_ids, target_ids, self.tables).sum())
 

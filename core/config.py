@@ -33,7 +33,7 @@ NON_NEGATIVE_FIELDS = (
     "iterations", "warmup_steps", "warmdown_iters", "val_loss_every", "val_max_tokens", "train_log_every",
     "checkpoint_every", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
     "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm", "rope_dims", "xsa_last_n", "muon_wd",
-    "embed_wd", "adam_wd",
+    "embed_wd", "adam_wd", "collective_timeout_seconds",
 )  # fmt: skip
 FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2", "ema_decay")
 UNIT_FIELDS = ("warmdown_frac", "min_lr")  # in [0, 1]
@@ -145,6 +145,9 @@ class Config:
     mlx_max_microbatch_tokens: int = opt(8_192, "MLX: largest sub-batch (tokens) of a micro-batch")
     mlx_eager_eval: bool = opt(
         True, "MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)"
+    )
+    collective_timeout_seconds: float = opt(
+        300.0, "PyTorch, several ranks: a collective waiting longer fails the job; 0 = torch's 10-30 min"
     )
 
     # ------------------------------------------------------------------ derived

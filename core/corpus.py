@@ -147,16 +147,19 @@ def merge_manifest(root: Path, dataset: dict[str, Any], tokenizer: dict[str, Any
 
 
 def _move_into_place(stage: Path, root: Path, name: str, tok_name: str) -> Path:
-    """Swap the staged shards and tokenizer in for any older ones; return the tokenizer path."""
+    """Swap the staged tokenizer, then the staged shards, in for any older ones; return the tokenizer path.
+
+    The shards' folder comes last: once it exists the dataset is whole (torchrun's other ranks wait for it).
+    """
+    tokenizers = make_dir(root / "tokenizers")
+    for suffix in (".model", ".vocab"):
+        os.replace(stage / f"{tok_name}{suffix}", tokenizers / f"{tok_name}{suffix}")
     out_dir = root / "datasets" / name
     make_dir(out_dir.parent)
     old = stage / "previous"
     if out_dir.exists():
         out_dir.rename(old)
     (stage / "shards").rename(out_dir)
-    tokenizers = make_dir(root / "tokenizers")
-    for suffix in (".model", ".vocab"):
-        os.replace(stage / f"{tok_name}{suffix}", tokenizers / f"{tok_name}{suffix}")
     return tokenizers / f"{tok_name}.model"
 
 

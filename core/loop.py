@@ -89,12 +89,15 @@ def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None)
     batch_seqs = max(cfg.val_batch_size // cfg.grad_accum_steps // seq, 1)
     spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size)
     meter = BPBMeter(data.tables)
+    nll = 0.0  # then the framework's 0-d array: the sum stays on the device
     for i, (start, end) in enumerate(spans):
         chunk = data.tokens[start:end].astype(np.int32)
         x, y = chunk[:-1].reshape(-1, seq), chunk[1:].reshape(-1, seq)
-        meter.add(backend.eval_nll(x, y), x, y)
+        nll = nll + backend.eval_nll(x, y)  # queued, not waited for
+        meter.count(x, y)  # the bytes, on the host while the device works
         if progress is not None:
-            progress(i + 1, len(spans))
+            progress(i + 1, len(spans))  # batches queued: the device may be a little behind
+    meter.nats = float(nll)  # the one wait for the device
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 

@@ -3,7 +3,8 @@
 Launched as a plain process it uses one device; under `torchrun` it joins the
 process group (NCCL on CUDA, gloo on CPU) and wraps the compiled model in DDP.
 The plain module is kept for parameters and state, so nothing saved ever
-carries a compile or DDP prefix.
+carries a compile or DDP prefix. A rank that fails leaves without waiting for the
+others (`close`); collectives time out after `collective_timeout_seconds`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import nullcontext
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -24,7 +26,25 @@ from cuda_train.model import GPT
 from cuda_train.optim import Muon, build_optimizers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense, datasheet
+# Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:
+# the PCIe and NVL cards of a generation are slower than its SXM one (a substring would mix them).
+PEAK_BF16_FLOPS = {
+    "NVIDIA H100 80GB HBM3": 989e12,  # SXM5
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12,  # SXM
+    "NVIDIA H200 NVL": 835e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+}
+FAILURE_KEY = "pgolf/first_failed_rank"  # in the process group's store: who failed first
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """The datasheet peak of a GPU by its torch.cuda name; None for a card not in the table (no MFU)."""
+    return PEAK_BF16_FLOPS.get(device_name.strip())
 
 
 def check_config(cfg: Config) -> None:
@@ -50,14 +70,18 @@ class TorchBackend:
             self.device = "cpu"
         cuda = self.torch_device.type == "cuda"
         if self.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if cuda else "gloo", device_id=self.torch_device if cuda else None)
+            # A short timeout: a rank that hangs fails the job in minutes, not torch's 10 (NCCL) or 30 (gloo).
+            timeout = cfg.collective_timeout_seconds
+            dist.init_process_group(
+                "nccl" if cuda else "gloo",
+                device_id=self.torch_device if cuda else None,
+                timeout=timedelta(seconds=timeout) if timeout > 0 else None,
+            )
         self.bf16 = cfg.uses_bf16(cuda)
         if cuda:  # TF32 for the fp32 matmuls left outside autocast; float32 asked for means float32
             torch.backends.cuda.matmul.allow_tf32 = self.bf16
             torch.backends.cudnn.allow_tf32 = self.bf16
-        self.peak_flops = (
-            next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None) if self.bf16 else None
-        )
+        self.peak_flops = peak_bf16_flops(name) if self.bf16 else None
         torch.manual_seed(cfg.seed)
 
         self.model = GPT(cfg).to(self.torch_device)
@@ -184,11 +208,11 @@ class TorchBackend:
         return total / n
 
     @torch.inference_mode()
-    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:
+    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         self.model.eval()
         with self.autocast:
             loss = self.compiled(self._to_device(x), self._to_device(y), reduction="sum")
-        return float(loss.double().item())
+        return loss.double()  # queued, not waited for: the caller sums on the device
 
     @torch.inference_mode()
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -214,13 +238,34 @@ class TorchBackend:
             return int(torch.cuda.max_memory_allocated(self.torch_device))
         return None
 
-    def close(self) -> None:
-        if dist.is_available() and dist.is_initialized():
-            # Both ranks leave together, and DDP lets go of the group before it is destroyed:
-            # a gloo group still referenced at interpreter exit can abort the process.
-            dist.barrier()
+    def close(self, failed: bool = False) -> int | None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        if failed:
+            # No barrier: the other ranks may be gone or waiting in a collective. Nor a destroy or an
+            # abort: both wait for this rank's collectives in flight (gloo until its timeout, as tried
+            # here). The process ends next (cli.py), which is what makes the others' collectives fail.
             self.runner = self.compiled
-            dist.destroy_process_group()
+            return self._first_failure()
+        # Every rank leaves together, and DDP lets go of the group before it is destroyed:
+        # a gloo group still referenced at interpreter exit can abort the process.
+        dist.barrier()
+        self.runner = self.compiled
+        dist.destroy_process_group()
+        return None
+
+    def _first_failure(self) -> int | None:
+        """Record this rank as the job's first failure unless another was; return the first one.
+
+        The store is torchrun's (its agent's process), so it outlives the ranks; None if it does not
+        answer within 2 s.
+        """
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            store.set_timeout(timedelta(seconds=2))
+            return int(store.compare_set(FAILURE_KEY, "", str(self.rank)))
+        except Exception:  # the failure being reported matters more than this one
+            return None
 
 
 def create_backend(cfg: Config) -> TorchBackend:

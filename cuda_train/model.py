@@ -37,7 +37,8 @@ Rope = tuple[Tensor, Tensor]  # cos, sin: (T, rope_dims / 2)
 
 def rms_norm(x: Tensor) -> Tensor:
     # eps=None: torch uses the fp32 machine epsilon (also for bf16 inputs); MLX copies that.
-    return F.rms_norm(x, (x.size(-1),))
+    # Cast back: CUDA autocast (PyTorch >= 2.12) returns fp32 here, which would make the residual stream fp32.
+    return F.rms_norm(x, (x.size(-1),)).to(x.dtype)
 
 
 def rope_tables(seq_len: int, rope_dims: int, base: float) -> Rope:
@@ -52,6 +53,18 @@ def apply_rope(x: Tensor, rope: Rope) -> Tensor:
     half = cos.size(-1)
     x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin, rest), dim=-1)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool) -> Tensor:
+    """Causal SDPA of q (B, H, T, D) over k, v (B, KV, T, D): query head h reads kv head h // (H / KV).
+
+    `expand_kv` repeats each kv head for its query heads first: the same numbers, but in fp32 on CUDA
+    a fused kernel runs instead of the math fallback `enable_gqa` takes, which holds (B, H, T, T) scores.
+    """
+    groups = q.size(1) // k.size(1)
+    if expand_kv and groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, T, D)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.size(1) != q.size(1))
 
 
 def remove_self_value(y: Tensor, v: Tensor) -> Tensor:
@@ -96,9 +109,7 @@ class CausalSelfAttention(nn.Module):
         rope = (rope[0].to(q.dtype), rope[1].to(q.dtype))
         q = apply_rope(rms_norm(q), rope) * self.q_gain.to(q.dtype)[None, :, None, None]
         k = apply_rope(rms_norm(k), rope)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads
-        )  # (B, H, T, D)
+        y = causal_attention(q, k, v, expand_kv=q.is_cuda and q.dtype == torch.float32)  # (B, H, T, D)
         if self.xsa:
             y = remove_self_value(y, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))

@@ -148,10 +148,13 @@ class MLXBackend:
         mx.eval(self.model.state, self.optim.state, loss)
         return loss
 
-    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> float:
-        total = 0.0
+    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> mx.array:
+        # float64 exists on the CPU only: on a Metal GPU the sums stay float32.
+        dtype = mx.float32 if _on_gpu() else mx.float64
+        total = mx.array(0.0, dtype=dtype)
         for xs, ys in sub_batches(x, y, self.cfg.mlx_max_microbatch_tokens):
-            total += float(self._nll_sum(mx.array(xs), mx.array(ys)))
+            total = total + self._nll_sum(mx.array(xs), mx.array(ys)).astype(dtype)
+        mx.async_eval(total)  # started, not waited for; and the caller's lazy sum stays short
         return total
 
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -171,8 +174,8 @@ class MLXBackend:
     def peak_memory_bytes(self) -> int | None:
         return int(mx.get_peak_memory())  # Metal or CPU allocator: MLX tracks both
 
-    def close(self) -> None:
-        pass
+    def close(self, failed: bool = False) -> int | None:
+        return None  # mx.distributed keeps nothing to release; it cannot tell who failed first
 
 
 def create_backend(cfg: Config) -> MLXBackend:

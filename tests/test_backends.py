@@ -107,7 +107,9 @@ def test_forward_matches_the_reference(backend_name, variant):
     backend.load_params(params)
     x, y = batch(cfg)
     np.testing.assert_allclose(backend.logits(x), reference_logits(params, cfg, x), rtol=0, atol=1e-4)
-    assert backend.eval_nll(x, y) / y.size == pytest.approx(reference_loss(params, cfg, x, y), rel=2e-5)
+    assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(
+        reference_loss(params, cfg, x, y), rel=2e-5
+    )
 
 
 @pytest.mark.parametrize("decay", [False, True])
@@ -266,7 +268,7 @@ def test_torch_compiled_steady_state_has_no_recompiles(dtype):
     x, y = batch(cfg, n=5, seed=13)
 
     def validate():  # a full batch, then a shorter last one, as core.loop's spans give
-        return backend.eval_nll(x[:3], y[:3]) + backend.eval_nll(x[3:], y[3:])
+        return float(backend.eval_nll(x[:3], y[:3]) + backend.eval_nll(x[3:], y[3:]))
 
     backend.train_step(micro, 1.0, 0.85)
     first = validate()
@@ -287,7 +289,7 @@ def test_bf16_compute_stays_close_to_the_reference_and_learns(backend_name):
     x, y = batch(cfg)
     error = np.abs(backend.logits(x) - reference_logits(stored, cfg, x)).max()
     assert backend.bf16 and 1e-4 < error < 0.06  # bf16 is really in use, and only its round-off shows
-    first = backend.eval_nll(x, y) / y.size
+    first = float(backend.eval_nll(x, y)) / y.size
     assert first == pytest.approx(reference_loss(stored, cfg, x, y), rel=1e-3)
     for _ in range(30):  # memorise one batch
         last = float(backend.train_step([(x, y)], 1.0, 0.9))

@@ -57,7 +57,7 @@ def test_same_weights_same_logits_and_loss(sotu_dataset, model):
     torch_b.load_params(params)
     mlx_b.load_params(params)
     np.testing.assert_allclose(mlx_b.logits(x), torch_b.logits(x), rtol=0, atol=2e-5)
-    assert mlx_b.eval_nll(x, y) == pytest.approx(torch_b.eval_nll(x, y), rel=1e-5)
+    assert float(mlx_b.eval_nll(x, y)) == pytest.approx(float(torch_b.eval_nll(x, y)), rel=1e-5)
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -78,7 +78,7 @@ def test_record_0401_forward(backend_name, case):
     backend.load_params(params)
     x, y = golden["x"].astype(np.int32), golden["y"].astype(np.int32)
     np.testing.assert_allclose(backend.logits(x), golden["logits"], rtol=0, atol=2e-5)
-    assert backend.eval_nll(x, y) / y.size == pytest.approx(float(golden["loss"][0]), rel=1e-5)
+    assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(float(golden["loss"][0]), rel=1e-5)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ from core.loop import train
 from core.quant import dequantize_int8, load_artifact
 from core.runs import read_metrics
 from core.shards import find_shards, read_shard
-from tests.test_backends import BACKENDS, NEEDS, make_backend
+from tests.test_backends import BACKENDS, NEEDS, make_backend, needs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -204,3 +206,185 @@ def test_the_moving_average_is_what_gets_exported(sotu_dataset, backend_name, tm
     assert all(np.array_equal(artifact[k], from_ema[k]) for k in artifact)
     assert not all(np.array_equal(artifact[k], from_live[k]) for k in artifact)
     assert "ema val_loss:" in (result.run_dir / "train.log").read_text()
+
+
+class DeviceScalar:
+    """A framework's 0-d array, as core.loop sees it: added up lazily; each float() is a wait."""
+
+    waits = 0
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def __add__(self, other):
+        return DeviceScalar(self.value + (other.value if isinstance(other, DeviceScalar) else other))
+
+    __radd__ = __add__
+
+    def __float__(self) -> float:
+        DeviceScalar.waits += 1
+        return float(self.value)
+
+
+def test_evaluation_waits_for_the_device_once(sotu_dataset):
+    """The losses stay on the device until the end of the pass; the bytes are counted from the tokens."""
+    from core.bpb import token_bytes
+    from core.loop import evaluate, load_eval_data
+
+    cfg = sotu_dataset.config("smoke")
+    batches = []
+
+    class Backend:
+        rank, world_size = 0, 1
+
+        def __init__(self):
+            self.cfg = cfg
+
+        def eval_nll(self, x, y):
+            batches.append((x, y, float(len(batches) + 1)))
+            return DeviceScalar(batches[-1][2])
+
+        def all_reduce_sum(self, values):
+            return values
+
+    DeviceScalar.waits = 0
+    meter = evaluate(Backend(), load_eval_data(cfg))
+    assert len(batches) > 2 and DeviceScalar.waits == 1
+    assert meter.nats == sum(nll for _, _, nll in batches)
+    assert meter.tokens == sum(y.size for _, y, _ in batches)
+    assert meter.nbytes == sum(int(token_bytes(x, y, meter.tables).sum()) for x, y, _ in batches)
+
+
+def torchrun_env(**extra: str) -> dict[str, str]:
+    # Loopback only: gloo otherwise picks an interface from the host name, which can fail.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **extra}
+
+
+@pytest.mark.slow
+@needs("cuda")
+def test_two_compiled_processes_with_two_micro_batches_each_under_a_cap(sotu_dataset, tmp_path):
+    """DDP around the compiled model, `no_sync` on the first micro-batch, the clock agreed under a cap.
+
+    The tiny preset with 2 of its 4 layers: compiling on a CPU with a cold cache takes minutes,
+    about in proportion to the depth (the graph is unrolled), and the depth is not what is tested.
+    """
+    args = [
+        "cli.py", "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "2", "--compile", "on",
+        "--grad-accum-steps", "4", "--iterations", "1000", "--max-wallclock-seconds", "3", "--warmup-steps", "1",
+        "--val-loss-every", "0", "--val-max-tokens", "8192", "--out-dir", str(tmp_path), "--run-id", "r",
+        "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
+    ]  # fmt: skip
+    done = subprocess.run(
+        [*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "world_size:2 grad_accum_steps:2" in done.stdout
+    assert "stopping_early: wallclock_cap" in done.stdout
+    assert load_checkpoint(sorted((tmp_path / "r" / "checkpoints").glob("*.safetensors"))[-1]).step < 1000
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # a zombie has ended; only its parent has not read its status yet
+
+
+def run_until_a_rank_fails(tmp_path, sotu_dataset, fault, **env: str):
+    """Start a long two-rank run; once rank 0 has logged step 2, call `fault(pids)`; return the
+    exit status, the whole output and the seconds from the fault to the end of every process."""
+    args = [
+        "tests/torchrun_cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--iterations", "100000",
+        "--out-dir", str(tmp_path / "runs"), "--data-path", str(sotu_dataset.data_path),
+        "--tokenizer-path", str(sotu_dataset.tokenizer_path),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        [*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(TEST_PID_DIR=str(tmp_path), **env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        output = []
+        for line in process.stdout:
+            output.append(line)
+            if line.startswith("step:2/"):
+                break
+        pids = [int((tmp_path / f"rank{rank}.pid").read_text()) for rank in (0, 1)]
+        started = time.monotonic()
+        fault(pids)
+        output.append(process.communicate(timeout=120)[0])
+        while any(alive(pid) for pid in pids) and time.monotonic() < started + 120:
+            time.sleep(0.1)
+        return process.returncode, "".join(output), time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.mark.slow
+@needs("cuda")
+def test_a_rank_that_raises_ends_every_rank_and_is_reported_once(sotu_dataset, tmp_path):
+    message = "injected fault in rank 1"
+    code, output, seconds = run_until_a_rank_fails(
+        tmp_path, sotu_dataset, lambda pids: None,
+        TEST_FAIL_RANK="1", TEST_FAIL_STEP="3", TEST_FAIL_MESSAGE=message,
+    )  # fmt: skip
+    assert code != 0 and seconds < 30, (code, seconds, output[-3000:])
+    assert output.count(message) == 1, output[-3000:]  # its traceback, from rank 1 only
+    assert "[rank0]: Traceback" not in output, output[-3000:]
+
+
+@pytest.mark.slow
+@needs("cuda")
+def test_sigterm_to_one_rank_ends_every_rank(sotu_dataset, tmp_path):
+    code, output, seconds = run_until_a_rank_fails(
+        tmp_path, sotu_dataset, lambda pids: os.kill(pids[1], signal.SIGTERM)
+    )
+    assert code != 0 and seconds < 30, (code, seconds, output[-3000:])
+    assert output.count("[rank1]: terminated") == 1, output[-3000:]
+    assert "Traceback (most recent call last):\n[rank" not in output and "[rank0]: Traceback" not in output
+
+
+@pytest.mark.slow
+@needs("cuda")
+def test_sigterm_ends_a_rank_stuck_in_a_collective(sotu_dataset, tmp_path):
+    """Rank 1 hangs; rank 0 waits for it inside DDP's all-reduce, where Python cannot run its SIGTERM
+    handler: the grace thread ends it 5 s after the signal, and torchrun then stops rank 1."""
+
+    def stop_rank_0(pids):
+        time.sleep(2)  # rank 0 is in step 3's all-reduce by now
+        os.kill(pids[0], signal.SIGTERM)
+
+    code, output, seconds = run_until_a_rank_fails(
+        tmp_path, sotu_dataset, stop_rank_0, TEST_FAIL_RANK="1", TEST_FAIL_STEP="3", TEST_STALL_SECONDS="300"
+    )
+    assert code != 0 and 5 <= seconds < 30, (code, seconds, output[-3000:])
+    assert "[rank0]" not in output, output[-3000:]  # it never left the all-reduce: the grace thread ended it
+
+
+@pytest.mark.slow
+@needs("cuda")
+def test_torchrun_without_data_prepares_one_dataset(sotu_dataset, tmp_path):
+    """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte."""
+    from core.corpus import read_manifest
+
+    done = subprocess.run(
+        [*launcher("cuda"), str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset",
+         "smoke", "--iterations", "1", "--out-dir", "runs", "--run-id", "r"],
+        cwd=tmp_path, env=torchrun_env(TEST_CORPUS_DOCS="40"), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("No dataset yet") == 1
+    data = tmp_path / "data"
+    assert sorted(p.name for p in data.iterdir()) == ["datasets", "manifest.json", "tokenizers"]  # no staging
+    assert [d["name"] for d in read_manifest(data)["datasets"]] == ["sotu_sp1024"]
+    built = sorted(p.relative_to(data) for p in data.rglob("*") if p.is_file() and p.name != "manifest.json")
+    expected = sorted(
+        p.relative_to(sotu_dataset.root)
+        for p in sotu_dataset.root.rglob("*")
+        if p.is_file() and p.name != "manifest.json"
+    )
+    assert built == expected
+    for path in built:
+        assert (data / path).read_bytes() == (sotu_dataset.root / path).read_bytes(), path
