@@ -133,6 +133,15 @@ class Backend(Protocol):
         array of the framework, left on the device (`float()` it to wait for it).
         """
 
+    def set_looping(self, active: bool) -> None:
+        """Run the looped layer layout (depth recurrence, `num_loops` > 0) from now on, or not.
+
+        A new backend starts looped when num_loops > 0, the state a trained model is
+        scored in; the training loop sets it from the schedule. The flag reaches the
+        compiled step and evaluation as an argument, so flipping it takes effect under
+        compilation (one more graph, built once). Without num_loops it changes nothing.
+        """
+
     def eval_nll(self, x: np.ndarray, y: np.ndarray) -> Any:
         """Sum over all tokens of the cross-entropy in nats (model in eval mode).
 

@@ -33,16 +33,18 @@ NON_NEGATIVE_FIELDS = (
     "iterations", "warmup_steps", "warmdown_iters", "val_loss_every", "val_max_tokens", "train_log_every",
     "checkpoint_every", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
     "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm", "rope_dims", "xsa_last_n", "muon_wd",
-    "embed_wd", "adam_wd", "collective_timeout_seconds",
+    "embed_wd", "adam_wd", "collective_timeout_seconds", "num_loops", "loop_start", "loop_end",
+    "parallel_start_layer",
 )  # fmt: skip
 FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2", "ema_decay")
-UNIT_FIELDS = ("warmdown_frac", "min_lr")  # in [0, 1]
+UNIT_FIELDS = ("warmdown_frac", "min_lr", "enable_looping_at")  # in [0, 1]
 CHOICES = {
     "compute_dtype": ("auto", "bfloat16", "float32"),
     "compile": ("auto", "on", "off"),
     "mlp_activation": ("relu2", "leaky_relu2"),
     "muon_ns_coefficients": ("quintic", "polar_express"),
     "train_loader": tuple(TRAIN_LOADERS),
+    "parallel_final_lane": ("mean", "mlp", "attn"),
 }
 
 
@@ -110,6 +112,21 @@ class Config:
     ve_dim: int = opt(128, "width of the value embedding (projected to the kv width when different)")
     ve_layers: str = opt("9,10", "comma-separated layers that receive the value embedding")
     skip_gates_enabled: bool = opt(False, "U-Net skips blended in through a sigmoid gate per channel")
+    num_loops: int = opt(
+        0,
+        "depth recurrence: once looping is on, layers loop_start..loop_end run 1 + num_loops times; 0 = off",
+    )
+    loop_start: int = opt(3, "first layer of the looped segment")
+    loop_end: int = opt(5, "last layer of the looped segment (inclusive)")
+    enable_looping_at: float = opt(
+        0.35, "looping turns on at this fraction of training (steps, or the wallclock cap), for good"
+    )
+    parallel_start_layer: int = opt(
+        0, "parallel residual lanes (attention and MLP side by side) from decoder layer N on; 0 = off"
+    )
+    parallel_final_lane: str = opt(
+        "mean", "the lanes' output to the head: mean | mlp (lane 1) | attn (lane 0)"
+    )
     tied_embed_init_std: float = opt(0.005, "std of the (tied) embedding init")
 
     # --- optimizers ---
@@ -233,7 +250,44 @@ class Config:
             bad = [i for i in layers if not 0 <= i < self.num_layers]
             require(not bad, f"ve_layers: layer {bad[0] if bad else 0} is not in 0..{self.num_layers - 1}")
             require(len(set(layers)) == len(layers), f"ve_layers lists a layer twice: {self.ve_layers!r}")
+        if self.num_loops > 0:
+            require(
+                self.loop_start <= self.loop_end < self.num_layers,
+                f"the looped segment loop_start={self.loop_start}..loop_end={self.loop_end} must lie in "
+                f"0..{self.num_layers - 1} with loop_start <= loop_end",
+            )
+        psl = self.parallel_start_layer
+        if psl > 0:
+            require(
+                psl < self.num_layers,
+                f"parallel_start_layer={psl} must be below num_layers={self.num_layers} (0 turns the lanes off)",
+            )
+            for looping in (False, True):
+                decoder = self.layer_layout(looping)[1]
+                lanes = [i >= psl for i in decoder]
+                # Once split, the stream is two lanes: a serial layer after that would read a stale x.
+                require(
+                    lanes == sorted(lanes),
+                    f"parallel_start_layer={psl}: the decoder order {decoder} runs a layer below {psl} "
+                    "after a parallel one; raise parallel_start_layer or move the looped segment",
+                )
         return self
+
+    def layer_layout(self, looping: bool) -> tuple[list[int], list[int]]:
+        """The physical layers the encoder and the decoder visit, in order.
+
+        Looping (num_loops > 0 and switched on) repeats loop_start..loop_end so that the
+        segment runs 1 + num_loops times; the visit list is then split in two halves,
+        the encoder getting the shorter one when its length is odd.
+        """
+        n = self.num_layers
+        if looping and self.num_loops > 0:
+            segment = list(range(self.loop_start, self.loop_end + 1))
+            order = list(range(self.loop_start)) + segment * (self.num_loops + 1)
+            order += list(range(self.loop_end + 1, n))
+        else:
+            order = list(range(n))
+        return order[: len(order) // 2], order[len(order) // 2 :]
 
     @property
     def ve_layer_indices(self) -> list[int]:

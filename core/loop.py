@@ -10,9 +10,12 @@ The timeline follows the challenge's reference script, one named step each in
 `warm_up` (compile-warmup steps, then undone), the loop of `train_step`s with
 `validate` at step 0, every `val_loss_every` steps and at the end, and
 `save_checkpoint`; validation and checkpoints are off the training clock
-(`Clock.paused`). A wallclock cap stops all ranks at the same step. Then
-`export_and_score`: the moving average of the weights replaces them when
-`ema_decay` > 0, the artifact is written, read back from disk and scored again.
+(`Clock.paused`). A wallclock cap stops all ranks at the same step. Depth
+recurrence switches on at the top of the first `train_step` past
+`enable_looping_at` (`core.schedule.looping_active`, recomputed on resume).
+Then `export_and_score`: the moving average of the weights replaces them when
+`ema_decay` > 0, the artifact is written, read back from disk and scored again,
+looped when `num_loops` > 0.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from core.params import (
     storage_dtypes,
 )
 from core.runs import RunDir
-from core.schedule import lr_multiplier, muon_momentum
+from core.schedule import looping_active, lr_multiplier, muon_momentum
 from core.shards import find_shards, load_val_tokens, make_train_loader, val_spans
 from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 
@@ -208,6 +211,7 @@ class Training:
         self.accum = self.cfg.local_accum_steps(backend.world_size)
         self.dtypes = storage_dtypes(self.cfg, backend.bf16)
         self.step = 0
+        self.looping = False  # the layer layout the backend runs (depth recurrence)
         self.stop_after: int | None = None
         self.val_loss = self.val_bpb = math.nan
 
@@ -239,6 +243,9 @@ class Training:
             self.step, start_ms = ckpt.step, ckpt.train_time_ms
         else:
             backend.load_params(init_params(cfg, bf16=backend.bf16))
+        # Derived from the step and the clock, so a resumed run needs nothing saved for it.
+        self.looping = looping_active(cfg, self.step, start_ms)
+        backend.set_looping(self.looping)
         self.clock = Clock(backend, start_ms)
         run_id = _shared_run_id(cfg, backend)
         # A resumed run goes on writing into its own directory, and into no other run's.
@@ -250,13 +257,19 @@ class Training:
         self._log_header()
 
     def warm_up(self) -> None:
-        """Prime the compiled paths with real steps, then restore the true initial state and rewind the data."""
+        """Prime the compiled paths with real steps (once more looped, with depth recurrence, so the
+        switch compiles nothing inside the timed run), then restore the true initial state and rewind
+        the data."""
         backend, cfg = self.backend, self.cfg
         params0, opt0, data0 = backend.params(), backend.optimizer_state(), self.loader.state()
-        for i in range(cfg.warmup_steps):
-            backend.train_step(self._micro_batches(), lr_multiplier(cfg, 0, 0.0), muon_momentum(cfg, 0))
-            if cfg.warmup_steps <= 20 or (i + 1) % 10 == 0 or i + 1 == cfg.warmup_steps:
-                self.say(f"warmup_step:{i + 1}/{cfg.warmup_steps}")
+        for looping in (False, True) if cfg.num_loops > 0 else (False,):
+            backend.set_looping(looping)
+            name = "loop_warmup_step" if looping else "warmup_step"
+            for i in range(cfg.warmup_steps):
+                backend.train_step(self._micro_batches(), lr_multiplier(cfg, 0, 0.0), muon_momentum(cfg, 0))
+                if cfg.warmup_steps <= 20 or (i + 1) % 10 == 0 or i + 1 == cfg.warmup_steps:
+                    self.say(f"{name}:{i + 1}/{cfg.warmup_steps}")
+        backend.set_looping(self.looping)
         backend.load_params(params0)
         backend.load_optimizer_state(opt0)
         self.loader.load_state(data0)
@@ -275,8 +288,9 @@ class Training:
             )
 
     def train_step(self) -> None:
-        """One optimizer step at the scheduled lr and momentum, then its log line when due."""
+        """One optimizer step at the scheduled lr, momentum and layer layout, then its log line when due."""
         cfg = self.cfg
+        self.set_looping(looping_active(cfg, self.step, self.elapsed_ms))
         lr_mult = lr_multiplier(cfg, self.step, self.elapsed_ms)
         momentum = muon_momentum(cfg, self.step)
         loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum)
@@ -310,6 +324,7 @@ class Training:
     def export_and_score(self) -> RunResult:
         """Write the artifact of the final (or averaged) weights and score what was written."""
         backend, cfg = self.backend, self.cfg
+        self.set_looping(cfg.num_loops > 0)  # a model trained with depth recurrence is scored looped
         if cfg.ema_decay > 0:
             state = backend.optimizer_state()
             backend.load_params({name: state[f"ema/{name}"] for name in backend.params()})
@@ -392,6 +407,18 @@ class Training:
         return result
 
     # ---------------------------------------------------------------- helpers
+    def set_looping(self, active: bool) -> None:
+        """Tell the backend which layer layout to run (depth recurrence); log a switch."""
+        self.backend.set_looping(active)
+        if active == self.looping:
+            return
+        self.looping = active
+        encoder, decoder = self.cfg.layer_layout(active)
+        self.say(
+            f"layer_loop:{'enabled' if active else 'disabled'} step:{self.step} "
+            f"encoder:{encoder} decoder:{decoder}"
+        )
+
     def say(self, line: str) -> None:
         if self.main:
             self.log(line)

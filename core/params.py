@@ -52,8 +52,10 @@ def _control(shape: tuple[int, ...], value: float = 1.0, init: str = "const") ->
 
 
 def num_skip_weights(cfg: Config) -> int:
-    encoder = cfg.num_layers // 2
-    return min(encoder, cfg.num_layers - encoder)
+    """U-Net skip connections: as many as the shorter half, of the looped layout when there is one
+    (with looping off the decoder then uses only the first num_layers // 2)."""
+    encoder, decoder = cfg.layer_layout(looping=cfg.num_loops > 0)
+    return min(len(encoder), len(decoder))
 
 
 def mlp_hidden(cfg: Config) -> int:
@@ -96,6 +98,10 @@ def param_specs(cfg: Config) -> dict[str, ParamSpec]:
             specs[f"ve_layer_scales.{j}"] = _control((1,))
     if not cfg.tie_embeddings:
         specs["lm_head.weight"] = ParamSpec((cfg.vocab_size, d), "const", "head", "embedding")
+    if cfg.parallel_start_layer > 0:
+        # Per physical layer: [i, sublayer (0 attention, 1 MLP), lane] writes and [i, lane] residual keeps.
+        specs["parallel_post_lambdas"] = _control((cfg.num_layers, 2, 2))
+        specs["parallel_resid_lambdas"] = _control((cfg.num_layers, 2), 1.1)
     return specs
 
 

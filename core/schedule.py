@@ -5,6 +5,20 @@ from __future__ import annotations
 from core.config import Config
 
 
+def training_progress(cfg: Config, step: int, elapsed_ms: float) -> float:
+    """How far training has come, 0 at the start and 1 at the end: the share of the
+    iterations taken, or under a wallclock cap the share of the cap used (may pass 1)."""
+    if cfg.max_wallclock_seconds > 0:
+        return elapsed_ms / (1000.0 * cfg.max_wallclock_seconds)
+    return step / max(cfg.iterations, 1)
+
+
+def looping_active(cfg: Config, step: int, elapsed_ms: float) -> bool:
+    """Whether the looped layers run at `step`: from `enable_looping_at` of training on, for good
+    (progress only grows, so a resumed run recomputes the same answer)."""
+    return cfg.num_loops > 0 and training_progress(cfg, step, elapsed_ms) >= cfg.enable_looping_at
+
+
 def lr_multiplier(cfg: Config, step: int, elapsed_ms: float) -> float:
     """Factor applied to every base lr at `step`: no warmup, then a linear warmdown to `min_lr`.
 
@@ -17,7 +31,7 @@ def lr_multiplier(cfg: Config, step: int, elapsed_ms: float) -> float:
     capped = cfg.max_wallclock_seconds > 0
     cap_ms = 1000.0 * cfg.max_wallclock_seconds
     if cfg.warmdown_frac > 0:
-        progress = elapsed_ms / cap_ms if capped else step / max(cfg.iterations, 1)
+        progress = training_progress(cfg, step, elapsed_ms)
         if progress < 1.0 - cfg.warmdown_frac:
             return 1.0
         return max((1.0 - progress) / cfg.warmdown_frac, cfg.min_lr)

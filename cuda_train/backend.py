@@ -98,6 +98,7 @@ class TorchBackend:
             else {}
         )
         self.steps_taken = 0
+        self.looping = cfg.num_loops > 0  # passed to every forward: an argument compile guards on
         self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model
         self.runner = self.compiled
         if self.world_size > 1:
@@ -188,7 +189,7 @@ class TorchBackend:
             sync = self.world_size == 1 or i == n - 1
             context = self.runner.no_sync() if not sync else nullcontext()
             with context, self.autocast:
-                loss = self.runner(self._to_device(x), self._to_device(y))
+                loss = self.runner(self._to_device(x), self._to_device(y), looping=self.looping)
             (loss / n).backward()
             total += loss.detach()
         if self.cfg.grad_clip_norm > 0:
@@ -207,18 +208,23 @@ class TorchBackend:
         self.steps_taken += 1
         return total / n
 
+    def set_looping(self, active: bool) -> None:
+        self.looping = bool(active) and self.cfg.num_loops > 0
+
     @torch.inference_mode()
     def eval_nll(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         self.model.eval()
         with self.autocast:
-            loss = self.compiled(self._to_device(x), self._to_device(y), reduction="sum")
+            loss = self.compiled(
+                self._to_device(x), self._to_device(y), reduction="sum", looping=self.looping
+            )
         return loss.double()  # queued, not waited for: the caller sums on the device
 
     @torch.inference_mode()
     def logits(self, x: np.ndarray) -> np.ndarray:
         self.model.eval()
         with self.autocast:
-            return self.model.logits(self._to_device(x)).float().cpu().numpy()
+            return self.model.logits(self._to_device(x), self.looping).float().cpu().numpy()
 
     # ------------------------------------------------------------ plumbing
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:

@@ -13,7 +13,15 @@ by default):
   `rope_dims` dimensions of each head, a per-head query gain, grouped-query causal
   SDPA; value embeddings (`ve_enabled`) added to v in `ve_layers`; XSA on the last
   `xsa_last_n` layers removes from each output its component along the token's own value;
-- MLP: relu(x)^2 or leaky_relu(x, 0.5)^2, width int(mlp_mult * model_dim).
+- MLP: relu(x)^2 or leaky_relu(x, 0.5)^2, width int(mlp_mult * model_dim);
+- depth recurrence (`num_loops`): once looping is switched on, layers
+  loop_start..loop_end run 1 + num_loops times with shared weights; the U-Net
+  halves are cut from that visit list (`Config.layer_layout`), and `looping` is
+  an argument of the forward, so a compiled graph sees the switch;
+- parallel residual lanes (`parallel_start_layer`): from the first decoder layer
+  with that index on, attention reads lane 0 (mixed with x0) and the MLP lane 1,
+  and each lane keeps `parallel_resid_lambdas` of itself plus
+  `parallel_post_lambdas` of both outputs; the head reads their mean (or one lane).
 
 Parameters are created with the names and shapes of core/params.py and filled by
 `load_params` from its numpy initialisation, so both backends start from the
@@ -33,6 +41,7 @@ from core.config import Config
 from core.params import mlp_hidden, num_skip_weights
 
 Rope = tuple[Tensor, Tensor]  # cos, sin: (T, rope_dims / 2)
+Lanes = tuple[Tensor, Tensor]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
 
 
 def rms_norm(x: Tensor) -> Tensor:
@@ -142,11 +151,35 @@ class Block(nn.Module):
     def norm(self, x: Tensor) -> Tensor:
         return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
 
-    def forward(self, x: Tensor, x0: Tensor, rope: Rope, v_embed: Tensor | None = None) -> Tensor:
+    def mix(self, x: Tensor, x0: Tensor) -> Tensor:
+        """The residual stream blended with the embedding x0 (`resid_mix`)."""
         mix = self.resid_mix.to(x.dtype)
-        x = mix[0] * x + mix[1] * x0
-        x = x + self.attn_scale.to(x.dtype) * self.attn(self.norm(x), rope, v_embed)
-        return x + self.mlp_scale.to(x.dtype) * self.mlp(self.norm(x))
+        return mix[0] * x + mix[1] * x0
+
+    def attn_branch(self, x: Tensor, rope: Rope, v_embed: Tensor | None = None) -> Tensor:
+        return self.attn_scale.to(x.dtype) * self.attn(self.norm(x), rope, v_embed)
+
+    def mlp_branch(self, x: Tensor) -> Tensor:
+        return self.mlp_scale.to(x.dtype) * self.mlp(self.norm(x))
+
+    def forward(self, x: Tensor, x0: Tensor, rope: Rope, v_embed: Tensor | None = None) -> Tensor:
+        x = self.mix(x, x0)
+        x = x + self.attn_branch(x, rope, v_embed)
+        return x + self.mlp_branch(x)
+
+    def forward_lanes(
+        self, lanes: Lanes, x0: Tensor, rope: Rope, v_embed: Tensor | None, resid: Tensor, post: Tensor
+    ) -> Lanes:
+        """The same branches side by side: both read the incoming lanes, and lane j becomes
+        resid[j] * lane_j + post[0, j] * attention + post[1, j] * MLP."""
+        lane0, lane1 = lanes
+        a = self.attn_branch(self.mix(lane0, x0), rope, v_embed)
+        m = self.mlp_branch(lane1)
+        resid, post = resid.to(a.dtype), post.to(a.dtype)
+        return (
+            resid[0] * lane0 + post[0, 0] * a + post[1, 0] * m,
+            resid[1] * lane1 + post[0, 1] * a + post[1, 1] * m,
+        )
 
 
 class ValueEmbedding(nn.Module):
@@ -170,7 +203,9 @@ class GPT(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
         self.softcap = cfg.logit_softcap
-        self.num_encoder = cfg.num_layers // 2
+        self.layouts = {looping: cfg.layer_layout(looping) for looping in (False, True)}
+        self.parallel_start = cfg.parallel_start_layer
+        self.final_lane_choice = cfg.parallel_final_lane
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.model_dim)
         self.skip_weights = nn.Parameter(torch.zeros(num_skip_weights(cfg), cfg.model_dim))
         self.skip_gates = (
@@ -183,6 +218,9 @@ class GPT(nn.Module):
         self.ve_shared = ValueEmbedding(cfg) if self.ve_layers else None
         self.ve_layer_scales = nn.ParameterList(nn.Parameter(torch.zeros(1)) for _ in self.ve_layers)
         self.lm_head = None if cfg.tie_embeddings else CastedLinear(cfg.model_dim, cfg.vocab_size)
+        lanes = cfg.parallel_start_layer > 0
+        self.parallel_post_lambdas = nn.Parameter(torch.zeros(cfg.num_layers, 2, 2)) if lanes else None
+        self.parallel_resid_lambdas = nn.Parameter(torch.zeros(cfg.num_layers, 2)) if lanes else None
         # RoPE tables for the training length; longer inputs recompute them.
         self.rope_dims, self.rope_base = cfg.rope_dims or cfg.head_dim, cfg.rope_base
         cos, sin = rope_tables(cfg.train_seq_len, self.rope_dims, self.rope_base)
@@ -210,32 +248,58 @@ class GPT(nn.Module):
             return x + scaled
         return torch.lerp(scaled, x, torch.sigmoid(self.skip_gates[i].to(x.dtype)))
 
-    def hidden(self, idx: Tensor) -> Tensor:
+    def final_lane(self, lanes: Lanes) -> Tensor:
+        """What the head reads of the two lanes."""
+        if self.final_lane_choice == "attn":
+            return lanes[0]
+        if self.final_lane_choice == "mlp":
+            return lanes[1]
+        return 0.5 * (lanes[0] + lanes[1])
+
+    def hidden(self, idx: Tensor, looping: bool = False) -> Tensor:
         """Token ids (B, T) -> the final normed hidden states (B, T, d)."""
         rope = self.rope(idx.size(1), idx.device)
         x = rms_norm(self.tok_emb(idx))  # (B, T, d)
         ve = self.value_embeds(idx)
         x0, skips = x, []
-        for i, block in enumerate(self.blocks):
-            if i >= self.num_encoder and skips:
-                x = self.skip(i - self.num_encoder, x, skips.pop())
-            x = block(x, x0, rope, ve.get(i))
-            if i < self.num_encoder:
-                skips.append(x)
+        encoder, decoder = self.layouts[looping]
+        for i in encoder:
+            x = self.blocks[i](x, x0, rope, ve.get(i))
+            skips.append(x)
+        lanes: Lanes | None = None
+        for j, i in enumerate(decoder):
+            if lanes is None and 0 < self.parallel_start <= i:
+                lanes = (x, x)  # the split; Config.validate keeps every later layer parallel too
+            if skips and j < self.skip_weights.size(0):
+                if lanes is None:
+                    x = self.skip(j, x, skips.pop())
+                else:  # after the split the skips feed lane 0 only
+                    lanes = (self.skip(j, lanes[0], skips.pop()), lanes[1])
+            if lanes is None:
+                x = self.blocks[i](x, x0, rope, ve.get(i))
+            else:
+                resid, post = self.parallel_resid_lambdas[i], self.parallel_post_lambdas[i]
+                lanes = self.blocks[i].forward_lanes(lanes, x0, rope, ve.get(i), resid, post)
+        if lanes is not None:
+            x = self.final_lane(lanes)
         return rms_norm(x)
 
-    def logits(self, idx: Tensor) -> Tensor:
+    def logits(self, idx: Tensor, looping: bool = False) -> Tensor:
         """Token ids (B, T) -> softcapped logits (B, T, V)."""
-        x = self.hidden(idx)
+        x = self.hidden(idx, looping)
         z = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.tok_emb.weight.to(x.dtype))
         return self.softcap * torch.tanh(z / self.softcap)
 
-    def token_losses(self, idx: Tensor, targets: Tensor) -> Tensor:
+    def token_losses(self, idx: Tensor, targets: Tensor, looping: bool = False) -> Tensor:
         """Cross-entropy in nats per token (B, T), computed in fp32."""
-        logits = self.logits(idx).float()
+        logits = self.logits(idx, looping).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
 
-    def forward(self, idx: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
-        """The entry point that compile and DDP wrap: the cross-entropy, mean or sum."""
-        logits = self.logits(idx).float()
+    def forward(self, idx: Tensor, targets: Tensor, reduction: str = "mean", looping: bool = False) -> Tensor:
+        """The entry point that compile and DDP wrap: the cross-entropy, mean or sum.
+
+        `looping` is an argument, not a module attribute, so torch.compile guards on it and
+        keeps one graph per value (one recompile at the switch, none after it).
+        """
+        logits = self.logits(idx, looping).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)

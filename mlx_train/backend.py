@@ -69,6 +69,9 @@ class MLXBackend:
         check_layout(cfg, shapes, "the MLX model")
         self.optim = Optimizers(cfg, self.specs)
         compile_on = cfg.uses_compile(gpu)
+        # A keyword argument of the compiled functions below: mx.compile keeps one trace per value
+        # (passed positionally, MLX 0.32 traces a first False twice).
+        self.looping = cfg.num_loops > 0
 
         grad_fn = nn.value_and_grad(self.model, self.model.loss)
         # value_and_grad swaps traced parameters into the model, so its state is an output too.
@@ -90,8 +93,8 @@ class MLXBackend:
         state = [self.model.state, self.optim.state]
         self._update = partial(mx.compile, inputs=state, outputs=state)(update) if compile_on else update
 
-        def nll_sum(x: mx.array, y: mx.array) -> mx.array:
-            return self.model.token_losses(x, y).sum()
+        def nll_sum(x: mx.array, y: mx.array, looping: bool) -> mx.array:
+            return self.model.token_losses(x, y, looping).sum()
 
         self._nll_sum = mx.compile(nll_sum, inputs=self.model.state) if compile_on else nll_sum
 
@@ -130,7 +133,7 @@ class MLXBackend:
         for mx_, my_ in micro_batches:
             for x, y in sub_batches(mx_, my_, self.cfg.mlx_max_microbatch_tokens):
                 weight = x.size / total  # sub-batch share of the step's tokens
-                value, tree = self._grad(mx.array(x), mx.array(y))
+                value, tree = self._grad(mx.array(x), mx.array(y), looping=self.looping)
                 flat = dict(tree_flatten(tree))
                 if grads is None:
                     grads = {k: g * weight for k, g in flat.items()}
@@ -148,17 +151,20 @@ class MLXBackend:
         mx.eval(self.model.state, self.optim.state, loss)
         return loss
 
+    def set_looping(self, active: bool) -> None:
+        self.looping = bool(active) and self.cfg.num_loops > 0
+
     def eval_nll(self, x: np.ndarray, y: np.ndarray) -> mx.array:
         # float64 exists on the CPU only: on a Metal GPU the sums stay float32.
         dtype = mx.float32 if _on_gpu() else mx.float64
         total = mx.array(0.0, dtype=dtype)
         for xs, ys in sub_batches(x, y, self.cfg.mlx_max_microbatch_tokens):
-            total = total + self._nll_sum(mx.array(xs), mx.array(ys)).astype(dtype)
+            total = total + self._nll_sum(mx.array(xs), mx.array(ys), looping=self.looping).astype(dtype)
         mx.async_eval(total)  # started, not waited for; and the caller's lazy sum stays short
         return total
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return np.array(self.model.logits(mx.array(x)).astype(mx.float32))
+        return np.array(self.model.logits(mx.array(x), self.looping).astype(mx.float32))
 
     # ------------------------------------------------------------ plumbing
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from core.params import mlp_hidden, num_skip_weights
 from mlx_train.ops import Ops, default_ops, softcap_logits
 
 Rope = tuple[mx.array, mx.array]  # cos, sin: (T, rope_dims / 2)
+Lanes = tuple[mx.array, mx.array]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
 
 # F.rms_norm(eps=None) uses the fp32 machine epsilon for fp32 and bf16 inputs alike.
 RMS_EPS = float(mx.finfo(mx.float32).eps)
@@ -123,11 +124,41 @@ class Block(nn.Module):
     def norm(self, x: mx.array) -> mx.array:
         return rms_norm(x) * self.norm_scale if self.norm_scale != 1.0 else rms_norm(x)
 
-    def __call__(self, x: mx.array, x0: mx.array, rope: Rope, v_embed: mx.array | None = None) -> mx.array:
+    def mix(self, x: mx.array, x0: mx.array) -> mx.array:
+        """The residual stream blended with the embedding x0 (`resid_mix`)."""
         mix = self.resid_mix.astype(x.dtype)
-        x = mix[0] * x + mix[1] * x0
-        x = x + self.attn_scale.astype(x.dtype) * self.attn(self.norm(x), rope, v_embed)
-        return x + self.mlp_scale.astype(x.dtype) * self.mlp(self.norm(x))
+        return mix[0] * x + mix[1] * x0
+
+    def attn_branch(self, x: mx.array, rope: Rope, v_embed: mx.array | None = None) -> mx.array:
+        return self.attn_scale.astype(x.dtype) * self.attn(self.norm(x), rope, v_embed)
+
+    def mlp_branch(self, x: mx.array) -> mx.array:
+        return self.mlp_scale.astype(x.dtype) * self.mlp(self.norm(x))
+
+    def __call__(self, x: mx.array, x0: mx.array, rope: Rope, v_embed: mx.array | None = None) -> mx.array:
+        x = self.mix(x, x0)
+        x = x + self.attn_branch(x, rope, v_embed)
+        return x + self.mlp_branch(x)
+
+    def forward_lanes(
+        self,
+        lanes: Lanes,
+        x0: mx.array,
+        rope: Rope,
+        v_embed: mx.array | None,
+        resid: mx.array,
+        post: mx.array,
+    ) -> Lanes:
+        """The same branches side by side: both read the incoming lanes, and lane j becomes
+        resid[j] * lane_j + post[0, j] * attention + post[1, j] * MLP."""
+        lane0, lane1 = lanes
+        a = self.attn_branch(self.mix(lane0, x0), rope, v_embed)
+        m = self.mlp_branch(lane1)
+        resid, post = resid.astype(a.dtype), post.astype(a.dtype)
+        return (
+            resid[0] * lane0 + post[0, 0] * a + post[1, 0] * m,
+            resid[1] * lane1 + post[0, 1] * a + post[1, 1] * m,
+        )
 
 
 class ValueEmbedding(nn.Module):
@@ -156,7 +187,9 @@ class GPT(nn.Module):
         self.ops = ops or default_ops()
         self.compute_dtype = compute_dtype
         self.softcap = cfg.logit_softcap
-        self.num_encoder = cfg.num_layers // 2
+        self.layouts = {looping: cfg.layer_layout(looping) for looping in (False, True)}
+        self.parallel_start = cfg.parallel_start_layer
+        self.final_lane_choice = cfg.parallel_final_lane
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.model_dim)
         self.skip_weights = mx.zeros((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
         if cfg.skip_gates_enabled:
@@ -168,6 +201,9 @@ class GPT(nn.Module):
             self.ve_layer_scales = [mx.zeros((1,), dtype=mx.float32) for _ in self.ve_layers]
         if not cfg.tie_embeddings:
             self.lm_head = CastedLinear(cfg.model_dim, cfg.vocab_size, self.ops)
+        if cfg.parallel_start_layer > 0:
+            self.parallel_post_lambdas = mx.zeros((cfg.num_layers, 2, 2), dtype=mx.float32)
+            self.parallel_resid_lambdas = mx.zeros((cfg.num_layers, 2), dtype=mx.float32)
         self.rope_dims, self.rope_base = cfg.rope_dims or cfg.head_dim, cfg.rope_base
 
     def value_embeds(self, idx: mx.array) -> dict[int, mx.array]:
@@ -186,32 +222,55 @@ class GPT(nn.Module):
         gate = mx.sigmoid(self.skip_gates[i].astype(x.dtype))
         return scaled + gate * (x - scaled)  # torch.lerp(scaled, x, gate)
 
-    def hidden(self, idx: mx.array) -> mx.array:
+    def final_lane(self, lanes: Lanes) -> mx.array:
+        """What the head reads of the two lanes."""
+        if self.final_lane_choice == "attn":
+            return lanes[0]
+        if self.final_lane_choice == "mlp":
+            return lanes[1]
+        return 0.5 * (lanes[0] + lanes[1])
+
+    def hidden(self, idx: mx.array, looping: bool = False) -> mx.array:
         """Token ids (B, T) -> the final normed hidden states (B, T, d) in the compute dtype."""
         rope = rope_tables(idx.shape[1], self.rope_dims, self.rope_base)
         x = rms_norm(self.tok_emb(idx).astype(self.compute_dtype))  # (B, T, d)
         ve = self.value_embeds(idx)
         x0, skips = x, []
-        for i, block in enumerate(self.blocks):
-            if i >= self.num_encoder and skips:
-                x = self.skip(i - self.num_encoder, x, skips.pop())
-            x = block(x, x0, rope, ve.get(i))
-            if i < self.num_encoder:
-                skips.append(x)
+        encoder, decoder = self.layouts[looping]
+        for i in encoder:
+            x = self.blocks[i](x, x0, rope, ve.get(i))
+            skips.append(x)
+        lanes: Lanes | None = None
+        for j, i in enumerate(decoder):
+            if lanes is None and 0 < self.parallel_start <= i:
+                lanes = (x, x)  # the split; Config.validate keeps every later layer parallel too
+            if skips and j < self.skip_weights.shape[0]:
+                if lanes is None:
+                    x = self.skip(j, x, skips.pop())
+                else:  # after the split the skips feed lane 0 only
+                    lanes = (self.skip(j, lanes[0], skips.pop()), lanes[1])
+            if lanes is None:
+                x = self.blocks[i](x, x0, rope, ve.get(i))
+            else:
+                resid, post = self.parallel_resid_lambdas[i], self.parallel_post_lambdas[i]
+                lanes = self.blocks[i].forward_lanes(lanes, x0, rope, ve.get(i), resid, post)
+        if lanes is not None:
+            x = self.final_lane(lanes)
         return rms_norm(x)
 
     def head_weight(self) -> mx.array:
         return self.lm_head.weight if "lm_head" in self else self.tok_emb.weight
 
-    def logits(self, idx: mx.array) -> mx.array:
+    def logits(self, idx: mx.array, looping: bool = False) -> mx.array:
         """Token ids (B, T) -> softcapped logits (B, T, V) in the compute dtype."""
-        return softcap_logits(self.hidden(idx), self.head_weight(), self.softcap, self.ops.linear)
+        return softcap_logits(self.hidden(idx, looping), self.head_weight(), self.softcap, self.ops.linear)
 
-    def token_losses(self, idx: mx.array, targets: mx.array) -> mx.array:
+    def token_losses(self, idx: mx.array, targets: mx.array, looping: bool = False) -> mx.array:
         """Cross-entropy in nats per token (B, T), computed in fp32."""
-        return self.ops.token_losses(self.hidden(idx), self.head_weight(), targets, self.softcap)
+        return self.ops.token_losses(self.hidden(idx, looping), self.head_weight(), targets, self.softcap)
 
-    def loss(self, idx: mx.array, targets: mx.array) -> mx.array:
-        return self.token_losses(idx, targets).mean()
+    def loss(self, idx: mx.array, targets: mx.array, looping: bool = False) -> mx.array:
+        """Mean cross-entropy; `looping` is an argument so that mx.compile keys its traces on it."""
+        return self.token_losses(idx, targets, looping).mean()
 
     __call__ = logits

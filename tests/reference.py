@@ -68,21 +68,40 @@ def attention(
     return y @ params[prefix + "proj.weight"].T
 
 
+def mixed(params: dict, i: int, x: np.ndarray, x0: np.ndarray) -> np.ndarray:
+    mix = params[f"blocks.{i}.resid_mix"]
+    return mix[0] * x + mix[1] * x0
+
+
+def norm_scale(cfg: Config, i: int) -> float:
+    """ln_scale: block i's normed inputs are scaled by 1/sqrt(i + 1)."""
+    return 1.0 / np.sqrt(i + 1) if cfg.ln_scale else 1.0
+
+
+def attn_out(params: dict, i: int, cfg: Config, x: np.ndarray, v_embed: np.ndarray | None) -> np.ndarray:
+    """attn_scale * attention(RMSNorm(x)) of block i (XSA on the last xsa_last_n layers)."""
+    p = f"blocks.{i}."
+    xsa = i >= cfg.num_layers - cfg.xsa_last_n
+    y = attention(params, p + "attn.", cfg, rms_norm(x) * norm_scale(cfg, i), v_embed, xsa)
+    return params[p + "attn_scale"] * y
+
+
+def mlp_out(params: dict, i: int, cfg: Config, x: np.ndarray) -> np.ndarray:
+    """mlp_scale * MLP(RMSNorm(x)) of block i: relu(u)^2, or leaky_relu(u, 0.5)^2."""
+    p = f"blocks.{i}."
+    u = rms_norm(x) * norm_scale(cfg, i) @ params[p + "mlp.fc.weight"].T
+    slope = 0.5 if cfg.mlp_activation == "leaky_relu2" else 0.0
+    hidden = np.where(u > 0, u, slope * u) ** 2
+    return params[p + "mlp_scale"] * (hidden @ params[p + "mlp.proj.weight"].T)
+
+
 def block(
     params: dict, i: int, cfg: Config, x: np.ndarray, x0: np.ndarray, v_embed: np.ndarray | None
 ) -> np.ndarray:
-    """Block i: mix with x0, then the scaled attention and MLP residual branches on normed
-    inputs (scaled by 1/sqrt(i+1) with ln_scale); relu^2 or leaky_relu(0.5)^2."""
-    p = f"blocks.{i}."
-    scale = 1.0 / np.sqrt(i + 1) if cfg.ln_scale else 1.0
-    mix = params[p + "resid_mix"]
-    x = mix[0] * x + mix[1] * x0
-    xsa = i >= cfg.num_layers - cfg.xsa_last_n
-    x = x + params[p + "attn_scale"] * attention(params, p + "attn.", cfg, rms_norm(x) * scale, v_embed, xsa)
-    u = rms_norm(x) * scale @ params[p + "mlp.fc.weight"].T
-    slope = 0.5 if cfg.mlp_activation == "leaky_relu2" else 0.0
-    hidden = np.where(u > 0, u, slope * u) ** 2
-    return x + params[p + "mlp_scale"] * (hidden @ params[p + "mlp.proj.weight"].T)
+    """Block i: mix with x0, then the scaled attention and MLP residual branches, one after the other."""
+    x = mixed(params, i, x, x0)
+    x = x + attn_out(params, i, cfg, x, v_embed)
+    return x + mlp_out(params, i, cfg, x)
 
 
 def value_embeddings(p: dict, cfg: Config, x: np.ndarray) -> dict[int, np.ndarray]:
@@ -96,33 +115,77 @@ def value_embeddings(p: dict, cfg: Config, x: np.ndarray) -> dict[int, np.ndarra
     return {layer: h * p[f"ve_layer_scales.{j}"] for j, layer in enumerate(cfg.ve_layer_indices)}
 
 
-def reference_logits(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray) -> np.ndarray:
-    """Logits (B, T, V) after the softcap for token ids x (B, T), in float64."""
+def visit_order(cfg: Config, looping: bool) -> list[int]:
+    """Layers in the order they run: with looping, right after loop_end, the segment
+    loop_start..loop_end again, num_loops more times."""
+    order = []
+    for i in range(cfg.num_layers):
+        order.append(i)
+        if looping and cfg.num_loops > 0 and i == cfg.loop_end:
+            for _ in range(cfg.num_loops):
+                order.extend(range(cfg.loop_start, cfg.loop_end + 1))
+    return order
+
+
+def take_skip(p: dict, cfg: Config, j: int, h: np.ndarray, skipped: np.ndarray) -> np.ndarray:
+    """Decoder position j takes back an encoder output: added, or blended in through a sigmoid gate."""
+    skip = p["skip_weights"][j] * skipped
+    if not cfg.skip_gates_enabled:
+        return h + skip
+    gate = 1.0 / (1.0 + np.exp(-p["skip_gates"][j]))
+    return (1.0 - gate) * skip + gate * h
+
+
+def reference_logits(
+    params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, looping: bool = False
+) -> np.ndarray:
+    """Logits (B, T, V) after the softcap for token ids x (B, T), in float64.
+
+    The U-Net halves are cut from the visit order (the encoder gets the shorter
+    half); decoder position j takes back the latest encoder output while there is
+    one and j has a skip weight. Parallel lanes (04-23 form): at the first decoder
+    layer >= parallel_start_layer the stream splits in two; skips go to lane 0;
+    attention reads lane 0 (mixed with x0), the MLP reads lane 1, both from before
+    the layer, and each lane keeps R * itself and takes P-weighted outputs.
+    """
     p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     ve = value_embeddings(p, cfg, x)
     h = rms_norm(p["tok_emb.weight"][x])
     x0, skips = h, []
-    encoder = cfg.num_layers // 2
-    for i in range(encoder):
+    order = visit_order(cfg, looping)
+    half = len(order) // 2
+    for i in order[:half]:
         h = block(p, i, cfg, h, x0, ve.get(i))
         skips.append(h)
-    for j, i in enumerate(range(encoder, cfg.num_layers)):
-        if skips:
-            skip = p["skip_weights"][j] * skips.pop()
-            if cfg.skip_gates_enabled:  # gate g: (1 - g) * skip + g * h
-                gate = 1.0 / (1.0 + np.exp(-p["skip_gates"][j]))
-                h = (1.0 - gate) * skip + gate * h
+    lanes = None
+    for j, i in enumerate(order[half:]):
+        parallel = 0 < cfg.parallel_start_layer <= i
+        if parallel and lanes is None:
+            lanes = [h, h]
+        if skips and j < len(p["skip_weights"]):
+            if parallel:
+                lanes[0] = take_skip(p, cfg, j, lanes[0], skips.pop())
             else:
-                h = h + skip
-        h = block(p, i, cfg, h, x0, ve.get(i))
+                h = take_skip(p, cfg, j, h, skips.pop())
+        if not parallel:
+            h = block(p, i, cfg, h, x0, ve.get(i))
+            continue
+        a = attn_out(p, i, cfg, mixed(p, i, lanes[0], x0), ve.get(i))
+        m = mlp_out(p, i, cfg, lanes[1])
+        keep, post = p["parallel_resid_lambdas"][i], p["parallel_post_lambdas"][i]
+        lanes = [keep[lane] * lanes[lane] + post[0, lane] * a + post[1, lane] * m for lane in (0, 1)]
+    if lanes is not None:
+        h = {"attn": lanes[0], "mlp": lanes[1], "mean": (lanes[0] + lanes[1]) / 2}[cfg.parallel_final_lane]
     head = p["tok_emb.weight"] if cfg.tie_embeddings else p["lm_head.weight"]
     z = rms_norm(h) @ head.T
     return cfg.logit_softcap * np.tanh(z / cfg.logit_softcap)
 
 
-def reference_loss(params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, y: np.ndarray) -> float:
+def reference_loss(
+    params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, y: np.ndarray, looping: bool = False
+) -> float:
     """Mean cross-entropy in nats of targets y (B, T) after inputs x (B, T)."""
-    z = reference_logits(params, cfg, x)
+    z = reference_logits(params, cfg, x, looping)
     z = z - z.max(axis=-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
     return float(-np.take_along_axis(logp, y[..., None], axis=-1).mean())

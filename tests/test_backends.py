@@ -45,6 +45,15 @@ def make_backend(name: str, cfg):
     return backends.create(name, cfg)
 
 
+def fresh_compile_cache(name: str) -> None:
+    """Forget earlier tests' compiled graphs: dynamo keeps at most 8 per code object, and every
+    model instance of the session adds its own (a limit a single run never reaches)."""
+    if name == "cuda":
+        import torch._dynamo
+
+        torch._dynamo.reset()
+
+
 def busy_params(cfg, seed: int = 0) -> dict[str, np.ndarray]:
     """Init weights with every zero/one tensor perturbed, so every path of the model matters."""
     params = init_params(cfg)
@@ -79,9 +88,18 @@ def gradients(backend, name: str, x: np.ndarray, y: np.ndarray) -> dict[str, np.
     return {n: np.array(g, dtype=np.float64) for n, g in tree_flatten(grads)}
 
 
+# Depth recurrence and parallel lanes on a 5-layer smoke model: looping visits
+# [0, 1, 2, 1, 2, 1, 2, 3, 4] (encoder [0, 1, 2, 1], decoder [2, 1, 2, 3, 4]), lanes from layer 3.
+LOOPS_LANES = dict(num_layers=5, num_loops=2, loop_start=1, loop_end=2, parallel_start_layer=3)
+# The smallest model with both, for the compile tests (compiling is slow on a CPU): looping visits
+# [0, 1, 1, 2] (encoder [0, 1], decoder [1, 2]), not looping [0] | [1, 2]; lanes from layer 2.
+SMALL_LOOPS_LANES = dict(num_layers=3, num_loops=1, loop_start=1, loop_end=1, parallel_start_layer=2)
+
+
+@pytest.mark.parametrize("features", [{}, LOOPS_LANES], ids=["plain", "loops_lanes"])
 @pytest.mark.parametrize("backend_name", BACKENDS)
-def test_parameters_are_the_canonical_ones_and_round_trip(backend_name):
-    cfg = preset("smoke").replace(tie_embeddings=False)
+def test_parameters_are_the_canonical_ones_and_round_trip(backend_name, features):
+    cfg = preset("smoke").replace(tie_embeddings=False, **features)
     backend = make_backend(backend_name, cfg)
     params = busy_params(cfg)
     backend.load_params(params)
@@ -90,26 +108,39 @@ def test_parameters_are_the_canonical_ones_and_round_trip(backend_name):
     assert all(got[k].dtype == np.float32 and np.array_equal(got[k], v) for k, v in params.items())
 
 
-# Every model feature on at once (small: the numpy reference loops head by head).
+# Every block feature on at once (small: the numpy reference loops head by head).
 FEATURES = dict(
     mlp_mult=2.5, mlp_activation="leaky_relu2", rope_dims=8, ln_scale=True, xsa_last_n=2, ve_enabled=True,
     ve_dim=24, ve_layers="1,2", skip_gates_enabled=True, qk_gain_init=4.0,
 )  # fmt: skip
-VARIANTS = {"tied": {}, "untied": {"tie_embeddings": False}, "features": FEATURES}
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(
+    "features",
+    [
+        dict(tie_embeddings=True, num_layers=3),  # odd depth: one unpaired block
+        dict(tie_embeddings=False, num_layers=3),
+        dict(FEATURES, num_layers=3),
+        dict(LOOPS_LANES, mlp_activation="leaky_relu2"),
+        # Layer 1 looped alone: 7 visits [0, 1, 1, 1, 2, 3, 4], a shorter encoder; the head reads lane 0.
+        dict(LOOPS_LANES, loop_end=1, parallel_final_lane="attn", tie_embeddings=False),
+        dict(FEATURES, **LOOPS_LANES, ve_layers="2,4"),  # everything at once
+    ],
+    ids=["tied", "untied", "features", "loops_lanes", "loop1_attn_lane", "all"],
+)
 @pytest.mark.parametrize("backend_name", BACKENDS)
-def test_forward_matches_the_reference(backend_name, variant):
-    cfg = preset("smoke").replace(num_layers=3, **VARIANTS[variant])  # odd depth: one unpaired block
+def test_forward_matches_the_reference(backend_name, features):
+    cfg = preset("smoke").replace(**features)
     backend = make_backend(backend_name, cfg)
     params = busy_params(cfg)
     backend.load_params(params)
     x, y = batch(cfg)
-    np.testing.assert_allclose(backend.logits(x), reference_logits(params, cfg, x), rtol=0, atol=1e-4)
-    assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(
-        reference_loss(params, cfg, x, y), rel=2e-5
-    )
+    for looping in (False, True) if cfg.num_loops else (False,):
+        backend.set_looping(looping)
+        expected = reference_logits(params, cfg, x, looping)
+        np.testing.assert_allclose(backend.logits(x), expected, rtol=0, atol=1e-4, err_msg=f"{looping=}")
+        loss = reference_loss(params, cfg, x, y, looping)
+        assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(loss, rel=2e-5)
 
 
 @pytest.mark.parametrize("decay", [False, True])
@@ -194,6 +225,35 @@ def test_compiled_step_equals_eager(backend_name):
         np.testing.assert_allclose(compiled[k], eager[k], rtol=0, atol=1e-4, err_msg=k)
 
 
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_compiled_loop_switch_equals_eager(backend_name):
+    """Depth recurrence switched on mid-run takes effect under compile: the losses and weights of
+    an eager run that switches at the same step, not those of a compiled run that never switches."""
+    cfg = preset("smoke").replace(**SMALL_LOOPS_LANES)
+    micro = [batch(cfg, seed=14), batch(cfg, seed=15)]
+    fresh_compile_cache(backend_name)
+
+    def train(mode: str, switch_at: int | None) -> tuple[list[float], dict[str, np.ndarray]]:
+        backend = make_backend(backend_name, cfg.replace(compile=mode))
+        backend.load_params(busy_params(cfg))
+        backend.set_looping(False)
+        losses = []
+        for step in range(4):
+            if step == switch_at:
+                backend.set_looping(True)
+            losses.append(float(backend.train_step(micro, 1.0, 0.9)))
+        return losses, backend.params()
+
+    (eager_losses, eager), (losses, compiled) = train("off", 2), train("on", 2)
+    never_losses, never = train("off", None)  # what a switch folded away at the trace would give
+    assert losses == pytest.approx(eager_losses, rel=1e-5)
+    for k in eager:
+        np.testing.assert_allclose(compiled[k], eager[k], rtol=0, atol=1e-4, err_msg=k)
+    assert never_losses[:2] == pytest.approx(losses[:2], rel=1e-5)  # the same until the switch
+    assert abs(never_losses[2] - losses[2]) > 1e-3 and abs(never_losses[3] - losses[3]) > 1e-3
+    assert max(np.abs(never[k] - compiled[k]).max() for k in never) > 1e-3
+
+
 @pytest.mark.mlx
 @pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")
 def test_mlx_sub_batches_equal_one_big_batch():
@@ -237,6 +297,30 @@ def test_mlx_step_compiles_once():
 
 
 @pytest.mark.mlx
+@pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")
+def test_mlx_loop_switch_traces_each_layout_once():
+    """The looping flag is a constant of the compiled step and evaluation: one trace per value."""
+    cfg = preset("smoke").replace(compile="on", **SMALL_LOOPS_LANES)
+    backend = make_backend("mlx", cfg)
+    backend.load_params(busy_params(cfg))
+    traces = []
+    original = backend.model.hidden
+
+    def counting(idx, looping=False):
+        traces.append(looping)  # runs only while mx.compile traces the model
+        return original(idx, looping)
+
+    backend.model.hidden = counting
+    micro = [batch(cfg, seed=16), batch(cfg, seed=17)]
+    x, y = batch(cfg, seed=18)  # one sub-batch: one shape
+    for looping in (False, False, True, True, False, True):
+        backend.set_looping(looping)
+        backend.train_step(micro, 1.0, 0.9)
+        backend.eval_nll(x, y)
+    assert traces == [False, False, True, True]  # gradient then evaluation, for each layout
+
+
+@pytest.mark.mlx
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_mlx_rms_norm_equals_torch_in_both_dtypes(dtype):
     torch = pytest.importorskip("torch", reason="torch is the reference for the RMSNorm convention")
@@ -277,6 +361,29 @@ def test_torch_compiled_steady_state_has_no_recompiles(dtype):
             backend.train_step(micro, 0.9 - 0.2 * i, 0.9 + 0.02 * i)
         later = validate()
     assert later != first  # the steps did train
+
+
+@pytest.mark.torch
+def test_torch_loop_switch_compiles_each_layout_once():
+    """The switch recompiles the step and the evaluation once each; after that, neither layout
+    (nor switching back) compiles anything."""
+    dynamo = pytest.importorskip("torch._dynamo")
+
+    fresh_compile_cache("cuda")
+    cfg = preset("smoke").replace(compile="on", **SMALL_LOOPS_LANES)
+    backend = make_backend("cuda", cfg)
+    backend.load_params(busy_params(cfg))
+    micro = [batch(cfg, seed=16), batch(cfg, seed=17)]
+    x, y = batch(cfg, n=3, seed=18)
+    for looping in (False, True):
+        backend.set_looping(looping)
+        backend.train_step(micro, 1.0, 0.9)
+        backend.eval_nll(x, y)
+    with dynamo.config.patch(error_on_recompile=True):
+        for looping in (True, False, True):
+            backend.set_looping(looping)
+            backend.train_step(micro, 0.8, 0.95)
+            backend.eval_nll(x, y)
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

@@ -75,6 +75,18 @@ def test_every_preset_is_valid(name):
         ({"beta2": 5.0}, r"beta2 must be in \[0, 1\)"),
         ({"muon_momentum": 1.0}, r"muon_momentum must be in \[0, 1\)"),
         ({"run_id": "../elsewhere"}, "run_id must be a plain folder name"),
+        ({"num_loops": -1}, "num_loops must be >= 0"),
+        ({"enable_looping_at": 1.5}, r"enable_looping_at must be in \[0, 1\]"),
+        ({"num_loops": 1, "loop_start": 1, "loop_end": 0}, "loop_start <= loop_end"),
+        ({"num_loops": 1, "loop_start": 0, "loop_end": 2}, r"must lie in 0\.\.1"),
+        ({"parallel_start_layer": 2}, "must be below num_layers=2"),
+        ({"parallel_final_lane": "both"}, "parallel_final_lane must be mean, mlp or attn"),
+        # 6 layers, 3..5 looped twice: the decoder visits [5, 3, 4, 5, 3, 4, 5]; lanes from 4 would
+        # leave layer 3 reading the single stream after the split.
+        (
+            {"num_layers": 6, "num_loops": 2, "loop_start": 3, "loop_end": 5, "parallel_start_layer": 4},
+            r"runs a layer below 4 after a parallel one",
+        ),
     ],
 )
 def test_validation_names_the_problem(change, message):
@@ -169,3 +181,12 @@ def test_every_field_has_a_one_line_comment():
 
     helps = cli._field_help()
     assert set(helps) == field_names() and all(helps.values())
+
+
+def test_layer_layout_of_the_0423_record():
+    """The 04-23 record's defaults: 11 layers, 3..5 looped twice more (fact sheet, section 3)."""
+    cfg = preset("baseline").replace(num_layers=11, num_loops=2, loop_start=3, loop_end=5).validate()
+    assert cfg.layer_layout(looping=True) == ([0, 1, 2, 3, 4, 5, 3, 4], [5, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert cfg.layer_layout(looping=False) == ([0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10])
+    assert cfg.replace(num_loops=0).layer_layout(looping=True) == cfg.layer_layout(looping=False)
+    cfg.replace(parallel_start_layer=8).validate()  # the record's lanes: every layer from 8 is parallel

@@ -19,7 +19,7 @@ from core.checkpoint import load_checkpoint
 from core.loop import evaluate, export_artifact, load_eval_data
 from core.params import init_params, storage_dtypes
 from core.runs import read_metrics
-from tests.test_backends import FEATURES, NEEDS, batch, busy_params, make_backend
+from tests.test_backends import FEATURES, LOOPS_LANES, NEEDS, batch, busy_params, make_backend
 from tests.test_training import final_params, run
 
 pytestmark = [*NEEDS["cuda"], *NEEDS["mlx"]]
@@ -48,16 +48,25 @@ def test_same_seed_same_initial_weights(sotu_dataset, model):
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("model", [*MODELS, "untied"])
-def test_same_weights_same_logits_and_loss(sotu_dataset, model):
-    cfg = sotu_dataset.config(**MODELS.get(model, {"tie_embeddings": False}))
+@pytest.mark.parametrize(
+    "features",
+    [*MODELS.values(), dict(tie_embeddings=False), dict(LOOPS_LANES, parallel_final_lane="mlp")],
+    ids=[*MODELS, "untied", "loops_lanes"],
+)
+def test_same_weights_same_logits_and_loss(sotu_dataset, features):
+    cfg = sotu_dataset.config(**features)
     params = busy_params(cfg, seed=11)
     x, y = batch(cfg, n=3, seed=12)
     torch_b, mlx_b = make_backend("cuda", cfg), make_backend("mlx", cfg)
     torch_b.load_params(params)
     mlx_b.load_params(params)
-    np.testing.assert_allclose(mlx_b.logits(x), torch_b.logits(x), rtol=0, atol=2e-5)
-    assert float(mlx_b.eval_nll(x, y)) == pytest.approx(float(torch_b.eval_nll(x, y)), rel=1e-5)
+    for looping in (False, True) if cfg.num_loops else (False,):
+        torch_b.set_looping(looping)
+        mlx_b.set_looping(looping)
+        np.testing.assert_allclose(
+            mlx_b.logits(x), torch_b.logits(x), rtol=0, atol=2e-5, err_msg=f"{looping=}"
+        )
+        assert float(mlx_b.eval_nll(x, y)) == pytest.approx(float(torch_b.eval_nll(x, y)), rel=1e-5)
 
 
 @pytest.mark.parametrize("model", MODELS)

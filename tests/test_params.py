@@ -25,7 +25,7 @@ from core.params import (
 # Every feature that adds or changes parameters, on at once.
 ALL_FEATURES = dict(
     num_layers=5, skip_gates_enabled=True, ve_enabled=True, ve_dim=24, ve_layers="3,4", mlp_mult=2.5,
-    tie_embeddings=False, ema_decay=0.9,
+    tie_embeddings=False, ema_decay=0.9, num_loops=1, loop_start=1, loop_end=2, parallel_start_layer=3,
 )  # fmt: skip
 
 
@@ -47,9 +47,10 @@ def test_names_are_the_upstream_state_dict_keys():
 
 def test_every_row_names_a_known_group_kind_and_init():
     cfg = preset("smoke").replace(**ALL_FEATURES)
-    assert {"skip_gates", "ve_shared.embed.weight", "ve_shared.proj.weight", "ve_layer_scales.1"} <= set(
-        param_specs(cfg)
-    )
+    assert {
+        "skip_gates", "ve_shared.embed.weight", "ve_shared.proj.weight", "ve_layer_scales.1",
+        "parallel_post_lambdas", "parallel_resid_lambdas",
+    } <= set(param_specs(cfg))  # fmt: skip
     for name, spec in param_specs(cfg).items():
         assert spec.group in GROUPS and spec.kind in KINDS, name
         assert spec.init in ("normal", "uniform", "const", "resid_mix"), name
@@ -60,6 +61,28 @@ def test_every_row_names_a_known_group_kind_and_init():
     state = optimizer_state_shapes(cfg)
     assert {k.split("/")[0] for k in state if "/" in k} == {"momentum_buffer", "exp_avg", "exp_avg_sq", "ema"}
     assert all(f"ema/{n}" in state for n in param_specs(cfg))
+
+
+def test_loops_and_lanes_rows():
+    """0423: skips sized by the looped layout; lane lambdas per physical layer, control tensors."""
+    base = preset("baseline").replace(num_layers=11)
+    looped = base.replace(num_loops=2, loop_start=3, loop_end=5)  # 8 encoder, 9 decoder visits
+    assert param_shapes(looped)["skip_weights"] == (8, 512)
+    assert param_shapes(looped.replace(skip_gates_enabled=True))["skip_gates"] == (8, 512)
+    assert param_shapes(base)["skip_weights"] == (5, 512)
+    assert not any(n.startswith("parallel_") for n in param_specs(looped))  # the baseline's key set
+    lanes = base.replace(parallel_start_layer=8)
+    specs = param_specs(lanes)
+    assert list(specs)[-2:] == ["parallel_post_lambdas", "parallel_resid_lambdas"]
+    init = init_params(lanes)
+    assert init["parallel_post_lambdas"].shape == (11, 2, 2) and np.all(init["parallel_post_lambdas"] == 1.0)
+    assert init["parallel_resid_lambdas"].shape == (11, 2)
+    assert np.allclose(init["parallel_resid_lambdas"], 1.1)
+    for name in ("parallel_post_lambdas", "parallel_resid_lambdas"):
+        assert (specs[name].group, specs[name].kind) == ("scalar", "control")
+    # The rows come last and draw nothing, so every other initial weight is unchanged.
+    plain = init_params(base)
+    assert all(np.array_equal(plain[k], init[k]) for k in plain)
 
 
 def test_groups():

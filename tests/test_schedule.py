@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.config import preset
-from core.schedule import lr_multiplier, muon_momentum
+from core.schedule import looping_active, lr_multiplier, muon_momentum, training_progress
 
 
 def test_iteration_warmdown_edges():
@@ -51,3 +51,36 @@ def test_muon_momentum_warmup():
     assert muon_momentum(cfg, 500) == pytest.approx(0.95)
     assert muon_momentum(cfg, 10_000) == pytest.approx(0.95)
     assert muon_momentum(cfg.replace(muon_momentum_warmup_steps=0), 0) == 0.95
+
+
+def test_training_progress_is_steps_or_the_share_of_the_cap():
+    by_steps = preset("baseline").replace(iterations=200, max_wallclock_seconds=0)
+    assert training_progress(by_steps, 50, 1e9) == 0.25  # the clock does not count without a cap
+    capped = preset("baseline").replace(max_wallclock_seconds=10.0)
+    assert training_progress(capped, 1_000_000, 2_500.0) == 0.25
+    assert training_progress(capped, 0, 12_000.0) == 1.2  # overshoot past the cap
+
+
+def test_warmdown_frac_reads_the_shared_progress():
+    cfg = preset("baseline").replace(warmdown_frac=0.5, min_lr=0.1, max_wallclock_seconds=10.0)
+    assert lr_multiplier(cfg, 0, 4_000.0) == 1.0
+    assert lr_multiplier(cfg, 0, 7_500.0) == pytest.approx(0.5)
+    assert lr_multiplier(cfg, 0, 9_900.0) == pytest.approx(0.1)  # the floor
+
+
+def test_looping_switches_on_at_its_fraction_for_good():
+    cfg = preset("baseline").replace(
+        iterations=100, max_wallclock_seconds=0, num_loops=2, enable_looping_at=0.35
+    )
+    assert [looping_active(cfg, s, 0.0) for s in (0, 34, 35, 36, 99, 100)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
+    assert not looping_active(cfg.replace(num_loops=0), 99, 0.0)
+    assert looping_active(cfg.replace(enable_looping_at=0.0), 0, 0.0)
+    capped = cfg.replace(max_wallclock_seconds=10.0)
+    assert not looping_active(capped, 99, 3_499.0) and looping_active(capped, 0, 3_500.0)

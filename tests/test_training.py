@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from core.checkpoint import load_checkpoint
-from core.loop import train
+from core.loop import evaluate, load_eval_data, train
 from core.quant import dequantize_int8, load_artifact
 from core.runs import read_metrics
 from core.shards import find_shards, read_shard
-from tests.test_backends import BACKENDS, NEEDS, make_backend, needs
+from tests.test_backends import BACKENDS, NEEDS, SMALL_LOOPS_LANES, make_backend, needs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,6 +85,50 @@ def test_the_coprime_loader_resumes_exactly_after_a_warmup(sotu_dataset, backend
     a, b = final_params(whole), final_params(resumed)
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_depth_recurrence_switches_on_schedule_resumes_and_is_scored_looped(
+    sotu_dataset, backend_name, tmp_path
+):
+    """Looping from half of 6 steps: warmed up in both layouts, on at step 3, off again in a run
+    resumed at step 2 (a new backend starts looped; the driver recomputes the state from the step),
+    and the final score is that of the looped model."""
+    changes = dict(
+        SMALL_LOOPS_LANES, iterations=6, checkpoint_every=2, val_loss_every=2, enable_looping_at=0.5,
+        warmup_steps=1,
+    )  # fmt: skip
+    whole = run(sotu_dataset, backend_name, tmp_path, "whole", **changes)
+    log = (whole.run_dir / "train.log").read_text()
+    assert "warmup_step:1/1" in log and "loop_warmup_step:1/1" in log
+    assert log.count("layer_loop:enabled") == 1 and "layer_loop:enabled step:3 " in log
+    checkpoint = whole.run_dir / "checkpoints" / "step_000002.safetensors"
+    resumed = run(sotu_dataset, backend_name, tmp_path, "resumed", resume=checkpoint, **changes)
+    a, b = final_params(whole), final_params(resumed)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=k)
+    vals = [
+        {r["step"]: r["val_loss"] for r in read_metrics(result.run_dir) if r["kind"] == "val"}
+        for result in (whole, resumed)
+    ]
+    assert vals[1] == pytest.approx({k: v for k, v in vals[0].items() if k >= 2}, abs=1e-6)
+
+    cfg = sotu_dataset.config(**changes)
+    backend = make_backend(backend_name, cfg)
+    data = load_eval_data(cfg)
+
+    def score(params, looping):
+        backend.load_params(params)
+        backend.set_looping(looping)
+        return evaluate(backend, data)
+
+    for step, looping in ((2, False), (4, True)):  # validations before the step's switch decision
+        params = load_checkpoint(whole.run_dir / "checkpoints" / f"step_00000{step}.safetensors").params
+        assert score(params, looping).val_loss == pytest.approx(vals[0][step], abs=1e-6), step
+    final = dequantize_int8(load_artifact(whole.run_dir / "final_model.int8.pgolf"))
+    for looping in (True, False):
+        matches = score(final, looping).val_bpb == pytest.approx(whole.roundtrip_val_bpb, abs=1e-6)
+        assert matches == looping
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
