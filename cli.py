@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
@@ -142,8 +143,9 @@ def _end_failed_rank(rank: int, exc: BaseException, first: int | None) -> NoRetu
     code, line = _ending(exc)
     if first is not None and first != rank and not isinstance(exc, (Terminated, KeyboardInterrupt)):
         code, line = 1, f"stopped: rank {first} failed first"
-    if line is None:  # a bug: its traceback (torch's hook marks each line with the rank)
-        sys.excepthook(type(exc), exc, exc.__traceback__)
+    if line is None:  # a bug: its traceback, each line marked with the rank, written out here and now
+        text = "".join(traceback.format_exception(exc)).rstrip("\n")
+        sys.stderr.write("".join(f"[rank{rank}]: {part}\n" for part in text.split("\n")))
     else:
         err_console.print(f"[rank{rank}]: {line}", markup=False)
     sys.stdout.flush()

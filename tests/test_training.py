@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -356,7 +357,15 @@ def run_until_a_rank_fails(tmp_path, sotu_dataset, fault, **env: str):
         pids = [int((tmp_path / f"rank{rank}.pid").read_text()) for rank in (0, 1)]
         started = time.monotonic()
         fault(pids)
-        output.append(process.communicate(timeout=120)[0])
+        # Read on through the same file object: communicate() would read the pipe underneath it
+        # and lose what the line iteration above had already buffered.
+        watchdog = threading.Timer(120, os.killpg, (process.pid, signal.SIGKILL))
+        watchdog.start()
+        try:
+            output.append(process.stdout.read())
+            process.wait()
+        finally:
+            watchdog.cancel()
         while any(alive(pid) for pid in pids) and time.monotonic() < started + 120:
             time.sleep(0.1)
         return process.returncode, "".join(output), time.monotonic() - started
