@@ -21,7 +21,6 @@ same weights and settings give the same bytes; numpy alone reads it back.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from core import compress
-from core.atomic import read_file, write_atomic
+from core.atomic import read_file
 from core.errors import PgolfError
 from core.gptq import gptq_quantize
 from core.params import KINDS
@@ -43,6 +42,7 @@ from core.quant import (
     _in_dtype,
     container_bytes,
     open_container,
+    write_artifact,
 )
 from core.rowquant import BITS, Clip, clip_range, dequantize_rows, quantize_tensor
 
@@ -208,8 +208,7 @@ def save_mixed_artifact(
     level: int | None = None,
     shuffle: int = 2,
 ) -> ArtifactInfo:
-    blob = mixed_artifact_bytes(model, compressor, level, shuffle)
-    return ArtifactInfo(write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), compressor)
+    return write_artifact(path, mixed_artifact_bytes(model, compressor, level, shuffle), compressor)
 
 
 def _parse_mixed(blob: bytes) -> MixedModel:

@@ -304,7 +304,11 @@ def artifact_bytes(
 def save_artifact(
     path: str | Path, model: Int8Model, compressor: str = "zlib", level: int | None = None, shuffle: int = 0
 ) -> ArtifactInfo:
-    blob = artifact_bytes(model, compressor, level, shuffle)
+    return write_artifact(path, artifact_bytes(model, compressor, level, shuffle), compressor)
+
+
+def write_artifact(path: str | Path, blob: bytes, compressor: str) -> ArtifactInfo:
+    """Write an artifact's bytes atomically and describe what was written."""
     return ArtifactInfo(write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), compressor)
 
 

@@ -151,6 +151,17 @@ class TokenStream:
         self.tokens, self.file_index, self.position, self.epoch = tokens, index, position, epoch
 
 
+def local_tokens(global_tokens: int, seq_len: int, world_size: int, accum_steps: int) -> int:
+    """Tokens of one micro-batch on one rank: a whole number of sequences, or an error."""
+    local = global_tokens // (world_size * accum_steps)
+    if local <= 0 or local % seq_len:
+        raise PgolfError(
+            f"{global_tokens} tokens per step over {world_size} ranks x {accum_steps} micro-steps "
+            f"is not a whole number of sequences of {seq_len}"
+        )
+    return local
+
+
 class BatchLoader:
     """Rank-disjoint training batches: each call takes world_size spans of local+1 tokens.
 
@@ -166,12 +177,7 @@ class BatchLoader:
         self.rank, self.world_size = rank, world_size
 
     def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        local = global_tokens // (self.world_size * accum_steps)
-        if local <= 0 or local % seq_len:
-            raise PgolfError(
-                f"{global_tokens} tokens per step over {self.world_size} ranks x {accum_steps} micro-steps "
-                f"is not a whole number of sequences of {seq_len}"
-            )
+        local = local_tokens(global_tokens, seq_len, self.world_size, accum_steps)
         chunk = self.stream.take((local + 1) * self.world_size)
         span = chunk[self.rank * (local + 1) : (self.rank + 1) * (local + 1)].astype(np.int32)
         return span[:-1].reshape(-1, seq_len), span[1:].reshape(-1, seq_len)
@@ -373,12 +379,7 @@ class CoprimeLoader:
 
     # ------------------------------------------------------------------ interface
     def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        local = global_tokens // (self.world_size * accum_steps)
-        if local <= 0 or local % seq_len:
-            raise PgolfError(
-                f"{global_tokens} tokens per step over {self.world_size} ranks x {accum_steps} micro-steps "
-                f"is not a whole number of sequences of {seq_len}"
-            )
+        local = local_tokens(global_tokens, seq_len, self.world_size, accum_steps)
         self._fix_seq_len(seq_len)
         # Sizes follow each call's arguments (the record fixes them at its first call; the loop's never change).
         windows = self._global_windows(local // seq_len * self.world_size)[self.rank :: self.world_size]
