@@ -69,15 +69,21 @@ def record_0401_case(case: str):
     return cfg, params, tensors, hparams
 
 
+def record_0401_backend(backend_name: str, case: str):
+    """(config, a backend holding the case's weights, the case's tensors, its hyperparameters)."""
+    cfg, params, golden, hparams = record_0401_case(case)
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    return cfg, backend, golden, hparams
+
+
 CASES = ["case_full", "case_plain", "case_untied"]  # case_embproj: embedding_dim != model_dim is not in pgolf
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_record_0401_forward(backend_name, case):
-    cfg, params, golden, _ = record_0401_case(case)
-    backend = make_backend(backend_name, cfg)
-    backend.load_params(params)
+    _, backend, golden, _ = record_0401_backend(backend_name, case)
     x, y = golden["x"].astype(np.int32), golden["y"].astype(np.int32)
     np.testing.assert_allclose(backend.logits(x), golden["logits"], rtol=0, atol=2e-5)
     assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(float(golden["loss"][0]), rel=1e-5)
@@ -87,9 +93,7 @@ def test_record_0401_forward(backend_name, case):
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_record_0401_optimizer_step_and_ema(backend_name, case):
     """One step: grad clip 0.3, Muon with decoupled WD, AdamW on embeddings and scalars, then the EMA."""
-    cfg, params, golden, hparams = record_0401_case(case)
-    backend = make_backend(backend_name, cfg)
-    backend.load_params(params)
+    cfg, backend, golden, hparams = record_0401_backend(backend_name, case)
     x, y = golden["x"].astype(np.int32), golden["y"].astype(np.int32)
     backend.train_step([(x, y)], hparams["lr_mult"], hparams["muon_momentum"])
     got = backend.params()
