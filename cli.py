@@ -296,9 +296,14 @@ def train(
             progress=live.tracker("validating"), step_progress=live.tracker("training"),
         )  # fmt: skip
     if engine.rank == 0:
+        sliding = (
+            f", {result.sliding_val_bpb:.4f} with sliding windows"
+            if result.sliding_val_bpb is not None
+            else ""
+        )
         console.print(
-            f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the int8 round trip "
-            f"({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
+            f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the artifact round trip"
+            f"{sliding} ({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
             f"{result.code_bytes:,} B; run in {result.run_dir}"
         )
 
@@ -313,19 +318,23 @@ def eval_command(
     allow_pickle: bool = ALLOW_PICKLE,
     overrides: dict | None = None,
 ) -> None:
-    """Score an artifact or checkpoint on the validation split: val_loss and val_bpb."""
-    from core.loop import evaluate
+    """Score an artifact or checkpoint on the validation split: val_loss and val_bpb, over
+    non-overlapping sequences and, with --eval-stride, with sliding windows."""
+    from core.loop import evaluators
 
     params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
+    meters = {}
     with opened_backend(backend, cfg) as engine:
         engine.load_params(params)
         with LiveProgress(engine.rank == 0) as live:
-            meter = evaluate(engine, data, live.tracker("validating"))
+            for name, evaluator in evaluators(cfg).items():
+                meters[name] = evaluator(engine, data, live.tracker(name.replace("_", " ")))
     if engine.rank == 0:
-        console.print(
-            f"backend:{engine.name} tokens:{int(meter.tokens)} val_loss:{meter.val_loss:.8f} "
-            f"val_bpb:{meter.val_bpb:.8f}"
-        )
+        for name, meter in meters.items():
+            console.print(
+                f"backend:{engine.name} eval:{name} tokens:{int(meter.tokens)} "
+                f"val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}"
+            )
 
 
 @app.command()
@@ -352,10 +361,15 @@ def verify(
     verdict = check.verify(params, cfg, data, {n: functools.partial(create, n) for n in names})
     size = path.stat().st_size
     table = Table(title=f"{path} ({size:,} B of the {BUDGET_BYTES:,} B budget, before code)")
-    for column in ("backend", "device", "tokens", "val_loss", "val_bpb"):
-        table.add_column(column)
+    sliding = any(s.sliding_val_bpb is not None for s in verdict.scores)
+    columns = ["backend", "device", "tokens", "val_loss", "val_bpb"]
+    for column in columns + (["sliding val_loss", "sliding val_bpb"] if sliding else []):
+        table.add_column(column, no_wrap=True)
     for s in verdict.scores:
-        table.add_row(s.backend, s.device, f"{s.tokens:,}", f"{s.val_loss:.8f}", f"{s.val_bpb:.8f}")
+        row = [s.backend, s.device, f"{s.tokens:,}", f"{s.val_loss:.8f}", f"{s.val_bpb:.8f}"]
+        if sliding:
+            row += [f"{s.sliding_val_loss:.8f}", f"{s.sliding_val_bpb:.8f}"]
+        table.add_row(*row)
     console.print(table)
     console.print(
         f"max |val_bpb diff| {verdict.max_bpb_diff:.2e} (tolerance {check.BPB_TOLERANCE:.0e}); "
@@ -368,38 +382,80 @@ def verify(
     console.print("[bold green]backends agree[/]")
 
 
+ARTIFACT_FIELDS = (
+    "quant_format", "compressor", "byte_shuffle", "embed_bits", "matrix_bits", "attn_bits", "mlp_bits",
+    "other_bits", "embed_clip_sigmas", "matrix_clip_sigmas", "attn_clip_sigmas", "mlp_clip_sigmas",
+    "gptq_enabled", "gptq_calibration_batches", "data_path", "train_loader", "compute_dtype",
+)  # fmt: skip
+
+
 @app.command("export")
+@config_flags
 def export_command(
     checkpoint: Path = typer.Argument(..., help="Checkpoint written by `train` (.safetensors)."),
     out: Path | None = typer.Option(None, help="Output file (default: beside the checkpoint)."),
     format: str = typer.Option(
-        "pgolf", help="pgolf (no pickle) or upstream (torch.save+zlib, for train_gpt.py)."
+        "pgolf", help="pgolf (no pickle) or upstream (torch.save+zlib, int8 only, for train_gpt.py)."
     ),
-    compressor: str = typer.Option("zlib", help="pgolf format only: zlib, lzma, bz2 or none."),
-    backend: str = typer.Option("cuda", help="Whose source files count as code bytes: cuda or mlx."),
+    backend: str = typer.Option(
+        "cuda", help="Whose source files count as code bytes, and who runs GPTQ's calibration: cuda or mlx."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    overrides: dict | None = None,
 ) -> None:
-    """Write the int8 artifact of a checkpoint and report its bytes against the budget."""
-    from core.backend import pick
+    """Write the artifact of a checkpoint and report where its bytes go, class by class.
+
+    The checkpoint's own config decides the artifact (the moving average of the weights
+    when the run kept one, as `train` exports); the artifact settings can be changed with
+    their flags (--quant-format mixed --matrix-bits 6 --compressor brotli --byte-shuffle 2
+    --gptq-enabled ...). GPTQ's calibration reads the run's training data.
+    """
+    import json
+
+    from core.artifact import export_artifact, format_budget, quant_label
+    from core.backend import pick, source_files
     from core.checkpoint import load_checkpoint
     from core.config import Config as RunConfig
-    from core.loop import export_artifact
+    from core.loop import calibrate_gptq
 
-    suffixes = {"pgolf": ".int8.pgolf", "upstream": ".int8.ptz"}
-    if format not in suffixes:
+    if format not in ("pgolf", "upstream"):
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
-    if format == "upstream" and compressor != "zlib":
-        raise PgolfError("--compressor applies to the pgolf format only (upstream is always zlib)")
-    target = out or checkpoint.with_suffix(suffixes[format])
+    fixed = sorted(set(overrides or {}) - set(ARTIFACT_FIELDS))
+    if fixed:
+        raise PgolfError(
+            f"export keeps the checkpoint's config; --{fixed[0].replace('_', '-')} cannot change "
+            f"(only the artifact settings: {', '.join(ARTIFACT_FIELDS)})"
+        )
+    ckpt = load_checkpoint(checkpoint)
+    cfg = RunConfig.from_dict(ckpt.config).replace(**(overrides or {})).validate()
+    if format == "upstream" and (cfg.quant_format != "int8" or cfg.compressor != "zlib" or cfg.byte_shuffle):
+        raise PgolfError(
+            "the upstream format is int8 + zlib only: drop the artifact flags, or use --format pgolf"
+        )
+    suffix = ".int8.ptz" if format == "upstream" else f".{quant_label(cfg)}.pgolf"
+    target = out or checkpoint.with_suffix(suffix)
     if target.resolve() == checkpoint.resolve():
         raise PgolfError(f"--out {target} is the checkpoint itself: choose another file")
-    ckpt = load_checkpoint(checkpoint)
-    cfg = RunConfig.from_dict(ckpt.config)
+    params = ckpt.params
+    if cfg.ema_decay > 0:
+        params = {name: ckpt.optimizer[f"ema/{name}"] for name in params}
+    hessians = None
+    if cfg.gptq_enabled:
+        with opened_backend(backend, cfg.replace(compile="off")) as engine:
+            engine.load_params(params)
+            engine.set_looping(cfg.num_loops > 0)
+            hessians = calibrate_gptq(engine, None if json_out else console.print)
     report = export_artifact(
-        ckpt.params, cfg, ckpt.dtypes, target, pick(backend).name, compressor, upstream=format == "upstream"
+        params, cfg, ckpt.dtypes, target, source_files(pick(backend).name), hessians, format == "upstream"
     )
+    if json_out:
+        console.print_json(json.dumps({"artifact": str(target), **json.loads(report.to_json())}))
+        return
     console.print(f"wrote {target}")
-    for key, value in report.items():
+    for key, value in report.sizes.items():
         console.print(f"{key}: {value:,}")
+    for line in format_budget(report):
+        console.print(line)
 
 
 @app.command()

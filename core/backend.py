@@ -150,6 +150,16 @@ class Backend(Protocol):
         end, so that an evaluation pass waits for the device once, not once per batch.
         """
 
+    def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Cross-entropy in nats of every token (B, T), float32 on the host (eval mode): what
+        sliding-window evaluation scores a window's last tokens with."""
+
+    def input_hessians(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        """GPTQ's calibration on this rank: for each linear layer's weight (by parameter name), the
+        sum over `batches` of X^T X, X (tokens, in_features) its inputs in fp32. The output head's
+        input is the final hidden state, named by the head's weight (`tok_emb.weight` when tied).
+        A looped layer adds each visit's inputs."""
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         """float32 logits (B, T, V) after the softcap, for parity checks."""
 

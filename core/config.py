@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from core.compress import COMPRESSORS
 from core.errors import PgolfError
 from core.shards import MAX_VOCAB, TRAIN_LOADERS
 
@@ -27,14 +28,15 @@ ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
 POSITIVE_FIELDS = (
     "vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult", "train_seq_len",
     "train_batch_tokens", "grad_accum_steps", "val_batch_size", "logit_softcap", "rope_base", "adam_eps",
-    "mlp_mult", "ve_dim",
+    "mlp_mult", "ve_dim", "eval_batch_seqs",
 )  # fmt: skip
 NON_NEGATIVE_FIELDS = (
     "iterations", "warmup_steps", "warmdown_iters", "val_loss_every", "val_max_tokens", "train_log_every",
     "checkpoint_every", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
     "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm", "rope_dims", "xsa_last_n", "muon_wd",
     "embed_wd", "adam_wd", "collective_timeout_seconds", "num_loops", "loop_start", "loop_end",
-    "parallel_start_layer",
+    "parallel_start_layer", "eval_seq_len", "eval_stride", "byte_shuffle", "gptq_calibration_batches",
+    "gptq_reserve_seconds", "embed_clip_sigmas", "matrix_clip_sigmas", "attn_clip_sigmas", "mlp_clip_sigmas",
 )  # fmt: skip
 FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2", "ema_decay")
 UNIT_FIELDS = ("warmdown_frac", "min_lr", "enable_looping_at")  # in [0, 1]
@@ -45,7 +47,12 @@ CHOICES = {
     "muon_ns_coefficients": ("quintic", "polar_express"),
     "train_loader": tuple(TRAIN_LOADERS),
     "parallel_final_lane": ("mean", "mlp", "attn"),
+    "quant_format": ("int8", "mixed"),
+    "compressor": tuple(COMPRESSORS),
 }
+# The mixed format's bits per class: int-N with per-row scales, or 16 = kept in fp16.
+QUANT_BITS = (5, 6, 7, 8, 16)
+BITS_FIELDS = ("embed_bits", "matrix_bits", "attn_bits", "mlp_bits", "other_bits")
 
 
 def opt(default: Any, help: str) -> Any:
@@ -88,6 +95,13 @@ class Config:
     val_max_tokens: int = opt(0, "cap on validation tokens for quick looks; 0 = the whole split")
     train_log_every: int = opt(200, "log train loss every N steps (and the first 10)")
     checkpoint_every: int = opt(0, "write a resumable checkpoint every N steps; 0 = only at the end")
+    eval_seq_len: int = opt(0, "tokens per evaluation sequence or window; 0 = train_seq_len")
+    eval_stride: int = opt(
+        0,
+        "sliding-window evaluation: each window of eval_seq_len advances by, and scores, this many "
+        "tokens (the first scores all); 0 = non-overlapping sequences",
+    )
+    eval_batch_seqs: int = opt(32, "sliding windows per forward pass on each rank")
 
     # --- model shape ---
     vocab_size: int = opt(1024, "must equal the tokenizer's vocabulary")
@@ -156,6 +170,31 @@ class Config:
         0.0, "keep an exponential moving average of the weights; evaluate and export it; 0 = off"
     )
 
+    # --- the artifact ---
+    quant_format: str = opt(
+        "int8", "int8 (the challenge's per-row int8 format) | mixed (bits per tensor class, below)"
+    )
+    compressor: str = opt("zlib", "artifact compressor: " + " | ".join(COMPRESSORS))
+    byte_shuffle: int = opt(0, "byte-shuffle the payload in groups of N bytes before compressing; 0 = off")
+    embed_bits: int = opt(8, "mixed: bits of the embeddings (5-8; 16 = kept in fp16)")
+    matrix_bits: int = opt(6, "mixed: bits of the attention and MLP matrices (5-8; 16 = fp16)")
+    attn_bits: int = opt(0, "mixed: bits of the attention matrices; 0 = matrix_bits")
+    mlp_bits: int = opt(0, "mixed: bits of the MLP matrices; 0 = matrix_bits")
+    other_bits: int = opt(8, "mixed: bits of the other large tensors (e.g. an untied head)")
+    embed_clip_sigmas: float = opt(
+        0.0, "mixed: clip each embedding row at k * its std (SDClip); 0 = search the best of 5 percentiles"
+    )
+    matrix_clip_sigmas: float = opt(0.0, "mixed: SDClip k of the matrices; 0 = the percentile search")
+    attn_clip_sigmas: float = opt(0.0, "mixed: SDClip k of the attention matrices; 0 = matrix_clip_sigmas")
+    mlp_clip_sigmas: float = opt(0.0, "mixed: SDClip k of the MLP matrices; 0 = matrix_clip_sigmas")
+    gptq_enabled: bool = opt(
+        False, "mixed: GPTQ, rounding with error compensation from Hessians of the layers' inputs"
+    )
+    gptq_calibration_batches: int = opt(64, "GPTQ: training micro-batches run to collect the Hessians")
+    gptq_reserve_seconds: float = opt(
+        10.0, "GPTQ: seconds taken off the wallclock cap for calibration (it counts as training time)"
+    )
+
     # --- execution ---
     compute_dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32")
     compile: str = opt("auto", "auto (on for GPUs: CUDA and Metal, off on CPUs) | on | off")
@@ -179,6 +218,19 @@ class Config:
     def uses_bf16(self, on_gpu: bool) -> bool:
         """Compute in bf16: when asked to, or by default on a GPU."""
         return self.compute_dtype == "bfloat16" or (self.compute_dtype == "auto" and on_gpu)
+
+    @property
+    def eval_window(self) -> int:
+        """Tokens per evaluation sequence (non-overlapping) or window (sliding)."""
+        return self.eval_seq_len or self.train_seq_len
+
+    @property
+    def train_cap_seconds(self) -> float:
+        """The training-time cap the loop and the schedules use: the wallclock cap less the time
+        reserved for GPTQ's calibration; 0 = none."""
+        if self.max_wallclock_seconds <= 0:
+            return 0.0
+        return self.max_wallclock_seconds - (self.gptq_reserve_seconds if self.gptq_enabled else 0.0)
 
     def uses_compile(self, on_gpu: bool) -> bool:
         """Compile the step: when asked to, or by default on a GPU."""
@@ -228,9 +280,31 @@ class Config:
             f"grad_accum_steps*train_seq_len={self.grad_accum_steps * self.train_seq_len}",
         )
         require(
-            self.val_batch_size // self.grad_accum_steps >= self.train_seq_len,
-            f"val_batch_size={self.val_batch_size} must hold grad_accum_steps sequences of train_seq_len",
+            self.val_batch_size // self.grad_accum_steps >= self.eval_window,
+            f"val_batch_size={self.val_batch_size} must hold grad_accum_steps sequences of "
+            f"{self.eval_window} tokens (eval_seq_len, or train_seq_len)",
         )
+        require(
+            self.eval_stride <= self.eval_window,
+            f"eval_stride={self.eval_stride} is longer than the evaluation window ({self.eval_window}): "
+            "tokens between windows would never be scored",
+        )
+        for name in BITS_FIELDS:
+            value = getattr(self, name)
+            allowed = QUANT_BITS if name in ("embed_bits", "matrix_bits", "other_bits") else (0, *QUANT_BITS)
+            require(value in allowed, f"{name} must be one of {', '.join(map(str, allowed))}, got {value}")
+        require(
+            self.byte_shuffle in (0, *range(2, 256)),
+            f"byte_shuffle must be 0 (off) or a group size of 2..255 bytes, got {self.byte_shuffle}",
+        )
+        if self.gptq_enabled:
+            require(self.quant_format == "mixed", "gptq_enabled needs quant_format=mixed")
+            require(self.gptq_calibration_batches > 0, "gptq_calibration_batches must be positive")
+            require(
+                self.max_wallclock_seconds <= 0 or self.train_cap_seconds > 0,
+                f"gptq_reserve_seconds={self.gptq_reserve_seconds} leaves no training time under "
+                f"max_wallclock_seconds={self.max_wallclock_seconds}",
+            )
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
             choices = f"{', '.join(allowed[:-1])} or {allowed[-1]}"
@@ -396,6 +470,17 @@ RECORD_0401: dict[str, Any] = {
     "grad_clip_norm": 0.3,
     "ema_decay": 0.997,
     "train_loader": "coprime",
+    # Its evaluation and artifact: sliding windows of 2048 at stride 64; int6 GPTQ attention and MLP
+    # matrices with an int8 embedding, byte-shuffled and brotli-compressed; 10 s of the cap for GPTQ.
+    "eval_stride": 64,
+    "quant_format": "mixed",
+    "embed_bits": 8,
+    "matrix_bits": 6,
+    "gptq_enabled": True,
+    "gptq_calibration_batches": 64,
+    "gptq_reserve_seconds": 10.0,
+    "compressor": "brotli",
+    "byte_shuffle": 2,
 }
 TINY: dict[str, Any] = {
     "num_layers": 4,
@@ -443,10 +528,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "matrix_lr": 0.020,
         "scalar_lr": 0.020,
     },
-    # Record 2026-04-01_Vocab4096_MLPMult4_WD085 (val_bpb 1.0979, 3-seed mean): its model, optimizer and
-    # schedule. Its artifact (GPTQ int6, byte shuffle + brotli) and sliding-window evaluation are not in
-    # pgolf yet: this preset exports the int8 artifact and scores without overlap. Data: the sp4096
-    # shards (`data download --repo-id kevclark/parameter-golf --variant sp4096`).
+    # Record 2026-04-01_Vocab4096_MLPMult4_WD085 (val_bpb 1.0979, 3-seed mean): its model, optimizer,
+    # schedule, artifact (GPTQ int6 + int8 embedding, byte shuffle + brotli) and sliding-window
+    # evaluation. Data: the sp4096 shards (`data download --repo-id kevclark/parameter-golf --variant sp4096`).
     "record_0401": RECORD_0401,
     # The same recipe at the tiny preset's size, for a few minutes on a CPU (the embedded corpus).
     "record_0401_tiny": {**RECORD_0401, **TINY, **RECORD_0401_TINY_CHANGES},

@@ -14,8 +14,11 @@ The timeline follows the challenge's reference script, one named step each in
 recurrence switches on at the top of the first `train_step` past
 `enable_looping_at` (`core.schedule.looping_active`, recomputed on resume).
 Then `export_and_score`: the moving average of the weights replaces them when
-`ema_decay` > 0, the artifact is written, read back from disk and scored again,
-looped when `num_loops` > 0.
+`ema_decay` > 0, GPTQ's Hessians are collected when `gptq_enabled` (the time for it
+was taken off the cap: `Config.train_cap_seconds`), the artifact is written
+(core/artifact.py), read back from disk and scored again, looped when
+`num_loops` > 0: over non-overlapping sequences, and with sliding windows when
+`eval_stride` is set (both figures are logged, as the records do).
 """
 
 from __future__ import annotations
@@ -29,14 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from core import quant
+from core.artifact import dequantize, export_artifact, format_budget, quant_label, read_artifact
 from core.backend import Backend, source_files
 from core.bpb import BPBMeter
 from core.checkpoint import Checkpoint, is_checkpoint, load_checkpoint, save_checkpoint
 from core.config import Config
 from core.errors import PgolfError
 from core.params import (
-    artifact_classes,
     check_layout,
     config_for_params,
     count_params,
@@ -48,6 +50,7 @@ from core.params import (
 from core.runs import RunDir
 from core.schedule import looping_active, lr_multiplier, muon_momentum
 from core.shards import find_shards, load_val_tokens, make_train_loader, val_spans
+from core.sliding import SlidingEval, score_sliding, sliding_enabled
 from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 
 Log = Callable[[str], None]
@@ -69,26 +72,33 @@ class RunResult:
     train_time_ms: float
     val_loss: float  # the exported weights before quantization
     val_bpb: float
-    roundtrip_val_loss: float  # the score: after the artifact round trip
+    roundtrip_val_loss: float  # after the artifact round trip, non-overlapping sequences
     roundtrip_val_bpb: float
     artifact_bytes: int
     code_bytes: int
     peak_memory_bytes: int | None
+    sliding_val_loss: float | None = None  # after the round trip, sliding windows (eval_stride)
+    sliding_val_bpb: float | None = None
+
+    @property
+    def score_bpb(self) -> float:
+        """The run's figure: the sliding-window one when evaluated so, else the non-overlapping one."""
+        return self.sliding_val_bpb if self.sliding_val_bpb is not None else self.roundtrip_val_bpb
 
 
 def load_eval_data(cfg: Config) -> EvalData:
     sp = load_tokenizer(cfg.tokenizer_path)
     check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
     tokens = load_val_tokens(
-        find_shards(cfg.data_path, "val"), cfg.train_seq_len, cfg.val_max_tokens, cfg.vocab_size
+        find_shards(cfg.data_path, "val"), cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size
     )
     return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size))
 
 
 def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
-    """val_loss and val_bpb over this rank's share of the validation tokens, summed over ranks."""
+    """val_loss and val_bpb over non-overlapping sequences of `eval_window` tokens, split over ranks."""
     cfg = backend.cfg
-    seq = cfg.train_seq_len
+    seq = cfg.eval_window
     batch_seqs = max(cfg.val_batch_size // cfg.grad_accum_steps // seq, 1)
     spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size)
     meter = BPBMeter(data.tables)
@@ -104,35 +114,66 @@ def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None)
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 
-def export_artifact(
-    params: dict[str, np.ndarray],
-    cfg: Config,
-    dtypes: dict[str, str],
-    path: Path,
-    backend_name: str,
-    compressor: str = "zlib",
-    upstream: bool = False,
-) -> dict[str, int]:
-    """Quantize, write the artifact (pgolf's container, or the challenge's), report its bytes.
-
-    `dtypes` are the storage dtypes of the weights in the model that trained them.
-    """
-    model = quant.quantize_int8(params, dtypes, artifact_classes(cfg))
-    if upstream:
-        quant.save_upstream_torch(path, model)
-    else:
-        quant.save_artifact(path, model, compressor=compressor)
-    return quant.size_report(
-        payload_bytes=model.stats["int8_payload_bytes"],
-        model_bytes=path.stat().st_size,
-        code_bytes=quant.code_bytes(source_files(backend_name)),
+def evaluate_sliding(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
+    """val_loss and val_bpb with sliding windows (`eval_stride`, see core/sliding.py), split over ranks."""
+    cfg = backend.cfg
+    ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
+    meter = score_sliding(
+        data.tokens, backend.token_losses, data.tables, ev, backend.rank, backend.world_size, progress
     )
+    return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+
+
+Evaluator = Callable[[Backend, EvalData, Progress | None], BPBMeter]
+
+
+def evaluators(cfg: Config) -> dict[str, Evaluator]:
+    """The figures a final score reports: "plain" (non-overlapping sequences), and
+    "sliding_window" when `eval_stride` makes the windows overlap."""
+    out: dict[str, Evaluator] = {"plain": evaluate}
+    if sliding_enabled(cfg.eval_stride, cfg.eval_window):
+        out["sliding_window"] = evaluate_sliding
+    return out
+
+
+def calibrate_gptq(backend: Backend, log: Log | None = None) -> dict[str, np.ndarray]:
+    """GPTQ's Hessians: `gptq_calibration_batches` training micro-batches per rank, read from the start
+    of the training stream, through the backend's `input_hessians`; the mean over every rank's batches."""
+    cfg = backend.cfg
+    t0 = time.perf_counter()
+    loader = make_train_loader(
+        cfg.train_loader,
+        find_shards(cfg.data_path, "train"),
+        backend.rank,
+        backend.world_size,
+        cfg.vocab_size,
+    )
+    accum = cfg.local_accum_steps(backend.world_size)
+    batches = (
+        loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, accum)
+        for _ in range(cfg.gptq_calibration_batches)
+    )
+    sums = backend.input_hessians(batches)
+    names = sorted(sums)
+    flat = backend.all_reduce_sum(np.concatenate([sums[n].astype(np.float64).ravel() for n in names]))
+    count = cfg.gptq_calibration_batches * backend.world_size
+    hessians, start = {}, 0
+    for name in names:
+        size = sums[name].size
+        hessians[name] = (flat[start : start + size] / count).astype(np.float32).reshape(sums[name].shape)
+        start += size
+    if log is not None:
+        log(
+            f"gptq:collected {len(hessians)} Hessians from {count} batches in {time.perf_counter() - t0:.1f}s"
+        )
+    return hessians
 
 
 def load_weights(
     path: str | Path, cfg: Config, allow_pickle: bool = False
 ) -> tuple[dict[str, np.ndarray], Config]:
-    """Float32 weights from a checkpoint or an artifact (pgolf or upstream), and the config they fit.
+    """Float32 weights from a checkpoint or an artifact (any format core.artifact reads), and the
+    config they fit.
 
     A checkpoint brings its own model config; for an artifact the shape is read
     off the tensors. Data paths and evaluation settings always come from `cfg`.
@@ -141,7 +182,7 @@ def load_weights(
     if is_checkpoint(path):
         params = load_checkpoint(path).params
     else:
-        params = quant.dequantize_int8(quant.load_artifact(path, allow_pickle=allow_pickle))
+        params = dequantize(read_artifact(path, allow_pickle=allow_pickle))
     return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()}).validate()
 
 
@@ -333,35 +374,53 @@ class Training:
             self.say(
                 f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
             )
-        report: dict[str, int] = {}
+        hessians = None
+        if cfg.gptq_enabled:
+            hessians = calibrate_gptq(backend, self.say)
+        label = quant_label(cfg)
+        artifact = self.run.artifact(label)
+        sizes: dict[str, int] = {}
         if self.main:
-            report = export_artifact(backend.params(), cfg, self.dtypes, self.run.artifact, backend.name)
-            fits = "fits" if report["total_bytes"] <= report["budget_bytes"] else "OVER BUDGET"
-            self.say(
-                f"artifact:{self.run.artifact} int8_payload:{report['payload_bytes']} "
-                f"model_bytes:{report['model_bytes']} code_bytes:{report['code_bytes']} "
-                f"total:{report['total_bytes']} budget:{report['budget_bytes']} ({fits})"
+            report = export_artifact(
+                backend.params(), cfg, self.dtypes, artifact, source_files(backend.name), hessians
             )
+            sizes = report.sizes
+            fits = "fits" if sizes["total_bytes"] <= sizes["budget_bytes"] else "OVER BUDGET"
+            self.say(
+                f"artifact:{artifact} format:{cfg.quant_format} compressor:{cfg.compressor} "
+                f"payload:{sizes['payload_bytes']} model_bytes:{sizes['model_bytes']} "
+                f"code_bytes:{sizes['code_bytes']} total:{sizes['total_bytes']} "
+                f"budget:{sizes['budget_bytes']} ({fits})"
+                + (f" gptq_tensors:{report.gptq_tensors}" if cfg.gptq_enabled else "")
+            )
+            for line in format_budget(report):
+                self.say(line)
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
-        backend.load_params(quant.dequantize_int8(quant.load_artifact(self.run.artifact)))
-        t_eval = time.perf_counter()
-        meter = evaluate(backend, self.data, self.progress if self.main else None)
-        self.say(
-            f"final_int8_roundtrip val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
-            f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms"
-        )
-        self.say(f"final_int8_roundtrip_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
+        backend.load_params(dequantize(read_artifact(artifact)))
+        scores: dict[str, BPBMeter] = {}
+        for name, evaluator in evaluators(cfg).items():
+            t_eval = time.perf_counter()
+            meter = scores[name] = evaluator(backend, self.data, self.progress if self.main else None)
+            name = "roundtrip" if name == "plain" else name  # the records' log names
+            self.say(
+                f"final_{label}_{name} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
+                f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms"
+            )
+            self.say(f"final_{label}_{name}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
+        plain, sliding = scores["plain"], scores.get("sliding_window")
         return RunResult(
             run_dir=self.run.path,
             steps=self.step,
             train_time_ms=self.clock.ms(),
             val_loss=self.val_loss,
             val_bpb=self.val_bpb,
-            roundtrip_val_loss=meter.val_loss,
-            roundtrip_val_bpb=meter.val_bpb,
-            artifact_bytes=report.get("model_bytes", 0),
-            code_bytes=report.get("code_bytes", 0),
+            roundtrip_val_loss=plain.val_loss,
+            roundtrip_val_bpb=plain.val_bpb,
+            artifact_bytes=sizes.get("model_bytes", 0),
+            code_bytes=sizes.get("code_bytes", 0),
             peak_memory_bytes=self.peak_memory,
+            sliding_val_loss=sliding.val_loss if sliding else None,
+            sliding_val_bpb=sliding.val_bpb if sliding else None,
         )
 
     def run(self) -> RunResult:
@@ -431,12 +490,12 @@ class Training:
     def agreed_ms(self) -> float:
         """The training clock every rank agrees on (their mean), so schedules and the cap match across
         ranks; one small all-reduce per step, only when several ranks run under a cap."""
-        if self.backend.world_size == 1 or self.cfg.max_wallclock_seconds <= 0:
+        if self.backend.world_size == 1 or self.cfg.train_cap_seconds <= 0:
             return self.clock.ms()  # without a cap the schedules read steps, not the clock
         return float(self.backend.all_reduce_sum(np.array([self.clock.ms()]))[0]) / self.backend.world_size
 
     def reached_cap(self) -> bool:
-        cap_s = self.cfg.max_wallclock_seconds
+        cap_s = self.cfg.train_cap_seconds
         return cap_s > 0 and self.elapsed_ms >= 1000.0 * cap_s
 
     def _micro_batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -448,7 +507,7 @@ class Training:
 
     def _expected_steps(self) -> int:
         """Where the run will stop: the iterations, or the cap at the current pace when it comes first."""
-        cap_s = self.cfg.max_wallclock_seconds
+        cap_s = self.cfg.train_cap_seconds
         if cap_s <= 0:
             return self.cfg.iterations
         elapsed = self.clock.ms()
@@ -498,6 +557,16 @@ class Training:
             f"iterations:{cfg.iterations} warmup_steps:{cfg.warmup_steps} "
             f"max_wallclock_seconds:{cfg.max_wallclock_seconds:.3f} val_tokens:{len(self.data.tokens) - 1}"
         )
+        self.say(
+            f"eval_seq_len:{cfg.eval_window} eval_stride:{cfg.eval_stride} quant_format:{cfg.quant_format} "
+            f"artifact:{quant_label(cfg)}+{cfg.compressor}"
+            + (f"+shuffle{cfg.byte_shuffle}" if cfg.byte_shuffle else "")
+        )
+        if cfg.gptq_enabled and cfg.train_cap_seconds > 0:
+            self.say(
+                f"gptq:reserving {cfg.gptq_reserve_seconds:g}s for calibration, "
+                f"training cap {1000 * cfg.train_cap_seconds:.0f}ms"
+            )
         self.say(f"run_dir:{self.run.path}")
 
 

@@ -38,6 +38,8 @@ from core.quant import (
     FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
     ArtifactInfo,
+    Container,
+    Int8Model,
     _check_float16_range,
     _in_dtype,
     container_bytes,
@@ -52,8 +54,10 @@ __all__ = [
     "MixedModel",
     "budget_table",
     "dequantize_mixed",
+    "from_int8",
     "load_mixed_artifact",
     "mixed_artifact_bytes",
+    "mixed_from_container",
     "quantize_mixed",
     "save_mixed_artifact",
 ]
@@ -166,6 +170,23 @@ def quantize_mixed(
     return out
 
 
+def from_int8(model: Int8Model, classes: dict[str, str]) -> MixedModel:
+    """The int8 format's model described as a mixed one (int8 everywhere): for budget tables."""
+    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough))
+    for name in model.quantized:
+        info = {"dtype": model.dtypes[name], "store": "int", "bits": 8, "clip": None, "method": "rows"}
+        out.info[name] = {"class": classes.get(name, "other"), **info}
+    for name, t in model.passthrough.items():
+        if t.dtype.kind in "biu":
+            info = {"dtype": t.dtype.name, "store": "raw"}
+        elif t.dtype == np.float16:
+            info = {"dtype": model.passthrough_orig_dtypes.get(name, "float16"), "store": "fp16"}
+        else:
+            info = {"dtype": "float32", "store": "fp32"}
+        out.info[name] = {"class": classes.get(name, "other"), **info}
+    return check_mixed(out)
+
+
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
     """float32 weights (in their model dtype's precision); non-float tensors as stored."""
     out: dict[str, np.ndarray] = {}
@@ -211,8 +232,8 @@ def save_mixed_artifact(
     return write_artifact(path, mixed_artifact_bytes(model, compressor, level, shuffle), compressor)
 
 
-def _parse_mixed(blob: bytes) -> MixedModel:
-    box = open_container(blob)
+def mixed_from_container(box: Container) -> MixedModel:
+    """The mixed-precision model of an opened pgolf container; ValueError naming the first problem."""
     meta = box.meta
     if meta["format"] != MIXED_FORMAT:
         raise ValueError(f"format {meta['format']!r}, not the mixed-precision format {MIXED_FORMAT!r}")
@@ -294,7 +315,7 @@ def load_mixed_artifact(path: str | Path) -> MixedModel:
     path = Path(path)
     blob = read_file(path, "artifact")
     try:
-        return _parse_mixed(blob)
+        return mixed_from_container(open_container(blob))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
@@ -313,6 +334,7 @@ def budget_table(
     level: int | None = None,
     shuffle: int = 2,
     weights: dict[str, np.ndarray] | None = None,
+    total_bytes: int | None = None,
 ) -> list[dict[str, Any]]:
     """Where the bytes go: one row per class present (in CLASSES order), then a "total" row.
 
@@ -322,7 +344,8 @@ def budget_table(
     the total row has the whole artifact's size instead, so the rows need not add up),
     share (bytes_compressed / 16,000,000) and rms (root mean square of the weights:
     those in `weights` where given, e.g. the float ones before quantization, else the
-    dequantized ones).
+    dequantized ones). `total_bytes`: the size of the file written, when known (else the
+    mixed container's size is computed).
     """
     weights = dequantize_mixed(model) | dict(weights or {})
     rows = []
@@ -339,7 +362,11 @@ def budget_table(
         )
         packed = len(compress.pack(raw, compressor, level, shuffle if len(raw) >= shuffle else 0)) - 1
         rows.append(_budget_row(cls, names, model, weights, len(raw), packed))
-    total = len(mixed_artifact_bytes(model, compressor, level, shuffle))
+    total = (
+        total_bytes
+        if total_bytes is not None
+        else len(mixed_artifact_bytes(model, compressor, level, shuffle))
+    )
     raw_total = sum(r["bytes_raw"] for r in rows)
     rows.append(_budget_row("total", sorted(model.info), model, weights, raw_total, total))
     return rows

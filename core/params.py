@@ -63,6 +63,11 @@ def mlp_hidden(cfg: Config) -> int:
     return int(cfg.mlp_mult * cfg.model_dim)
 
 
+def head_weight_name(cfg: Config) -> str:
+    """The weight the output head multiplies the final hidden state by."""
+    return "tok_emb.weight" if cfg.tie_embeddings else "lm_head.weight"
+
+
 def param_specs(cfg: Config) -> dict[str, ParamSpec]:
     """The table: every parameter the configured model has, in a fixed order (the init draw order)."""
     d, kv_dim, hidden = cfg.model_dim, cfg.num_kv_heads * cfg.head_dim, mlp_hidden(cfg)

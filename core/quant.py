@@ -56,6 +56,7 @@ __all__ = [
     "code_bytes",
     "container_bytes",
     "dequantize_int8",
+    "int8_from_container",
     "load_artifact",
     "open_container",
     "quantize_int8",
@@ -312,8 +313,8 @@ def write_artifact(path: str | Path, blob: bytes, compressor: str) -> ArtifactIn
     return ArtifactInfo(write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), compressor)
 
 
-def _parse_pgolf(blob: bytes) -> Int8Model:
-    box = open_container(blob)
+def int8_from_container(box: Container) -> Int8Model:
+    """The int8 model of an opened pgolf container; ValueError naming the first problem."""
     meta = box.meta
     if meta["format"] != CONTAINER_FORMAT:
         raise ValueError(f"format {meta['format']!r}, not the int8 format {CONTAINER_FORMAT!r}")
@@ -332,7 +333,7 @@ def _parse_pgolf(blob: bytes) -> Int8Model:
         if role not in roles:
             raise ValueError(f"unexpected tensor {key!r}")
         roles[role][name] = value
-    return model
+    return _check(model)
 
 
 def _names_to(obj: dict, key: str, kind: type, required: bool = True) -> dict:
@@ -416,7 +417,7 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     blob = read_file(path, "artifact")
     try:
         if blob.startswith(MAGIC):
-            return _check(_parse_pgolf(blob))
+            return int8_from_container(open_container(blob))
         raw = zlib.decompress(blob)
         if raw.startswith(b"PK"):  # a zip: what torch.save writes
             return _check(_parse_upstream_torch(raw, path))

@@ -5,7 +5,7 @@ A run directory holds:
     metrics.jsonl        one JSON record per line: kind = train | val | final
     train.log            the console lines
     checkpoints/step_NNNNNN.safetensors
-    final_model.int8.pgolf   the artifact
+    final_model.<label>.pgolf   the artifact: int8, int6, ... (core.artifact.quant_label)
 
 Nothing here needs the framework that trained the run.
 """
@@ -22,8 +22,6 @@ from typing import Any
 
 from core.atomic import make_dir, write_atomic
 from core.errors import PgolfError
-
-ARTIFACT_NAME = "final_model.int8.pgolf"
 
 # The fields each kind of record must hold as numbers (other kinds are kept as they are).
 NUMERIC_FIELDS = {
@@ -47,9 +45,8 @@ class RunDir:
             raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
         make_dir(self.path / "checkpoints", "run directory")
 
-    @property
-    def artifact(self) -> Path:
-        return self.path / ARTIFACT_NAME
+    def artifact(self, label: str = "int8") -> Path:
+        return self.path / f"final_model.{label}.pgolf"
 
     def checkpoint_path(self, step: int) -> Path:
         return self.path / "checkpoints" / f"step_{step:06d}.safetensors"

@@ -7,9 +7,10 @@ from core.config import Config
 
 def training_progress(cfg: Config, step: int, elapsed_ms: float) -> float:
     """How far training has come, 0 at the start and 1 at the end: the share of the
-    iterations taken, or under a wallclock cap the share of the cap used (may pass 1)."""
-    if cfg.max_wallclock_seconds > 0:
-        return elapsed_ms / (1000.0 * cfg.max_wallclock_seconds)
+    iterations taken, or under a wallclock cap the share of the cap used (may pass 1). The cap is
+    `Config.train_cap_seconds`: the wallclock cap less any time reserved for GPTQ's calibration."""
+    if cfg.train_cap_seconds > 0:
+        return elapsed_ms / (1000.0 * cfg.train_cap_seconds)
     return step / max(cfg.iterations, 1)
 
 
@@ -28,8 +29,8 @@ def lr_multiplier(cfg: Config, step: int, elapsed_ms: float) -> float:
     Otherwise it covers the last `warmdown_iters` steps, or, under a cap, the last
     `warmdown_iters` average step times before it (remaining_ms / window).
     """
-    capped = cfg.max_wallclock_seconds > 0
-    cap_ms = 1000.0 * cfg.max_wallclock_seconds
+    capped = cfg.train_cap_seconds > 0
+    cap_ms = 1000.0 * cfg.train_cap_seconds
     if cfg.warmdown_frac > 0:
         progress = training_progress(cfg, step, elapsed_ms)
         if progress < 1.0 - cfg.warmdown_frac:

@@ -124,11 +124,12 @@ def score_sliding(
     ev: SlidingEval,
     rank: int = 0,
     world_size: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> BPBMeter:
     """This rank's sums of nats, scored tokens and their bytes (a BPBMeter; add them over ranks).
 
     `token_losses(x, y)` returns the per-token NLL in nats, shape (B, seq_len), for
-    int64 inputs and targets of shape (B, seq_len).
+    int64 inputs and targets of shape (B, seq_len); `progress(done, total)` follows the batches.
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
@@ -136,11 +137,14 @@ def score_sliding(
     plan = rank_windows(plan_windows(tokens.size - 1, ev.seq_len, ev.stride), rank, world_size)
     meter = BPBMeter(tables)
     pos = np.arange(ev.seq_len)
-    for batch in window_batches(plan, ev.batch_seqs):
+    total = -(-len(plan) // ev.batch_seqs)
+    for i, batch in enumerate(window_batches(plan, ev.batch_seqs)):
         x, y = batch_arrays(tokens, batch, ev.seq_len)
         nll = np.asarray(token_losses(x, y))
         if nll.shape != x.shape:
             raise PgolfError(f"sliding evaluation: token losses of shape {nll.shape}, expected {x.shape}")
         scored = (pos[None, :] >= batch.score_from[:, None]) & (pos[None, :] < batch.lengths[:, None])
         meter.add(nll[scored].astype(np.float64).sum(), x[scored], y[scored])
+        if progress is not None:
+            progress(i + 1, total)
     return meter

@@ -1,7 +1,8 @@
 """Score one set of weights with every available backend and check that they agree.
 
-Both backends evaluate the same validation tokens in fp32 and compute logits on
-the same fixed batch. They agree when the val_bpb values differ by at most
+Both backends evaluate the same validation tokens in fp32 (over non-overlapping
+sequences and, when `eval_stride` is set, with sliding windows) and compute logits on
+the same fixed batch. They agree when each val_bpb differs by at most
 `BPB_TOLERANCE` and the logits by at most `LOGIT_TOLERANCE` (absolute); both
 bounds are a few hundred times fp32 round-off for the models pgolf trains.
 """
@@ -15,7 +16,7 @@ import numpy as np
 
 from core.backend import Backend
 from core.config import Config
-from core.loop import EvalData, evaluate
+from core.loop import EvalData, evaluators
 
 BPB_TOLERANCE = 1e-5
 LOGIT_TOLERANCE = 1e-3
@@ -29,6 +30,8 @@ class BackendScore:
     val_loss: float
     val_bpb: float
     logits: np.ndarray  # (B, T, V) on the fixed batch
+    sliding_val_loss: float | None = None  # with sliding windows, when eval_stride asks for them
+    sliding_val_bpb: float | None = None
 
 
 @dataclass
@@ -62,19 +65,23 @@ def verify(
         backend = make(cfg)
         try:
             backend.load_params(params)
-            meter = evaluate(backend, data)
+            meters = {kind: evaluator(backend, data, None) for kind, evaluator in evaluators(cfg).items()}
+            plain, sliding = meters["plain"], meters.get("sliding_window")
             scores.append(
                 BackendScore(
-                    name, backend.device, int(meter.tokens), meter.val_loss, meter.val_bpb, backend.logits(x)
+                    name, backend.device, int(plain.tokens), plain.val_loss, plain.val_bpb, backend.logits(x),
+                    sliding.val_loss if sliding else None, sliding.val_bpb if sliding else None,
                 )
-            )
+            )  # fmt: skip
         finally:
             backend.close()
-    bpbs = [s.val_bpb for s in scores]
+    diffs = [
+        max(values) - min(values)
+        for values in ([s.val_bpb for s in scores], [s.sliding_val_bpb for s in scores])
+        if values and None not in values
+    ]
     logit_diff = max(
         (float(np.max(np.abs(a.logits - b.logits))) for a in scores for b in scores if a is not b),
         default=0.0,
     )
-    return Verdict(
-        scores=scores, max_bpb_diff=max(bpbs) - min(bpbs) if bpbs else 0.0, max_logit_diff=logit_diff
-    )
+    return Verdict(scores=scores, max_bpb_diff=max(diffs, default=0.0), max_logit_diff=logit_diff)

@@ -21,8 +21,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core.config import Config
 from core.errors import PgolfError
-from core.params import check_layout, param_specs, storage_dtypes
-from cuda_train.model import GPT
+from core.params import check_layout, head_weight_name, param_specs, storage_dtypes
+from cuda_train.model import GPT, CastedLinear
 from cuda_train.optim import Muon, build_optimizers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -219,6 +219,40 @@ class TorchBackend:
                 self._to_device(x), self._to_device(y), reduction="sum", looping=self.looping
             )
         return loss.double()  # queued, not waited for: the caller sums on the device
+
+    @torch.inference_mode()
+    def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        self.model.eval()
+        with self.autocast:
+            nll = self.model.token_losses(self._to_device(x), self._to_device(y), self.looping)
+        return nll.float().cpu().numpy()
+
+    @torch.inference_mode()
+    def input_hessians(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+
+        def add(name: str, x: torch.Tensor) -> None:
+            x = x.detach().float().reshape(-1, x.size(-1))
+            if name not in sums:
+                sums[name] = torch.zeros(x.size(1), x.size(1), device=x.device)
+            sums[name].addmm_(x.T, x)
+
+        hooks = [
+            module.register_forward_hook(
+                lambda _m, inputs, _out, name=f"{prefix}.weight": add(name, inputs[0])
+            )
+            for prefix, module in self.model.named_modules()
+            if isinstance(module, CastedLinear) and module is not self.model.lm_head
+        ]
+        try:
+            for x, _ in batches:
+                with self.autocast:
+                    add(head_weight_name(self.cfg), self.model.hidden(self._to_device(x), self.looping))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return {name: h.cpu().numpy() for name, h in sums.items()}
 
     @torch.inference_mode()
     def logits(self, x: np.ndarray) -> np.ndarray:

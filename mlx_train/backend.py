@@ -26,8 +26,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from core.config import Config
 from core.errors import PgolfError
-from core.params import check_layout, param_specs, storage_dtypes
-from mlx_train.model import GPT
+from core.params import check_layout, head_weight_name, param_specs, storage_dtypes
+from mlx_train.model import GPT, CastedLinear
 from mlx_train.optim import Optimizers
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
@@ -162,6 +162,39 @@ class MLXBackend:
             total = total + self._nll_sum(mx.array(xs), mx.array(ys), looping=self.looping).astype(dtype)
         mx.async_eval(total)  # started, not waited for; and the caller's lazy sum stays short
         return total
+
+    def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        parts = [
+            np.array(self.model.token_losses(mx.array(xs), mx.array(ys), self.looping).astype(mx.float32))
+            for xs, ys in sub_batches(x, y, self.cfg.mlx_max_microbatch_tokens)
+        ]
+        return np.concatenate(parts)
+
+    def input_hessians(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        sums: dict[str, mx.array] = {}
+
+        def add(name: str, x: mx.array) -> None:
+            x = x.astype(mx.float32).reshape(-1, x.shape[-1])
+            gram = x.T @ x
+            sums[name] = sums[name] + gram if name in sums else gram
+
+        linears = [
+            (prefix, module)
+            for prefix, module in self.model.named_modules()
+            if isinstance(module, CastedLinear) and prefix != "lm_head"
+        ]
+        for prefix, module in linears:
+            module.on_input = partial(add, f"{prefix}.weight")
+        head = head_weight_name(self.cfg)
+        try:
+            for x, y in batches:
+                for xs, _ in sub_batches(x, y, self.cfg.mlx_max_microbatch_tokens):
+                    add(head, self.model.hidden(mx.array(xs), self.looping))
+                    mx.eval(sums)
+        finally:
+            for _, module in linears:
+                module.on_input = None
+        return {name: np.array(h) for name, h in sums.items()}
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return np.array(self.model.logits(mx.array(x), self.looping).astype(mx.float32))

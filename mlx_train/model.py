@@ -56,14 +56,20 @@ def remove_self_value(y: mx.array, v: mx.array) -> mx.array:
 
 
 class CastedLinear(nn.Module):
-    """A bias-free linear layer whose fp32 weight is cast to the input dtype at the matmul."""
+    """A bias-free linear layer whose fp32 weight is cast to the input dtype at the matmul.
+
+    `on_input`, when set, is called with every input first (GPTQ's calibration reads them).
+    """
 
     def __init__(self, in_dim: int, out_dim: int, ops: Ops):
         super().__init__()
         self.ops = ops
+        self.on_input = None
         self.weight = mx.zeros((out_dim, in_dim), dtype=mx.float32)
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.on_input is not None:
+            self.on_input(x)
         return self.ops.linear(x, self.weight)
 
 
