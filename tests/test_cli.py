@@ -216,7 +216,9 @@ def test_export_refuses_to_overwrite_its_input_or_write_where_it_cannot(trained,
     ]:
         assert_one_line_error(cli("export", str(ckpt), "--out", str(out)), message)
     result = cli("export", str(ckpt), "--format", "upstream", "--compressor", "lzma")
-    assert_one_line_error(result, "--compressor applies to the pgolf format only")
+    assert_one_line_error(result, "the upstream format is int8 + zlib only")
+    result = cli("export", str(ckpt), "--model-dim", "64")
+    assert_one_line_error(result, "--model-dim cannot change")
     assert ckpt.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 

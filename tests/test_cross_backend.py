@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from core import quant
+from core.artifact import export_artifact
+from core.backend import source_files
 from core.checkpoint import load_checkpoint
-from core.loop import evaluate, export_artifact, load_eval_data
+from core.loop import evaluate, load_eval_data
 from core.params import init_params, storage_dtypes
 from core.runs import read_metrics
 from tests.test_backends import FEATURES, LOOPS_LANES, NEEDS, batch, busy_params, make_backend
@@ -69,16 +71,21 @@ def test_same_weights_same_logits_and_loss(sotu_dataset, features):
         assert float(mlx_b.eval_nll(x, y)) == pytest.approx(float(torch_b.eval_nll(x, y)), rel=1e-5)
 
 
+MIXED = {"quant_format": "mixed", "compressor": "brotli", "byte_shuffle": 2, "attn_bits": 5}
+
+
+# model_dim 256: the MLP matrices pass the 65,536-element floor, so they are quantized.
+@pytest.mark.parametrize("artifact", [{"model_dim": 256}, {**MIXED, "model_dim": 256}], ids=["int8", "mixed"])
 @pytest.mark.parametrize("model", MODELS)
-def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_path, model):
-    cfg = sotu_dataset.config(**MODELS[model])
+def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_path, model, artifact):
+    cfg = sotu_dataset.config(**MODELS[model], **artifact)
     params = busy_params(cfg, seed=13)
     paths = []
     for name in ("cuda", "mlx"):
         backend = make_backend(name, cfg)
         backend.load_params(params)
         path = tmp_path / f"{name}.pgolf"
-        export_artifact(backend.params(), cfg, storage_dtypes(cfg, backend.bf16), path, name)
+        export_artifact(backend.params(), cfg, storage_dtypes(cfg, backend.bf16), path, source_files(name))
         paths.append(path)
     assert paths[0].read_bytes() == paths[1].read_bytes()
 
