@@ -86,6 +86,55 @@ def test_export_upstream_then_eval_and_verify(sotu_dataset, trained, tmp_path):
     assert "backends agree" in verified.stdout
 
 
+RECORD_STYLE = ["--quant-format", "mixed", "--mlp-mult", "20", "--gptq-enabled", "--gptq-calibration-batches", "2",
+                "--eval-stride", "16", "--compressor", "brotli", "--byte-shuffle", "2"]  # fmt: skip
+
+
+@needs("cuda")
+def test_a_record_style_run_scores_sliding_and_gptq_and_eval_and_verify_agree(sotu_dataset, tmp_path):
+    """Mixed int6 with GPTQ, brotli over a byte shuffle, sliding windows: the log has both figures as
+    the records print them, and eval and verify (both backends) give the run's sliding score."""
+    flags = [*RECORD_STYLE, *data_flags(sotu_dataset)]
+    run = cli("train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "g",
+              *flags)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"gptq:collected 13 Hessians from 2 batches", run.stdout)
+    assert re.search(
+        r"artifact:\S+final_model.int6.pgolf format:mixed compressor:brotli .* gptq_tensors:4", run.stdout
+    )
+    assert re.search(r"^mlp +4 +\S+ +int6 ", run.stdout, re.M)  # the budget table
+    plain = float(re.search(r"final_int6_roundtrip_exact val_loss:\S+ val_bpb:(\S+)", run.stdout).group(1))
+    sliding = float(
+        re.search(r"final_int6_sliding_window_exact val_loss:\S+ val_bpb:(\S+)", run.stdout).group(1)
+    )
+    assert sliding != plain
+    artifact = str(tmp_path / "g" / "final_model.int6.pgolf")
+    evaluated = cli("eval", artifact, "--backend", "cuda", "--preset", "smoke", *flags)
+    assert evaluated.returncode == 0, evaluated.stderr
+    got = dict(re.findall(r"eval:(\w+) tokens:\S+ val_loss:\S+ val_bpb:(\S+)", evaluated.stdout))
+    assert float(got["plain"]) == pytest.approx(plain, abs=1e-6)
+    assert float(got["sliding_window"]) == pytest.approx(sliding, abs=1e-6)
+    verified = cli("verify", artifact, "--preset", "smoke", *flags)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "backends agree" in verified.stdout and "sliding" in verified.stdout
+
+
+@needs("cuda")
+def test_export_writes_the_artifact_settings_given_and_reports_json(sotu_dataset, trained, tmp_path):
+    run_dir, _ = trained
+    ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]
+    out = tmp_path / "m.pgolf"
+    result = cli("export", str(ckpt), "--out", str(out), "--quant-format", "mixed", "--embed-bits", "6",
+                 "--compressor", "zstd", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["sizes"]["model_bytes"] == out.stat().st_size
+    rows = {row["class"]: row for row in report["classes"]}
+    assert rows["embedding"]["bits"] == "fp16"  # 65,536 values: under the floor, kept in fp16
+    assert rows["total"]["params"] == sum(r["params"] for c, r in rows.items() if c != "total")
+    assert 0 < rows["total"]["share"] < 0.1
+
+
 def test_usage_errors_are_one_line():
     for args, message in [
         (("train", "--matrx-lr", "0.1"), "No such option: --matrx-lr"),
