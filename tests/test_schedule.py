@@ -61,6 +61,17 @@ def test_training_progress_is_steps_or_the_share_of_the_cap():
     assert training_progress(capped, 0, 12_000.0) == 1.2  # overshoot past the cap
 
 
+def test_gptq_reserve_comes_off_the_cap():
+    """Calibration happens inside the training budget: the schedules and the stop read the cap less
+    the reserve (the records' effective cap)."""
+    cfg = preset("baseline").replace(max_wallclock_seconds=600.0, quant_format="mixed", gptq_enabled=True)
+    assert cfg.train_cap_seconds == 590.0
+    assert training_progress(cfg, 0, 295_000.0) == 0.5
+    assert cfg.replace(gptq_enabled=False).train_cap_seconds == 600.0
+    assert cfg.replace(max_wallclock_seconds=0.0).train_cap_seconds == 0.0  # no cap, nothing to reserve
+    assert lr_multiplier(cfg.replace(warmdown_frac=0.5), 0, 590_000.0 * 0.75) == pytest.approx(0.5)
+
+
 def test_warmdown_frac_reads_the_shared_progress():
     cfg = preset("baseline").replace(warmdown_frac=0.5, min_lr=0.1, max_wallclock_seconds=10.0)
     assert lr_multiplier(cfg, 0, 4_000.0) == 1.0
