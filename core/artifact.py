@@ -167,9 +167,15 @@ def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | M
         except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise PgolfError(f"artifact {path} is damaged: {reason}") from None
-    if _is_zlib(blob):  # the challenge's own containers
+    if not _is_zlib(blob):  # brotli, lzma or zstd: a record's
+        return load_record_artifact(path)
+    try:  # the challenge's own int8 containers
         return quant.load_artifact(path, allow_pickle=allow_pickle)
-    return load_record_artifact(path)
+    except PgolfError as not_int8:
+        try:  # a record's artifact may be zlib-compressed too
+            return load_record_artifact(path)
+        except PgolfError:
+            raise not_int8 from None
 
 
 def _is_zlib(blob: bytes) -> bool:

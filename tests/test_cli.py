@@ -135,6 +135,45 @@ def test_export_writes_the_artifact_settings_given_and_reports_json(sotu_dataset
     assert 0 < rows["total"]["share"] < 0.1
 
 
+@needs("cuda")
+def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
+    """An artifact in the records' own layout (torch.save of int6 values and scales, byte shuffle,
+    brotli) holding a pgolf model: eval scores it in both backends, as the weights it holds score."""
+    import io
+
+    import torch
+
+    from core import compress
+    from core.artifact import dequantize, read_artifact
+    from core.loop import evaluate, load_eval_data
+    from core.rowquant import quantize_rows
+    from tests.test_backends import busy_params, make_backend
+
+    cfg = sotu_dataset.config(mlp_mult=20.0)
+    w, m = {}, {}
+    for name, value in busy_params(cfg).items():
+        if value.ndim == 2 and value.size > 65_536:
+            q, scale = quantize_rows(value, 6)
+            w[f"{name}.q"], w[f"{name}.scale"] = torch.from_numpy(q), torch.from_numpy(scale)
+            m[name] = {"type": "int6", "method": "clip_search"}
+        else:
+            w[name], m[name] = torch.from_numpy(value), "passthrough"
+    buffer = io.BytesIO()
+    torch.save({"w": w, "m": m}, buffer)
+    path = tmp_path / "final_model.int6.ptz"
+    path.write_bytes(compress.compress(compress.byte_shuffle(buffer.getvalue()), "brotli"))
+    backend = make_backend("cuda", cfg)
+    backend.load_params(dequantize(read_artifact(path)))
+    expected = evaluate(backend, load_eval_data(cfg)).val_bpb
+    flags = ["--preset", "smoke", "--mlp-mult", "20", *data_flags(sotu_dataset)]
+    for name in ("cuda", "mlx"):
+        result = cli("eval", str(path), "--backend", name, *flags)
+        assert result.returncode == 0, result.stderr
+        assert float(re.search(r"val_bpb:(\S+)", result.stdout).group(1)) == pytest.approx(expected, abs=1e-6)
+    verified = cli("verify", str(path), *flags)
+    assert verified.returncode == 0 and "backends agree" in verified.stdout, verified.stdout + verified.stderr
+
+
 def test_usage_errors_are_one_line():
     for args, message in [
         (("train", "--matrx-lr", "0.1"), "No such option: --matrx-lr"),
