@@ -100,6 +100,11 @@ class TorchBackend:
         self.steps_taken = 0
         self.looping = cfg.num_loops > 0  # passed to every forward: an argument compile guards on
         self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model
+        self._token_losses = (
+            torch.compile(self.model.token_losses, dynamic=False, fullgraph=True)
+            if compile_on
+            else self.model.token_losses
+        )  # sliding-window evaluation's forward
         self.runner = self.compiled
         if self.world_size > 1:
             with warnings.catch_warnings():  # newer torch renames the flag; the meaning is what we want
@@ -224,7 +229,7 @@ class TorchBackend:
     def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         self.model.eval()
         with self.autocast:
-            nll = self.model.token_losses(self._to_device(x), self._to_device(y), self.looping)
+            nll = self._token_losses(self._to_device(x), self._to_device(y), looping=self.looping)
         return nll.float().cpu().numpy()
 
     @torch.inference_mode()

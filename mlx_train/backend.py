@@ -98,6 +98,11 @@ class MLXBackend:
 
         self._nll_sum = mx.compile(nll_sum, inputs=self.model.state) if compile_on else nll_sum
 
+        def token_losses(x: mx.array, y: mx.array, looping: bool) -> mx.array:
+            return self.model.token_losses(x, y, looping).astype(mx.float32)
+
+        self._token_losses = mx.compile(token_losses, inputs=self.model.state) if compile_on else token_losses
+
     # ------------------------------------------------------------------ state
     def load_params(self, params: dict[str, np.ndarray]) -> None:
         check_layout(self.cfg, {k: np.shape(v) for k, v in params.items()}, "weights")
@@ -165,7 +170,7 @@ class MLXBackend:
 
     def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         parts = [
-            np.array(self.model.token_losses(mx.array(xs), mx.array(ys), self.looping).astype(mx.float32))
+            np.array(self._token_losses(mx.array(xs), mx.array(ys), looping=self.looping))
             for xs, ys in sub_batches(x, y, self.cfg.mlx_max_microbatch_tokens)
         ]
         return np.concatenate(parts)
