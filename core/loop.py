@@ -386,11 +386,13 @@ class Training:
             )
             sizes = report.sizes
             fits = "fits" if sizes["total_bytes"] <= sizes["budget_bytes"] else "OVER BUDGET"
+            kind = f"{label}+{cfg.compressor}"
+            self.say(f"Serialized model {kind}: {sizes['model_bytes']} bytes")
+            self.say(f"Code size: {sizes['code_bytes']} bytes")
+            self.say(f"Total submission size {kind}: {sizes['total_bytes']} bytes ({fits})")
             self.say(
-                f"artifact:{artifact} format:{cfg.quant_format} compressor:{cfg.compressor} "
-                f"payload:{sizes['payload_bytes']} model_bytes:{sizes['model_bytes']} "
-                f"code_bytes:{sizes['code_bytes']} total:{sizes['total_bytes']} "
-                f"budget:{sizes['budget_bytes']} ({fits})"
+                f"artifact:{artifact} format:{cfg.quant_format} payload:{sizes['payload_bytes']} "
+                f"budget:{sizes['budget_bytes']} headroom:{sizes['headroom_bytes']}"
                 + (f" gptq_tensors:{report.gptq_tensors}" if cfg.gptq_enabled else "")
             )
             for line in format_budget(report):
@@ -398,15 +400,18 @@ class Training:
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
         backend.load_params(dequantize(read_artifact(artifact)))
         scores: dict[str, BPBMeter] = {}
+        # The challenge's log names: final_int8_zlib_roundtrip (its baseline); final_int6_roundtrip and
+        # final_int6_sliding_window (the records).
+        prefix = f"final_int8_{cfg.compressor}" if label == "int8" else f"final_{label}"
         for name, evaluator in evaluators(cfg).items():
             t_eval = time.perf_counter()
             meter = scores[name] = evaluator(backend, self.data, self.progress if self.main else None)
-            name = "roundtrip" if name == "plain" else name  # the records' log names
+            tag = f"{prefix}_{'roundtrip' if name == 'plain' else name}"
             self.say(
-                f"final_{label}_{name} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
+                f"{tag} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
                 f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms"
             )
-            self.say(f"final_{label}_{name}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
+            self.say(f"{tag}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
         plain, sliding = scores["plain"], scores.get("sliding_window")
         return RunResult(
             run_dir=self.run.path,
@@ -546,7 +551,7 @@ class Training:
             self.say(f"resumed:{self.resume} step:{self.step} train_time:{self.clock.ms():.0f}ms")
         self.say(
             f"backend:{backend.name} device:{backend.device} world_size:{backend.world_size} "
-            f"grad_accum_steps:{self.accum}"
+            f"grad_accum_steps:{self.accum} seed:{cfg.seed}"
         )
         self.say(
             f"model_params:{count_params(cfg)} layers:{cfg.num_layers} dim:{cfg.model_dim} heads:{cfg.num_heads}/"
