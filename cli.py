@@ -397,9 +397,7 @@ def export_command(
     format: str = typer.Option(
         "pgolf", help="pgolf (no pickle) or upstream (torch.save+zlib, int8 only, for train_gpt.py)."
     ),
-    backend: str = typer.Option(
-        "cuda", help="Whose source files count as code bytes, and who runs GPTQ's calibration: cuda or mlx."
-    ),
+    backend: str = typer.Option("cuda", help="Who runs GPTQ's calibration: cuda or mlx."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     overrides: dict | None = None,
 ) -> None:
@@ -413,10 +411,10 @@ def export_command(
     import json
 
     from core.artifact import export_artifact, format_budget, quant_label
-    from core.backend import pick, source_files
     from core.checkpoint import load_checkpoint
     from core.config import Config as RunConfig
     from core.loop import calibrate_gptq
+    from core.package import code_bytes
 
     if format not in ("pgolf", "upstream"):
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
@@ -446,7 +444,7 @@ def export_command(
             engine.set_looping(cfg.num_loops > 0)
             hessians = calibrate_gptq(engine, None if json_out else console.print)
     report = export_artifact(
-        params, cfg, ckpt.dtypes, target, source_files(pick(backend).name), hessians, format == "upstream"
+        params, cfg, ckpt.dtypes, target, code_bytes(cfg), hessians, format == "upstream"
     )
     if json_out:
         console.print_json(json.dumps({"artifact": str(target), **json.loads(report.to_json())}))

@@ -103,7 +103,7 @@ def export_artifact(
     cfg: Config,
     dtypes: dict[str, str],
     path: Path,
-    code_files: list[Path],
+    code_bytes: int,
     hessians: dict[str, np.ndarray] | None = None,
     upstream: bool = False,
 ) -> ExportReport:
@@ -112,7 +112,7 @@ def export_artifact(
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
     weights in the mixed format; `upstream` writes the challenge's torch container
-    (int8 only); `code_files` are the files whose bytes count as code.
+    (int8 only); `code_bytes` are the bytes counted as code (core.package.code_bytes).
     """
     classes = artifact_classes(cfg)
     if upstream and cfg.quant_format != "int8":
@@ -130,7 +130,7 @@ def export_artifact(
         )
         info = mixed.save_mixed_artifact(path, view, cfg.compressor, shuffle=cfg.byte_shuffle)
     payload = sum(a.nbytes for part in (view.quantized, view.scales, view.passthrough) for a in part.values())
-    sizes = quant.size_report(payload, info.file_bytes, quant.code_bytes(code_files))
+    sizes = quant.size_report(payload, info.file_bytes, code_bytes)
     budget = mixed.budget_table(
         view, cfg.compressor, shuffle=cfg.byte_shuffle, weights=params, total_bytes=info.file_bytes
     )

@@ -22,15 +22,12 @@ import importlib.util
 import platform
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from core.config import Config
 from core.errors import PgolfError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -92,13 +89,6 @@ def create(name: str, cfg: Config) -> Backend:
     module = _module(info)
     module.check_config(cfg)
     return module.create_backend(cfg)
-
-
-def source_files(name: str) -> list[Path]:
-    """The source files a run of this backend needs: core, the backend package, the CLI."""
-    package = pick(name).package
-    files = sorted((ROOT / "core").glob("*.py")) + sorted((ROOT / package).glob("*.py"))
-    return [*files, ROOT / "cli.py"]
 
 
 class Backend(Protocol):

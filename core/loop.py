@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from core.artifact import dequantize, export_artifact, format_budget, quant_label, read_artifact
-from core.backend import Backend, source_files
+from core.backend import Backend
 from core.bpb import BPBMeter
 from core.checkpoint import Checkpoint, is_checkpoint, load_checkpoint, save_checkpoint
 from core.config import Config
@@ -244,10 +244,14 @@ class Training:
         log: Log = print,
         progress: Progress | None = None,
         step_progress: Progress | None = None,
+        code_bytes: int | None = None,
     ):
         self.backend, self.cfg = backend, backend.cfg
         self.resume, self.log = resume, log
         self.progress, self.step_progress = progress, step_progress
+        self.code_bytes = (
+            code_bytes  # None: the size of the run's packaged train_gpt.py, worked out at the end
+        )
         self.main = backend.rank == 0
         self.accum = self.cfg.local_accum_steps(backend.world_size)
         self.dtypes = storage_dtypes(self.cfg, backend.bf16)
@@ -379,11 +383,13 @@ class Training:
             hessians = calibrate_gptq(backend, self.say)
         label = quant_label(cfg)
         artifact = self.run.artifact(label)
+        if self.code_bytes is None and self.main:
+            from core.package import code_bytes  # (a packaged run passes its own size instead)
+
+            self.code_bytes = code_bytes(cfg)
         sizes: dict[str, int] = {}
         if self.main:
-            report = export_artifact(
-                backend.params(), cfg, self.dtypes, artifact, source_files(backend.name), hessians
-            )
+            report = export_artifact(backend.params(), cfg, self.dtypes, artifact, self.code_bytes, hessians)
             sizes = report.sizes
             fits = "fits" if sizes["total_bytes"] <= sizes["budget_bytes"] else "OVER BUDGET"
             kind = f"{label}+{cfg.compressor}"
@@ -582,14 +588,16 @@ def train(
     log: Log = print,
     progress: Progress | None = None,
     step_progress: Progress | None = None,
+    code_bytes: int | None = None,
 ) -> RunResult:
     """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
 
     `progress` follows each validation pass and `step_progress` the training steps,
     as (done, expected total); under a wallclock cap the total is where the cap
-    will stop the run at the current pace.
+    will stop the run at the current pace. `code_bytes`: what counts as the run's code
+    (default: the size of its packaged, compressed train_gpt.py; core/package.py).
     """
-    return Training(backend, resume, log, progress, step_progress).run()
+    return Training(backend, resume, log, progress, step_progress, code_bytes).run()
 
 
 def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:

@@ -53,7 +53,6 @@ __all__ = [
     "Container",
     "Int8Model",
     "artifact_bytes",
-    "code_bytes",
     "container_bytes",
     "dequantize_int8",
     "int8_from_container",
@@ -470,17 +469,6 @@ def save_upstream_torch(path: str | Path, model: Int8Model) -> ArtifactInfo:
 
 
 # ------------------------------------------------------------------ the budget
-def code_bytes(paths: list[Path]) -> int:
-    """Bytes of the code files that count against the budget."""
-    total = 0
-    for path in paths:
-        try:
-            total += Path(path).stat().st_size
-        except OSError as exc:
-            raise PgolfError(f"code file {path}: cannot read ({exc.strerror})") from None
-    return total
-
-
 def size_report(payload_bytes: int, model_bytes: int, code_bytes: int) -> dict[str, int]:
     total = model_bytes + code_bytes
     return {

@@ -39,7 +39,7 @@ def test_bits_clips_and_label_follow_the_config():
 def test_the_int8_export_is_the_int8_format(tmp_path):
     cfg = preset("smoke").replace(**WIDE)
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, bf16=False)
-    report = export_artifact(params, cfg, dtypes, tmp_path / "a.pgolf", [])
+    report = export_artifact(params, cfg, dtypes, tmp_path / "a.pgolf", 0)
     model = quant.quantize_int8(params, dtypes, artifact_classes(cfg))
     assert (tmp_path / "a.pgolf").read_bytes() == quant.artifact_bytes(model)
     assert report.sizes["model_bytes"] == (tmp_path / "a.pgolf").stat().st_size
@@ -59,7 +59,7 @@ def test_the_mixed_export_follows_the_config(tmp_path):
         byte_shuffle=2,
     )
     params = busy_params(cfg)
-    report = export_artifact(params, cfg, storage_dtypes(cfg, False), tmp_path / "m.pgolf", [])
+    report = export_artifact(params, cfg, storage_dtypes(cfg, False), tmp_path / "m.pgolf", 0)
     model = read_artifact(tmp_path / "m.pgolf")
     assert isinstance(model, mixed.MixedModel)
     box = quant.open_container((tmp_path / "m.pgolf").read_bytes())
@@ -111,7 +111,7 @@ def test_the_int8_model_described_as_mixed_dequantizes_the_same():
 def mixed_blob(tmp_path_factory) -> bytes:
     path = tmp_path_factory.mktemp("mixed") / "m.pgolf"
     cfg = preset("smoke").replace(**WIDE, quant_format="mixed", compressor="brotli", byte_shuffle=2)
-    export_artifact(busy_params(cfg), cfg, storage_dtypes(cfg, False), path, [])
+    export_artifact(busy_params(cfg), cfg, storage_dtypes(cfg, False), path, 0)
     return path.read_bytes()
 
 
@@ -197,7 +197,7 @@ def test_calibration_reads_training_batches_and_gptq_rounds_the_matrices(sotu_da
     lines: list[str] = []
     hessians = calibrate_gptq(backend, lines.append)
     assert "from 3 batches" in lines[0]
-    report = export_artifact(params, cfg, storage_dtypes(cfg, False), tmp_path / "g.pgolf", [], hessians)
+    report = export_artifact(params, cfg, storage_dtypes(cfg, False), tmp_path / "g.pgolf", 0, hessians)
     model = read_artifact(tmp_path / "g.pgolf")
     gptq = sorted(n for n, i in model.info.items() if i.get("method") == "gptq")
     quantized = sorted(

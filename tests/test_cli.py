@@ -58,7 +58,9 @@ def test_train_prints_the_score_and_the_budget(trained):
     model = int(re.search(r"^Serialized model int8\+zlib: (\d+) bytes$", stdout, re.M).group(1))
     code = int(re.search(r"^Code size: (\d+) bytes$", stdout, re.M).group(1))
     total = re.search(r"^Total submission size int8\+zlib: (\d+) bytes \(fits\)$", stdout, re.M)
-    assert model == (run_dir / "final_model.int8.pgolf").stat().st_size and int(total.group(1)) == model + code
+    assert (
+        model == (run_dir / "final_model.int8.pgolf").stat().st_size and int(total.group(1)) == model + code
+    )
     assert (run_dir / "final_model.int8.pgolf").is_file()
 
 
@@ -103,9 +105,7 @@ def test_a_record_style_run_scores_sliding_and_gptq_and_eval_and_verify_agree(so
               *flags)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert re.search(r"gptq:collected 13 Hessians from 2 batches", run.stdout)
-    assert re.search(
-        r"artifact:\S+final_model.int6.pgolf format:mixed .* gptq_tensors:4", run.stdout
-    )
+    assert re.search(r"artifact:\S+final_model.int6.pgolf format:mixed .* gptq_tensors:4", run.stdout)
     assert re.search(r"^mlp +4 +\S+ +int6 ", run.stdout, re.M)  # the budget table
     plain = float(re.search(r"final_int6_roundtrip_exact val_loss:\S+ val_bpb:(\S+)", run.stdout).group(1))
     sliding = float(
