@@ -457,6 +457,33 @@ def export_command(
 
 
 @app.command()
+def package(
+    runs: list[Path] = typer.Argument(..., help="Finished run directories of one config, one per seed."),
+    name: str = typer.Option(..., help="The record's name, e.g. 'Vocab4096 MLP4x WD0.085'."),
+    out: Path | None = typer.Option(
+        None, help="Folder to write (default: records/track_10min_16mb/<date>_<name>)."
+    ),
+    author: str = typer.Option("", help="Your name, for submission.json."),
+    github_id: str = typer.Option("", help="Your GitHub id, for submission.json."),
+    blurb: str = typer.Option("", help="One or two sentences on what the record does."),
+    compress: bool = typer.Option(
+        True, "--compress/--plain", help="train_gpt.py minified + lzma + base85 (what counts), or readable."
+    ),
+) -> None:
+    """Write a challenge records folder for finished runs: train_gpt.py, submission.json, README.md, logs."""
+    import datetime
+    import re
+
+    from core.package import write_record
+
+    folder = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "record"
+    target = out or Path("records") / "track_10min_16mb" / f"{datetime.date.today().isoformat()}_{folder}"
+    path, size = write_record(list(runs), target, name, author, github_id, blurb, compress)
+    console.print(f"wrote {path}")
+    console.print(f"train_gpt.py: {size:,} bytes ({'minified + lzma + base85' if compress else 'plain'})")
+
+
+@app.command()
 @config_flags
 def bench(
     backend: str = BACKEND,

@@ -22,12 +22,13 @@ import ast
 import base64
 import json
 import lzma
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.config import Config
 from core.errors import PgolfError
 
-__all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script"]
+__all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ("core.loop", "cuda_train.backend")  # what main() imports; the rest follows from their imports
@@ -140,8 +141,9 @@ if __name__ == "__main__":
 
 
 def _run_config(cfg: Config) -> dict:
-    """The config a packaged run starts from: the run's, with a fresh run name each time it runs."""
-    return cfg.replace(run_id="").to_dict()
+    """The config a packaged run starts from: the run's, writing a freshly named run directory
+    under `runs/` beside wherever it is started."""
+    return cfg.replace(run_id="", out_dir=Config().out_dir).to_dict()
 
 
 def script(cfg: Config, compressed: bool = True) -> str:
@@ -168,3 +170,167 @@ def script(cfg: Config, compressed: bool = True) -> str:
 def code_bytes(cfg: Config) -> int:
     """The bytes the challenge counts as a run's code: those of its compressed `train_gpt.py`."""
     return len(script(cfg, compressed=True).encode("utf-8"))
+
+
+# ------------------------------------------------------------- the records folder
+TRACK = "10min_16mb"
+VARYING = ("seed", "run_id", "out_dir", "data_path", "tokenizer_path")  # may differ between the seeds
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    val_loss: float  # the score: sliding-window when the run was scored so, else non-overlapping
+    val_bpb: float
+    artifact_bytes: int
+    code_bytes: int
+    steps: int
+    train_time_ms: float
+    log: Path
+
+
+def _seed_result(run_dir: Path) -> tuple[Config, SeedResult]:
+    from core.runs import read_metrics
+
+    try:
+        cfg = Config.from_dict(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise PgolfError(f"package: {run_dir} has no readable config.json ({exc})") from None
+    final = next((r for r in reversed(read_metrics(run_dir)) if r["kind"] == "final"), None)
+    if final is None:
+        raise PgolfError(f"package: {run_dir} did not finish (no final record in metrics.jsonl)")
+    sliding = final.get("sliding_val_bpb") is not None
+    loss_key, bpb_key = (
+        ("sliding_val_loss", "sliding_val_bpb") if sliding else ("roundtrip_val_loss", "roundtrip_val_bpb")
+    )
+    return cfg, SeedResult(
+        seed=cfg.seed,
+        val_loss=float(final[loss_key]),
+        val_bpb=float(final[bpb_key]),
+        artifact_bytes=int(final["artifact_bytes"]),
+        code_bytes=int(final["code_bytes"]),
+        steps=int(final["steps"]),
+        train_time_ms=float(final["train_time_ms"]),
+        log=run_dir / "train.log",
+    )
+
+
+def _readme(name: str, blurb: str, cfg: Config, results: list[SeedResult], bytes_code: int) -> str:
+    baseline = Config()
+    changed = {k: v for k, v in cfg.to_dict().items() if k not in VARYING and getattr(baseline, k) != v}
+    rows = "\n".join(f"| `{k.upper()}` | {v} |" for k, v in sorted(changed.items()))
+    seeds = "\n".join(
+        f"| {r.seed} | {r.val_loss:.5f} | {r.val_bpb:.5f} | {r.steps} | {r.artifact_bytes:,} | "
+        f"{r.artifact_bytes + bytes_code:,} |"
+        for r in results
+    )
+    bpb = [r.val_bpb for r in results]
+    mean = sum(bpb) / len(bpb)
+    return f"""# {name}
+
+{blurb}
+
+Mean val_bpb **{mean:.5f}** over {len(results)} seed(s) ({"sliding-window evaluation, stride " + str(cfg.eval_stride) if cfg.eval_stride else "non-overlapping evaluation"}, after the artifact round trip).
+
+## Results
+
+| seed | val_loss | val_bpb | steps | artifact bytes | total bytes |
+|---|---|---|---|---|---|
+{seeds}
+
+Code: `train_gpt.py`, {bytes_code:,} bytes.
+
+## Configuration (what differs from the challenge's baseline)
+
+| setting | value |
+|---|---|
+{rows}
+
+## Run
+
+```bash
+SEED={results[0].seed} DATA_PATH={cfg.data_path} TOKENIZER_PATH={cfg.tokenizer_path} \\
+  torchrun --standalone --nproc_per_node=8 train_gpt.py
+```
+
+Every setting above can be overridden by its environment variable. The logs of the runs are
+`train_seed<N>.log`.
+"""
+
+
+def write_record(
+    run_dirs: list[Path],
+    out: Path,
+    name: str,
+    author: str = "",
+    github_id: str = "",
+    blurb: str = "",
+    compressed: bool = True,
+) -> tuple[Path, int]:
+    """The records folder for the runs of one config (one per seed): train_gpt.py, submission.json,
+    README.md and train_seed<N>.log. Returns the folder and the bytes of its train_gpt.py."""
+    import datetime
+    import shutil
+    import tempfile
+
+    if not run_dirs:
+        raise PgolfError("package: give at least one run directory")
+    runs = [_seed_result(Path(d)) for d in run_dirs]
+    cfg = runs[0][0]
+    same = {k: v for k, v in cfg.to_dict().items() if k not in VARYING}
+    for other, result in runs[1:]:
+        diff = sorted(k for k, v in other.to_dict().items() if k not in VARYING and same[k] != v)
+        if diff:
+            raise PgolfError(
+                f"package: {result.log.parent} differs from {run_dirs[0]} in {', '.join(diff[:5])}"
+            )
+    results = sorted((r for _, r in runs), key=lambda r: r.seed)
+    if len({r.seed for r in results}) != len(results):
+        raise PgolfError("package: two runs share a seed")
+    if out.exists():
+        raise PgolfError(f"package: {out} exists already: choose another --out")
+    text = script(cfg, compressed)
+    size = len(text.encode("utf-8"))
+    bpb = [r.val_bpb for r in results]
+    mean_bpb = sum(bpb) / len(bpb)
+    std = (sum((b - mean_bpb) ** 2 for b in bpb) / (len(bpb) - 1)) ** 0.5 if len(bpb) > 1 else 0.0
+    submission = {
+        "author": author,
+        "github_id": github_id,
+        "name": name,
+        "blurb": blurb,
+        "date": datetime.date.today().isoformat(),
+        "track": TRACK,
+        "val_loss": round(sum(r.val_loss for r in results) / len(results), 5),
+        "val_bpb": round(mean_bpb, 5),
+        "val_bpb_std": round(std, 5),
+        "seeds": [r.seed for r in results],
+        "seed_results": {
+            str(r.seed): {
+                "val_loss": round(r.val_loss, 5),
+                "val_bpb": round(r.val_bpb, 5),
+                "artifact_bytes": r.artifact_bytes,
+                "steps": r.steps,
+            }
+            for r in results
+        },
+        "bytes_total": max(r.artifact_bytes for r in results) + size,
+        "bytes_code": size,
+    }
+    parent = out.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        (staging / "train_gpt.py").write_text(text, encoding="utf-8")
+        (staging / "submission.json").write_text(json.dumps(submission, indent=2) + "\n", encoding="utf-8")
+        (staging / "README.md").write_text(_readme(name, blurb, cfg, results, size), encoding="utf-8")
+        for r in results:
+            shutil.copyfile(r.log, staging / f"train_seed{r.seed}.log")
+        staging.rename(out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PgolfError(f"package: cannot write {out}: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out, size

@@ -1,0 +1,156 @@
+"""`package`: one self-contained train_gpt.py per run, and the challenge's records folder."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.config import Config, preset
+from core.errors import PgolfError
+from core.package import bundled_modules, code_bytes, minify, script, write_record
+from tests.test_backends import needs
+from tests.test_cli import cli, data_flags
+
+# Runs a script with pgolf not importable: the editable install's finder and the repository dropped.
+ISOLATED = """
+import importlib.util, runpy, sys
+sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path = [p for p in sys.path if p and p != {root!r}]
+assert importlib.util.find_spec("core") is None, "pgolf is importable"
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+ROOT = Path(__file__).resolve().parent.parent
+FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
+
+
+def test_the_bundle_holds_what_a_pytorch_run_imports_and_nothing_else():
+    names = set(bundled_modules())
+    assert {
+        "core.loop",
+        "core.config",
+        "core.artifact",
+        "core.sliding",
+        "core.gptq",
+        "cuda_train.model",
+    } <= names
+    for absent in ("cli", "core.corpus", "core.download", "core.bench", "core.verify", "core.stats",
+                   "core.package", "mlx_train.backend"):  # fmt: skip
+        assert absent not in names
+
+
+def test_minify_drops_docstrings_and_comments_and_keeps_the_code():
+    import types
+
+    from core import schedule
+
+    source = (ROOT / "core" / "schedule.py").read_text()
+    small = minify(source)
+    assert len(small) < 0.6 * len(source) and "#" not in small
+    tree = ast.parse(small)
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    assert all(ast.get_docstring(n) is None for n in ast.walk(tree) if isinstance(n, documented))
+    module = types.ModuleType("minified_schedule")
+    exec(compile(small, "minified_schedule", "exec"), module.__dict__)
+    cfg = preset("baseline").replace(warmdown_frac=0.3, min_lr=0.05)
+    for step, ms in ((0, 0.0), (15_000, 400_000.0), (19_999, 599_000.0)):
+        assert module.lr_multiplier(cfg, step, ms) == schedule.lr_multiplier(cfg, step, ms)
+
+
+def test_code_bytes_are_the_compressed_scripts_size_and_depend_on_the_config():
+    cfg = preset("baseline")
+    assert code_bytes(cfg) == len(script(cfg).encode())
+    assert code_bytes(cfg) < 0.3 * len(script(cfg, compressed=False).encode())
+    assert code_bytes(cfg.replace(run_id="x", out_dir="elsewhere")) == code_bytes(cfg)  # not part of it
+    assert code_bytes(cfg.replace(matrix_lr=0.0123)) != code_bytes(cfg)
+
+
+@pytest.fixture(scope="module")
+def pgolf_run(sotu_dataset, tmp_path_factory):
+    """A short tiny-preset run through the CLI (10 steps)."""
+    out = tmp_path_factory.mktemp("runs")
+    result = cli("train", "--backend", "cuda", "--preset", "tiny", "--iterations", "10", "--val-loss-every", "0",
+                 "--out-dir", str(out), "--run-id", "r", "--seed", "7", *data_flags(sotu_dataset))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out / "r", result.stdout
+
+
+@pytest.mark.slow
+@needs("cuda")
+@pytest.mark.parametrize("compressed", [True, False], ids=["compressed", "plain"])
+def test_the_packaged_script_trains_alone_to_the_same_score(sotu_dataset, pgolf_run, tmp_path, compressed):
+    run_dir, stdout = pgolf_run
+    folder, size = write_record([run_dir], tmp_path / "rec", "Tiny", compressed=compressed)
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    (here / "train_gpt.py").write_bytes((folder / "train_gpt.py").read_bytes())
+    (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
+    env = dict(
+        os.environ, DATA_PATH=str(sotu_dataset.data_path), TOKENIZER_PATH=str(sotu_dataset.tokenizer_path)
+    )
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ours, theirs = FINAL.search(stdout), FINAL.search(result.stdout)
+    assert theirs is not None, result.stdout[-2000:]
+    assert float(theirs.group(2)) == pytest.approx(float(ours.group(2)), abs=1e-6)
+    assert float(theirs.group(1)) == pytest.approx(float(ours.group(1)), abs=1e-6)
+    # The challenge's closing lines: sizes that add up, the code size being the file's own.
+    model = int(re.search(r"^Serialized model int8\+zlib: (\d+) bytes$", result.stdout, re.M).group(1))
+    code = int(re.search(r"^Code size: (\d+) bytes$", result.stdout, re.M).group(1))
+    total = int(re.search(r"^Total submission size int8\+zlib: (\d+) bytes", result.stdout, re.M).group(1))
+    assert code == size == (here / "train_gpt.py").stat().st_size and total == model + code
+    assert "seed:7" in result.stdout and (here / "runs").is_dir()
+
+
+@needs("cuda")
+def test_package_writes_the_records_folder(pgolf_run, tmp_path):
+    run_dir, stdout = pgolf_run
+    out = tmp_path / "records" / "2026-11-23_Tiny"
+    result = cli("package", str(run_dir), "--name", "Tiny test", "--author", "A. Golfer", "--github-id", "ag",
+                 "--blurb", "A tiny run.", "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "submission.json",
+        "train_gpt.py",
+        "train_seed7.log",
+    ]
+    sub = json.loads((out / "submission.json").read_text())
+    bpb = float(FINAL.search(stdout).group(2))
+    assert sub["seeds"] == [7] and sub["val_bpb"] == round(bpb, 5) and sub["seed_results"]["7"]["steps"] == 10
+    assert (sub["name"], sub["author"], sub["github_id"], sub["track"]) == (
+        "Tiny test",
+        "A. Golfer",
+        "ag",
+        "10min_16mb",
+    )
+    code = int(re.search(r"^Code size: (\d+) bytes$", stdout, re.M).group(1))
+    assert sub["bytes_code"] == code == (out / "train_gpt.py").stat().st_size  # one number everywhere
+    assert f"train_gpt.py: {code:,} bytes" in result.stdout
+    assert "| `NUM_LAYERS` | 4 |" in (out / "README.md").read_text()
+    again = cli("package", str(run_dir), "--name", "Tiny test", "--out", str(out))
+    assert again.returncode != 0 and "exists already" in again.stderr
+
+
+def test_runs_of_different_configs_or_unfinished_runs_are_refused(tmp_path):
+    for name, cfg, final in (("a", Config(seed=1), True), ("b", Config(seed=2, matrix_lr=0.01), True),
+                             ("c", Config(seed=3), False)):  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg.to_dict()))
+        record = {"kind": "final", "steps": 1, "train_time_ms": 1.0, "roundtrip_val_loss": 2.0,
+                  "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
+        (tmp_path / name / "metrics.jsonl").write_text(json.dumps(record) + "\n" if final else "")
+        (tmp_path / name / "train.log").write_text("log\n")
+    with pytest.raises(PgolfError, match="differs from .* in matrix_lr"):
+        write_record([tmp_path / "a", tmp_path / "b"], tmp_path / "out", "x")
+    with pytest.raises(PgolfError, match="did not finish"):
+        write_record([tmp_path / "c"], tmp_path / "out", "x")
+    assert not (tmp_path / "out").exists()
