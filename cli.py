@@ -417,9 +417,11 @@ def bench(
     import json
 
     from core.atomic import write_atomic
+    from core.backend import check_config
     from core.bench import benchmark
 
     cfg = _resolve(preset, config, overrides or {})
+    check_config(backend, cfg)
     with opened_backend(backend, cfg) as engine:
         result = benchmark(engine, steps=steps, warmup=warmup)
     if engine.rank != 0:
