@@ -320,7 +320,7 @@ def eval_command(
     with opened_backend(backend, cfg) as engine:
         engine.load_params(params)
         with LiveProgress(engine.rank == 0) as live:
-            meter = evaluate(engine, data, live.tracker("validating"))
+            meter = evaluate(engine, data, live.tracker("validating")).require_finite(f"eval of {path}")
     if engine.rank == 0:
         console.print(
             f"backend:{engine.name} tokens:{int(meter.tokens)} val_loss:{meter.val_loss:.8f} "

@@ -62,7 +62,7 @@ def verify(
         backend = make(cfg)
         try:
             backend.load_params(params)
-            meter = evaluate(backend, data)
+            meter = evaluate(backend, data).require_finite(f"the {name} backend's score")
             scores.append(
                 BackendScore(
                     name, backend.device, int(meter.tokens), meter.val_loss, meter.val_bpb, backend.logits(x)

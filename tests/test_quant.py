@@ -317,6 +317,11 @@ def golden_state() -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 # Recorded from this code; a change means the artifact format changed (bump CONTAINER_VERSION).
 GOLDEN_SHA256 = {
+    "none": "853f4d1847e4cd725ba3635aa53b5df8aac1cecc87932c7274dc0144bd9eda76",
+    "zlib": "4bbccfa706352fff0c910744b37f34c4594688c1426cc389b52b89f19c2b5e4d",
+}
+# The same weights in the first container (MAGIC_V1, no checksum), as pgolf wrote them then.
+GOLDEN_V1_SHA256 = {
     "none": "820133e7df107982438b658c866e74947e78b872ef1afcb9fbe9d746bf6afe09",
     "zlib": "de9559ef8d0152c40fe35b5ccb976ec0311a0a0c436a2ca64d5fbecab6389483",
 }
@@ -328,6 +333,17 @@ def test_golden_bytes(compressor):
         pytest.skip(f"zlib-ng ({zlib.ZLIB_RUNTIME_VERSION}) deflates differently from zlib")
     blob = quant.artifact_bytes(quantize(*golden_state()), compressor=compressor)
     assert hashlib.sha256(blob).hexdigest() == GOLDEN_SHA256[compressor]
+    old = quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES]  # the checksum is all that changed
+    assert hashlib.sha256(old).hexdigest() == GOLDEN_V1_SHA256[compressor]
+
+
+def test_artifacts_written_before_the_checksum_still_load_with_a_warning(tmp_path):
+    model = quantize(*golden_state())
+    blob = quant.artifact_bytes(model, compressor="zlib")
+    path = tmp_path / "old.pgolf"
+    path.write_bytes(quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    with pytest.warns(UserWarning, match="before pgolf's containers carried a checksum"):
+        assert equal_weights(model, quant.load_artifact(path))
 
 
 def test_same_bytes_in_other_processes_and_any_order(tmp_path):
@@ -384,8 +400,9 @@ def test_bad_compressor_settings_are_refused(tmp_path):
 
 def test_the_container_is_plain_safetensors_inside():
     blob = quant.artifact_bytes(quantize(*golden_state()))
-    assert blob[: len(quant.MAGIC) + 1] == b"PGOLF-INT8\x00\x01"
-    payload = zlib.decompress(blob[len(quant.MAGIC) + 1 :])
+    assert blob[: len(quant.MAGIC) + 1] == b"PGOLF-INT8\x01\x01"
+    payload = zlib.decompress(blob[len(quant.MAGIC) + 1 : -quant.DIGEST_BYTES])
+    assert blob[-quant.DIGEST_BYTES :] == hashlib.sha256(payload).digest()
     inner = st_load(payload)
     assert inner["q/tok_emb.weight"].dtype == np.int8 and inner["s/tok_emb.weight"].dtype == np.float16
     assert inner["s/extra.cube"].shape == () and inner["s/extra.cube"].dtype == np.float32
@@ -543,9 +560,11 @@ BASE_META = {"format": "pgolf-int8", "version": 1, "quant_format": "int8_clean_p
 
 
 def container(tensors: dict[str, np.ndarray], meta: dict | str | None = None) -> bytes:
-    """A hand-made pgolf file (uncompressed), for damage the writer would never produce."""
+    """A hand-made pgolf file (uncompressed, with a matching checksum), for damage the writer would
+    never produce."""
     text = meta if isinstance(meta, str) else json.dumps(BASE_META | (meta or {}))
-    return quant.MAGIC + b"\x00" + st_save(tensors, metadata={"pgolf": text})
+    payload = st_save(tensors, metadata={"pgolf": text})
+    return quant.MAGIC + b"\x00" + payload + hashlib.sha256(payload).digest()
 
 
 def without(key: str) -> str:
@@ -581,9 +600,11 @@ ROW_SCALES = np.ones(4, np.float16)
         (container({"q/w": Q.astype(np.int16), "s/w": ROW_SCALES}), "values are int16"),
         (container({"q/w": Q, "s/w": ROW_SCALES, "x/w": Q}), "unexpected tensor 'x/w'"),
         (container({"q/w": Q, "s/w": ROW_SCALES, "p/w": Q}), "both quantized and passed through"),
-        (quant.MAGIC + b"\x09" + st_save({}), "unknown compressor id 9"),
+        (quant.MAGIC + b"\x09" + st_save({}) + bytes(32), "unknown compressor id 9"),
+        (container({"q/w": Q, "s/w": ROW_SCALES})[:-1] + b"?", "does not match its checksum"),
+        (container({"q/w": Q, "s/w": np.full(4, np.nan, np.float16)}), "w holds NaN or infinite"),
         (quant.MAGIC, "ends after the magic"),
-        (b"", "Error -5"),
+        (b"", "ends before the end of its stream"),
         (b"PGOLF-INT9\x00\x00", "incorrect header check"),
         (zlib.compress(b"just some text"), "unknown container"),
     ],
