@@ -122,7 +122,7 @@ def open_regular(path: str | Path, what: str, max_bytes: int | None = None) -> B
     if not stat.S_ISREG(info.st_mode):
         problem = "is not a regular file (a folder, a FIFO or a device)"
     elif max_bytes is not None and info.st_size > max_bytes:
-        problem = f"is {info.st_size:,} bytes, more than the {max_bytes:,} a {what} may be"
+        problem = f"is {info.st_size:,} bytes, over the limit of {max_bytes:,}"
     if problem is not None:
         os.close(fd)
         raise PgolfError(f"{what} {path} {problem}")

@@ -112,15 +112,15 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise PgolfError(f"checkpoint {path}: unsupported version {version}")
     if "sha256" not in meta:
         raise PgolfError(f"checkpoint {path}: has no checksum (damaged, or written before pgolf wrote one)")
+    expected = tensors_digest(tensors) if version == 1 else checkpoint_digest(tensors, meta)
+    if meta["sha256"] != expected:
+        raise PgolfError(f"checkpoint {path}: its content does not match its checksum (the file is damaged)")
     if version == 1:
         warnings.warn(
             f"checkpoint {path} was written before checkpoints covered their step, clock and data "
             "position with their checksum: only its tensors are checked",
             stacklevel=2,
         )
-    expected = tensors_digest(tensors) if version == 1 else checkpoint_digest(tensors, meta)
-    if meta["sha256"] != expected:
-        raise PgolfError(f"checkpoint {path}: its content does not match its checksum (the file is damaged)")
     _check_metadata(meta, path)
     try:
         check_finite(tensors)

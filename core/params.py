@@ -241,6 +241,11 @@ def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config
         # A name's layer index is checked before anything is sized by it (a damaged one reads
         # blocks.999999999): at most MAX_LAYERS, and no more layers than there are tensors.
         layers = 1 + max(_layer_index(n) for n in shapes if n.startswith("blocks."))
+        if layers > min(len(shapes), MAX_LAYERS):
+            raise PgolfError(
+                f"weights: a block index up to {layers - 1} among {len(shapes)} tensors "
+                f"(a model has at most {MAX_LAYERS} layers, each of several tensors)"
+            )
         heads = shapes["blocks.0.attn.q_gain"][0]
         kv_heads = shapes["blocks.0.attn.c_k.weight"][0] // (dim // heads)
         hidden = shapes["blocks.0.mlp.fc.weight"][0]
@@ -248,11 +253,6 @@ def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config
         raise PgolfError(
             "weights do not have the layout of pgolf's GPT (missing or malformed tensors)"
         ) from None
-    if layers > min(len(shapes), MAX_LAYERS):
-        raise PgolfError(
-            f"weights: a block index up to {layers - 1} among {len(shapes)} tensors "
-            f"(a model has at most {MAX_LAYERS} layers, each of several tensors)"
-        )
     mlp_mult = hidden / dim
     out = cfg.replace(
         vocab_size=vocab,
