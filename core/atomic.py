@@ -83,11 +83,11 @@ def remove_stale_temps(folder: str | Path) -> None:
 
 def _process_alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        os.kill(pid, 0)  # signal 0: nothing is sent, the process is only looked up
+    except (ProcessLookupError, OverflowError):
         return False
-    except (PermissionError, OverflowError):
-        return pid <= 2**31  # another user's process (or an absurd number: not one)
+    except PermissionError:
+        pass  # it exists, another user's
     return True
 
 

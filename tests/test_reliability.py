@@ -4,6 +4,7 @@ acceptance) before the fix it names."""
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import re
 import stat
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core import backend as backends
 from core import compress, loop, quant
 from core.atomic import write_atomic
 from core.backend import DeviceMemory, check_memory
@@ -36,7 +38,7 @@ from core.runs import RunDir
 from core.shards import find_shards, read_shard
 from core.tokenizer import load_tokenizer
 from core.verify import verify
-from tests.test_backends import make_backend, needs
+from tests.test_backends import BACKENDS, make_backend, needs
 from tests.test_checkpoint import make_checkpoint, rewrite_metadata
 from tests.test_cli import assert_one_line_error, cli
 
@@ -85,6 +87,14 @@ def test_the_published_configs_fit_an_80_gb_gpu_and_baseline_in_fp32_needs_more_
         check_memory(preset(name), H100)
     with pytest.raises(PgolfError, match=r"but the test laptop is 16\.0 GiB"):
         check_memory(preset("baseline"), DeviceMemory(16 * 2**30, "test laptop", gpu=False))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_each_backend_says_how_much_memory_its_device_has(name):
+    module = importlib.import_module(f"{backends.BACKENDS[name].package}.backend")
+    device = module.device_memory(preset("smoke"))
+    assert device.bytes > 2**28 and device.what
+    backends.check_config(name, preset("smoke"))  # what train and bench call
 
 
 def test_the_estimate_by_part():
