@@ -46,7 +46,7 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes files private; outputs are ordinary files
         os.replace(tmp, path)
-        sync_folder(path.parent)
+        sync(path.parent)
     except OSError as exc:
         raise PgolfError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
@@ -55,10 +55,10 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     return path
 
 
-def sync_folder(folder: str | Path) -> None:
-    """fsync a folder, so that a rename into it survives a power loss (where the system allows it)."""
+def sync(path: str | Path) -> None:
+    """fsync a file, or a folder so that a rename into it survives a power loss (where the system allows it)."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from core.atomic import make_dir, sync_folder, write_atomic
+from core.atomic import make_dir, sync, write_atomic
 from core.errors import PgolfError
 from core.shards import MAX_VOCAB, write_shard
 from core.tokenizer import load_tokenizer, train_tokenizer
@@ -160,7 +160,7 @@ def _move_into_place(stage: Path, root: Path, name: str, tok_name: str) -> Path:
     tokenizers = make_dir(root / "tokenizers")
     for suffix in (".model", ".vocab"):
         os.replace(stage / f"{tok_name}{suffix}", tokenizers / f"{tok_name}{suffix}")
-    sync_folder(tokenizers)
+    sync(tokenizers)
     datasets = make_dir(root / "datasets")
     out_dir, shards = datasets / name, datasets / f".{name}-{time.time_ns()}"
     (stage / "shards").rename(shards)
@@ -168,7 +168,7 @@ def _move_into_place(stage: Path, root: Path, name: str, tok_name: str) -> Path:
     if out_dir.is_dir() and not out_dir.is_symlink():  # a plain folder, from an older pgolf
         out_dir.rename(stage / "previous")  # the one moment without a dataset, once
     os.replace(stage / "link", out_dir)
-    sync_folder(datasets)
+    sync(datasets)
     for old in datasets.glob(f".{name}-*"):  # what the link no longer names
         if old != shards:
             shutil.rmtree(old, ignore_errors=True)
