@@ -58,30 +58,37 @@ def fuzz_payload(data, blob: bytes) -> bytes:
     )
 
 
-def read_back(load, path: Path, blob: bytes):
-    """What load(path) gives for a file holding `blob`, or None when it refused it as it must:
-    a PgolfError of one line naming the file. Anything else, or a hang, fails the test."""
-    path.write_bytes(blob)
+def run_within(seconds: float, fn, unblock=None) -> tuple[object, BaseException | None]:
+    """(fn()'s result, None) or (None, what it raised), failing the test when fn takes longer than
+    `seconds` (a hang, or a read that never ends); `unblock()` is then called to free it."""
     outcome: dict = {}
 
     def call() -> None:
         try:
-            outcome["value"] = load(path)
-        except PgolfError as exc:
-            outcome["refused"] = str(exc)
-        except BaseException as exc:  # reported below, in the test's thread
-            outcome["bug"] = exc
+            outcome["done"] = (fn(), None)
+        except BaseException as exc:  # handed to the test's thread
+            outcome["done"] = (None, exc)
 
     worker = threading.Thread(target=call, daemon=True)
     worker.start()
-    worker.join(HANG_SECONDS)
-    assert outcome, f"reading a damaged {path.name} took over {HANG_SECONDS} s"
-    if "bug" in outcome:
-        raise outcome["bug"]
-    if "refused" in outcome:
-        assert path.name in outcome["refused"] and "\n" not in outcome["refused"], outcome["refused"]
-        return None
-    return outcome["value"]
+    worker.join(seconds)
+    if worker.is_alive() and unblock is not None:
+        unblock()
+    assert "done" in outcome, f"still running after {seconds} s"
+    return outcome["done"]
+
+
+def read_back(load, path: Path, blob: bytes):
+    """What load(path) gives for a file holding `blob`, or None when it refused it as it must:
+    a PgolfError of one line naming the file. Anything else, or a hang, fails the test."""
+    path.write_bytes(blob)
+    value, error = run_within(HANG_SECONDS, lambda: load(path))
+    if error is None:
+        return value
+    if not isinstance(error, PgolfError):
+        raise error
+    assert path.name in str(error) and "\n" not in str(error), str(error)
+    return None
 
 
 # ------------------------------------------------------------ pgolf's int8 container
