@@ -298,13 +298,15 @@ def test_divergence_rules():
 
 
 @needs("cuda")
-def test_a_huge_learning_rate_stops_the_run(sotu_dataset, tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "DIVERGENCE_AFTER_STEPS", 3)
-    lrs = {k: 1e6 for k in ("matrix_lr", "scalar_lr", "tied_embed_lr", "embed_lr", "head_lr")}
-    cfg = sotu_dataset.config(out_dir=str(tmp_path), run_id="r", iterations=8, **lrs)
+def test_a_huge_learning_rate_stops_the_run(sotu_dataset, tmp_path):
+    """Muon at lr 1e6: the loss sits at ln(vocab) (the softcap keeps it finite) while the weights
+    explode; the old check let the run train on and fail only when quantizing them."""
+    cfg = sotu_dataset.config(out_dir=str(tmp_path), run_id="r", iterations=8, matrix_lr=1e6)
     backend = make_backend("cuda", cfg)
     try:
-        with pytest.raises(PgolfError, match="training diverged: .* at step [1-3];"):
+        with pytest.raises(
+            PgolfError, match=r"training diverged: the weights' RMS is [\d.e+]+ .* at step 1;"
+        ):
             loop.train(backend, log=lambda line: None)
     finally:
         backend.close()
