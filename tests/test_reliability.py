@@ -317,6 +317,7 @@ class Interrupt(BaseException):
     """Stands for a kill at one file operation."""
 
 
+@pytest.mark.slow  # ~4 s
 def test_an_interrupted_prepare_always_leaves_a_listed_dataset_whole(tmp_path, monkeypatch):
     """An interruption at each file operation of a second `data prepare` in turn (and of a first
     one): every dataset the manifest lists is present with its shards, and the next prepare works."""
@@ -416,6 +417,7 @@ def test_a_full_disk_while_logging_names_the_file(tmp_path):
 
 
 # ------------------------------------------------- 1, 2 and 3 through the command line
+@pytest.mark.slow  # ~4 s
 def test_the_reported_commands_end_with_one_line(tmp_path):
     checks = [
         (["train", "--seed", "-1"], "seed must be in 0..4294967295"),
