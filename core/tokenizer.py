@@ -29,9 +29,8 @@ def load_tokenizer(path: str | Path) -> spm.SentencePieceProcessor:
         raise PgolfError(f"tokenizer {path} does not exist (run: python cli.py data prepare)")
     if path.suffix != ".model":
         raise PgolfError(f"tokenizer {path} should be a SentencePiece .model file")
-    proto = read_file(
-        path, "tokenizer", MAX_TOKENIZER_BYTES
-    )  # unreadable is said as such, not as "not a model"
+    # Read here, so that an unreadable file is said to be one, not "not a SentencePiece model".
+    proto = read_file(path, "tokenizer", MAX_TOKENIZER_BYTES)
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(proto)
