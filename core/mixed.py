@@ -213,8 +213,8 @@ def save_mixed_artifact(
     return write_artifact(path, mixed_artifact_bytes(model, compressor, level, shuffle), compressor)
 
 
-def _parse_mixed(blob: bytes) -> MixedModel:
-    box = open_container(blob)
+def _parse_mixed(blob: bytes, source: Path) -> MixedModel:
+    box = open_container(blob, source)
     meta = box.meta
     if meta["format"] != MIXED_FORMAT:
         raise ValueError(f"format {meta['format']!r}, not the mixed-precision format {MIXED_FORMAT!r}")
@@ -297,7 +297,7 @@ def load_mixed_artifact(path: str | Path) -> MixedModel:
     path = Path(path)
     blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
     try:
-        return _parse_mixed(blob)
+        return _parse_mixed(blob, path)
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input

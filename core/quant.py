@@ -280,17 +280,19 @@ def is_container(blob: bytes) -> bool:
     return blob.startswith((MAGIC, MAGIC_V1))
 
 
-def open_container(blob: bytes) -> Container:
-    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged."""
+def open_container(blob: bytes, source: str | Path = "an artifact") -> Container:
+    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged.
+
+    `source` names the file in the warning an old container (without a checksum) gets."""
     if not is_container(blob):
         raise ValueError("not a pgolf container (no magic bytes)")
     if len(blob) <= len(MAGIC):
         raise ValueError("file ends after the magic bytes")
     if blob.startswith(MAGIC_V1):
         warnings.warn(
-            "an artifact written before pgolf's containers carried a checksum: damage to it cannot be "
-            "detected (export it again to add one)",
-            stacklevel=3,
+            f"{source} was written before pgolf's containers carried a checksum: damage to it cannot "
+            "be detected (export it again to add one)",
+            stacklevel=2,
         )
         payload, compressor, shuffle = compress.unpack(blob[len(MAGIC_V1) :])
     else:
@@ -336,8 +338,8 @@ def write_artifact(path: str | Path, blob: bytes, compressor: str) -> ArtifactIn
     return ArtifactInfo(write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), compressor)
 
 
-def _parse_pgolf(blob: bytes) -> Int8Model:
-    box = open_container(blob)
+def _parse_pgolf(blob: bytes, source: Path) -> Int8Model:
+    box = open_container(blob, source)
     meta = box.meta
     if meta["format"] != CONTAINER_FORMAT:
         raise ValueError(f"format {meta['format']!r}, not the int8 format {CONTAINER_FORMAT!r}")
@@ -448,7 +450,7 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
     try:
         if is_container(blob):
-            return _check(_parse_pgolf(blob))
+            return _check(_parse_pgolf(blob, path))
         raw = compress.decompress(blob, "zlib")
         if raw.startswith(b"PK"):  # a zip: what torch.save writes
             return _check(_parse_upstream_torch(raw, path))

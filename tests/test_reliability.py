@@ -40,7 +40,7 @@ from core.tokenizer import load_tokenizer
 from core.verify import verify
 from tests.test_backends import BACKENDS, make_backend, needs
 from tests.test_checkpoint import make_checkpoint, rewrite_metadata
-from tests.test_cli import assert_one_line_error, cli
+from tests.test_cli import assert_one_line_error, cli, data_flags
 from tests.test_fuzz import run_within
 
 H100 = DeviceMemory(80 * 2**30, "free memory of a test GPU", gpu=True)
@@ -426,3 +426,16 @@ def test_the_reported_commands_end_with_one_line(tmp_path):
     ]
     for args, fragment in checks:
         assert_one_line_error(cli(*args, "--backend", "cuda", "--data-path", str(tmp_path)), fragment)
+
+
+@pytest.mark.slow  # ~5 s: a CLI eval
+def test_an_artifact_without_a_checksum_is_scored_with_a_one_line_warning(sotu_dataset, tmp_path):
+    blob = quant.artifact_bytes(quant.quantize_int8(init_params(preset("smoke"))))
+    old = tmp_path / "old.pgolf"
+    old.write_bytes(quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    done = cli("eval", str(old), "--backend", "cuda", "--preset", "smoke", *data_flags(sotu_dataset))
+    assert done.returncode == 0 and "val_bpb:" in done.stdout, done.stderr
+    assert done.stderr.splitlines() == [
+        f"warning: {old} was written before pgolf's containers carried a checksum: damage to it cannot be "
+        "detected (export it again to add one)"
+    ]
