@@ -26,6 +26,7 @@ SEED_MAX = 2**32 - 1  # seeds in 0..SEED_MAX: a range numpy, torch and MLX all a
 # Far deeper than any model the 16 MB budget allows; it bounds the parameter table (and what an
 # artifact's tensor names may declare) before anything is built from it.
 MAX_LAYERS = 1024
+MAX_CONFIG_BYTES = 2**20  # a TOML file of every field is a few KB
 
 
 # Range rules of the numeric fields, checked by Config.validate.
@@ -496,10 +497,16 @@ def preset(name: str) -> Config:
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a flat TOML table of config fields; unknown keys are an error."""
+    """Read a flat TOML table of config fields; unknown keys are an error.
+
+    Any readable file will do (`--config <(...)` too), up to MAX_CONFIG_BYTES: /dev/zero is refused."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise PgolfError(f"config: {p} holds more than {MAX_CONFIG_BYTES:,} bytes: not a config file")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise PgolfError(f"config: file not found: {p}") from None
     except UnicodeDecodeError:

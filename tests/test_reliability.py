@@ -61,6 +61,11 @@ def test_seeds_out_of_range_are_refused_from_flags_env_and_toml(tmp_path, seed):
     assert load_toml(toml)["seed"] == int(seed)
 
 
+def test_a_config_file_that_never_ends_is_refused():
+    with pytest.raises(PgolfError, match="/dev/zero holds more than 1,048,576 bytes: not a config file"):
+        load_toml("/dev/zero")
+
+
 def test_the_ends_of_the_seed_range_are_accepted():
     for seed in (0, SEED_MAX):
         assert preset("smoke").replace(seed=seed).validate().seed == seed
