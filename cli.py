@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,6 +46,8 @@ data_app = typer.Typer(help="Datasets: build the embedded default corpus.", no_a
 app.add_typer(data_app, name="data")
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+# A warning (an artifact without a checksum, a pickle being opened) is one line too, not a source excerpt.
+warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
 
 DEFAULT_DATA = Config().data_path
 DATA_WAIT_S = 1800.0  # how long torchrun's other ranks wait for local rank 0 to prepare the default data
@@ -328,7 +331,8 @@ def eval_command(
         engine.load_params(params)
         with LiveProgress(engine.rank == 0) as live:
             for name, evaluator in evaluators(cfg).items():
-                meters[name] = evaluator(engine, data, live.tracker(name.replace("_", " ")))
+                meter = evaluator(engine, data, live.tracker(name.replace("_", " ")))
+                meters[name] = meter.require_finite(f"eval of {path} ({name})")
     if engine.rank == 0:
         for name, meter in meters.items():
             console.print(
@@ -498,9 +502,11 @@ def bench(
     import json
 
     from core.atomic import write_atomic
+    from core.backend import check_config
     from core.bench import benchmark
 
     cfg = _resolve(preset, config, overrides or {})
+    check_config(backend, cfg)
     with opened_backend(backend, cfg) as engine:
         result = benchmark(engine, steps=steps, warmup=warmup)
     if engine.rank != 0:

@@ -155,10 +155,10 @@ def format_budget(report: ExportReport) -> list[str]:
 def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | MixedModel:
     """Any artifact pgolf reads (see the module docstring); damage is one PgolfError line."""
     path = Path(path)
-    blob = read_file(path, "artifact")
-    if blob.startswith(quant.MAGIC):
+    blob = read_file(path, "artifact", quant.MAX_ARTIFACT_BYTES)
+    if quant.is_container(blob):
         try:
-            box = quant.open_container(blob)
+            box = quant.open_container(blob, path)
             if box.meta["format"] == mixed.MIXED_FORMAT:
                 return mixed.mixed_from_container(box)
             return quant.int8_from_container(box)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import numpy as np
 
 from core.config import Config
 from core.errors import PgolfError
+from core.params import memory_estimate
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,50 @@ def _module(info: BackendInfo) -> Any:
     return importlib.import_module(f"{info.package}.backend")
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """The memory one training process may fill, as its backend reports it."""
+
+    bytes: int
+    what: str  # e.g. "free memory of cuda:0", "physical RAM"
+    gpu: bool  # the compute dtype follows (bf16 by default on a GPU)
+    forward_tokens: int | None = None  # the largest batch one forward holds, when below a micro-batch
+
+
+def physical_ram() -> int | None:
+    """Bytes of RAM in this machine, if the system says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(cfg: Config, device: DeviceMemory | None) -> None:
+    """Refuse a training config whose estimated memory (core.params.memory_estimate) exceeds the device's."""
+    if not cfg.memory_check or device is None:
+        return
+    need = memory_estimate(cfg, cfg.uses_bf16(device.gpu), device.forward_tokens)
+    if need["total"] > device.bytes:
+
+        def gib(n: int) -> str:
+            return f"{n / 2**30:,.1f} GiB"
+
+        raise PgolfError(
+            f"config: training needs about {gib(need['total'])} per device (parameters and gradients "
+            f"{gib(need['params'])}, optimizer state {gib(need['optimizer'])}, activations "
+            f"{gib(need['activations'])}) but the {device.what} is {gib(device.bytes)}: lower model_dim, "
+            "num_layers or train_batch_tokens, or raise grad_accum_steps (--no-memory-check to try anyway)"
+        )
+
+
 def check_config(name: str, cfg: Config) -> None:
-    """The shared checks, then those of the backend's own options (before any data is prepared)."""
+    """The shared checks, those of the backend's own options, then the memory a training run needs
+    against the device's (before any data is prepared or anything is allocated)."""
     info = pick(name)
     cfg.validate()
-    _module(info).check_config(cfg)
+    module = _module(info)
+    module.check_config(cfg)
+    check_memory(cfg, module.device_memory(cfg))
 
 
 def create(name: str, cfg: Config) -> Backend:

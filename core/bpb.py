@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from core.errors import PgolfError
 from core.tokenizer import ByteTables
 
 
@@ -49,3 +50,12 @@ class BPBMeter:
     @property
     def val_bpb(self) -> float:
         return self.nats / math.log(2.0) / self.nbytes if self.nbytes else math.nan
+
+    def require_finite(self, what: str) -> BPBMeter:
+        """self, or a PgolfError naming `what` when the score is not a finite number."""
+        if not (math.isfinite(self.val_loss) and math.isfinite(self.val_bpb)):
+            raise PgolfError(
+                f"{what}: the score is not finite (val_loss {self.val_loss}, val_bpb {self.val_bpb}): "
+                "the weights give NaN or infinite losses"
+            )
+        return self

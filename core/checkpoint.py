@@ -3,14 +3,17 @@
 A checkpoint is one safetensors file: parameters under `param/<name>`, optimizer
 state under `opt/<key>` (the canonical layout of `core.backend`), and one JSON
 metadata entry with the config, the step, the training clock, the data
-position and a sha256 of the tensors (checked on load). Either backend can
-resume from a checkpoint the other wrote.
+position and a sha256 over the tensors and the rest of that metadata (checked on
+load; a file without it is refused). Version 1 files, whose sha256 covered the
+tensors alone, still load, with a warning. Either backend can resume from a
+checkpoint the other wrote.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,11 +23,13 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.atomic import read_file, write_atomic
+from core.atomic import open_regular, read_file, write_atomic
 from core.errors import PgolfError
+from core.quant import check_finite
 
 CHECKPOINT_FORMAT = "pgolf-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: the sha256 covers the metadata too; 1: the tensors alone
+MAX_CHECKPOINT_BYTES = 2**36  # 64 GiB: a checkpoint is read whole into memory
 
 
 @dataclass
@@ -49,6 +54,14 @@ def tensors_digest(tensors: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_digest(tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> str:
+    """sha256 over the tensors (`tensors_digest`) and the metadata but its "sha256", as canonical JSON."""
+    rest = {k: v for k, v in meta.items() if k != "sha256"}
+    digest = hashlib.sha256(tensors_digest(tensors).encode())
+    digest.update(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode())
+    return digest.hexdigest()
+
+
 def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
     path = Path(path)
     tensors = {f"param/{k}": np.require(v, requirements="C") for k, v in ckpt.params.items()}
@@ -62,8 +75,8 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
         "data_state": ckpt.data_state,
         "backend": ckpt.backend,
         "dtypes": ckpt.dtypes,
-        "sha256": tensors_digest(tensors),
     }
+    meta["sha256"] = checkpoint_digest(tensors, meta)
     blob = st_save(tensors, metadata={"pgolf": json.dumps(meta, sort_keys=True, separators=(",", ":"))})
     write_atomic(path, blob)
     return path
@@ -72,19 +85,19 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
 def is_checkpoint(path: str | Path) -> bool:
     """Cheap sniff: a safetensors header whose metadata names our checkpoint format."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "checkpoint") as f:
             head = f.read(8)
             if len(head) < 8:
                 return False
             n = int.from_bytes(head, "little")
             return n < 100_000_000 and CHECKPOINT_FORMAT.encode() in f.read(min(n, 1_000_000))
-    except OSError:
+    except (OSError, PgolfError):
         return False
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
-    blob = read_file(path, "checkpoint")
+    blob = read_file(path, "checkpoint", MAX_CHECKPOINT_BYTES)
     try:
         tensors = st_load(blob)
         n = int.from_bytes(blob[:8], "little")
@@ -94,12 +107,25 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint (corrupt or wrong file)") from None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint")
-    if meta.get("version") != CHECKPOINT_VERSION:
-        raise PgolfError(f"checkpoint {path}: unsupported version {meta.get('version')}")
+    version = meta.get("version")
+    if version not in (1, CHECKPOINT_VERSION):
+        raise PgolfError(f"checkpoint {path}: unsupported version {version}")
+    if "sha256" not in meta:
+        raise PgolfError(f"checkpoint {path}: has no checksum (damaged, or written before pgolf wrote one)")
+    expected = tensors_digest(tensors) if version == 1 else checkpoint_digest(tensors, meta)
+    if meta["sha256"] != expected:
+        raise PgolfError(f"checkpoint {path}: its content does not match its checksum (the file is damaged)")
+    if version == 1:
+        warnings.warn(
+            f"checkpoint {path} was written before checkpoints covered their step, clock and data "
+            "position with their checksum: only its tensors are checked",
+            stacklevel=2,
+        )
     _check_metadata(meta, path)
-    # Written since the digest was added; a changed byte in any tensor no longer passes unseen.
-    if "sha256" in meta and meta["sha256"] != tensors_digest(tensors):
-        raise PgolfError(f"checkpoint {path}: its tensors do not match their checksum (the file is damaged)")
+    try:
+        check_finite(tensors)
+    except ValueError as exc:
+        raise PgolfError(f"checkpoint {path}: {exc}") from None
     params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
     optimizer = {k.removeprefix("opt/"): v for k, v in tensors.items() if k.startswith("opt/")}
     return Checkpoint(

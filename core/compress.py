@@ -9,6 +9,10 @@ b"BSHF" + one byte holding the stride, then the bytes at positions 0, s, 2s, ...
 then those at 1, 1+s, ..., and so on. With stride 2, the low bytes of every fp16
 scale come together, and so do the high ones, which compress better. Data shorter
 than the stride (or a stride below 2) is returned unchanged, without a header.
+
+Decompression trusts nothing: the output may be at most MAX_OUTPUT_BYTES (a small file
+that would inflate past it is refused as it is read), the data must end exactly where its
+stream ends, and a stream cut short is refused.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
 
 SHUFFLE_MAGIC = b"BSHF"
 SHUFFLE_FLAG = 0x80  # set in the container's id byte when the payload was byte-shuffled
+MAX_OUTPUT_BYTES = 2**32  # the most any decompression may give (a record's int6 payload is ~30 MB)
 
 
 def _brotli() -> Any:
@@ -62,15 +67,56 @@ def _zstd() -> Any:
     return zstandard
 
 
+def _too_large(out: bytes, name: str) -> None:
+    if len(out) > MAX_OUTPUT_BYTES:
+        raise ValueError(f"{name} data decompresses to more than {MAX_OUTPUT_BYTES:,} bytes")
+
+
+def _stream(name: str, make: Callable[[], Any]) -> Callable[[bytes], bytes]:
+    """Decompression by a zlib/lzma/bz2-style decoder object: bounded, whole, nothing after the end."""
+
+    def run(data: bytes) -> bytes:
+        decoder = make()
+        out = decoder.decompress(data, MAX_OUTPUT_BYTES + 1)
+        _too_large(out, name)
+        if not decoder.eof:
+            raise ValueError(f"{name} data ends before the end of its stream")
+        if decoder.unused_data:
+            raise ValueError(f"bytes after the end of the {name} stream")
+        return out
+
+    return run
+
+
+def _brotli_decompress(data: bytes) -> bytes:
+    decoder = _brotli().Decompressor()
+    try:
+        out = decoder.process(data, output_buffer_limit=MAX_OUTPUT_BYTES + 1)
+    except TypeError:  # brotli 1.1 has no output limit
+        out = decoder.process(data)
+    _too_large(out, "brotli")
+    if not decoder.is_finished():
+        raise ValueError("brotli data ends before the end of its stream")
+    return out
+
+
 def _zstd_decompress(data: bytes) -> bytes:
-    # A stream decoder: it does not trust (and allocate) the size a damaged frame header claims.
-    decoder = _zstd().ZstdDecompressor().decompressobj()
+    # Stream decoders: they do not trust (and allocate) the size a damaged frame header claims.
+    zstd = _zstd().ZstdDecompressor()
+    with zstd.stream_reader(data, read_across_frames=False) as reader:
+        _too_large(reader.read(MAX_OUTPUT_BYTES + 1), "zstd")
+    decoder = zstd.decompressobj()
     out = decoder.decompress(data)
     if not decoder.eof:
         raise ValueError("zstd data ends before the end of its frame")
     if decoder.unused_data:
         raise ValueError("bytes after the end of the zstd frame")
     return out
+
+
+def _none_decompress(data: bytes) -> bytes:
+    _too_large(data, "uncompressed")
+    return bytes(data)
 
 
 @dataclass(frozen=True)
@@ -86,13 +132,19 @@ class Compressor:
 COMPRESSORS: dict[str, Compressor] = {
     c.name: c
     for c in (
-        Compressor("none", 0, None, None, lambda data, level: data, bytes),
-        Compressor("zlib", 1, 9, range(0, 10), lambda d, lv: zlib.compress(d, lv), zlib.decompress),
-        Compressor("lzma", 2, 9, range(0, 10), lambda d, lv: lzma.compress(d, preset=lv), lzma.decompress),
-        Compressor("bz2", 3, 9, range(1, 10), lambda d, lv: bz2.compress(d, lv), bz2.decompress),
+        Compressor("none", 0, None, None, lambda data, level: data, _none_decompress),
         Compressor(
-            "brotli", 4, 11, range(0, 12),
-            lambda d, lv: _brotli().compress(d, quality=lv), lambda d: _brotli().decompress(d),
+            "zlib", 1, 9, range(0, 10), lambda d, lv: zlib.compress(d, lv), _stream("zlib", zlib.decompressobj)
+        ),
+        Compressor(
+            "lzma", 2, 9, range(0, 10),
+            lambda d, lv: lzma.compress(d, preset=lv), _stream("lzma", lzma.LZMADecompressor),
+        ),
+        Compressor(
+            "bz2", 3, 9, range(1, 10), lambda d, lv: bz2.compress(d, lv), _stream("bz2", bz2.BZ2Decompressor)
+        ),
+        Compressor(
+            "brotli", 4, 11, range(0, 12), lambda d, lv: _brotli().compress(d, quality=lv), _brotli_decompress
         ),
         Compressor(
             "zstd", 5, 22, range(1, 23),

@@ -23,6 +23,12 @@ from core.shards import MAX_VOCAB, TRAIN_LOADERS
 # Upstream spellings that are not simply FIELD.upper().
 ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
 
+SEED_MAX = 2**32 - 1  # seeds in 0..SEED_MAX: a range numpy, torch and MLX all accept
+# Far deeper than any model the 16 MB budget allows; it bounds the parameter table (and what an
+# artifact's tensor names may declare) before anything is built from it.
+MAX_LAYERS = 1024
+MAX_CONFIG_BYTES = 2**20  # a TOML file of every field is a few KB
+
 
 # Range rules of the numeric fields, checked by Config.validate.
 POSITIVE_FIELDS = (
@@ -72,7 +78,7 @@ class Config:
     tokenizer_path: str = opt("data/tokenizers/sotu_1024_bpe.model", "SentencePiece model used for BPB")
     run_id: str = opt("", "name of the run directory under out_dir; empty = timestamp")
     out_dir: str = opt("runs", "where run directories are created")
-    seed: int = opt(1337, "seeds the numpy initialisation (identical weights in both backends)")
+    seed: int = opt(1337, "seeds the numpy initialisation (identical weights in both backends); 0..2^32-1")
 
     # --- training length and batch ---
     iterations: int = opt(20_000, "optimizer steps (the wallclock cap may stop earlier)")
@@ -205,6 +211,9 @@ class Config:
     collective_timeout_seconds: float = opt(
         300.0, "PyTorch, several ranks: a collective waiting longer fails the job; 0 = torch's 10-30 min"
     )
+    memory_check: bool = opt(
+        True, "refuse to train when the estimated memory per device exceeds the device's (off: try anyway)"
+    )
 
     # ------------------------------------------------------------------ derived
     @property
@@ -256,7 +265,11 @@ class Config:
         ):
             for name in names:
                 require(ok(getattr(self, name)), f"{name} {rule}, got {getattr(self, name)}")
+        require(0 <= self.seed <= SEED_MAX, f"seed must be in 0..{SEED_MAX} (2^32 - 1), got {self.seed}")
         require(self.vocab_size <= MAX_VOCAB, f"vocab_size must fit uint16 shards (<= {MAX_VOCAB})")
+        require(
+            self.num_layers <= MAX_LAYERS, f"num_layers must be at most {MAX_LAYERS}, got {self.num_layers}"
+        )
         require(
             self.model_dim % self.num_heads == 0,
             f"num_heads={self.num_heads} must divide model_dim={self.model_dim}",
@@ -568,10 +581,16 @@ def preset(name: str) -> Config:
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a flat TOML table of config fields; unknown keys are an error."""
+    """Read a flat TOML table of config fields; unknown keys are an error.
+
+    Any readable file will do (`--config <(...)` too), up to MAX_CONFIG_BYTES: /dev/zero is refused."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise PgolfError(f"config: {p} holds more than {MAX_CONFIG_BYTES:,} bytes: not a config file")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise PgolfError(f"config: file not found: {p}") from None
     except UnicodeDecodeError:

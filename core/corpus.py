@@ -10,6 +10,11 @@ export, validation documents come first and each document is `[bos] + ids`.
 
 The tokenizer is trained on the training speeches only (split into paragraphs).
 The same command gives byte-identical tokenizer and shards.
+
+On disk, `datasets/<name>` is a symbolic link to the folder of shards, `datasets/.<name>-<n>`:
+a new dataset is built aside, then the link is replaced in one rename, and only then is the
+manifest updated. An interruption at any moment (kill -9, power loss) leaves `datasets/<name>`
+the old dataset or the new one, whole, and the manifest never lists a dataset that is absent.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import importlib.util
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +31,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from core.atomic import make_dir, write_atomic
+from core.atomic import make_dir, sync, write_atomic
 from core.errors import PgolfError
 from core.shards import MAX_VOCAB, write_shard
 from core.tokenizer import load_tokenizer, train_tokenizer
@@ -149,17 +155,23 @@ def merge_manifest(root: Path, dataset: dict[str, Any], tokenizer: dict[str, Any
 def _move_into_place(stage: Path, root: Path, name: str, tok_name: str) -> Path:
     """Swap the staged tokenizer, then the staged shards, in for any older ones; return the tokenizer path.
 
-    The shards' folder comes last: once it exists the dataset is whole (torchrun's other ranks wait for it).
+    The shards' link comes last: once it exists the dataset is whole (torchrun's other ranks wait for it).
     """
     tokenizers = make_dir(root / "tokenizers")
     for suffix in (".model", ".vocab"):
         os.replace(stage / f"{tok_name}{suffix}", tokenizers / f"{tok_name}{suffix}")
-    out_dir = root / "datasets" / name
-    make_dir(out_dir.parent)
-    old = stage / "previous"
-    if out_dir.exists():
-        out_dir.rename(old)
-    (stage / "shards").rename(out_dir)
+    sync(tokenizers)
+    datasets = make_dir(root / "datasets")
+    out_dir, shards = datasets / name, datasets / f".{name}-{time.time_ns()}"
+    (stage / "shards").rename(shards)
+    os.symlink(shards.name, stage / "link")  # relative: the data folder may be moved elsewhere
+    if out_dir.is_dir() and not out_dir.is_symlink():  # a plain folder, from an older pgolf
+        out_dir.rename(stage / "previous")  # the one moment without a dataset, once
+    os.replace(stage / "link", out_dir)
+    sync(datasets)
+    for old in datasets.glob(f".{name}-*"):  # what the link no longer names
+        if old != shards:
+            shutil.rmtree(old, ignore_errors=True)
     return tokenizers / f"{tok_name}.model"
 
 
@@ -186,8 +198,11 @@ def prepare_sotu(
     name, tok_name = f"sotu_sp{vocab_size}", f"sotu_{vocab_size}_bpe"
     out_dir = root / "datasets" / name
     # Everything is built in a staging folder and moved into place only when complete:
-    # an interrupted or failed run leaves the previous dataset as it was.
-    stage = make_dir(root / f".staging-{name}")
+    # an interrupted or failed run leaves the previous dataset as it was (and its staging
+    # folder, when killed, which the next run clears first).
+    stage = root / f".staging-{name}"
+    shutil.rmtree(stage, ignore_errors=True)
+    make_dir(stage)
     try:
         say(f"training a {vocab_size}-piece BPE tokenizer on {len(train_files)} speeches")
         staged_model = train_tokenizer(

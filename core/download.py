@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from core.atomic import make_dir
+from core.atomic import make_dir, sync
 from core.corpus import merge_manifest, read_manifest
 from core.errors import PgolfError
 from core.shards import read_shard_header
@@ -217,7 +217,9 @@ def _fetch_one(fetch: Fetch, remote: str, dest: Path, is_shard: bool) -> None:
                 # Name the file the user knows, not the staging file.
                 reason = str(exc).replace(str(staging), str(dest))
                 raise PgolfError(f"download of {remote} is corrupt: {reason}") from None
+        sync(staging)  # on disk before the rename, and the rename after it
         os.replace(staging, dest)
+        sync(dest.parent)
     finally:
         staging.unlink(missing_ok=True)
 

@@ -56,6 +56,14 @@ from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 Log = Callable[[str], None]
 Progress = Callable[[int, int], None]  # (done, total) of something long
 
+# A run has diverged, and stops with an error, when a logged training loss is not finite, when it is
+# above ln(vocab_size) (the loss of predicting every token as equally likely, where a fresh model
+# starts) at a step past DIVERGENCE_AFTER_STEPS, or when the RMS of all weights passes
+# WEIGHT_RMS_LIMIT (fresh weights are ~0.03, trained ones stay well below 1; beyond the limit
+# float16, the artifact's format, is a few steps from overflowing).
+DIVERGENCE_AFTER_STEPS = 100
+WEIGHT_RMS_LIMIT = 1e3
+
 
 @dataclass
 class EvalData:
@@ -530,9 +538,10 @@ class Training:
         """The training log line; the loss is averaged over ranks, so every rank stops alike on divergence."""
         cfg, backend = self.cfg, self.backend
         loss_value = float(backend.all_reduce_sum(np.array([float(loss)]))[0]) / backend.world_size
-        if not math.isfinite(loss_value):
+        problem = divergence(cfg, self.step, loss_value, backend.params)
+        if problem is not None:
             raise PgolfError(
-                f"training diverged: train_loss is {loss_value} at step {self.step}; "
+                f"training diverged: {problem} at step {self.step}; "
                 f"lower the learning rates (the log is in {self.run.path})"
             )
         elapsed_ms = self.clock.ms()  # after the loss sync, so the step time is honest
@@ -579,6 +588,25 @@ class Training:
                 f"training cap {1000 * cfg.train_cap_seconds:.0f}ms"
             )
         self.say(f"run_dir:{self.run.path}")
+
+
+def divergence(
+    cfg: Config, step: int, loss: float, params: Callable[[], dict[str, np.ndarray]]
+) -> str | None:
+    """Why a run has diverged (see DIVERGENCE_AFTER_STEPS), or None; `params` is read only when the
+    loss looks sane. The weights are the same on every rank, so every rank decides alike."""
+    uniform = math.log(cfg.vocab_size)
+    if not math.isfinite(loss):
+        return f"train_loss is {loss}"
+    if step >= DIVERGENCE_AFTER_STEPS and loss > uniform:
+        return f"train_loss {loss:.4f} is above {uniform:.4f}, the loss of predicting every token as equally likely"
+    weights = params().values()
+    rms = math.sqrt(
+        sum(float(np.square(w, dtype=np.float64).sum()) for w in weights) / sum(w.size for w in weights)
+    )
+    if rms > WEIGHT_RMS_LIMIT:
+        return f"the weights' RMS is {rms:.3g} (the limit is {WEIGHT_RMS_LIMIT:g})"
+    return None
 
 
 def train(

@@ -37,11 +37,13 @@ from core.quant import (
     BUDGET_BYTES,
     FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
+    MAX_ARTIFACT_BYTES,
     ArtifactInfo,
     Container,
     Int8Model,
     _check_float16_range,
     _in_dtype,
+    check_finite,
     container_bytes,
     open_container,
     write_artifact,
@@ -282,6 +284,7 @@ def check_mixed(model: MixedModel) -> MixedModel:
                 raise ValueError(f"{name}: stored as {t.dtype}, described as raw {dtype!r}")
         elif t.dtype != np.dtype(np.float16 if store == "fp16" else np.float32) or dtype not in FLOAT_BYTES:
             raise ValueError(f"{name}: stored as {t.dtype}, described as {store} of {dtype!r}")
+    check_finite(model.passthrough)
     return model
 
 
@@ -313,9 +316,9 @@ def _check_quantized(name: str, info: dict[str, Any], model: MixedModel) -> None
 def load_mixed_artifact(path: str | Path) -> MixedModel:
     """Read a mixed-precision artifact; any damage is one PgolfError line naming the file."""
     path = Path(path)
-    blob = read_file(path, "artifact")
+    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
     try:
-        return mixed_from_container(open_container(blob))
+        return mixed_from_container(open_container(blob, path))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input

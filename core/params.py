@@ -15,11 +15,12 @@ The names are the challenge scripts' state-dict keys (the key set of an artifact
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from core.config import Config
+from core.config import MAX_LAYERS, Config
 from core.errors import PgolfError
 
 KINDS = ("embedding", "attention", "mlp", "other", "control")  # artifact classes
@@ -38,7 +39,7 @@ class ParamSpec:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # Python ints: no overflow, however absurd the config
 
 
 def _matrix(rows: int, cols: int, kind: str, zero: bool = False) -> ParamSpec:
@@ -194,6 +195,31 @@ def flops_per_token(cfg: Config) -> float:
     return 6.0 * matmul + 6.0 * cfg.num_layers * cfg.model_dim * cfg.train_seq_len
 
 
+def memory_estimate(cfg: Config, bf16: bool, forward_tokens: int | None = None) -> dict[str, int]:
+    """Bytes one device needs to train `cfg`, a rough lower estimate, by part:
+
+    - "params": the parameters and their gradients, fp32 (4 + 4 bytes each);
+    - "optimizer": the optimizer state of `optimizer_state_shapes`, fp32;
+    - "activations": what one micro-batch keeps for its backward pass. `forward_tokens` tokens
+      (at most a micro-batch, train_batch_tokens // grad_accum_steps) times, per layer visited,
+      12 x model_dim + 3 x MLP width values in the compute dtype (2 bytes in bf16, else 4),
+      plus 3 x vocab_size fp32 values for the logits, their softmax and its gradient.
+    Workspaces, compile caches and fragmentation come on top: a run refused by this estimate
+    cannot fit, one that passes may still not.
+    """
+    params = count_params(cfg)
+    optimizer = sum(math.prod(shape) for shape in optimizer_state_shapes(cfg).values())
+    tokens = cfg.train_batch_tokens // cfg.grad_accum_steps
+    tokens = min(tokens, forward_tokens) if forward_tokens else tokens
+    visits = cfg.num_layers + (
+        cfg.num_loops * (cfg.loop_end - cfg.loop_start + 1) if cfg.num_loops > 0 else 0
+    )
+    per_token = visits * (12 * cfg.model_dim + 3 * mlp_hidden(cfg)) * (2 if bf16 else 4)
+    per_token += 3 * cfg.vocab_size * 4
+    parts = {"params": 8 * params, "optimizer": 4 * optimizer, "activations": tokens * per_token}
+    return parts | {"total": sum(parts.values())}
+
+
 def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> None:
     """Refuse tensors that are not exactly the configured model's parameters, naming the first mismatch."""
     expected = param_shapes(cfg)
@@ -217,7 +243,14 @@ def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config
     """
     try:
         vocab, dim = shapes["tok_emb.weight"]
-        layers = 1 + max(int(n.split(".")[1]) for n in shapes if n.startswith("blocks."))
+        # A name's layer index is checked before anything is sized by it (a damaged one reads
+        # blocks.999999999): at most MAX_LAYERS, and no more layers than there are tensors.
+        layers = 1 + max(_layer_index(n) for n in shapes if n.startswith("blocks."))
+        if layers > min(len(shapes), MAX_LAYERS):
+            raise PgolfError(
+                f"weights: a block index up to {layers - 1} among {len(shapes)} tensors "
+                f"(a model has at most {MAX_LAYERS} layers, each of several tensors)"
+            )
         heads = shapes["blocks.0.attn.q_gain"][0]
         kv_heads = shapes["blocks.0.attn.c_k.weight"][0] // (dim // heads)
         hidden = shapes["blocks.0.mlp.fc.weight"][0]
@@ -225,8 +258,6 @@ def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config
         raise PgolfError(
             "weights do not have the layout of pgolf's GPT (missing or malformed tensors)"
         ) from None
-    if layers > len(shapes):  # a damaged name like blocks.999999999 must not size the model
-        raise PgolfError(f"weights: a block index up to {layers - 1} among only {len(shapes)} tensors")
     mlp_mult = hidden / dim
     out = cfg.replace(
         vocab_size=vocab,
@@ -239,3 +270,11 @@ def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config
     )
     check_layout(out, shapes, "weights")
     return out
+
+
+def _layer_index(name: str) -> int:
+    """The N of "blocks.N.…"; ValueError when it is not a plain decimal number."""
+    part = name.split(".")[1] if name.count(".") >= 2 else ""
+    if not (part.isascii() and part.isdigit()):
+        raise ValueError(f"layer index of {name!r}")
+    return int(part)

@@ -11,16 +11,21 @@ challenge's torch script computes it:
 - other large tensors: int8 with one fp32 scale (clip/127, or 1 when clip is 0).
 
 pgolf's container holds no pickle. Layout:
-    MAGIC (b"PGOLF-INT8\\x00") | 1 byte compressor id | compressed bytes
+    MAGIC (b"PGOLF-INT8\\x01") | 1 byte compressor id | compressed payload | sha256 of the payload
 (ids in core/compress.py: 0 none, 1 zlib, 2 lzma, 3 bz2, 4 brotli, 5 zstd; bit 0x80
-set when the payload was byte-shuffled first) where the payload is a safetensors
-file (readable with numpy alone) with
+set when the payload was byte-shuffled first; the checksum is the 32 raw bytes of the
+digest of the payload before compression, so any change to what the container holds
+is refused) where the payload is a safetensors file (readable with numpy alone) with
 tensors `q/<name>` (int8 values), `s/<name>` (scales: fp16 per row, or a 0-d fp32)
 and `p/<name>` (passed through), and one metadata entry "pgolf" holding canonical
 JSON: format, version, quant_format, dtypes, passthrough_orig_dtypes, qmeta. The
 same weights always give the same bytes, whatever order they come in. The same
 container holds core/mixed.py's mixed-precision format (another "format" in its
 metadata).
+
+Containers written before the checksum (MAGIC_V1, b"PGOLF-INT8\\x00", the same layout
+without the trailing digest) are still read, with a warning. A file may be at most
+MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES.
 
 The challenge's torch container (`torch.save` + zlib) is read and written too; its
 MLX container (a pickle) is read only when explicitly allowed: unpickling can run code.
@@ -68,7 +73,10 @@ __all__ = [
 QUANT_FORMAT = "int8_clean_per_row_v1"
 CONTAINER_FORMAT = "pgolf-int8"
 CONTAINER_VERSION = 1
-MAGIC = b"PGOLF-INT8\x00"
+MAGIC = b"PGOLF-INT8\x01"  # the container with the payload's checksum
+MAGIC_V1 = b"PGOLF-INT8\x00"  # the first container: no checksum
+DIGEST_BYTES = 32  # sha256
+MAX_ARTIFACT_BYTES = 2**30  # 1 GiB, 67 times the challenge's whole budget: anything larger is not an artifact
 META_KEY = "pgolf"
 KEEP_FLOAT_MAX_NUMEL = 65_536
 CLIP_QUANTILE = 99.99984 / 100.0
@@ -257,7 +265,7 @@ def container_bytes(
         {k: np.require(v, requirements="C") for k, v in tensors.items()},
         metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))},
     )
-    return MAGIC + compress.pack(payload, compressor, level, shuffle)
+    return MAGIC + compress.pack(payload, compressor, level, shuffle) + hashlib.sha256(payload).digest()
 
 
 @dataclass(frozen=True)
@@ -268,13 +276,31 @@ class Container:
     shuffle: int  # byte-shuffle stride, 0 for none
 
 
-def open_container(blob: bytes) -> Container:
-    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged."""
-    if not blob.startswith(MAGIC):
+def is_container(blob: bytes) -> bool:
+    return blob.startswith((MAGIC, MAGIC_V1))
+
+
+def open_container(blob: bytes, source: str | Path = "an artifact") -> Container:
+    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged.
+
+    `source` names the file in the warning an old container (without a checksum) gets."""
+    if not is_container(blob):
         raise ValueError("not a pgolf container (no magic bytes)")
     if len(blob) <= len(MAGIC):
         raise ValueError("file ends after the magic bytes")
-    payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) :])
+    if blob.startswith(MAGIC_V1):
+        warnings.warn(
+            f"{source} was written before pgolf's containers carried a checksum: damage to it cannot "
+            "be detected (export it again to add one)",
+            stacklevel=2,
+        )
+        payload, compressor, shuffle = compress.unpack(blob[len(MAGIC_V1) :])
+    else:
+        if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
+            raise ValueError("file ends before its checksum")
+        payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
+        if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
+            raise ValueError("its content does not match its checksum (the file is damaged)")
     tensors = st_load(payload)
     header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
     meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
@@ -404,20 +430,28 @@ def _check(model: Int8Model) -> Int8Model:
     for name, t in model.passthrough.items():
         if not isinstance(t, np.ndarray) or t.dtype.kind not in "biuf":
             raise ValueError(f"{name}: passed-through value is not a numeric array")
+    check_finite({**model.scales, **model.passthrough})
     for name, dtype in model.passthrough_orig_dtypes.items():
         if dtype not in FLOAT_BYTES:
             raise ValueError(f"{name} has unknown dtype {dtype!r}")
     return model
 
 
+def check_finite(arrays: dict[str, np.ndarray]) -> None:
+    """ValueError naming the first float array holding a NaN or an infinity (weights never do)."""
+    for name, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"{name} holds NaN or infinite values")
+
+
 def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     """Read pgolf's container, or the challenge's torch (or, if allowed, MLX pickle) container."""
     path = Path(path)
-    blob = read_file(path, "artifact")
+    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
     try:
-        if blob.startswith(MAGIC):
-            return int8_from_container(open_container(blob))
-        raw = zlib.decompress(blob)
+        if is_container(blob):
+            return int8_from_container(open_container(blob, path))
+        raw = compress.decompress(blob, "zlib")
         if raw.startswith(b"PK"):  # a zip: what torch.save writes
             return _check(_parse_upstream_torch(raw, path))
         if raw[:1] == b"\x80":  # a pickle's protocol opcode: the upstream MLX script's container

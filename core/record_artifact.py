@@ -19,9 +19,7 @@ imported here, lazily, and only for this.
 from __future__ import annotations
 
 import io
-import lzma
 import re
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,7 @@ from core import compress
 from core.atomic import read_file
 from core.errors import PgolfError
 from core.mixed import CLASSES, MixedModel, check_mixed
-from core.quant import CLIP_QUANTILE, FLOAT_BYTES
+from core.quant import CLIP_QUANTILE, FLOAT_BYTES, MAX_ARTIFACT_BYTES
 from core.rowquant import Clip
 
 __all__ = ["decompress_record_blob", "load_record_artifact"]
@@ -43,13 +41,14 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 def decompress_record_blob(blob: bytes) -> bytes:
     """The torch.save bytes inside a record's .ptz: xz, zstd or zlib by their magic, else brotli; unshuffled."""
     if blob.startswith(_XZ_MAGIC):
-        raw = lzma.decompress(blob)
+        name = "lzma"
     elif blob.startswith(_ZSTD_MAGIC):
-        raw = compress.decompress(blob, "zstd")
+        name = "zstd"
     elif len(blob) >= 2 and blob[0] & 0x0F == 8 and (blob[0] * 256 + blob[1]) % 31 == 0:
-        raw = zlib.decompress(blob)
+        name = "zlib"
     else:
-        raw = compress.decompress(blob, "brotli")
+        name = "brotli"
+    raw = compress.decompress(blob, name)
     return compress.byte_unshuffle(raw)  # the record's reader: unshuffle when the header is there
 
 
@@ -152,7 +151,7 @@ def load_record_artifact(
     for name, dtype in orig_dtypes.items():
         if dtype not in FLOAT_BYTES:
             raise PgolfError(f"{name}: dtype {dtype!r} is not one of {', '.join(FLOAT_BYTES)}")
-    blob = read_file(path, "artifact")
+    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
     try:
         raw = decompress_record_blob(blob)
         if not raw.startswith(b"PK"):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.atomic import make_dir, write_atomic
+from core.atomic import append_line, make_dir, remove_stale_temps, write_atomic
 from core.errors import PgolfError
 
 # The fields each kind of record must hold as numbers (other kinds are kept as they are).
@@ -44,6 +44,8 @@ class RunDir:
         if not reuse and (self.path / "config.json").exists():
             raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
         make_dir(self.path / "checkpoints", "run directory")
+        for folder in (self.path, self.path / "checkpoints"):  # a killed run's temp files, when resuming it
+            remove_stale_temps(folder)
 
     def artifact(self, label: str = "int8") -> Path:
         return self.path / f"final_model.{label}.pgolf"
@@ -57,13 +59,11 @@ class RunDir:
 
     def metric(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            append_line(self.path / "metrics.jsonl", json.dumps(record))
 
     def log_line(self, line: str) -> None:
         if self.enabled:
-            with open(self.path / "train.log", "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            append_line(self.path / "train.log", line)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

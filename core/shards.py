@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from core.atomic import write_atomic
+from core.atomic import open_regular, write_atomic
 from core.errors import PgolfError
 
 SHARD_MAGIC = 20240520
@@ -46,8 +47,8 @@ def read_shard_header(path: str | Path) -> int:
     """Validate a shard's header and size; return its token count."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_regular(path, "shard") as f:
+            size = os.fstat(f.fileno()).st_size
             raw = f.read(HEADER_BYTES)
     except OSError as exc:
         raise PgolfError(f"shard {path}: cannot read ({exc.strerror})") from None
@@ -85,6 +86,10 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
     folder = Path(data_path)
     if not folder.is_dir():
         raise PgolfError(f"dataset folder {folder} does not exist (run: python cli.py data prepare)")
+    try:
+        os.listdir(folder)  # glob finds nothing in a folder it may not list: say so instead
+    except OSError as exc:
+        raise PgolfError(f"dataset folder {folder}: cannot read ({exc.strerror or exc})") from None
     files = sorted(folder.glob(f"fineweb_{split}_*.bin"))
     if not files:
         raise PgolfError(f"no fineweb_{split}_*.bin shards in {folder}")

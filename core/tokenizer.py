@@ -16,21 +16,24 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from core.atomic import write_atomic
+from core.atomic import read_file, write_atomic
 from core.errors import PgolfError
 
 SPACE = "\u2581"  # the "▁" SentencePiece writes for a space
+MAX_TOKENIZER_BYTES = 2**28  # 256 MiB; a 65,536-piece model is a few MB
 
 
 def load_tokenizer(path: str | Path) -> spm.SentencePieceProcessor:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise PgolfError(f"tokenizer {path} does not exist (run: python cli.py data prepare)")
     if path.suffix != ".model":
         raise PgolfError(f"tokenizer {path} should be a SentencePiece .model file")
+    # Read here, so that an unreadable file is said to be one, not "not a SentencePiece model".
+    proto = read_file(path, "tokenizer", MAX_TOKENIZER_BYTES)
     sp = spm.SentencePieceProcessor()
     try:
-        sp.Load(str(path))
+        sp.LoadFromSerializedProto(proto)
     except (OSError, RuntimeError):
         raise PgolfError(f"tokenizer {path} is not a SentencePiece model") from None
     return sp

@@ -65,7 +65,10 @@ def verify(
         backend = make(cfg)
         try:
             backend.load_params(params)
-            meters = {kind: evaluator(backend, data, None) for kind, evaluator in evaluators(cfg).items()}
+            meters = {
+                kind: evaluator(backend, data, None).require_finite(f"the {name} backend's {kind} score")
+                for kind, evaluator in evaluators(cfg).items()
+            }
             plain, sliding = meters["plain"], meters.get("sliding_window")
             scores.append(
                 BackendScore(

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from core.backend import DeviceMemory, physical_ram
 from core.config import Config
 from core.errors import PgolfError
 from core.params import check_layout, head_weight_name, param_specs, storage_dtypes
@@ -49,6 +50,18 @@ def peak_bf16_flops(device_name: str) -> float | None:
 
 def check_config(cfg: Config) -> None:
     """PyTorch reads no option of its own: the shared checks of Config.validate are all."""
+
+
+def device_memory(cfg: Config) -> DeviceMemory | None:
+    """What this process's device has free: its CUDA device's, else its share of the machine's RAM
+    (torchrun's processes on one machine share it)."""
+    if torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        free, _total = torch.cuda.mem_get_info(index)
+        return DeviceMemory(free, f"free memory of cuda:{index}", gpu=True)
+    ram, ranks = physical_ram(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    share = "physical RAM" if ranks == 1 else f"physical RAM's share of each of {ranks} processes"
+    return None if ram is None else DeviceMemory(ram // ranks, share, gpu=False)
 
 
 class TorchBackend:

@@ -24,6 +24,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from core.backend import DeviceMemory, physical_ram
 from core.config import Config
 from core.errors import PgolfError
 from core.params import check_layout, head_weight_name, param_specs, storage_dtypes
@@ -43,6 +44,19 @@ def check_config(cfg: Config) -> None:
         raise PgolfError(
             f"config: mlx_max_microbatch_tokens must be positive, got {cfg.mlx_max_microbatch_tokens}"
         )
+
+
+def device_memory(cfg: Config) -> DeviceMemory | None:
+    """The memory MLX reports for its device (unified memory on a Mac), else the machine's RAM.
+
+    One forward holds at most a sub-batch when the graph is evaluated after each one."""
+    size = mx.device_info().get("memory_size") or physical_ram()
+    tokens = cfg.mlx_max_microbatch_tokens if cfg.mlx_eager_eval else None
+    return (
+        None
+        if size is None
+        else DeviceMemory(int(size), "device memory", gpu=_on_gpu(), forward_tokens=tokens)
+    )
 
 
 def sub_batches(x: np.ndarray, y: np.ndarray, max_tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:

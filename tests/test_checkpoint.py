@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from core.atomic import make_dir, write_atomic
-from core.checkpoint import Checkpoint, is_checkpoint, load_checkpoint, save_checkpoint
+from core.checkpoint import Checkpoint, checkpoint_digest, is_checkpoint, load_checkpoint, save_checkpoint
 from core.config import Config, preset
 from core.errors import PgolfError
 from core.loop import _shared_run_id
@@ -63,14 +63,18 @@ def test_damaged_checkpoints_are_one_clear_error(tmp_path):
     assert not is_checkpoint(tmp_path / "garbage.safetensors")
 
 
-def rewrite_metadata(path, change) -> None:
-    """Re-save a checkpoint with its JSON metadata replaced by change(metadata)."""
+def rewrite_metadata(path, change, sign: bool = True) -> None:
+    """Re-save a checkpoint with its JSON metadata replaced by change(metadata), with a checksum
+    that matches the change when `sign` (as a writer that meant it would)."""
     from safetensors.numpy import load_file, save_file
 
     blob = path.read_bytes()
     header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
     meta = change(json.loads(header["__metadata__"]["pgolf"]))
-    save_file(load_file(path), path, metadata={"pgolf": json.dumps(meta)})
+    tensors = load_file(path)
+    if sign and isinstance(meta, dict):
+        meta["sha256"] = checkpoint_digest(tensors, meta)
+    save_file(tensors, path, metadata={"pgolf": json.dumps(meta)})
 
 
 @pytest.mark.parametrize(
@@ -97,7 +101,7 @@ def test_a_changed_tensor_byte_is_caught_by_the_checksum(tmp_path):
     blob = bytearray(path.read_bytes())
     blob[-5] ^= 0x01  # one bit of the last tensor's data: still a valid safetensors file
     path.write_bytes(bytes(blob))
-    with pytest.raises(PgolfError, match="do not match their checksum"):
+    with pytest.raises(PgolfError, match="does not match its checksum"):
         load_checkpoint(path)
 
 
