@@ -22,11 +22,32 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-import typer
-from rich.console import Console
+EXIT_CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
 
-from core.config import PRESETS, Config
-from core.errors import PgolfError
+
+def _quit_at_once(signum, frame) -> NoReturn:
+    """Until `main` takes over, there is nothing to unwind: a signal ends the process with its line."""
+    code, line = EXIT_CODES[signum]
+    os.write(2, f"{line}\n".encode())
+    os._exit(code)
+
+
+def _catch_signals(handler) -> None:
+    """Install `handler` for SIGINT and SIGTERM, except where they are ignored (a background job)."""
+    for signum in EXIT_CODES:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
+if __name__ == "__main__":  # from the first instant: the imports below take a while
+    _catch_signals(_quit_at_once)
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from core.config import PRESETS, Config  # noqa: E402
+from core.errors import PgolfError  # noqa: E402
 
 try:  # recent typer releases carry their own copy of click
     from typer._click import exceptions as click_errors
@@ -43,6 +64,10 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Datasets: build the embedded default corpus.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+config_app = typer.Typer(
+    help="Configs: the resolved settings and where each comes from.", no_args_is_help=True
+)
+app.add_typer(config_app, name="config")
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -85,7 +110,10 @@ def config_flags(command):
 
 WEIGHTS_ARG = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors).")
 EVAL_PRESET = typer.Option("baseline", help="Config preset for data paths and eval settings.")
-CONFIG_FILE = typer.Option(None, help="TOML file of config fields, applied over the preset.")
+CONFIG_FILE = typer.Option(
+    None,
+    help="TOML file of config fields, or JSON (*.json, e.g. a run's config.json), applied over the preset.",
+)
 BACKEND = typer.Option(
     "auto", help="cuda (PyTorch: CUDA, else CPU; 'torch' also works), mlx, or auto (MLX on Apple silicon)."
 )
@@ -276,31 +304,82 @@ def train(
     backend: str = BACKEND,
     preset: str = PRESET,
     config: Path | None = CONFIG_FILE,
-    resume: Path | None = typer.Option(None, help="Checkpoint to resume from."),
+    resume: Path | None = typer.Option(
+        None,
+        help="Go on with a run: its directory (its newest checkpoint) or a checkpoint. The checkpoint's "
+        "config is used; only the length, cadences and execution settings may be given anew.",
+    ),
     overrides: dict | None = None,
 ) -> None:
     """Train a model, validate it, export the int8 artifact and score its round trip.
 
     Config fields come from the preset, then --config, then upstream environment
-    variables (ITERATIONS, MATRIX_LR, ...), then the flags below.
+    variables (ITERATIONS, MATRIX_LR, ...), then the flags below. Ctrl-C (or SIGTERM)
+    writes a checkpoint after the current step; a second Ctrl-C quits at once.
     """
     from core.backend import check_config
+    from core.checkpoint import checkpoint_config
+    from core.config import resolve_sources, resumed_config
     from core.loop import train as run_training
+    from core.runs import newest_checkpoint, run_of_checkpoint
 
-    cfg = _resolve(preset, config, overrides or {})
+    cfg, sources = resolve_sources(preset, config, overrides or {})
+    notes = _train_notes(preset if resume is None else None, cfg, sources)
+    if resume is not None:
+        resume = newest_checkpoint(resume)
+        cfg = resumed_config(checkpoint_config(resume), cfg, sources)
+        run = run_of_checkpoint(resume)
+        if run is not None and sources["run_id"] == sources["out_dir"] == "default":
+            cfg = cfg.replace(out_dir=str(run.parent), run_id=run.name)  # its own directory
     check_config(backend, cfg)  # a bad name or config is refused before any data is prepared
     _ensure_default_data(cfg)
     with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
-        result = run_training(
-            engine, resume=resume, log=_log_line,
-            progress=live.tracker("validating"), step_progress=live.tracker("training"),
-        )  # fmt: skip
+        # One process stops between steps, after a checkpoint; ranks of a job stop at once (see main).
+        held = SIGNALS.held() if engine.world_size == 1 else contextlib.nullcontext()
+        with held as stop:
+            result = run_training(
+                engine, resume=resume, log=_log_line, progress=live.tracker("validating"),
+                step_progress=live.tracker("training"), notes=notes, stop=stop,
+            )  # fmt: skip
     if engine.rank == 0:
         console.print(
             f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the int8 round trip "
             f"({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
             f"{result.code_bytes:,} B; run in {result.run_dir}"
         )
+
+
+def _train_notes(preset: str | None, cfg: Config, sources: dict[str, str]) -> list[str]:
+    """The lines a run logs after its header: the settings the environment gave, and a warning when a
+    preset made for the challenge's data (`preset`, None on resume) trains on the embedded corpus."""
+    from core.config import CHALLENGE_DATA_PRESETS
+
+    notes = [f"from the environment: {name}={getattr(cfg, name)!r} ({source.removeprefix('env ')})"
+             for name, source in sources.items() if source.startswith("env ")]  # fmt: skip
+    if preset in CHALLENGE_DATA_PRESETS and cfg.data_path == DEFAULT_DATA:
+        notes.append(
+            f"warning: preset {preset} is made for the challenge's FineWeb data, but this run trains on the "
+            "embedded State of the Union corpus (cli.py data download, then --dataset fineweb10B_sp1024)"
+        )
+    return notes
+
+
+@config_app.command("show")
+@config_flags
+def config_show(
+    preset: str = PRESET,
+    config: Path | None = CONFIG_FILE,
+    overrides: dict | None = None,
+) -> None:
+    """Print the resolved config as TOML (usable as --config), each value with where it came from."""
+    import json
+
+    from core.config import resolve_sources
+
+    cfg, sources = resolve_sources(preset, config, overrides or {})
+    for name, value in cfg.to_dict().items():
+        text = str(value).lower() if isinstance(value, bool) else json.dumps(value)
+        console.print(f"{name} = {text}  # {sources[name]}", markup=False)
 
 
 @app.command("eval")
@@ -486,27 +565,31 @@ def info() -> None:
     console.print(f"numpy {numpy.__version__}")
     from core.backend import BACKENDS, pick
 
+    devices = {}
     for info_ in BACKENDS.values():
         if not info_.installed:
-            console.print(f"backend {info_.name}: not installed (pip install 'pgolf[{info_.framework}]')")
-        elif info_.framework == "torch":
+            console.print(f"{info_.title}: not installed (pip install 'pgolf[{info_.framework}]')")
+            continue
+        if info_.framework == "torch":
             import torch
 
-            devices = (
+            version = torch.__version__
+            devices[info_.name] = (
                 ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
                 if torch.cuda.is_available()
-                else "CPU (no CUDA device)"
+                else "the CPU (no CUDA device)"
             )
-            console.print(f"backend {info_.name}: PyTorch {torch.__version__} on {devices}")
         else:
             import mlx.core as mx
 
-            console.print(f"backend {info_.name}: MLX {mx.__version__} on {mx.default_device()}")
+            version = mx.__version__
+            devices[info_.name] = "the GPU" if mx.default_device() == mx.gpu else "the CPU"
+        console.print(f"{info_.title} {version} (--backend {info_.name}): runs on {devices[info_.name]}")
     try:
-        chosen = pick("auto").name
+        chosen = pick("auto")
+        console.print(f"auto backend: {chosen.title} on {devices[chosen.name]} (--backend {chosen.name})")
     except PgolfError:
-        chosen = "none"
-    console.print(f"auto backend: {chosen}")
+        console.print("auto backend: none installed")
     data = Path(DEFAULT_DATA)
     console.print(f"default dataset: {data} ({'present' if data.exists() else 'not prepared yet'})")
 
@@ -515,8 +598,35 @@ class Terminated(Exception):
     """SIGTERM arrived: unwind like Ctrl-C, so that no temp file or half-written output is left."""
 
 
-def _on_sigterm(signum, frame) -> None:
-    raise Terminated
+class Signals:
+    """Ctrl-C and SIGTERM while a command runs: raised at once (KeyboardInterrupt, Terminated), except
+    while `held`, when the first one is kept for the training loop to act on between steps (it writes
+    a checkpoint, then raises it); a second one is raised at once."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending: BaseException | None = None
+
+    def handle(self, signum, frame) -> None:
+        exc = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+        if self.holding and self.pending is None:
+            self.pending = exc
+            return
+        raise exc
+
+    def poll(self) -> BaseException | None:
+        return self.pending
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield self.poll
+        finally:
+            self.holding = False
+
+
+SIGNALS = Signals()
 
 
 def _end_soon_after_sigterm(grace_s: float = 5.0) -> None:
@@ -553,15 +663,33 @@ def _ending(exc: BaseException) -> tuple[int, str | None]:
     return 1, None
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went away (`train | head`): rich and typer then end with exit code 1,
+    rich having pointed stdout at /dev/null, typer having wrapped it to silence its flushes."""
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        return True
+    try:
+        return os.path.samestat(os.fstat(1), os.stat(os.devnull))
+    except OSError:
+        return False
+
+
 def main() -> None:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _catch_signals(SIGNALS.handle)
+    piped_to_null = _stdout_gone()  # `> /dev/null` from the start is no broken pipe
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank under torchrun
         _end_soon_after_sigterm()
     try:
         code = app(standalone_mode=False)
     except NO_ARGS_IS_HELP as exc:
-        console.print(exc.ctx.get_help())
+        # typer's rich help is already printed by the time this is raised; click's plain one is not
+        if exc.format_message():
+            console.print(exc.format_message(), markup=False)
         code = 0
+    except SystemExit as exc:
+        if exc.code != 1 or piped_to_null or not _stdout_gone():
+            raise
+        raise SystemExit(EXIT_BROKEN_PIPE) from None
     except click_errors.UsageError as exc:  # a bad flag or argument
         command = exc.ctx.command_path if exc.ctx else "cli.py"
         err_console.print(f"error: {exc.format_message()} (see {command} --help)", markup=False)

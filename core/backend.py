@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from core.config import Config
+from core.config import Config, did_you_mean
 from core.errors import PgolfError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,9 @@ def pick(name: str) -> BackendInfo:
     if name in BACKENDS:
         return BACKENDS[name]
     if name != "auto":
-        raise PgolfError(f"unknown backend {name!r} (choose from {', '.join(CHOICES)})")
+        raise PgolfError(
+            f"unknown backend {name!r}{did_you_mean(name, CHOICES)} (choose from {', '.join(CHOICES)})"
+        )
     on_apple = sys.platform == "darwin" and platform.machine() == "arm64"
     order = ("mlx", "cuda") if on_apple else ("cuda", "mlx")
     for candidate in order:

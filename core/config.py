@@ -8,6 +8,8 @@ by upper-casing. Sources are layered: preset < TOML file < environment < flags.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import math
 import os
 import re
@@ -31,13 +33,22 @@ POSITIVE_FIELDS = (
 )  # fmt: skip
 NON_NEGATIVE_FIELDS = (
     "iterations", "warmup_steps", "warmdown_iters", "val_loss_every", "val_max_tokens", "train_log_every",
-    "checkpoint_every", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
+    "checkpoint_every", "checkpoint_minutes", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
     "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm", "rope_dims", "xsa_last_n", "muon_wd",
     "embed_wd", "adam_wd", "collective_timeout_seconds", "num_loops", "loop_start", "loop_end",
     "parallel_start_layer",
 )  # fmt: skip
 FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2", "ema_decay")
 UNIT_FIELDS = ("warmdown_frac", "min_lr", "enable_looping_at")  # in [0, 1]
+# What a resumed run may set differently from its checkpoint: how long, how often it reports and
+# checkpoints, and how it executes; not what it computes.
+RESUMABLE_FIELDS = (
+    "iterations", "max_wallclock_seconds", "val_loss_every", "val_max_tokens", "val_batch_size",
+    "train_log_every", "checkpoint_every", "checkpoint_minutes", "report_to", "run_id", "out_dir",
+    "compile", "collective_timeout_seconds", "mlx_max_microbatch_tokens", "mlx_eager_eval",
+)  # fmt: skip
+# Presets made for the challenge's FineWeb data (a warning when they run on the embedded corpus).
+CHALLENGE_DATA_PRESETS = ("baseline", "seq4096", "record_0401")
 CHOICES = {
     "compute_dtype": ("auto", "bfloat16", "float32"),
     "compile": ("auto", "on", "off"),
@@ -56,6 +67,11 @@ def opt(default: Any, help: str) -> Any:
 @dataclass
 class Config:
     # --- data ---
+    dataset: str = opt(
+        "",
+        "a dataset of data/manifest.json by name (e.g. fineweb10B_sp1024): sets data_path, tokenizer_path "
+        "and vocab_size; empty = data_path's folder",
+    )
     data_path: str = opt("data/datasets/sotu_sp1024", "folder holding fineweb_{train,val}_*.bin shards")
     train_loader: str = opt(
         "sequential",
@@ -88,6 +104,11 @@ class Config:
     val_max_tokens: int = opt(0, "cap on validation tokens for quick looks; 0 = the whole split")
     train_log_every: int = opt(200, "log train loss every N steps (and the first 10)")
     checkpoint_every: int = opt(0, "write a resumable checkpoint every N steps; 0 = only at the end")
+    checkpoint_minutes: float = opt(10.0, "also write one every N minutes of training time; 0 = off")
+    report_to: str = opt(
+        "",
+        "also send the metrics to: tensorboard, wandb, trackio (comma-separated); empty = only metrics.jsonl",
+    )
 
     # --- model shape ---
     vocab_size: int = opt(1024, "must equal the tokenizer's vocabulary")
@@ -478,57 +499,138 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset(name: str) -> Config:
+    return Config().replace(**preset_values(name))
+
+
+def preset_values(name: str) -> dict[str, Any]:
+    """The fields a preset sets; an unknown name is refused with the nearest one suggested."""
     if name not in PRESETS:
-        raise PgolfError(f"config: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
-    return Config().replace(**PRESETS[name])
+        raise PgolfError(
+            f"config: unknown preset {name!r}{did_you_mean(name, PRESETS)} (choose from {', '.join(PRESETS)})"
+        )
+    return PRESETS[name]
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a flat TOML table of config fields; unknown keys are an error."""
+def did_you_mean(name: str, choices: Any) -> str:
+    """' (did you mean X?)' for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a flat table of config fields: TOML, or JSON when the name ends in .json (a run's
+    config.json); unknown keys are an error."""
     p = Path(path)
+    as_json = p.suffix.lower() == ".json"
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        data = json.loads(text) if as_json else tomllib.loads(text)
     except FileNotFoundError:
         raise PgolfError(f"config: file not found: {p}") from None
     except UnicodeDecodeError:
         raise PgolfError(f"config: {p} is not UTF-8 text") from None
     except OSError as exc:
         raise PgolfError(f"config: cannot read {p}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PgolfError(f"config: {p} is not valid TOML ({exc})") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise PgolfError(f"config: {p} is not valid {'JSON' if as_json else 'TOML'} ({exc})") from None
+    if not isinstance(data, dict):
+        raise PgolfError(f"config: {p} must hold one object of config fields")
     unknown = sorted(set(data) - field_names())
     if unknown:
-        raise PgolfError(f"config: unknown key {unknown[0]!r} in {p}")
+        raise PgolfError(
+            f"config: unknown key {unknown[0]!r} in {p}{did_you_mean(unknown[0], field_names())}"
+        )
+    for key, value in data.items():
+        if value is None:
+            raise PgolfError(f"config: {key} in {p} has no value (null)")
     return data
+
+
+def env_names(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR)."""
+    env = os.environ if environ is None else environ
+    out = {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
+    for alias, name in ENV_ALIASES.items():
+        if alias in env and name not in out:
+            out[name] = alias
+    return out
 
 
 def from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """The upstream environment variables that name a config field (e.g. MATRIX_LR)."""
     env = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for name in sorted(field_names()):
-        if name.upper() in env:
-            out[name] = env[name.upper()]
-    for alias, name in ENV_ALIASES.items():
-        if alias in env and name.upper() not in env:
-            out[name] = env[alias]
-    return out
+    return {name: env[var] for name, var in env_names(env).items()}
+
+
+DEFAULT_SOURCE = "default"
+
+
+def resolve_sources(
+    preset_name: str = "baseline",
+    file_path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> tuple[Config, dict[str, str]]:
+    """The config of preset, then file, then upstream env vars, then explicit overrides (flags), and
+    where each field's value came from: 'default', 'preset P', 'file F', 'env VAR', 'flag', or
+    'dataset D' for the paths a `dataset` looked up in the manifest.
+
+    A layer that names a dataset sets data_path, tokenizer_path and vocab_size from the manifest,
+    except those the same layer sets itself (a run's config.json holds all four).
+    """
+    env_vars = env_names(environ)
+    layers = [
+        {k: (v, f"preset {preset_name}") for k, v in preset_values(preset_name).items()},
+        {k: (v, f"file {file_path}") for k, v in load_file(file_path).items()} if file_path else {},
+        {k: (v, f"env {env_vars[k]}") for k, v in from_env(environ).items()},
+        {k: (v, "flag") for k, v in (overrides or {}).items()},
+    ]
+    cfg, sources = Config(), dict.fromkeys(field_names(), DEFAULT_SOURCE)
+    for layer in layers:
+        name = layer.get("dataset", ("", ""))[0]
+        if name and not {"data_path", "tokenizer_path", "vocab_size"} <= set(layer):
+            from core.corpus import dataset_settings
+
+            found = dataset_settings(str(name))
+            layer = {**{k: (v, f"dataset {name}") for k, v in found.items()}, **layer}
+        cfg = cfg.replace(**{k: value for k, (value, _) in layer.items()})
+        sources.update({k: source for k, (_, source) in layer.items()})
+    if not cfg.dataset:
+        cfg = cfg.replace(dataset=Path(cfg.data_path).name)
+        sources["dataset"] = "data_path"
+    return cfg, sources
 
 
 def resolve(
     preset_name: str = "baseline",
-    toml_path: str | Path | None = None,
+    file_path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
-    """Preset, then TOML file, then upstream env vars, then explicit overrides (flags)."""
-    cfg = preset(preset_name)
-    if toml_path is not None:
-        cfg = cfg.replace(**load_toml(toml_path))
-    cfg = cfg.replace(**from_env(environ))
-    if overrides:
-        cfg = cfg.replace(**overrides)
-    return cfg
+    """Preset, then config file, then upstream env vars, then explicit overrides (flags)."""
+    return resolve_sources(preset_name, file_path, overrides, environ)[0]
+
+
+def resumed_config(saved: dict[str, Any], cfg: Config, sources: dict[str, str]) -> Config:
+    """The config a checkpoint was trained with, plus what was given now (by a preset named on the
+    command line, a file, the environment or a flag) of RESUMABLE_FIELDS; anything else that differs
+    from the checkpoint is refused by name."""
+    base = Config.from_dict(saved)
+    changes, refused = {}, []
+    for name, source in sources.items():
+        value, old = getattr(cfg, name), getattr(base, name)
+        if source in (DEFAULT_SOURCE, "data_path") or value == old:
+            continue
+        if name in RESUMABLE_FIELDS:
+            changes[name] = value
+        else:
+            refused.append(f"{name} (the checkpoint has {old!r}, {source} gives {value!r})")
+    if refused:
+        raise PgolfError(
+            f"config: cannot change when resuming: {', '.join(refused)}; only {', '.join(RESUMABLE_FIELDS)} can"
+        )
+    resumed = base.replace(**changes)
+    return resumed if resumed.dataset else resumed.replace(dataset=Path(resumed.data_path).name)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

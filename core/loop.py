@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +52,9 @@ from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 
 Log = Callable[[str], None]
 Progress = Callable[[int, int], None]  # (done, total) of something long
+StopPoll = Callable[
+    [], BaseException | None
+]  # a stop asked for (Ctrl-C): what to raise once a checkpoint is written
 
 
 @dataclass
@@ -203,10 +206,15 @@ class Training:
         log: Log = print,
         progress: Progress | None = None,
         step_progress: Progress | None = None,
+        notes: Sequence[str] = (),
+        stop: StopPoll | None = None,
     ):
         self.backend, self.cfg = backend, backend.cfg
         self.resume, self.log = resume, log
         self.progress, self.step_progress = progress, step_progress
+        self.notes, self.stop = notes, stop
+        self.saved_step: int | None = None  # the step of the last checkpoint written
+        self.saved_ms = 0.0  # and the training clock then
         self.main = backend.rank == 0
         self.accum = self.cfg.local_accum_steps(backend.world_size)
         self.dtypes = storage_dtypes(self.cfg, backend.bf16)
@@ -302,12 +310,13 @@ class Training:
         if cfg.train_log_every > 0 and due:
             self._log_train(loss, lr_mult, momentum)
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self) -> Path:
         """Rank 0 writes; every rank's clock stops until it is on disk."""
+        path = self.run.checkpoint_path(self.step)
         with self.clock.paused():
             if self.main:
                 save_checkpoint(
-                    self.run.checkpoint_path(self.step),
+                    path,
                     Checkpoint(
                         params=self.backend.params(),
                         optimizer=self.backend.optimizer_state(),
@@ -320,6 +329,29 @@ class Training:
                     ),
                 )
             self.backend.all_reduce_sum(np.zeros(1))  # the barrier that keeps the clocks alike
+        self.saved_step, self.saved_ms = self.step, self.elapsed_ms
+        return path
+
+    def checkpoint_due(self) -> bool:
+        """Every checkpoint_every steps, and every checkpoint_minutes of training time (the clock the
+        ranks agree on), but not at the last step, whose checkpoint comes after validation."""
+        cfg = self.cfg
+        if self.step >= cfg.iterations:
+            return False
+        by_steps = cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0
+        minutes = cfg.checkpoint_minutes
+        return by_steps or (minutes > 0 and self.elapsed_ms - self.saved_ms >= 60_000.0 * minutes)
+
+    def stop_if_asked(self) -> None:
+        """Write a checkpoint, say where it is and raise, when a stop was asked for (a signal)."""
+        exc = self.stop() if self.stop is not None else None
+        if exc is None:
+            return
+        path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
+        self.say(
+            f"stopped at step {self.step}: checkpoint {path}; go on with: train --resume {self.run.path}"
+        )
+        raise exc
 
     def export_and_score(self) -> RunResult:
         """Write the artifact of the final (or averaged) weights and score what was written."""
@@ -370,7 +402,7 @@ class Training:
         if cfg.warmup_steps > 0 and self.resume is None:
             self.warm_up()
         self.first_step = self.step
-        self.first_ms = self.elapsed_ms = self.clock.ms()
+        self.first_ms = self.elapsed_ms = self.saved_ms = self.clock.ms()
         self.clock.start()
         while True:
             last = self.step == cfg.iterations or (
@@ -380,12 +412,9 @@ class Training:
                 self.validate()
             if last:
                 break
+            self.stop_if_asked()
             self.train_step()
-            if (
-                cfg.checkpoint_every > 0
-                and self.step % cfg.checkpoint_every == 0
-                and self.step < cfg.iterations
-            ):
+            if self.checkpoint_due():
                 self.save_checkpoint()
             if self.stop_after is None and self.reached_cap():
                 self.stop_after = self.step
@@ -430,9 +459,10 @@ class Training:
 
     def agreed_ms(self) -> float:
         """The training clock every rank agrees on (their mean), so schedules and the cap match across
-        ranks; one small all-reduce per step, only when several ranks run under a cap."""
-        if self.backend.world_size == 1 or self.cfg.max_wallclock_seconds <= 0:
-            return self.clock.ms()  # without a cap the schedules read steps, not the clock
+        ranks; one small all-reduce per step, only when several ranks run under a cap or checkpoint by the clock."""
+        timed = self.cfg.max_wallclock_seconds > 0 or self.cfg.checkpoint_minutes > 0
+        if self.backend.world_size == 1 or not timed:
+            return self.clock.ms()  # without a cap or timed checkpoints only steps are read, not the clock
         return float(self.backend.all_reduce_sum(np.array([self.clock.ms()]))[0]) / self.backend.world_size
 
     def reached_cap(self) -> bool:
@@ -498,6 +528,9 @@ class Training:
             f"iterations:{cfg.iterations} warmup_steps:{cfg.warmup_steps} "
             f"max_wallclock_seconds:{cfg.max_wallclock_seconds:.3f} val_tokens:{len(self.data.tokens) - 1}"
         )
+        self.say(f"dataset:{cfg.dataset} data_path:{cfg.data_path} tokenizer_path:{cfg.tokenizer_path}")
+        for note in self.notes:
+            self.say(note)
         self.say(f"run_dir:{self.run.path}")
 
 
@@ -508,14 +541,17 @@ def train(
     log: Log = print,
     progress: Progress | None = None,
     step_progress: Progress | None = None,
+    notes: Sequence[str] = (),
+    stop: StopPoll | None = None,
 ) -> RunResult:
     """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
 
     `progress` follows each validation pass and `step_progress` the training steps,
     as (done, expected total); under a wallclock cap the total is where the cap
-    will stop the run at the current pace.
+    will stop the run at the current pace. `notes` are logged after the header (where settings
+    came from, warnings); `stop` is polled between steps (see `Training.stop_if_asked`).
     """
-    return Training(backend, resume, log, progress, step_progress).run()
+    return Training(backend, resume, log, progress, step_progress, notes, stop).run()
 
 
 def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:

@@ -69,6 +69,26 @@ class RunDir:
                 f.write(line + "\n")
 
 
+def newest_checkpoint(path: str | Path) -> Path:
+    """The checkpoint to resume from: `path` itself, or the highest step under a run directory."""
+    path = Path(path)
+    if not path.is_dir():
+        if not path.exists():
+            raise PgolfError(f"--resume {path}: no such checkpoint or run directory")
+        return path
+    found = [(int(p.stem.removeprefix("step_")), p) for p in (path / "checkpoints").glob("step_*.safetensors")
+             if p.stem.removeprefix("step_").isdigit()]  # fmt: skip
+    if not found:
+        raise PgolfError(f"--resume {path}: no checkpoint in {path / 'checkpoints'}")
+    return max(found)[1]
+
+
+def run_of_checkpoint(checkpoint: Path) -> Path | None:
+    """The run directory a checkpoint was written into (…/RUN/checkpoints/step_N.safetensors), if any."""
+    run = checkpoint.resolve().parent.parent
+    return run if checkpoint.parent.name == "checkpoints" and (run / "config.json").is_file() else None
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a run's metrics.jsonl (path = the run directory or the file).
 
