@@ -409,6 +409,47 @@ def eval_command(
 
 @app.command()
 @config_flags
+def sample(
+    path: Path = WEIGHTS_ARG,
+    prompt: str = typer.Option("", help="Text to continue (default: the start of a document)."),
+    max_tokens: int = typer.Option(200, help="Most tokens to generate (it stops early at a document start)."),
+    temperature: float = typer.Option(0.8, help="Softmax temperature; 0 = greedy (always the likeliest)."),
+    top_k: int = typer.Option(50, help="Draw among the k likeliest tokens; 0 = all."),
+    backend: str = BACKEND,
+    preset: str = EVAL_PRESET,
+    config: Path | None = CONFIG_FILE,
+    allow_pickle: bool = ALLOW_PICKLE,
+    overrides: dict | None = None,
+) -> None:
+    """Generate text from an artifact or a checkpoint (--seed seeds the draws)."""
+    from core.checkpoint import checkpoint_config, is_checkpoint
+    from core.config import given_values, resolve_sources
+    from core.loop import load_weights
+    from core.sample import generate
+    from core.tokenizer import check_vocab, load_tokenizer
+
+    cfg, sources = resolve_sources(preset, config, overrides or {})
+    if is_checkpoint(path):  # its own config, with what was given now on top
+        cfg = Config.from_dict(checkpoint_config(path)).replace(**given_values(cfg, sources))
+    params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
+    sp = load_tokenizer(cfg.tokenizer_path)
+    check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
+    ids = [sp.bos_id(), *sp.encode(prompt)]  # documents start with BOS in the shards
+    with opened_backend(backend, cfg) as engine:
+        engine.load_params(params)
+        tokens = generate(engine.decoder(), ids, max_tokens, temperature, top_k, cfg.seed, sp.bos_id())
+        console.print(prompt, end="", markup=False)
+        shown = prompt
+        for token in tokens:  # printed as they come: the text of all so far, less what is on screen
+            ids.append(token)
+            text = sp.decode(ids[1:])
+            console.print(text[len(shown) :], end="", markup=False)
+            shown = text
+        console.print()
+
+
+@app.command()
+@config_flags
 def verify(
     path: Path = WEIGHTS_ARG,
     preset: str = EVAL_PRESET,

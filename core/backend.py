@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import platform
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -154,6 +155,11 @@ class Backend(Protocol):
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """float32 logits (B, T, V) after the softcap, for parity checks."""
+
+    def decoder(self) -> Callable[[np.ndarray], np.ndarray]:
+        """A new generation: a function that takes the next token ids (1-D int32; the prompt first,
+        then one at a time) and returns the float32 logits after the last of them. Keys and values of
+        the ids it has seen are kept between calls (a KV cache), so each call costs its own tokens."""
 
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over ranks (identity when world_size is 1); also a barrier."""

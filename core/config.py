@@ -611,20 +611,29 @@ def resolve(
     return resolve_sources(preset_name, file_path, overrides, environ)[0]
 
 
+def given_values(cfg: Config, sources: dict[str, str]) -> dict[str, Any]:
+    """The fields of `cfg` that were asked for (by a preset, a file, the environment or a flag)."""
+    return {
+        name: getattr(cfg, name)
+        for name, source in sources.items()
+        if source not in (DEFAULT_SOURCE, "data_path")
+    }
+
+
 def resumed_config(saved: dict[str, Any], cfg: Config, sources: dict[str, str]) -> Config:
     """The config a checkpoint was trained with, plus what was given now (by a preset named on the
     command line, a file, the environment or a flag) of RESUMABLE_FIELDS; anything else that differs
     from the checkpoint is refused by name."""
     base = Config.from_dict(saved)
     changes, refused = {}, []
-    for name, source in sources.items():
-        value, old = getattr(cfg, name), getattr(base, name)
-        if source in (DEFAULT_SOURCE, "data_path") or value == old:
+    for name, value in given_values(cfg, sources).items():
+        old = getattr(base, name)
+        if value == old:
             continue
         if name in RESUMABLE_FIELDS:
             changes[name] = value
         else:
-            refused.append(f"{name} (the checkpoint has {old!r}, {source} gives {value!r})")
+            refused.append(f"{name} (the checkpoint has {old!r}, {sources[name]} gives {value!r})")
     if refused:
         raise PgolfError(
             f"config: cannot change when resuming: {', '.join(refused)}; only {', '.join(RESUMABLE_FIELDS)} can"

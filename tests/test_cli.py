@@ -212,6 +212,27 @@ def test_info_and_help_work():
 
 
 @needs("cuda")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sample_continues_a_prompt_from_a_checkpoint_or_the_artifact(sotu_dataset, trained, backend):
+    run_dir, _ = trained
+    ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]
+    greedy = ["--prompt", "The Congress", "--max-tokens", "8", "--temperature", "0", "--backend", backend]
+    from_ckpt = cli("sample", str(ckpt), *greedy)  # the checkpoint brings its config: no other flag
+    assert from_ckpt.returncode == 0, from_ckpt.stderr
+    assert from_ckpt.stdout.startswith("The Congress") and len(from_ckpt.stdout) > len("The Congress\n")
+    artifact = run_dir / "final_model.int8.pgolf"
+    from_artifact = cli("sample", str(artifact), *greedy, "--preset", "smoke", *data_flags(sotu_dataset))
+    assert from_artifact.returncode == 0 and from_artifact.stdout.startswith("The Congress"), (
+        from_artifact.stderr
+    )
+    drawn = [
+        cli("sample", str(ckpt), "--max-tokens", "8", "--seed", "3", "--backend", backend).stdout
+        for _ in range(2)
+    ]
+    assert drawn[0] == drawn[1]  # the seed decides the draws
+
+
+@needs("cuda")
 def test_the_log_names_the_dataset_and_what_the_environment_set(trained):
     run_dir, stdout = trained
     for text in (stdout, (run_dir / "train.log").read_text()):
