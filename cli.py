@@ -555,20 +555,36 @@ RUNS_DIR = typer.Option(Path(Config().out_dir), "--out-dir", help="Where the run
 
 
 @app.command()
-def runs(out_dir: Path = RUNS_DIR) -> None:
-    """List the runs under --out-dir: steps, training time, val_bpb, score and size."""
+def runs(
+    out_dir: Path = RUNS_DIR,
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per run instead of the table."),
+) -> None:
+    """List the runs under --out-dir: model, backend, seed, dataset, steps, time, val_bpb, score, size."""
+    import json
+    from dataclasses import asdict
+
     from rich.table import Table
 
     from core.runs import find_runs, summarize
 
+    summaries = [summarize(path) for path in find_runs(out_dir)]
+    if json_out:
+        for s in summaries:
+            row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(s).items()}
+            console.print(json.dumps({**row, "path": str(s.path)}), markup=False, soft_wrap=True)
+        return
     table = Table(title=f"runs in {out_dir}")
-    for column in ("run", "model", "steps", "train time", "val_bpb", "int8 val_bpb", "total bytes"):
-        table.add_column(column, justify="left" if column in ("run", "model") else "right")
-    for path in find_runs(out_dir):
-        s = summarize(path)
+    columns = ("run", "model", "backend", "seed", "dataset", "steps", "train time", "val_bpb", "int8 val_bpb",
+               "total bytes")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right" if column in columns[5:] else "left")
+    for s in summaries:
         table.add_row(
             s.name,
             s.model,
+            s.backend,
+            "?" if s.seed is None else str(s.seed),
+            s.dataset,
             f"{s.steps:,}",
             f"{s.train_time_ms / 1000:,.1f} s",
             "–" if math.isnan(s.val_bpb) else f"{s.val_bpb:.4f}",
@@ -581,11 +597,11 @@ def runs(out_dir: Path = RUNS_DIR) -> None:
 @app.command()
 def plot(
     run_dirs: list[Path] = typer.Argument(None, help="Run directories (default: every run in --out-dir)."),
-    out: Path = typer.Option(Path("curves.png"), help="PNG file to write."),
+    out: Path = typer.Option(Path("curves.png"), help="File to write: .png, .svg or .pdf."),
     x: str = typer.Option("step", help="x axis: step or time (training minutes)."),
     out_dir: Path = RUNS_DIR,
 ) -> None:
-    """Plot validation BPB and training loss of runs side by side, as a PNG."""
+    """Plot validation BPB and (smoothed) training loss of runs side by side: PNG, SVG or PDF."""
     from core.runs import find_runs, plot_runs
 
     chosen = list(run_dirs or find_runs(out_dir))

@@ -262,6 +262,8 @@ class Training:
         )
         self.run = RunDir(cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
         self.run.write_config(cfg.to_dict())
+        self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
+                    world_size=backend.world_size)  # fmt: skip
         self._log_header()
 
     def warm_up(self) -> None:

@@ -194,6 +194,15 @@ def test_runs_lists_the_run_and_plot_draws_it(trained, tmp_path):
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.splitlines() if line.strip("│ ").startswith("r "))
     assert f"{roundtrip_bpb(stdout):.4f}" in row
+    as_json = cli("runs", "--out-dir", str(run_dir.parent), "--json")
+    (record,) = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert (record["name"], record["backend"], record["seed"], record["dataset"]) == (
+        "r",
+        "cuda",
+        1337,
+        "sotu_sp1024",
+    )
+    assert record["roundtrip_val_bpb"] == pytest.approx(roundtrip_bpb(stdout), abs=1e-6)
     pytest.importorskip("matplotlib")
     drawn = cli("plot", str(run_dir), "--out", str(tmp_path / "c.png"))
     assert drawn.returncode == 0, drawn.stderr

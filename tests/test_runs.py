@@ -7,7 +7,7 @@ import math
 import pytest
 
 from core.errors import PgolfError
-from core.runs import RunDir, find_runs, plot_runs, read_metrics, summarize
+from core.runs import RunDir, draw_runs, find_runs, plot_runs, read_metrics, smooth, summarize
 
 
 def make_run(root, name, steps=4, finished=True):
@@ -69,3 +69,38 @@ def test_the_plot_is_a_png_of_the_expected_size(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["curves.png"]
     with pytest.raises(PgolfError, match="unknown x axis 'steps'"):
         plot_runs(runs, tmp_path / "other.png", x="steps")
+
+
+def test_the_summary_names_backend_seed_and_dataset(tmp_path):
+    run = RunDir(tmp_path, "r")
+    run.write_config(
+        {"num_layers": 2, "model_dim": 64, "vocab_size": 1024, "seed": 7, "dataset": "sotu_sp1024"}
+    )
+    run.metric({"kind": "start", "step": 0, "backend": "mlx", "device": "cpu", "world_size": 1})
+    s = summarize(run.path)
+    assert (s.backend, s.seed, s.dataset) == ("mlx", 7, "sotu_sp1024")
+    old = summarize(make_run(tmp_path, "old"))  # written before these were recorded
+    assert (old.backend, old.seed, old.dataset) == ("?", None, "?")
+
+
+def test_the_plot_leaves_out_step_0_and_smooths_the_training_loss(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = make_run(tmp_path, "a", steps=40)
+    with open(run / "metrics.jsonl", "a") as f:  # the untrained model's validation, far above the rest
+        f.write('{"kind": "val", "step": 0, "val_bpb": 9.5, "train_time_ms": 0}\n')
+    fig = draw_runs([run])
+    ax_val, ax_train = fig.axes
+    assert ax_val.get_ylim()[1] < 3.0  # the rest spans 2.5 (the final score) .. 2.8
+    raw, smoothed = ax_train.get_lines()
+    assert list(smoothed.get_ydata()) == pytest.approx(smooth(list(raw.get_ydata())))
+    assert smooth([4.0, 2.0]) == pytest.approx([4.0, (0.9 * 4.0 + 2.0) / 1.9])  # weights 0.9 and 1
+
+
+def test_the_plot_format_follows_the_file_name(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = [make_run(tmp_path, "a")]
+    assert b"<svg" in plot_runs(runs, tmp_path / "c.svg").read_bytes()[:500]
+    assert plot_runs(runs, tmp_path / "c.PDF").read_bytes()[:5] == b"%PDF-"
+    with pytest.raises(PgolfError, match=r"must end in \.png, \.svg, \.pdf"):
+        plot_runs(runs, tmp_path / "c.jpg")
+    assert not (tmp_path / "c.jpg").exists()
