@@ -321,6 +321,7 @@ def train(
     from core.checkpoint import checkpoint_config
     from core.config import resolve_sources, resumed_config
     from core.loop import train as run_training
+    from core.report import report_targets
     from core.runs import newest_checkpoint, run_of_checkpoint
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
@@ -332,6 +333,7 @@ def train(
         if run is not None and sources["run_id"] == sources["out_dir"] == "default":
             cfg = cfg.replace(out_dir=str(run.parent), run_id=run.name)  # its own directory
     check_config(backend, cfg)  # a bad name or config is refused before any data is prepared
+    report_targets(cfg.report_to)
     _ensure_default_data(cfg)
     with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
         # One process stops between steps, after a checkpoint; ranks of a job stop at once (see main).

@@ -45,6 +45,7 @@ from core.params import (
     optimizer_state_shapes,
     storage_dtypes,
 )
+from core.report import report_targets
 from core.runs import RunDir
 from core.schedule import looping_active, lr_multiplier, muon_momentum
 from core.shards import find_shards, load_val_tokens, make_train_loader, val_spans
@@ -236,6 +237,7 @@ class Training:
             backend.world_size,
             cfg.vocab_size,
         )
+        trackers = report_targets(cfg.report_to)
         start_ms = 0.0
         if self.resume is not None:
             ckpt = load_checkpoint(self.resume)
@@ -262,6 +264,7 @@ class Training:
         )
         self.run = RunDir(cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
         self.run.write_config(cfg.to_dict())
+        self.run.report_to(trackers, cfg.to_dict())
         self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
                     world_size=backend.world_size)  # fmt: skip
         self._log_header()
@@ -553,7 +556,13 @@ def train(
     will stop the run at the current pace. `notes` are logged after the header (where settings
     came from, warnings); `stop` is polled between steps (see `Training.stop_if_asked`).
     """
-    return Training(backend, resume, log, progress, step_progress, notes, stop).run()
+    training = Training(backend, resume, log, progress, step_progress, notes, stop)
+    try:
+        return training.run()
+    finally:
+        run_dir = training.run  # the RunDir once `start` has made it (until then, the method)
+        if isinstance(run_dir, RunDir):
+            run_dir.close()
 
 
 def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from core.atomic import make_dir, write_atomic
 from core.errors import PgolfError
+from core.report import open_reporters, scalars
 
 ARTIFACT_NAME = "final_model.int8.pgolf"
 
@@ -42,6 +43,7 @@ class RunDir:
         self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
         self.path = Path(root) / self.run_id
         self.enabled = enabled
+        self.reporters: list[Any] = []  # live trackers the metrics go to as well (core.report)
         if not enabled:
             return
         if not reuse and (self.path / "config.json").exists():
@@ -63,6 +65,20 @@ class RunDir:
         if self.enabled:
             with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+            found = scalars(record) if self.reporters else None
+            for reporter in self.reporters if found else ():
+                reporter.log(*found)
+
+    def report_to(self, targets: list[str], config: dict[str, Any]) -> None:
+        """Mirror the metrics to these trackers from now on (rank 0 only)."""
+        if self.enabled:
+            self.reporters = open_reporters(targets, self.path, self.run_id, config)
+
+    def close(self) -> None:
+        """Close the trackers (the files need no closing)."""
+        for reporter in self.reporters:
+            reporter.close()
+        self.reporters = []
 
     def log_line(self, line: str) -> None:
         if self.enabled:

@@ -127,6 +127,7 @@ def test_unknown_config_key_in_a_file(tmp_path):
 
 def test_bad_flag_value():
     assert_one_line_error(cli("train", "--preset", "huge"), "unknown preset 'huge'")
+    assert_one_line_error(cli("train", "--report-to", "tensorbord"), "unknown tracker 'tensorbord'")
     assert_one_line_error(cli("train", "--backend", "tpu"), "unknown backend 'tpu'")
 
 
