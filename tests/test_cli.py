@@ -446,3 +446,17 @@ def test_live_progress_draws_a_bar_per_task_on_a_terminal_only(monkeypatch):
     monkeypatch.setattr(cli_module, "console", Console(file=io.StringIO(), force_terminal=False))
     assert cli_module.LiveProgress().tracker("training") is None  # piped: plain log lines only
     assert cli_module.LiveProgress(enabled=False).tracker("training") is None
+
+
+def test_a_second_signal_during_training_is_not_held():
+    import cli as cli_module
+
+    signals = cli_module.Signals()
+    with pytest.raises(KeyboardInterrupt):
+        signals.handle(signal.SIGINT, None)  # outside training: at once
+    with signals.held() as stop:
+        assert stop() is None
+        signals.handle(signal.SIGTERM, None)  # held for the loop, which checkpoints, then raises it
+        assert isinstance(stop(), cli_module.Terminated)
+        with pytest.raises(KeyboardInterrupt):
+            signals.handle(signal.SIGINT, None)  # the second one: at once
