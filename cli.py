@@ -7,26 +7,14 @@ and a non-zero exit.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
-import math
 import os
-import platform
 import signal
-import sys
-import threading
-import time
-import traceback
-from dataclasses import fields
-from pathlib import Path
-from typing import Any, NoReturn
 
 EXIT_CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
 EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
 
 
-def _quit_at_once(signum, frame) -> NoReturn:
+def _quit_at_once(signum, frame):
     """Until `main` takes over, there is nothing to unwind: a signal ends the process with its line."""
     code, line = EXIT_CODES[signum]
     os.write(2, f"{line}\n".encode())
@@ -43,11 +31,25 @@ def _catch_signals(handler) -> None:
 if __name__ == "__main__":  # from the first instant: the imports below take a while
     _catch_signals(_quit_at_once)
 
-import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
+# The imports come after the handlers on purpose (ruff's E402 is off for this file).
+import contextlib
+import functools
+import inspect
+import math
+import platform
+import sys
+import threading
+import time
+import traceback
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, NoReturn
 
-from core.config import PRESETS, Config  # noqa: E402
-from core.errors import PgolfError  # noqa: E402
+import typer
+from rich.console import Console
+
+from core.config import PRESETS, Config
+from core.errors import PgolfError
 
 try:  # recent typer releases carry their own copy of click
     from typer._click import exceptions as click_errors
