@@ -216,6 +216,7 @@ class Training:
         self.notes, self.stop = notes, stop
         self.saved_step: int | None = None  # the step of the last checkpoint written
         self.saved_ms = 0.0  # and the training clock then
+        self.timed_checkpoint: Path | None = None  # the last one written for checkpoint_minutes
         self.main = backend.rank == 0
         self.accum = self.cfg.local_accum_steps(backend.world_size)
         self.dtypes = storage_dtypes(self.cfg, backend.bf16)
@@ -337,15 +338,24 @@ class Training:
         self.saved_step, self.saved_ms = self.step, self.elapsed_ms
         return path
 
-    def checkpoint_due(self) -> bool:
+    def save_periodic_checkpoint(self) -> None:
         """Every checkpoint_every steps, and every checkpoint_minutes of training time (the clock the
-        ranks agree on), but not at the last step, whose checkpoint comes after validation."""
+        ranks agree on), but not at the last step, whose checkpoint comes after validation. A timed
+        checkpoint replaces the timed one before it, so that long runs do not fill the disk."""
         cfg = self.cfg
         if self.step >= cfg.iterations:
-            return False
+            return
         by_steps = cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0
         minutes = cfg.checkpoint_minutes
-        return by_steps or (minutes > 0 and self.elapsed_ms - self.saved_ms >= 60_000.0 * minutes)
+        timed = minutes > 0 and self.elapsed_ms - self.saved_ms >= 60_000.0 * minutes
+        if not (by_steps or timed):
+            return
+        path = self.save_checkpoint()
+        if by_steps:
+            return
+        if self.main and self.timed_checkpoint is not None:
+            self.timed_checkpoint.unlink(missing_ok=True)
+        self.timed_checkpoint = path
 
     def stop_if_asked(self) -> None:
         """Write a checkpoint, say where it is and raise, when a stop was asked for (a signal)."""
@@ -419,8 +429,7 @@ class Training:
                 break
             self.stop_if_asked()
             self.train_step()
-            if self.checkpoint_due():
-                self.save_checkpoint()
+            self.save_periodic_checkpoint()
             if self.stop_after is None and self.reached_cap():
                 self.stop_after = self.step
         self.clock.stop()

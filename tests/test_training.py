@@ -479,3 +479,23 @@ def test_an_unknown_or_missing_tracker_is_refused_by_name(monkeypatch):
     ):
         report.report_targets("tensorboard, wandb")
     assert report.report_targets("") == []
+
+
+@needs("cuda")
+def test_timed_checkpoints_replace_each_other(sotu_dataset, tmp_path, monkeypatch):
+    from core import loop
+
+    clock = iter(range(0, 10**9, 61))  # perf_counter in seconds: each reading a minute after the one before
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))
+    written = []
+    monkeypatch.setattr(
+        loop, "save_checkpoint", lambda path, ckpt: written.append(path) or path.write_bytes(b"x")
+    )
+    result = run(sotu_dataset, "cuda", tmp_path, iterations=8, checkpoint_minutes=1.0, checkpoint_every=5)
+    steps = [int(p.stem.removeprefix("step_")) for p in written]
+    timed = [s for s in steps if s not in (5, 8)]
+    assert len(timed) >= 2 and steps[-1] == 8 and 5 in steps  # the clock ran fast: several timed ones
+    kept = sorted(
+        int(p.stem.removeprefix("step_")) for p in (result.run_dir / "checkpoints").glob("*.safetensors")
+    )
+    assert kept == sorted({5, timed[-1], 8})  # each timed checkpoint replaced the one before
