@@ -33,10 +33,10 @@ POSITIVE_FIELDS = (
 )  # fmt: skip
 NON_NEGATIVE_FIELDS = (
     "iterations", "warmup_steps", "warmdown_iters", "val_loss_every", "val_max_tokens", "train_log_every",
-    "checkpoint_every", "checkpoint_minutes", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
-    "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm", "rope_dims", "xsa_last_n", "muon_wd",
-    "embed_wd", "adam_wd", "collective_timeout_seconds", "num_loops", "loop_start", "loop_end",
-    "parallel_start_layer",
+    "checkpoint_every", "checkpoint_minutes", "muon_backend_steps", "max_wallclock_seconds", "embed_lr",
+    "head_lr", "tied_embed_lr", "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm",
+    "rope_dims", "xsa_last_n", "muon_wd", "embed_wd", "adam_wd", "collective_timeout_seconds", "num_loops",
+    "loop_start", "loop_end", "parallel_start_layer",
 )  # fmt: skip
 FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2", "ema_decay")
 UNIT_FIELDS = ("warmdown_frac", "min_lr", "enable_looping_at")  # in [0, 1]
@@ -104,7 +104,9 @@ class Config:
     val_max_tokens: int = opt(0, "cap on validation tokens for quick looks; 0 = the whole split")
     train_log_every: int = opt(200, "log train loss every N steps (and the first 10)")
     checkpoint_every: int = opt(0, "write a resumable checkpoint every N steps; 0 = only at the end")
-    checkpoint_minutes: float = opt(10.0, "also write one every N minutes of training time; 0 = off")
+    checkpoint_minutes: float = opt(
+        10.0, "also write one every N minutes of training time, replacing the last timed one; 0 = off"
+    )
     report_to: str = opt(
         "",
         "also send the metrics to: tensorboard, wandb, trackio (comma-separated); empty = only metrics.jsonl",
