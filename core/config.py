@@ -33,10 +33,10 @@ POSITIVE_FIELDS = (
 )  # fmt: skip
 NON_NEGATIVE_FIELDS = (
     "iterations", "warmup_steps", "warmdown_iters", "val_loss_every", "val_max_tokens", "train_log_every",
-    "checkpoint_every", "checkpoint_minutes", "muon_backend_steps", "max_wallclock_seconds", "embed_lr",
-    "head_lr", "tied_embed_lr", "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm",
-    "rope_dims", "xsa_last_n", "muon_wd", "embed_wd", "adam_wd", "collective_timeout_seconds", "num_loops",
-    "loop_start", "loop_end", "parallel_start_layer",
+    "checkpoint_every", "muon_backend_steps", "max_wallclock_seconds", "embed_lr", "head_lr", "tied_embed_lr",
+    "matrix_lr", "scalar_lr", "tied_embed_init_std", "grad_clip_norm", "rope_dims", "xsa_last_n", "muon_wd",
+    "embed_wd", "adam_wd", "collective_timeout_seconds", "num_loops", "loop_start", "loop_end",
+    "parallel_start_layer", "checkpoint_minutes",
 )  # fmt: skip
 FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2", "ema_decay")
 UNIT_FIELDS = ("warmdown_frac", "min_lr", "enable_looping_at")  # in [0, 1]
