@@ -111,6 +111,9 @@ def config_flags(command):
 
 
 WEIGHTS_ARG = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors).")
+SAMPLE_WEIGHTS = typer.Argument(
+    ..., help="Artifact, checkpoint, or run directory (its artifact, else its newest checkpoint)."
+)
 EVAL_PRESET = typer.Option("baseline", help="Config preset for data paths and eval settings.")
 CONFIG_FILE = typer.Option(
     None,
@@ -414,7 +417,7 @@ def eval_command(
 @app.command()
 @config_flags
 def sample(
-    path: Path = WEIGHTS_ARG,
+    path: Path = SAMPLE_WEIGHTS,
     prompt: str = typer.Option("", help="Text to continue (default: the start of a document)."),
     max_tokens: int = typer.Option(200, help="Most tokens to generate (it stops early at a document start)."),
     temperature: float = typer.Option(0.8, help="Softmax temperature; 0 = greedy (always the likeliest)."),
@@ -429,10 +432,13 @@ def sample(
     from core.checkpoint import checkpoint_config, is_checkpoint
     from core.config import given_values, resolve_sources
     from core.loop import load_weights
+    from core.runs import ARTIFACT_NAME, newest_checkpoint
     from core.sample import generate
     from core.tokenizer import check_vocab, load_tokenizer
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
+    if path.is_dir():
+        path = path / ARTIFACT_NAME if (path / ARTIFACT_NAME).is_file() else newest_checkpoint(path)
     if is_checkpoint(path):  # its own config, with what was given now on top
         cfg = Config.from_dict(checkpoint_config(path)).replace(**given_values(cfg, sources))
     params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
@@ -567,6 +573,7 @@ def runs(
     import json
     from dataclasses import asdict
 
+    from rich.measure import Measurement
     from rich.table import Table
 
     from core.runs import find_runs, summarize
@@ -595,7 +602,12 @@ def runs(
             f"{s.roundtrip_val_bpb:.4f}" if s.finished else "unfinished",
             f"{s.total_bytes:,}" if s.total_bytes is not None else "–",
         )
-    console.print(table)
+    if console.is_terminal:
+        console.print(table)
+        return
+    # Piped, the table keeps its natural width rather than wrapping its cells at 80 columns.
+    width = Measurement.get(console, console.options.update_width(1000), table).maximum
+    Console(highlight=False, width=width).print(table)
 
 
 @app.command()

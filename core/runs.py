@@ -87,16 +87,16 @@ class RunDir:
 
 
 def newest_checkpoint(path: str | Path) -> Path:
-    """The checkpoint to resume from: `path` itself, or the highest step under a run directory."""
+    """`path` itself, or the checkpoint of the highest step under a run directory."""
     path = Path(path)
     if not path.is_dir():
         if not path.exists():
-            raise PgolfError(f"--resume {path}: no such checkpoint or run directory")
+            raise PgolfError(f"{path}: no such checkpoint or run directory")
         return path
     found = [(int(p.stem.removeprefix("step_")), p) for p in (path / "checkpoints").glob("step_*.safetensors")
              if p.stem.removeprefix("step_").isdigit()]  # fmt: skip
     if not found:
-        raise PgolfError(f"--resume {path}: no checkpoint in {path / 'checkpoints'}")
+        raise PgolfError(f"{path}: a run directory with no checkpoint in {path / 'checkpoints'}")
     return max(found)[1]
 
 

@@ -235,6 +235,8 @@ def test_sample_continues_a_prompt_from_a_checkpoint_or_the_artifact(sotu_datase
     assert from_artifact.returncode == 0 and from_artifact.stdout.startswith("The Congress"), (
         from_artifact.stderr
     )
+    from_run = cli("sample", str(run_dir), *greedy, "--preset", "smoke", *data_flags(sotu_dataset))
+    assert from_run.stdout == from_artifact.stdout  # a run directory means its artifact
     drawn = [
         cli("sample", str(ckpt), "--max-tokens", "8", "--seed", "3", "--backend", backend).stdout
         for _ in range(2)
