@@ -684,6 +684,7 @@ class Signals:
         exc = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
         if self.holding and self.pending is None:
             self.pending = exc
+            os.write(2, f"\n{HOLDING_NOTICE}\n".encode())  # at once: a validation pass can take a while
             return
         raise exc
 
@@ -699,6 +700,7 @@ class Signals:
             self.holding = False
 
 
+HOLDING_NOTICE = "stopping after the current step, with a checkpoint (again: stop now, without one)"
 SIGNALS = Signals()
 
 
