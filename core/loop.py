@@ -53,9 +53,8 @@ from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 
 Log = Callable[[str], None]
 Progress = Callable[[int, int], None]  # (done, total) of something long
-StopPoll = Callable[
-    [], BaseException | None
-]  # a stop asked for (Ctrl-C): what to raise once a checkpoint is written
+# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written.
+StopPoll = Callable[[], BaseException | None]
 
 
 @dataclass
@@ -472,8 +471,9 @@ class Training:
             self.run.metric(record)
 
     def agreed_ms(self) -> float:
-        """The training clock every rank agrees on (their mean), so schedules and the cap match across
-        ranks; one small all-reduce per step, only when several ranks run under a cap or checkpoint by the clock."""
+        """The training clock every rank agrees on (their mean), so schedules, the cap and timed
+        checkpoints match across ranks; one small all-reduce per step, only when several ranks run
+        under a cap or with timed checkpoints."""
         timed = self.cfg.max_wallclock_seconds > 0 or self.cfg.checkpoint_minutes > 0
         if self.backend.world_size == 1 or not timed:
             return self.clock.ms()  # without a cap or timed checkpoints only steps are read, not the clock
