@@ -104,3 +104,43 @@ def test_the_plot_format_follows_the_file_name(tmp_path):
     with pytest.raises(PgolfError, match=r"must end in \.png, \.svg, \.pdf"):
         plot_runs(runs, tmp_path / "c.jpg")
     assert not (tmp_path / "c.jpg").exists()
+
+
+def test_records_reach_a_tracker_with_wandbs_api(tmp_path, monkeypatch):
+    """wandb and trackio share init / log / finish: a stand-in module records what it is given."""
+    import importlib.machinery
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    fake.init = lambda **kwargs: calls.append(("init", kwargs))
+    fake.log = lambda values, step: calls.append(("log", values, step))
+    fake.finish = lambda: calls.append(("finish",))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    from core.report import report_targets
+
+    run = RunDir(tmp_path, "r")
+    run.report_to(report_targets("wandb"), {"seed": 7})
+    run.metric({"kind": "start", "step": 0, "backend": "cuda"})  # nothing to plot: not sent
+    run.metric({"kind": "train", "step": 3, "train_loss": 4.5, "train_time_ms": 10.0, "mfu": None})
+    run.metric({"kind": "final", "steps": 3, "train_time_ms": 10.0, "roundtrip_val_bpb": 2.25, "artifact_bytes": 9,
+                "code_bytes": 1, "run_dir": "x"})  # fmt: skip
+    run.close()
+    assert calls == [
+        ("init", {"project": "pgolf", "name": "r", "config": {"seed": 7}}),
+        ("log", {"train/train_loss": 4.5, "train/train_time_ms": 10.0}, 3),
+        (
+            "log",
+            {
+                "final/train_time_ms": 10.0,
+                "final/roundtrip_val_bpb": 2.25,
+                "final/artifact_bytes": 9.0,
+                "final/code_bytes": 1.0,
+            },
+            3,
+        ),
+        ("finish",),
+    ]
+    assert len(read_metrics(run.path)) == 3  # the log file has every record
