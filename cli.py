@@ -449,8 +449,8 @@ def sample(
         engine.load_params(params)
         tokens = generate(engine.decoder(), ids, max_tokens, temperature, top_k, cfg.seed, sp.bos_id())
         console.print(prompt, end="", markup=False)
-        shown = prompt
-        for token in tokens:  # printed as they come: the text of all so far, less what is on screen
+        shown = sp.decode(ids[1:])  # the prompt as the tokenizer reads it back (spaces normalized)
+        for token in tokens:  # printed as they come: the text of all so far, less what was shown
             ids.append(token)
             text = sp.decode(ids[1:])
             console.print(text[len(shown) :], end="", markup=False)
