@@ -7,13 +7,36 @@ and a non-zero exit.
 
 from __future__ import annotations
 
+import os
+import signal
+
+EXIT_CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated")}
+EXIT_BROKEN_PIPE = 141  # as a shell reports a writer ended by SIGPIPE
+
+
+def _quit_at_once(signum, frame):
+    """Until `main` takes over, there is nothing to unwind: a signal ends the process with its line."""
+    code, line = EXIT_CODES[signum]
+    os.write(2, f"{line}\n".encode())
+    os._exit(code)
+
+
+def _catch_signals(handler) -> None:
+    """Install `handler` for SIGINT and SIGTERM, except where they are ignored (a background job)."""
+    for signum in EXIT_CODES:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
+if __name__ == "__main__":  # from the first instant: the imports below take a while
+    _catch_signals(_quit_at_once)
+
+# The imports come after the handlers on purpose (ruff's E402 is off for this file).
 import contextlib
 import functools
 import inspect
 import math
-import os
 import platform
-import signal
 import sys
 import threading
 import time
@@ -44,6 +67,10 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Datasets: build the embedded default corpus.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+config_app = typer.Typer(
+    help="Configs: the resolved settings and where each comes from.", no_args_is_help=True
+)
+app.add_typer(config_app, name="config")
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # A warning (an artifact without a checksum, a pickle being opened) is one line too, not a source excerpt.
@@ -87,8 +114,14 @@ def config_flags(command):
 
 
 WEIGHTS_ARG = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or checkpoint (.safetensors).")
+SAMPLE_WEIGHTS = typer.Argument(
+    ..., help="Artifact, checkpoint, or run directory (its artifact, else its newest checkpoint)."
+)
 EVAL_PRESET = typer.Option("baseline", help="Config preset for data paths and eval settings.")
-CONFIG_FILE = typer.Option(None, help="TOML file of config fields, applied over the preset.")
+CONFIG_FILE = typer.Option(
+    None,
+    help="TOML file of config fields, or JSON (*.json, e.g. a run's config.json), applied over the preset.",
+)
 BACKEND = typer.Option(
     "auto", help="cuda (PyTorch: CUDA, else CPU; 'torch' also works), mlx, or auto (MLX on Apple silicon)."
 )
@@ -279,25 +312,45 @@ def train(
     backend: str = BACKEND,
     preset: str = PRESET,
     config: Path | None = CONFIG_FILE,
-    resume: Path | None = typer.Option(None, help="Checkpoint to resume from."),
+    resume: Path | None = typer.Option(
+        None,
+        help="Go on with a run: its directory (its newest checkpoint) or a checkpoint. The checkpoint's "
+        "config is used; only the length, cadences and execution settings may be given anew.",
+    ),
     overrides: dict | None = None,
 ) -> None:
     """Train a model, validate it, export the int8 artifact and score its round trip.
 
     Config fields come from the preset, then --config, then upstream environment
-    variables (ITERATIONS, MATRIX_LR, ...), then the flags below.
+    variables (ITERATIONS, MATRIX_LR, ...), then the flags below. Ctrl-C (or SIGTERM)
+    writes a checkpoint after the current step; a second Ctrl-C quits at once.
     """
     from core.backend import check_config
+    from core.checkpoint import checkpoint_config
+    from core.config import resolve_sources, resumed_config
     from core.loop import train as run_training
+    from core.report import report_targets
+    from core.runs import newest_checkpoint, run_of_checkpoint
 
-    cfg = _resolve(preset, config, overrides or {})
+    cfg, sources = resolve_sources(preset, config, overrides or {})
+    notes = _train_notes(preset if resume is None else None, cfg, sources)
+    if resume is not None:
+        resume = newest_checkpoint(resume)
+        cfg = resumed_config(checkpoint_config(resume), cfg, sources)
+        run = run_of_checkpoint(resume)
+        if run is not None and sources["run_id"] == sources["out_dir"] == "default":
+            cfg = cfg.replace(out_dir=str(run.parent), run_id=run.name)  # its own directory
     check_config(backend, cfg)  # a bad name or config is refused before any data is prepared
+    report_targets(cfg.report_to)
     _ensure_default_data(cfg)
     with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
-        result = run_training(
-            engine, resume=resume, log=_log_line,
-            progress=live.tracker("validating"), step_progress=live.tracker("training"),
-        )  # fmt: skip
+        # One process stops between steps, after a checkpoint; ranks of a job stop at once (see main).
+        held = SIGNALS.held() if engine.world_size == 1 else contextlib.nullcontext()
+        with held as stop:
+            result = run_training(
+                engine, resume=resume, log=_log_line, progress=live.tracker("validating"),
+                step_progress=live.tracker("training"), notes=notes, stop=stop,
+            )  # fmt: skip
     if engine.rank == 0:
         sliding = (
             f", {result.sliding_val_bpb:.4f} with sliding windows"
@@ -309,6 +362,39 @@ def train(
             f"{sliding} ({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
             f"{result.code_bytes:,} B; run in {result.run_dir}"
         )
+
+
+def _train_notes(preset: str | None, cfg: Config, sources: dict[str, str]) -> list[str]:
+    """The lines a run logs after its header: the settings the environment gave, and a warning when a
+    preset made for the challenge's data (`preset`, None on resume) trains on the embedded corpus."""
+    from core.config import CHALLENGE_DATA_PRESETS
+
+    notes = [f"from the environment: {name}={getattr(cfg, name)!r} ({source.removeprefix('env ')})"
+             for name, source in sources.items() if source.startswith("env ")]  # fmt: skip
+    if preset in CHALLENGE_DATA_PRESETS and cfg.data_path == DEFAULT_DATA:
+        notes.append(
+            f"warning: preset {preset} is made for the challenge's FineWeb data, but this run trains on the "
+            "embedded State of the Union corpus (cli.py data download, then --dataset fineweb10B_sp1024)"
+        )
+    return notes
+
+
+@config_app.command("show")
+@config_flags
+def config_show(
+    preset: str = PRESET,
+    config: Path | None = CONFIG_FILE,
+    overrides: dict | None = None,
+) -> None:
+    """Print the resolved config as TOML (usable as --config), each value with where it came from."""
+    import json
+
+    from core.config import resolve_sources
+
+    cfg, sources = resolve_sources(preset, config, overrides or {})
+    for name, value in cfg.to_dict().items():
+        text = str(value).lower() if isinstance(value, bool) else json.dumps(value)
+        console.print(f"{name} = {text}  # {sources[name]}", markup=False)
 
 
 @app.command("eval")
@@ -339,6 +425,50 @@ def eval_command(
                 f"backend:{engine.name} eval:{name} tokens:{int(meter.tokens)} "
                 f"val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}"
             )
+
+
+@app.command()
+@config_flags
+def sample(
+    path: Path = SAMPLE_WEIGHTS,
+    prompt: str = typer.Option("", help="Text to continue (default: the start of a document)."),
+    max_tokens: int = typer.Option(200, help="Most tokens to generate (it stops early at a document start)."),
+    temperature: float = typer.Option(0.8, help="Softmax temperature; 0 = greedy (always the likeliest)."),
+    top_k: int = typer.Option(50, help="Draw among the k likeliest tokens; 0 = all."),
+    backend: str = BACKEND,
+    preset: str = EVAL_PRESET,
+    config: Path | None = CONFIG_FILE,
+    allow_pickle: bool = ALLOW_PICKLE,
+    overrides: dict | None = None,
+) -> None:
+    """Generate text from an artifact or a checkpoint (--seed seeds the draws)."""
+    from core.checkpoint import checkpoint_config, is_checkpoint
+    from core.config import given_values, resolve_sources
+    from core.loop import load_weights
+    from core.runs import ARTIFACT_NAME, newest_checkpoint
+    from core.sample import generate
+    from core.tokenizer import check_vocab, load_tokenizer
+
+    cfg, sources = resolve_sources(preset, config, overrides or {})
+    if path.is_dir():
+        path = path / ARTIFACT_NAME if (path / ARTIFACT_NAME).is_file() else newest_checkpoint(path)
+    if is_checkpoint(path):  # its own config, with what was given now on top
+        cfg = Config.from_dict(checkpoint_config(path)).replace(**given_values(cfg, sources))
+    params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
+    sp = load_tokenizer(cfg.tokenizer_path)
+    check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
+    ids = [sp.bos_id(), *sp.encode(prompt)]  # documents start with BOS in the shards
+    with opened_backend(backend, cfg) as engine:
+        engine.load_params(params)
+        tokens = generate(engine.decoder(), ids, max_tokens, temperature, top_k, cfg.seed, sp.bos_id())
+        console.print(prompt, end="", markup=False)
+        shown = sp.decode(ids[1:])  # the prompt as the tokenizer reads it back (spaces normalized)
+        for token in tokens:  # printed as they come: the text of all so far, less what was shown
+            ids.append(token)
+            text = sp.decode(ids[1:])
+            console.print(text[len(shown) :], end="", markup=False)
+            shown = text
+        console.print()
 
 
 @app.command()
@@ -522,37 +652,59 @@ RUNS_DIR = typer.Option(Path(Config().out_dir), "--out-dir", help="Where the run
 
 
 @app.command()
-def runs(out_dir: Path = RUNS_DIR) -> None:
-    """List the runs under --out-dir: steps, training time, val_bpb, score and size."""
+def runs(
+    out_dir: Path = RUNS_DIR,
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per run instead of the table."),
+) -> None:
+    """List the runs under --out-dir: model, backend, seed, dataset, steps, time, val_bpb, score, size."""
+    import json
+    from dataclasses import asdict
+
+    from rich.measure import Measurement
     from rich.table import Table
 
     from core.runs import find_runs, summarize
 
+    summaries = [summarize(path) for path in find_runs(out_dir)]
+    if json_out:
+        for s in summaries:
+            row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(s).items()}
+            console.print(json.dumps({**row, "path": str(s.path)}), markup=False, soft_wrap=True)
+        return
     table = Table(title=f"runs in {out_dir}")
-    for column in ("run", "model", "steps", "train time", "val_bpb", "int8 val_bpb", "total bytes"):
-        table.add_column(column, justify="left" if column in ("run", "model") else "right")
-    for path in find_runs(out_dir):
-        s = summarize(path)
+    columns = ("run", "model", "backend", "seed", "dataset", "steps", "train time", "val_bpb", "int8 val_bpb",
+               "total bytes")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right" if column in columns[5:] else "left")
+    for s in summaries:
         table.add_row(
             s.name,
             s.model,
+            s.backend,
+            "?" if s.seed is None else str(s.seed),
+            s.dataset,
             f"{s.steps:,}",
             f"{s.train_time_ms / 1000:,.1f} s",
             "–" if math.isnan(s.val_bpb) else f"{s.val_bpb:.4f}",
             f"{s.roundtrip_val_bpb:.4f}" if s.finished else "unfinished",
             f"{s.total_bytes:,}" if s.total_bytes is not None else "–",
         )
-    console.print(table)
+    if console.is_terminal:
+        console.print(table)
+        return
+    # Piped, the table keeps its natural width rather than wrapping its cells at 80 columns.
+    width = Measurement.get(console, console.options.update_width(1000), table).maximum
+    Console(highlight=False, width=width).print(table)
 
 
 @app.command()
 def plot(
     run_dirs: list[Path] = typer.Argument(None, help="Run directories (default: every run in --out-dir)."),
-    out: Path = typer.Option(Path("curves.png"), help="PNG file to write."),
+    out: Path = typer.Option(Path("curves.png"), help="File to write: .png, .svg or .pdf."),
     x: str = typer.Option("step", help="x axis: step or time (training minutes)."),
     out_dir: Path = RUNS_DIR,
 ) -> None:
-    """Plot validation BPB and training loss of runs side by side, as a PNG."""
+    """Plot validation BPB and (smoothed) training loss of runs side by side: PNG, SVG or PDF."""
     from core.runs import find_runs, plot_runs
 
     chosen = list(run_dirs or find_runs(out_dir))
@@ -573,27 +725,31 @@ def info() -> None:
     console.print(f"numpy {numpy.__version__}")
     from core.backend import BACKENDS, pick
 
+    devices = {}
     for info_ in BACKENDS.values():
         if not info_.installed:
-            console.print(f"backend {info_.name}: not installed (pip install 'pgolf[{info_.framework}]')")
-        elif info_.framework == "torch":
+            console.print(f"{info_.title}: not installed (pip install 'pgolf[{info_.framework}]')")
+            continue
+        if info_.framework == "torch":
             import torch
 
-            devices = (
+            version = torch.__version__
+            devices[info_.name] = (
                 ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
                 if torch.cuda.is_available()
-                else "CPU (no CUDA device)"
+                else "the CPU (no CUDA device)"
             )
-            console.print(f"backend {info_.name}: PyTorch {torch.__version__} on {devices}")
         else:
             import mlx.core as mx
 
-            console.print(f"backend {info_.name}: MLX {mx.__version__} on {mx.default_device()}")
+            version = mx.__version__
+            devices[info_.name] = "the GPU" if mx.default_device() == mx.gpu else "the CPU"
+        console.print(f"{info_.title} {version} (--backend {info_.name}): runs on {devices[info_.name]}")
     try:
-        chosen = pick("auto").name
+        chosen = pick("auto")
+        console.print(f"auto backend: {chosen.title} on {devices[chosen.name]} (--backend {chosen.name})")
     except PgolfError:
-        chosen = "none"
-    console.print(f"auto backend: {chosen}")
+        console.print("auto backend: none installed")
     data = Path(DEFAULT_DATA)
     console.print(f"default dataset: {data} ({'present' if data.exists() else 'not prepared yet'})")
 
@@ -602,8 +758,37 @@ class Terminated(Exception):
     """SIGTERM arrived: unwind like Ctrl-C, so that no temp file or half-written output is left."""
 
 
-def _on_sigterm(signum, frame) -> None:
-    raise Terminated
+class Signals:
+    """Ctrl-C and SIGTERM while a command runs: raised at once (KeyboardInterrupt, Terminated), except
+    while `held`, when the first one is kept for the training loop to act on between steps (it writes
+    a checkpoint, then raises it); a second one is raised at once."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending: BaseException | None = None
+
+    def handle(self, signum, frame) -> None:
+        exc = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+        if self.holding and self.pending is None:
+            self.pending = exc
+            os.write(2, f"\n{HOLDING_NOTICE}\n".encode())  # at once: a validation pass can take a while
+            return
+        raise exc
+
+    def poll(self) -> BaseException | None:
+        return self.pending
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield self.poll
+        finally:
+            self.holding = False
+
+
+HOLDING_NOTICE = "stopping after the current step, with a checkpoint (again: stop now, without one)"
+SIGNALS = Signals()
 
 
 def _end_soon_after_sigterm(grace_s: float = 5.0) -> None:
@@ -640,15 +825,33 @@ def _ending(exc: BaseException) -> tuple[int, str | None]:
     return 1, None
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went away (`train | head`): rich and typer then end with exit code 1,
+    rich having pointed stdout at /dev/null, typer having wrapped it to silence its flushes."""
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        return True
+    try:
+        return os.path.samestat(os.fstat(1), os.stat(os.devnull))
+    except OSError:
+        return False
+
+
 def main() -> None:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _catch_signals(SIGNALS.handle)
+    piped_to_null = _stdout_gone()  # `> /dev/null` from the start is no broken pipe
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank under torchrun
         _end_soon_after_sigterm()
     try:
         code = app(standalone_mode=False)
     except NO_ARGS_IS_HELP as exc:
-        console.print(exc.ctx.get_help())
+        # typer's rich help is already printed by the time this is raised; click's plain one is not
+        if exc.format_message():
+            console.print(exc.format_message(), markup=False)
         code = 0
+    except SystemExit as exc:
+        if exc.code != 1 or piped_to_null or not _stdout_gone():
+            raise
+        raise SystemExit(EXIT_BROKEN_PIPE) from None
     except click_errors.UsageError as exc:  # a bad flag or argument
         command = exc.ctx.command_path if exc.ctx else "cli.py"
         err_console.print(f"error: {exc.format_message()} (see {command} --help)", markup=False)

@@ -22,12 +22,13 @@ import importlib.util
 import os
 import platform
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from core.config import Config
+from core.config import Config, did_you_mean
 from core.errors import PgolfError
 from core.params import memory_estimate
 
@@ -58,7 +59,9 @@ def pick(name: str) -> BackendInfo:
     if name in BACKENDS:
         return BACKENDS[name]
     if name != "auto":
-        raise PgolfError(f"unknown backend {name!r} (choose from {', '.join(CHOICES)})")
+        raise PgolfError(
+            f"unknown backend {name!r}{did_you_mean(name, CHOICES)} (choose from {', '.join(CHOICES)})"
+        )
     on_apple = sys.platform == "darwin" and platform.machine() == "arm64"
     order = ("mlx", "cuda") if on_apple else ("cuda", "mlx")
     for candidate in order:
@@ -193,6 +196,11 @@ class Backend(Protocol):
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """float32 logits (B, T, V) after the softcap, for parity checks."""
+
+    def decoder(self) -> Callable[[np.ndarray], np.ndarray]:
+        """A new generation: a function that takes the next token ids (1-D int32; the prompt first,
+        then one at a time) and returns the float32 logits after the last of them. Keys and values of
+        the ids it has seen are kept between calls (a KV cache), so each call costs its own tokens."""
 
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over ranks (identity when world_size is 1); also a barrier."""

@@ -140,6 +140,37 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     )
 
 
+def checkpoint_config(path: str | Path) -> dict[str, Any]:
+    """The config a checkpoint was trained with, from its header alone (the tensors are not read)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PgolfError(f"checkpoint {path}: not a regular file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            body = f.read(min(int.from_bytes(head.ljust(8, b"\0"), "little"), 100_000_000))
+    except OSError as exc:
+        raise PgolfError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
+    return _metadata(head, body, path)["config"]
+
+
+def _metadata(head: bytes, rest: bytes, path: Path) -> dict[str, Any]:
+    """The checked pgolf metadata of a checkpoint: its first 8 bytes, then at least its header."""
+    try:
+        n = int.from_bytes(head, "little")
+        if len(head) < 8 or len(rest) < n:
+            raise ValueError("short")
+        meta = json.loads(json.loads(rest[:n])["__metadata__"]["pgolf"])
+    except (ValueError, KeyError, TypeError):
+        raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint (corrupt or wrong file)") from None
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint")
+    if meta.get("version") not in (1, CHECKPOINT_VERSION):
+        raise PgolfError(f"checkpoint {path}: unsupported version {meta.get('version')}")
+    _check_metadata(meta, path)
+    return meta
+
+
 def _check_metadata(meta: dict[str, Any], path: Path) -> None:
     """Each metadata field has the type the loop relies on, or the file is refused by name."""
     expected = {

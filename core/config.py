@@ -8,6 +8,8 @@ by upper-casing. Sources are layered: preset < TOML file < environment < flags.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import math
 import os
 import re
@@ -43,9 +45,19 @@ NON_NEGATIVE_FIELDS = (
     "embed_wd", "adam_wd", "collective_timeout_seconds", "num_loops", "loop_start", "loop_end",
     "parallel_start_layer", "eval_seq_len", "eval_stride", "byte_shuffle", "gptq_calibration_batches",
     "gptq_reserve_seconds", "embed_clip_sigmas", "matrix_clip_sigmas", "attn_clip_sigmas", "mlp_clip_sigmas",
+    "checkpoint_minutes",
 )  # fmt: skip
 FRACTION_FIELDS = ("muon_momentum", "muon_momentum_warmup_start", "beta1", "beta2", "ema_decay")
 UNIT_FIELDS = ("warmdown_frac", "min_lr", "enable_looping_at")  # in [0, 1]
+# What a resumed run may set differently from its checkpoint: how long, how often it reports and
+# checkpoints, and how it executes; not what it computes.
+RESUMABLE_FIELDS = (
+    "iterations", "max_wallclock_seconds", "val_loss_every", "val_max_tokens", "val_batch_size",
+    "train_log_every", "checkpoint_every", "checkpoint_minutes", "report_to", "run_id", "out_dir",
+    "compile", "collective_timeout_seconds", "mlx_max_microbatch_tokens", "mlx_eager_eval",
+)  # fmt: skip
+# Presets made for the challenge's FineWeb data (a warning when they run on the embedded corpus).
+CHALLENGE_DATA_PRESETS = ("baseline", "seq4096", "record_0401")
 CHOICES = {
     "compute_dtype": ("auto", "bfloat16", "float32"),
     "compile": ("auto", "on", "off"),
@@ -69,6 +81,11 @@ def opt(default: Any, help: str) -> Any:
 @dataclass
 class Config:
     # --- data ---
+    dataset: str = opt(
+        "",
+        "a dataset of data/manifest.json by name (e.g. fineweb10B_sp1024): sets data_path, tokenizer_path "
+        "and vocab_size; empty = data_path's folder",
+    )
     data_path: str = opt("data/datasets/sotu_sp1024", "folder holding fineweb_{train,val}_*.bin shards")
     train_loader: str = opt(
         "sequential",
@@ -108,6 +125,13 @@ class Config:
         "tokens (the first scores all); 0 = non-overlapping sequences",
     )
     eval_batch_seqs: int = opt(32, "sliding windows per forward pass on each rank")
+    checkpoint_minutes: float = opt(
+        10.0, "also write one every N minutes of training time, replacing the last timed one; 0 = off"
+    )
+    report_to: str = opt(
+        "",
+        "also send the metrics to: tensorboard, wandb, trackio (comma-separated); empty = only metrics.jsonl",
+    )
 
     # --- model shape ---
     vocab_size: int = opt(1024, "must equal the tokenizer's vocabulary")
@@ -575,63 +599,153 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset(name: str) -> Config:
+    return Config().replace(**preset_values(name))
+
+
+def preset_values(name: str) -> dict[str, Any]:
+    """The fields a preset sets; an unknown name is refused with the nearest one suggested."""
     if name not in PRESETS:
-        raise PgolfError(f"config: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
-    return Config().replace(**PRESETS[name])
+        raise PgolfError(
+            f"config: unknown preset {name!r}{did_you_mean(name, PRESETS)} (choose from {', '.join(PRESETS)})"
+        )
+    return PRESETS[name]
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a flat TOML table of config fields; unknown keys are an error.
+def did_you_mean(name: str, choices: Any) -> str:
+    """' (did you mean X?)' for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a flat table of config fields: TOML, or JSON when the name ends in .json (a run's
+    config.json); unknown keys are an error.
 
     Any readable file will do (`--config <(...)` too), up to MAX_CONFIG_BYTES: /dev/zero is refused."""
     p = Path(path)
+    as_json = p.suffix.lower() == ".json"
     try:
         with open(p, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise PgolfError(f"config: {p} holds more than {MAX_CONFIG_BYTES:,} bytes: not a config file")
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        data = json.loads(text) if as_json else tomllib.loads(text)
     except FileNotFoundError:
         raise PgolfError(f"config: file not found: {p}") from None
     except UnicodeDecodeError:
         raise PgolfError(f"config: {p} is not UTF-8 text") from None
     except OSError as exc:
         raise PgolfError(f"config: cannot read {p}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PgolfError(f"config: {p} is not valid TOML ({exc})") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise PgolfError(f"config: {p} is not valid {'JSON' if as_json else 'TOML'} ({exc})") from None
+    if not isinstance(data, dict):
+        raise PgolfError(f"config: {p} must hold one object of config fields")
     unknown = sorted(set(data) - field_names())
     if unknown:
-        raise PgolfError(f"config: unknown key {unknown[0]!r} in {p}")
+        raise PgolfError(
+            f"config: unknown key {unknown[0]!r} in {p}{did_you_mean(unknown[0], field_names())}"
+        )
+    for key, value in data.items():
+        if value is None:
+            raise PgolfError(f"config: {key} in {p} has no value (null)")
     return data
+
+
+def env_names(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR)."""
+    env = os.environ if environ is None else environ
+    out = {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
+    for alias, name in ENV_ALIASES.items():
+        if alias in env and name not in out:
+            out[name] = alias
+    return out
 
 
 def from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """The upstream environment variables that name a config field (e.g. MATRIX_LR)."""
     env = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for name in sorted(field_names()):
-        if name.upper() in env:
-            out[name] = env[name.upper()]
-    for alias, name in ENV_ALIASES.items():
-        if alias in env and name.upper() not in env:
-            out[name] = env[alias]
-    return out
+    return {name: env[var] for name, var in env_names(env).items()}
+
+
+DEFAULT_SOURCE = "default"
+
+
+def resolve_sources(
+    preset_name: str = "baseline",
+    file_path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> tuple[Config, dict[str, str]]:
+    """The config of preset, then file, then upstream env vars, then explicit overrides (flags), and
+    where each field's value came from: 'default', 'preset P', 'file F', 'env VAR', 'flag', or
+    'dataset D' for the paths a `dataset` looked up in the manifest.
+
+    A layer that names a dataset sets data_path, tokenizer_path and vocab_size from the manifest,
+    except those the same layer sets itself (a run's config.json holds all four).
+    """
+    env_vars = env_names(environ)
+    layers = [
+        {k: (v, f"preset {preset_name}") for k, v in preset_values(preset_name).items()},
+        {k: (v, f"file {file_path}") for k, v in load_file(file_path).items()} if file_path else {},
+        {k: (v, f"env {env_vars[k]}") for k, v in from_env(environ).items()},
+        {k: (v, "flag") for k, v in (overrides or {}).items()},
+    ]
+    cfg, sources = Config(), dict.fromkeys(field_names(), DEFAULT_SOURCE)
+    for layer in layers:
+        name = layer.get("dataset", ("", ""))[0]
+        if name and not {"data_path", "tokenizer_path", "vocab_size"} <= set(layer):
+            from core.corpus import dataset_settings
+
+            found = dataset_settings(str(name))
+            layer = {**{k: (v, f"dataset {name}") for k, v in found.items()}, **layer}
+        cfg = cfg.replace(**{k: value for k, (value, _) in layer.items()})
+        sources.update({k: source for k, (_, source) in layer.items()})
+    if not cfg.dataset:
+        cfg = cfg.replace(dataset=Path(cfg.data_path).name)
+        sources["dataset"] = "data_path"
+    return cfg, sources
 
 
 def resolve(
     preset_name: str = "baseline",
-    toml_path: str | Path | None = None,
+    file_path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
-    """Preset, then TOML file, then upstream env vars, then explicit overrides (flags)."""
-    cfg = preset(preset_name)
-    if toml_path is not None:
-        cfg = cfg.replace(**load_toml(toml_path))
-    cfg = cfg.replace(**from_env(environ))
-    if overrides:
-        cfg = cfg.replace(**overrides)
-    return cfg
+    """Preset, then config file, then upstream env vars, then explicit overrides (flags)."""
+    return resolve_sources(preset_name, file_path, overrides, environ)[0]
+
+
+def given_values(cfg: Config, sources: dict[str, str]) -> dict[str, Any]:
+    """The fields of `cfg` that were asked for (by a preset, a file, the environment or a flag)."""
+    return {
+        name: getattr(cfg, name)
+        for name, source in sources.items()
+        if source not in (DEFAULT_SOURCE, "data_path")
+    }
+
+
+def resumed_config(saved: dict[str, Any], cfg: Config, sources: dict[str, str]) -> Config:
+    """The config a checkpoint was trained with, plus what was given now (by a preset named on the
+    command line, a file, the environment or a flag) of RESUMABLE_FIELDS; anything else that differs
+    from the checkpoint is refused by name."""
+    base = Config.from_dict(saved)
+    changes, refused = {}, []
+    for name, value in given_values(cfg, sources).items():
+        old = getattr(base, name)
+        if value == old:
+            continue
+        if name in RESUMABLE_FIELDS:
+            changes[name] = value
+        else:
+            refused.append(f"{name} (the checkpoint has {old!r}, {sources[name]} gives {value!r})")
+    if refused:
+        raise PgolfError(
+            f"config: cannot change when resuming: {', '.join(refused)}; only {', '.join(RESUMABLE_FIELDS)} can"
+        )
+    resumed = base.replace(**changes)
+    return resumed if resumed.dataset else resumed.replace(dataset=Path(resumed.data_path).name)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -14,11 +14,11 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from core.atomic import make_dir, sync
-from core.corpus import merge_manifest, read_manifest
+from core.corpus import find_entries, manifest_path, merge_manifest, read_manifest
 from core.errors import PgolfError
 from core.shards import read_shard_header
 
@@ -91,10 +91,10 @@ def download_fineweb(
             f"{variant} has only {files_train} training shards on {repo_id}, {train_shards} were asked for"
         )
 
-    folder = _relative(dataset.get("path") or f"datasets/{dataset['name']}")
+    folder = manifest_path(dataset.get("path") or f"datasets/{dataset['name']}")
     shards = [f"{folder}/fineweb_val_{i:06d}.bin" for i in range(files_val)]
     shards += [f"{folder}/fineweb_train_{i:06d}.bin" for i in range(train_shards)]
-    artifacts = [_relative(tokenizer[k]) for k in ("model_path", "vocab_path") if tokenizer.get(k)]
+    artifacts = [manifest_path(tokenizer[k]) for k in ("model_path", "vocab_path") if tokenizer.get(k)]
     if not artifacts:
         raise PgolfError(f"manifest entry for tokenizer {tokenizer.get('name')} names no files")
 
@@ -131,7 +131,7 @@ def _entries(
     """The variant's dataset and tokenizer entries: from the local manifest after a
     complete earlier download, else from the published one."""
     name = f"fineweb10B_{variant}"
-    found = _find(read_manifest(root), name)
+    found = find_entries(read_manifest(root), name)
     if found:
         return found
     say(f"downloading {REMOTE_PREFIX}/manifest.json")
@@ -146,7 +146,7 @@ def _entries(
         remote.unlink(missing_ok=True)
     if not isinstance(manifest, dict):
         raise PgolfError(f"the manifest of {repo_id} is not a JSON object")
-    found = _find(manifest, name)
+    found = find_entries(manifest, name)
     if found:
         return found
     prefix = "fineweb10B_"
@@ -158,27 +158,6 @@ def _entries(
     raise PgolfError(
         f"unknown variant {variant!r}: {repo_id} has {', '.join(available) or 'no FineWeb datasets'}"
     )
-
-
-def _find(manifest: dict[str, Any], name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    datasets = [d for d in manifest.get("datasets") or [] if isinstance(d, dict) and d.get("name") == name]
-    if not datasets:
-        return None
-    tok_name = datasets[0].get("tokenizer_name")
-    tokenizers = [
-        t for t in manifest.get("tokenizers") or [] if isinstance(t, dict) and t.get("name") == tok_name
-    ]
-    if not tokenizers:
-        raise PgolfError(f"manifest: dataset {name} names tokenizer {tok_name!r}, which it does not list")
-    return datasets[0], tokenizers[0]
-
-
-def _relative(path: Any) -> str:
-    """A manifest path, refused if it could point outside the data folder."""
-    p = PurePosixPath(str(path))
-    if p.is_absolute() or ".." in p.parts or not p.parts:
-        raise PgolfError(f"manifest path {path!r} must be relative and stay inside the data folder")
-    return p.as_posix()
 
 
 def _complete(path: Path, is_shard: bool) -> bool:

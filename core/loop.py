@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,7 @@ from core.params import (
     optimizer_state_shapes,
     storage_dtypes,
 )
+from core.report import report_targets
 from core.runs import RunDir
 from core.schedule import looping_active, lr_multiplier, muon_momentum
 from core.shards import find_shards, load_val_tokens, make_train_loader, val_spans
@@ -55,6 +56,8 @@ from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 
 Log = Callable[[str], None]
 Progress = Callable[[int, int], None]  # (done, total) of something long
+# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written.
+StopPoll = Callable[[], BaseException | None]
 
 # A run has diverged, and stops with an error, when a logged training loss is not finite, when it is
 # above ln(vocab_size) (the loss of predicting every token as equally likely, where a fresh model
@@ -252,6 +255,8 @@ class Training:
         log: Log = print,
         progress: Progress | None = None,
         step_progress: Progress | None = None,
+        notes: Sequence[str] = (),
+        stop: StopPoll | None = None,
         code_bytes: int | None = None,
     ):
         self.backend, self.cfg = backend, backend.cfg
@@ -260,6 +265,10 @@ class Training:
         self.code_bytes = (
             code_bytes  # None: the size of the run's packaged train_gpt.py, worked out at the end
         )
+        self.notes, self.stop = notes, stop
+        self.saved_step: int | None = None  # the step of the last checkpoint written
+        self.saved_ms = 0.0  # and the training clock then
+        self.timed_checkpoint: Path | None = None  # the last one written for checkpoint_minutes
         self.main = backend.rank == 0
         self.accum = self.cfg.local_accum_steps(backend.world_size)
         self.dtypes = storage_dtypes(self.cfg, backend.bf16)
@@ -281,6 +290,7 @@ class Training:
             backend.world_size,
             cfg.vocab_size,
         )
+        trackers = report_targets(cfg.report_to)
         start_ms = 0.0
         if self.resume is not None:
             ckpt = load_checkpoint(self.resume)
@@ -307,6 +317,9 @@ class Training:
         )
         self.run = RunDir(cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
         self.run.write_config(cfg.to_dict())
+        self.run.report_to(trackers, cfg.to_dict())
+        self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
+                    world_size=backend.world_size)  # fmt: skip
         self._log_header()
 
     def warm_up(self) -> None:
@@ -355,12 +368,13 @@ class Training:
         if cfg.train_log_every > 0 and due:
             self._log_train(loss, lr_mult, momentum)
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self) -> Path:
         """Rank 0 writes; every rank's clock stops until it is on disk."""
+        path = self.run.checkpoint_path(self.step)
         with self.clock.paused():
             if self.main:
                 save_checkpoint(
-                    self.run.checkpoint_path(self.step),
+                    path,
                     Checkpoint(
                         params=self.backend.params(),
                         optimizer=self.backend.optimizer_state(),
@@ -373,6 +387,38 @@ class Training:
                     ),
                 )
             self.backend.all_reduce_sum(np.zeros(1))  # the barrier that keeps the clocks alike
+        self.saved_step, self.saved_ms = self.step, self.elapsed_ms
+        return path
+
+    def save_periodic_checkpoint(self) -> None:
+        """Every checkpoint_every steps, and every checkpoint_minutes of training time (the clock the
+        ranks agree on), but not at the last step, whose checkpoint comes after validation. A timed
+        checkpoint replaces the timed one before it, so that long runs do not fill the disk."""
+        cfg = self.cfg
+        if self.step >= cfg.iterations:
+            return
+        by_steps = cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0
+        minutes = cfg.checkpoint_minutes
+        timed = minutes > 0 and self.elapsed_ms - self.saved_ms >= 60_000.0 * minutes
+        if not (by_steps or timed):
+            return
+        path = self.save_checkpoint()
+        if by_steps:
+            return
+        if self.main and self.timed_checkpoint is not None:
+            self.timed_checkpoint.unlink(missing_ok=True)
+        self.timed_checkpoint = path
+
+    def stop_if_asked(self) -> None:
+        """Write a checkpoint, say where it is and raise, when a stop was asked for (a signal)."""
+        exc = self.stop() if self.stop is not None else None
+        if exc is None:
+            return
+        path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
+        self.say(
+            f"stopped at step {self.step}: checkpoint {path}; go on with: train --resume {self.run.path}"
+        )
+        raise exc
 
     def export_and_score(self) -> RunResult:
         """Write the artifact of the final (or averaged) weights and score what was written."""
@@ -448,7 +494,7 @@ class Training:
         if cfg.warmup_steps > 0 and self.resume is None:
             self.warm_up()
         self.first_step = self.step
-        self.first_ms = self.elapsed_ms = self.clock.ms()
+        self.first_ms = self.elapsed_ms = self.saved_ms = self.clock.ms()
         self.clock.start()
         while True:
             last = self.step == cfg.iterations or (
@@ -458,13 +504,9 @@ class Training:
                 self.validate()
             if last:
                 break
+            self.stop_if_asked()
             self.train_step()
-            if (
-                cfg.checkpoint_every > 0
-                and self.step % cfg.checkpoint_every == 0
-                and self.step < cfg.iterations
-            ):
-                self.save_checkpoint()
+            self.save_periodic_checkpoint()
             if self.stop_after is None and self.reached_cap():
                 self.stop_after = self.step
         self.clock.stop()
@@ -507,10 +549,12 @@ class Training:
             self.run.metric(record)
 
     def agreed_ms(self) -> float:
-        """The training clock every rank agrees on (their mean), so schedules and the cap match across
-        ranks; one small all-reduce per step, only when several ranks run under a cap."""
-        if self.backend.world_size == 1 or self.cfg.train_cap_seconds <= 0:
-            return self.clock.ms()  # without a cap the schedules read steps, not the clock
+        """The training clock every rank agrees on (their mean), so schedules, the cap and timed
+        checkpoints match across ranks; one small all-reduce per step, only when several ranks run
+        under a cap or with timed checkpoints."""
+        timed = self.cfg.train_cap_seconds > 0 or self.cfg.checkpoint_minutes > 0
+        if self.backend.world_size == 1 or not timed:
+            return self.clock.ms()  # without a cap or timed checkpoints only steps are read, not the clock
         return float(self.backend.all_reduce_sum(np.array([self.clock.ms()]))[0]) / self.backend.world_size
 
     def reached_cap(self) -> bool:
@@ -587,6 +631,9 @@ class Training:
                 f"gptq:reserving {cfg.gptq_reserve_seconds:g}s for calibration, "
                 f"training cap {1000 * cfg.train_cap_seconds:.0f}ms"
             )
+        self.say(f"dataset:{cfg.dataset} data_path:{cfg.data_path} tokenizer_path:{cfg.tokenizer_path}")
+        for note in self.notes:
+            self.say(note)
         self.say(f"run_dir:{self.run.path}")
 
 
@@ -616,16 +663,26 @@ def train(
     log: Log = print,
     progress: Progress | None = None,
     step_progress: Progress | None = None,
+    notes: Sequence[str] = (),
+    stop: StopPoll | None = None,
     code_bytes: int | None = None,
 ) -> RunResult:
     """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
 
     `progress` follows each validation pass and `step_progress` the training steps,
     as (done, expected total); under a wallclock cap the total is where the cap
-    will stop the run at the current pace. `code_bytes`: what counts as the run's code
-    (default: the size of its packaged, compressed train_gpt.py; core/package.py).
+    will stop the run at the current pace. `notes` are logged after the header (where settings
+    came from, warnings); `stop` is polled between steps (see `Training.stop_if_asked`).
+    `code_bytes`: what counts as the run's code (default: the size of its packaged, compressed
+    train_gpt.py; core/package.py).
     """
-    return Training(backend, resume, log, progress, step_progress, code_bytes).run()
+    training = Training(backend, resume, log, progress, step_progress, notes, stop, code_bytes)
+    try:
+        return training.run()
+    finally:
+        run_dir = training.run  # the RunDir once `start` has made it (until then, the method)
+        if isinstance(run_dir, RunDir):
+            run_dir.close()
 
 
 def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:

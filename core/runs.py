@@ -2,7 +2,8 @@
 
 A run directory holds:
     config.json          the resolved config
-    metrics.jsonl        one JSON record per line: kind = train | val | final
+    metrics.jsonl        one JSON record per line: kind = start (backend, device; once per start or
+                         resume) | train | val | final
     train.log            the console lines
     checkpoints/step_NNNNNN.safetensors
     final_model.<label>.pgolf   the artifact: int8, int6, ... (core.artifact.quant_label)
@@ -22,6 +23,7 @@ from typing import Any
 
 from core.atomic import append_line, make_dir, remove_stale_temps, write_atomic
 from core.errors import PgolfError
+from core.report import open_reporters, scalars
 
 # The fields each kind of record must hold as numbers (other kinds are kept as they are).
 NUMERIC_FIELDS = {
@@ -39,6 +41,7 @@ class RunDir:
         self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
         self.path = Path(root) / self.run_id
         self.enabled = enabled
+        self.reporters: list[Any] = []  # live trackers the metrics go to as well (core.report)
         if not enabled:
             return
         if not reuse and (self.path / "config.json").exists():
@@ -60,10 +63,44 @@ class RunDir:
     def metric(self, record: dict[str, Any]) -> None:
         if self.enabled:
             append_line(self.path / "metrics.jsonl", json.dumps(record))
+            found = scalars(record) if self.reporters else None
+            for reporter in self.reporters if found else ():
+                reporter.log(*found)
+
+    def report_to(self, targets: list[str], config: dict[str, Any]) -> None:
+        """Mirror the metrics to these trackers from now on (rank 0 only)."""
+        if self.enabled:
+            self.reporters = open_reporters(targets, self.path, self.run_id, config)
+
+    def close(self) -> None:
+        """Close the trackers (the files need no closing)."""
+        for reporter in self.reporters:
+            reporter.close()
+        self.reporters = []
 
     def log_line(self, line: str) -> None:
         if self.enabled:
             append_line(self.path / "train.log", line)
+
+
+def newest_checkpoint(path: str | Path) -> Path:
+    """`path` itself, or the checkpoint of the highest step under a run directory."""
+    path = Path(path)
+    if not path.is_dir():
+        if not path.exists():
+            raise PgolfError(f"{path}: no such checkpoint or run directory")
+        return path
+    found = [(int(p.stem.removeprefix("step_")), p) for p in (path / "checkpoints").glob("step_*.safetensors")
+             if p.stem.removeprefix("step_").isdigit()]  # fmt: skip
+    if not found:
+        raise PgolfError(f"{path}: a run directory with no checkpoint in {path / 'checkpoints'}")
+    return max(found)[1]
+
+
+def run_of_checkpoint(checkpoint: Path) -> Path | None:
+    """The run directory a checkpoint was written into (…/RUN/checkpoints/step_N.safetensors), if any."""
+    run = checkpoint.resolve().parent.parent
+    return run if checkpoint.parent.name == "checkpoints" and (run / "config.json").is_file() else None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -108,6 +145,9 @@ class RunSummary:
     name: str
     path: Path
     model: str  # "layers x dim, vocab V"
+    backend: str  # the backend of its last start ("?" for runs written before it was recorded)
+    seed: int | None
+    dataset: str
     steps: int  # optimizer steps logged so far (the final count when finished)
     train_time_ms: float
     val_bpb: float  # the last validation before quantization (nan if none yet)
@@ -123,7 +163,10 @@ def summarize(run_dir: str | Path) -> RunSummary:
         cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
         model = f"{cfg['num_layers']}x{cfg['model_dim']}, vocab {cfg['vocab_size']}"
     except (OSError, ValueError, KeyError, TypeError):
-        model = "?"
+        cfg, model = {}, "?"
+    cfg = cfg if isinstance(cfg, dict) else {}
+    start = next((r for r in reversed(records) if r["kind"] == "start"), {})
+    seed = cfg.get("seed")
     final = next((r for r in reversed(records) if r["kind"] == "final"), None)
     vals = [r for r in records if r["kind"] == "val"]
     timed = [r for r in records if r["kind"] in ("train", "val")]
@@ -131,6 +174,9 @@ def summarize(run_dir: str | Path) -> RunSummary:
         name=run_dir.name,
         path=run_dir,
         model=model,
+        backend=str(start.get("backend", "?")),
+        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+        dataset=str(cfg.get("dataset") or Path(str(cfg.get("data_path", "?"))).name),
         steps=int(final["steps"]) if final else max((int(r["step"]) for r in timed), default=0),
         train_time_ms=float(final["train_time_ms"])
         if final
@@ -150,8 +196,32 @@ def find_runs(root: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").is_file())
 
 
-def plot_runs(run_dirs: list[Path], out: Path, x: str = "step") -> Path:
-    """Validation BPB and training loss of each run, against steps or training minutes, as a PNG."""
+PLOT_FORMATS = ("png", "svg", "pdf")
+SMOOTHING = 0.9  # the weight of the past in the smoothed training loss (about the last 10 records)
+
+
+def smooth(values: list[float], weight: float = SMOOTHING) -> list[float]:
+    """An exponential moving average, debiased so that it starts at the first value."""
+    out, average = [], 0.0
+    for i, value in enumerate(values, 1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**i))
+    return out
+
+
+def focus(values: list[float]) -> tuple[float, float] | None:
+    """A y-range that holds `values` with a margin (None for no values)."""
+    if not values:
+        return None
+    low, high = min(values), max(values)
+    margin = 0.05 * (high - low) or 0.05 * abs(high) or 0.05
+    return low - margin, high + margin
+
+
+def draw_runs(run_dirs: list[Path], x: str = "step"):
+    """The figure of `plot_runs`: validation BPB (its y-range leaves out the step-0 value of the
+    untrained model) and training loss, raw and smoothed (its y-range follows the smoothed curve
+    past the first tenth of each run)."""
     if x not in ("step", "time"):
         raise PgolfError(f"unknown x axis {x!r} (choose step or time)")
     try:
@@ -166,22 +236,49 @@ def plot_runs(run_dirs: list[Path], out: Path, x: str = "step") -> Path:
         return [r["step"] if x == "step" else r["train_time_ms"] / 60_000 for r in records]
 
     fig, (ax_val, ax_train) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    shown_val: list[float] = []
+    shown_train: list[float] = []
     for run_dir in run_dirs:
         records = read_metrics(run_dir)
         vals = [r for r in records if r["kind"] == "val"]
         trains = [r for r in records if r["kind"] == "train"]
         (line,) = ax_val.plot(xs(vals), [r["val_bpb"] for r in vals], marker=".", label=run_dir.name)
-        ax_train.plot(xs(trains), [r["train_loss"] for r in trains], color=line.get_color(), lw=1)
+        color = line.get_color()
+        shown_val += [r["val_bpb"] for r in vals if r["step"] > 0]
+        losses = [r["train_loss"] for r in trains]
+        ax_train.plot(xs(trains), losses, color=color, lw=0.7, alpha=0.3)
+        smoothed = smooth(losses)
+        ax_train.plot(xs(trains), smoothed, color=color, lw=1.5, label=run_dir.name)
+        shown_train += smoothed[len(smoothed) // 10 :]
         final = next((r for r in records if r["kind"] == "final"), None)
         if final is not None and vals:
-            ax_val.plot(xs(vals)[-1:], [final["roundtrip_val_bpb"]], marker="x", color=line.get_color())
+            ax_val.plot(xs(vals)[-1:], [final["roundtrip_val_bpb"]], marker="x", color=color)
+            shown_val.append(final["roundtrip_val_bpb"])
+    for ax, shown in ((ax_val, shown_val), (ax_train, shown_train)):
+        limits = focus(shown)
+        if limits is not None:
+            ax.set_ylim(*limits)
     label = "step" if x == "step" else "training time (min)"
     ax_val.set(xlabel=label, ylabel="val_bpb", title="validation bits per byte (x: after int8 round trip)")
-    ax_train.set(xlabel=label, ylabel="train loss (nats)", title="training loss")
+    ax_train.set(xlabel=label, ylabel="train loss (nats)", title=f"training loss (smoothed: EMA {SMOOTHING})")
     for ax in (ax_val, ax_train):
         ax.grid(alpha=0.3)
     ax_val.legend(fontsize="small")
+    return fig
+
+
+def plot_runs(run_dirs: list[Path], out: Path, x: str = "step") -> Path:
+    """Validation BPB and training loss of each run, against steps or training minutes, in the format
+    that `out`'s extension names (png, svg or pdf)."""
+    kind = Path(out).suffix.lower().removeprefix(".")
+    if kind not in PLOT_FORMATS:
+        raise PgolfError(
+            f"{out}: the plot's file name must end in {', '.join('.' + f for f in PLOT_FORMATS)}"
+        )
+    fig = draw_runs(run_dirs, x)
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
+    fig.savefig(buffer, format=kind, dpi=120)
     plt.close(fig)
     return write_atomic(out, buffer.getvalue())

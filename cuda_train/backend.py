@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import timedelta
 
@@ -277,6 +278,18 @@ class TorchBackend:
         self.model.eval()
         with self.autocast:
             return self.model.logits(self._to_device(x), self.looping).float().cpu().numpy()
+
+    def decoder(self) -> Callable[[np.ndarray], np.ndarray]:
+        model, cache = self.model, {}
+
+        @torch.inference_mode()
+        def next_logits(ids: np.ndarray) -> np.ndarray:
+            model.eval()
+            with self.autocast:
+                logits = model.decode(self._to_device(ids[None]), cache, self.looping)
+            return logits[0, -1].float().cpu().numpy()
+
+        return next_logits
 
     # ------------------------------------------------------------ plumbing
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:

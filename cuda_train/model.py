@@ -123,6 +123,32 @@ class CausalSelfAttention(nn.Module):
             y = remove_self_value(y, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
+    def decode(self, x: Tensor, rope: Rope, start: int, kv: list[Tensor], v_embed: Tensor | None) -> Tensor:
+        """This attention on tokens x (B, t, d) at positions start.., attending to the keys and values `kv`
+        of the tokens before them (empty at first), to which theirs are appended."""
+        b, t, d = x.shape
+        v = self.c_v(x)
+        if v_embed is not None:
+            v = v + v_embed
+        q = self.c_q(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        rope = (rope[0][start : start + t].to(q.dtype), rope[1][start : start + t].to(q.dtype))
+        q = apply_rope(rms_norm(q), rope) * self.q_gain.to(q.dtype)[None, :, None, None]
+        k = apply_rope(rms_norm(k), rope)
+        keys, values = (torch.cat((kv[0], k), 2), torch.cat((kv[1], v), 2)) if kv else (k, v)
+        kv[:] = [keys, values]
+        visible = (
+            torch.arange(start + t, device=x.device)[None, :]
+            <= torch.arange(start, start + t, device=x.device)[:, None]
+        )
+        y = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=visible, enable_gqa=keys.size(1) != q.size(1)
+        )
+        if self.xsa:
+            y = remove_self_value(y, v)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: Config):
@@ -303,3 +329,41 @@ class GPT(nn.Module):
         """
         logits = self.logits(idx, looping).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+
+    def decode(self, idx: Tensor, cache: KVCache, looping: bool = False) -> Tensor:
+        """Softcapped logits (B, t, V) of tokens `idx` that follow those already in `cache` (empty at
+        first), which keeps their keys and values for the next call."""
+        start = cache.get("length", 0)
+        rope = self.rope(start + idx.size(1), idx.device)
+        originals = [block.attn for block in self.blocks]
+        try:
+            for i, block in enumerate(self.blocks):
+                block.attn = CachedAttention(originals[i], rope, start, cache.setdefault(i, []))
+            logits = self.logits(idx, looping)
+        finally:
+            for block, attn in zip(self.blocks, originals, strict=True):
+                block.attn = attn
+        cache["length"] = start + idx.size(1)
+        return logits
+
+
+# ------------------------------------------------------------------ generation
+# Decoding with a KV cache: `GPT.decode` runs the usual forward pass (`logits`) on the new tokens only,
+# with each attention module swapped for a `CachedAttention` that adds their keys and values to those
+# kept from earlier calls. Everything but attention works token by token, so nothing else changes.
+KVCache = dict  # {"length": tokens so far, layer: [[k, v] per visit of that layer in one forward]}
+
+
+class CachedAttention(nn.Module):
+    """Stands in for a block's attention during one `GPT.decode` call."""
+
+    def __init__(self, attn: CausalSelfAttention, rope: Rope, start: int, visits: list[list[Tensor]]):
+        super().__init__()
+        self.attn, self.rope, self.start, self.visits, self.calls = attn, rope, start, visits, 0
+
+    def forward(self, x: Tensor, rope: Rope, v_embed: Tensor | None = None) -> Tensor:
+        if self.calls == len(self.visits):  # depth recurrence visits a layer more than once
+            self.visits.append([])
+        kv = self.visits[self.calls]
+        self.calls += 1
+        return self.attn.decode(x, self.rope, self.start, kv, v_embed)

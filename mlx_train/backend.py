@@ -17,6 +17,7 @@ then applies the same update (Muon's orthogonalisation is computed on every rank
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import mlx.core as mx
@@ -217,6 +218,15 @@ class MLXBackend:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return np.array(self.model.logits(mx.array(x), self.looping).astype(mx.float32))
+
+    def decoder(self) -> Callable[[np.ndarray], np.ndarray]:
+        model, cache = self.model, {}
+
+        def next_logits(ids: np.ndarray) -> np.ndarray:
+            logits = model.decode(mx.array(ids[None]), cache, self.looping)
+            return np.array(logits[0, -1].astype(mx.float32))
+
+        return next_logits
 
     # ------------------------------------------------------------ plumbing
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:

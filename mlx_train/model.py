@@ -102,6 +102,32 @@ class CausalSelfAttention(nn.Module):
             y = remove_self_value(y, v)
         return self.proj(y.transpose(0, 2, 1, 3).reshape(b, t, d))
 
+    def decode(
+        self, x: mx.array, rope: Rope, start: int, kv: list[mx.array], v_embed: mx.array | None
+    ) -> mx.array:
+        """This attention on tokens x (B, t, d) at positions start.., attending to the keys and values `kv`
+        of the tokens before them (empty at first), to which theirs are appended."""
+        b, t, d = x.shape
+        v = self.c_v(x)
+        if v_embed is not None:
+            v = v + v_embed
+        q = self.c_q(x).reshape(b, t, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        k = self.c_k(x).reshape(b, t, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)
+        v = v.reshape(b, t, self.num_kv_heads, self.head_dim).transpose(0, 2, 1, 3)
+        rope = (rope[0][start : start + t].astype(q.dtype), rope[1][start : start + t].astype(q.dtype))
+        q = apply_rope(rms_norm(q), rope) * self.q_gain.astype(q.dtype)[None, :, None, None]
+        k = apply_rope(rms_norm(k), rope)
+        keys, values = (
+            (mx.concatenate([kv[0], k], axis=2), mx.concatenate([kv[1], v], axis=2)) if kv else (k, v)
+        )
+        kv[:] = [keys, values]
+        visible = mx.arange(start + t)[None, :] <= mx.arange(start, start + t)[:, None]
+        scale = 1.0 / math.sqrt(self.head_dim)
+        y = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=visible)
+        if self.xsa:
+            y = remove_self_value(y, v)
+        return self.proj(y.transpose(0, 2, 1, 3).reshape(b, t, d))
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: Config, ops: Ops):
@@ -280,3 +306,40 @@ class GPT(nn.Module):
         return self.token_losses(idx, targets, looping).mean()
 
     __call__ = logits
+
+    def decode(self, idx: mx.array, cache: KVCache, looping: bool = False) -> mx.array:
+        """Softcapped logits (B, t, V) of tokens `idx` that follow those already in `cache` (empty at
+        first), which keeps their keys and values for the next call."""
+        start = cache.get("length", 0)
+        rope = rope_tables(start + idx.shape[1], self.rope_dims, self.rope_base)
+        originals = [block.attn for block in self.blocks]
+        try:
+            for i, block in enumerate(self.blocks):
+                block.attn = CachedAttention(originals[i], rope, start, cache.setdefault(i, []))
+            logits = self.logits(idx, looping)
+        finally:
+            for block, attn in zip(self.blocks, originals, strict=True):
+                block.attn = attn
+        cache["length"] = start + idx.shape[1]
+        return logits
+
+
+# ------------------------------------------------------------------ generation
+# Decoding with a KV cache, as in cuda_train/model.py: `GPT.decode` runs the usual forward pass on the
+# new tokens only, with each attention module swapped for a `CachedAttention`.
+KVCache = dict  # {"length": tokens so far, layer: [[k, v] per visit of that layer in one forward]}
+
+
+class CachedAttention(nn.Module):
+    """Stands in for a block's attention during one `GPT.decode` call."""
+
+    def __init__(self, attn: CausalSelfAttention, rope: Rope, start: int, visits: list[list[mx.array]]):
+        super().__init__()
+        self.attn, self.table, self.start, self.visits, self.calls = attn, rope, start, visits, 0
+
+    def __call__(self, x: mx.array, rope: Rope, v_embed: mx.array | None = None) -> mx.array:
+        if self.calls == len(self.visits):  # depth recurrence visits a layer more than once
+            self.visits.append([])
+        kv = self.visits[self.calls]
+        self.calls += 1
+        return self.attn.decode(x, self.table, self.start, kv, v_embed)

@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from core.config import Config
 from core.shards import find_shards
 from tests.test_backends import BACKENDS, needs
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
 
 
 def data_flags(dataset) -> list[str]:
@@ -42,7 +46,7 @@ def trained(sotu_dataset, tmp_path_factory):
     """One short smoke run through the CLI; its run directory."""
     out = tmp_path_factory.mktemp("runs")
     result = cli("train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(out), "--run-id", "r",
-                 *data_flags(sotu_dataset))  # fmt: skip
+                 *data_flags(sotu_dataset), env={"TRAIN_LOG_EVERY": "1"})  # fmt: skip
     assert result.returncode == 0, result.stderr
     return out / "r", result.stdout
 
@@ -215,6 +219,7 @@ def test_unknown_config_key_in_a_file(tmp_path):
 
 def test_bad_flag_value():
     assert_one_line_error(cli("train", "--preset", "huge"), "unknown preset 'huge'")
+    assert_one_line_error(cli("train", "--report-to", "tensorbord"), "unknown tracker 'tensorbord'")
     assert_one_line_error(cli("train", "--backend", "tpu"), "unknown backend 'tpu'")
 
 
@@ -282,6 +287,15 @@ def test_runs_lists_the_run_and_plot_draws_it(trained, tmp_path):
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.splitlines() if line.strip("│ ").startswith("r "))
     assert f"{roundtrip_bpb(stdout):.4f}" in row
+    as_json = cli("runs", "--out-dir", str(run_dir.parent), "--json")
+    (record,) = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert (record["name"], record["backend"], record["seed"], record["dataset"]) == (
+        "r",
+        "cuda",
+        1337,
+        "sotu_sp1024",
+    )
+    assert record["roundtrip_val_bpb"] == pytest.approx(roundtrip_bpb(stdout), abs=1e-6)
     pytest.importorskip("matplotlib")
     drawn = cli("plot", str(run_dir), "--out", str(tmp_path / "c.png"))
     assert drawn.returncode == 0, drawn.stderr
@@ -291,8 +305,68 @@ def test_runs_lists_the_run_and_plot_draws_it(trained, tmp_path):
 
 
 def test_info_and_help_work():
-    assert "auto backend" in cli("info").stdout
+    info = cli("info").stdout
+    assert re.search(r"auto backend: (PyTorch|MLX) on ", info), info  # the framework, not the flag value
     assert "--matrix-lr" in cli("train", "--help").stdout
+    for args in ((), ("data",), ("config",)):  # a bare group shows its help, once
+        shown = cli(*args)
+        assert shown.returncode == 0 and shown.stdout.count("Usage:") == 1, shown.stdout
+
+
+@needs("cuda")
+@pytest.mark.slow  # three CLI runs: ~12 s
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sample_continues_a_prompt_from_a_checkpoint_or_the_artifact(sotu_dataset, trained, backend):
+    run_dir, _ = trained
+    ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]
+    greedy = ["--prompt", "The Congress", "--max-tokens", "8", "--temperature", "0", "--backend", backend]
+    from_ckpt = cli("sample", str(ckpt), *greedy)  # the checkpoint brings its config: no other flag
+    assert from_ckpt.returncode == 0, from_ckpt.stderr
+    assert from_ckpt.stdout.startswith("The Congress") and len(from_ckpt.stdout) > len("The Congress\n")
+    artifact = run_dir / "final_model.int8.pgolf"
+    from_artifact = cli("sample", str(artifact), *greedy, "--preset", "smoke", *data_flags(sotu_dataset))
+    assert from_artifact.returncode == 0 and from_artifact.stdout.startswith("The Congress"), (
+        from_artifact.stderr
+    )
+    from_run = cli("sample", str(run_dir), *greedy, "--preset", "smoke", *data_flags(sotu_dataset))
+    assert from_run.stdout == from_artifact.stdout  # a run directory means its artifact
+
+
+@needs("cuda")
+def test_the_log_names_the_dataset_and_what_the_environment_set(trained):
+    run_dir, stdout = trained
+    for text in (stdout, (run_dir / "train.log").read_text()):
+        assert "from the environment: train_log_every=1 (TRAIN_LOG_EVERY)" in text
+        assert "dataset:sotu_sp1024 data_path:" in text
+    assert json.loads((run_dir / "config.json").read_text())["dataset"] == "sotu_sp1024"
+
+
+def test_config_show_prints_a_config_file_with_the_source_of_each_value(tmp_path):
+    shown = cli("config", "show", "--preset", "tiny", "--seed", "7", env={"ITERATIONS": "12"})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "seed = 7  # flag" in lines and "iterations = 12  # env ITERATIONS" in lines
+    assert "model_dim = 128  # preset tiny" in lines and "matrix_lr = 0.04  # default" in lines
+    (tmp_path / "shown.toml").write_text(shown.stdout)
+    from core.config import load_file, preset
+
+    assert Config.from_dict(load_file(tmp_path / "shown.toml")) == preset("tiny").replace(
+        seed=7, iterations=12, dataset="sotu_sp1024"
+    )
+
+
+def test_a_challenge_preset_on_the_embedded_corpus_warns():
+    import cli as cli_module
+    from core.config import resolve_sources
+
+    cfg, sources = resolve_sources("baseline", environ={})
+    assert any(
+        "made for the challenge's FineWeb data" in n
+        for n in cli_module._train_notes("baseline", cfg, sources)
+    )
+    assert cli_module._train_notes("tiny", cfg, sources) == []
+    fineweb, sources = resolve_sources("baseline", overrides={"data_path": "data/datasets/fineweb10B_sp1024"})
+    assert cli_module._train_notes("baseline", fineweb, sources) == []
 
 
 @needs("cuda")
@@ -362,25 +436,89 @@ def test_boolean_fields_can_be_switched_off(sotu_dataset, tmp_path):
     assert json.loads((tmp_path / "untied" / "config.json").read_text())["tie_embeddings"] is False
 
 
+def start_training(dataset, out: Path, *flags: str) -> subprocess.Popen:
+    """A smoke run that would go on for long, started in the background; its output is read line by line."""
+    command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
+               "--iterations", "100000", "--out-dir", str(out), "--run-id", "r", *data_flags(dataset), *flags]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores Ctrl-C
+    )  # fmt: skip
+
+
+def read_until(process: subprocess.Popen, prefix: str) -> list[str]:
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(f"no line starting {prefix!r} in {''.join(lines)}{process.stderr.read()}")
+
+
 @needs("cuda")
 @pytest.mark.parametrize(("sig", "code", "message"), [(signal.SIGINT, 130, "interrupted"),
                                                        (signal.SIGTERM, 143, "terminated")])  # fmt: skip
 def test_interrupted_training_says_so_and_leaves_no_temp_files(sotu_dataset, tmp_path, sig, code, message):
     # Checkpoints every step, so that the signal is likely to land during a write.
-    command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
-               "--iterations", "100000", "--checkpoint-every", "1", "--out-dir", str(tmp_path), "--run-id", "r",
-               *data_flags(sotu_dataset)]  # fmt: skip
-    process = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores Ctrl-C
-    )  # fmt: skip
-    for line in process.stdout:
-        if line.startswith("step:3/"):
-            break
+    process = start_training(sotu_dataset, tmp_path, "--checkpoint-every", "1")
+    read_until(process, "step:3/")
     process.send_signal(sig)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == code and stderr.strip() == message, stderr
+    stdout, stderr = process.communicate(timeout=60)
+    import cli as cli_module
+
+    assert process.returncode == code, stderr
+    assert stderr.split() == [*cli_module.HOLDING_NOTICE.split(), message], stderr  # the notice, then the end
     assert list(tmp_path.rglob("*.tmp")) == []
+    assert "stopped at step" in stdout
+
+
+@needs("cuda")
+@pytest.mark.slow  # four CLI runs: ~14 s
+def test_ctrl_c_writes_a_checkpoint_and_the_run_goes_on_from_its_directory(sotu_dataset, tmp_path):
+    process = start_training(sotu_dataset, tmp_path, "--checkpoint-every", "0")
+    read_until(process, "step:2/")
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and stderr.strip().endswith("\ninterrupted"), stderr
+    run = tmp_path / "r"
+    stopped = re.search(r"stopped at step (\d+): checkpoint (\S+);", stdout)
+    assert (
+        stopped
+        and Path(stopped.group(2)) == run / "checkpoints" / f"step_{int(stopped.group(1)):06d}.safetensors"
+    )
+    assert Path(stopped.group(2)).is_file()
+    step = int(stopped.group(1))
+    # No preset, data or run flags: all of it comes from the checkpoint; only the length changes.
+    result = cli("train", "--backend", "cuda", "--resume", str(run), "--iterations", str(step + 2))
+    assert result.returncode == 0, result.stderr
+    assert f"resumed:{stopped.group(2)} step:{step}" in result.stdout
+    assert f"run_dir:{run}" in result.stdout and (run / "final_model.int8.pgolf").is_file()
+    assert json.loads((run / "config.json").read_text())["iterations"] == step + 2
+    # What the run computes cannot change: refused by name before any work.
+    for flags, name in [(("--matrix-lr", "0.5"), "matrix_lr"), (("--preset", "tiny"), "num_layers")]:
+        refused = cli("train", "--backend", "cuda", "--resume", str(run), "--iterations", "50", *flags)
+        assert_one_line_error(refused, "cannot change when resuming", f"{name} (the checkpoint has")
+    assert_one_line_error(cli("train", "--resume", str(tmp_path)), "no checkpoint in")
+
+
+def test_a_signal_during_start_up_ends_quietly():
+    # The imports take a few tenths of a second; a signal among them still gets its one line.
+    for delay in (0.15, 0.3):
+        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "info"], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)  # `info` takes seconds: it was still starting
+        assert (process.returncode, stderr.strip()) == (130, "interrupted"), stderr
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", "--help"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    process.stdout.readline()
+    process.stdout.close()  # as `| head -1` does
+    stderr = process.stderr.read()
+    assert process.wait(timeout=60) == 141 and stderr == b"", stderr
 
 
 def test_live_progress_draws_a_bar_per_task_on_a_terminal_only(monkeypatch):
@@ -402,3 +540,17 @@ def test_live_progress_draws_a_bar_per_task_on_a_terminal_only(monkeypatch):
     monkeypatch.setattr(cli_module, "console", Console(file=io.StringIO(), force_terminal=False))
     assert cli_module.LiveProgress().tracker("training") is None  # piped: plain log lines only
     assert cli_module.LiveProgress(enabled=False).tracker("training") is None
+
+
+def test_a_second_signal_during_training_is_not_held():
+    import cli as cli_module
+
+    signals = cli_module.Signals()
+    with pytest.raises(KeyboardInterrupt):
+        signals.handle(signal.SIGINT, None)  # outside training: at once
+    with signals.held() as stop:
+        assert stop() is None
+        signals.handle(signal.SIGTERM, None)  # held for the loop, which checkpoints, then raises it
+        assert isinstance(stop(), cli_module.Terminated)
+        with pytest.raises(KeyboardInterrupt):
+            signals.handle(signal.SIGINT, None)  # the second one: at once

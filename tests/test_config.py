@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from core.config import PRESETS, Config, field_names, from_env, load_toml, parse_overrides, preset, resolve
+from core.config import (
+    PRESETS,
+    Config,
+    field_names,
+    from_env,
+    load_file,
+    parse_overrides,
+    preset,
+    resolve,
+    resolve_sources,
+)
 from core.errors import PgolfError
 
 
@@ -170,19 +183,19 @@ def test_toml_errors(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("iterations = [")
     with pytest.raises(PgolfError, match="not valid TOML"):
-        load_toml(bad)
+        load_file(bad)
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("learning_rate = 1\n")
     with pytest.raises(PgolfError, match="unknown key 'learning_rate'"):
-        load_toml(unknown)
+        load_file(unknown)
     with pytest.raises(PgolfError, match="file not found"):
-        load_toml(tmp_path / "missing.toml")
+        load_file(tmp_path / "missing.toml")
     with pytest.raises(PgolfError, match="cannot read"):
-        load_toml(tmp_path)  # a folder
+        load_file(tmp_path)  # a folder
     binary = tmp_path / "binary.toml"
     binary.write_bytes(b"\xff\xfe\x00iterations = 1")
     with pytest.raises(PgolfError, match="not UTF-8"):
-        load_toml(binary)
+        load_file(binary)
 
 
 def test_dict_round_trip_tolerates_old_keys():
@@ -209,3 +222,59 @@ def test_layer_layout_of_the_0423_record():
     assert cfg.layer_layout(looping=False) == ([0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10])
     assert cfg.replace(num_loops=0).layer_layout(looping=True) == cfg.layer_layout(looping=False)
     cfg.replace(parallel_start_layer=8).validate()  # the record's lanes: every layer from 8 is parallel
+
+
+def test_a_runs_config_json_is_a_config_file(tmp_path):
+    saved = resolve("tiny", overrides={"seed": 7, "matrix_lr": 0.03})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(saved.to_dict(), indent=2))
+    assert resolve("baseline", path, environ={}) == saved
+    path.write_text('{"seed": 7,')
+    with pytest.raises(PgolfError, match="not valid JSON"):
+        load_file(path)
+    path.write_text('{"seed": null}')
+    with pytest.raises(PgolfError, match="seed in .* has no value"):
+        load_file(path)
+    path.write_text("[1]")
+    with pytest.raises(PgolfError, match="must hold one object"):
+        load_file(path)
+
+
+def test_each_value_says_where_it_came_from(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text("iterations = 50\nmatrix_lr = 0.03\n")
+    cfg, sources = resolve_sources("tiny", toml, {"iterations": 70}, environ={"TRAIN_MAX_SEQ_LEN": "128"})
+    assert (cfg.iterations, cfg.matrix_lr, cfg.train_seq_len, cfg.model_dim) == (70, 0.03, 128, 128)
+    assert sources["iterations"] == "flag"
+    assert sources["matrix_lr"] == f"file {toml}"
+    assert sources["train_seq_len"] == "env TRAIN_MAX_SEQ_LEN"
+    assert sources["model_dim"] == "preset tiny"
+    assert sources["seed"] == "default"
+    assert (cfg.dataset, sources["dataset"]) == ("sotu_sp1024", "data_path")  # named after its folder
+
+
+def test_a_dataset_name_looks_up_its_paths_in_the_manifest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({
+        "datasets": [{"name": "fineweb10B_sp4096", "tokenizer_name": "t4096", "vocab_size": 4096,
+                      "path": "datasets/fineweb10B_sp4096"}],
+        "tokenizers": [{"name": "t4096", "model_path": "tokenizers/fineweb_4096_bpe.model"}],
+    }))  # fmt: skip
+    cfg, sources = resolve_sources("tiny", overrides={"dataset": "fineweb10B_sp4096"}, environ={})
+    assert cfg.data_path == str(Path("data/datasets/fineweb10B_sp4096"))
+    assert cfg.tokenizer_path == str(Path("data/tokenizers/fineweb_4096_bpe.model"))
+    assert (cfg.vocab_size, sources["vocab_size"]) == (4096, "dataset fineweb10B_sp4096")
+    # A later layer's explicit path still wins.
+    cfg = resolve("tiny", overrides={"dataset": "fineweb10B_sp4096", "data_path": "elsewhere"}, environ={})
+    assert (cfg.data_path, cfg.vocab_size) == ("elsewhere", 4096)
+    with pytest.raises(PgolfError, match="unknown dataset 'fineweb10B_sp1024': .* lists fineweb10B_sp4096"):
+        resolve("tiny", overrides={"dataset": "fineweb10B_sp1024"}, environ={})
+
+
+def test_near_misses_are_suggested(tmp_path):
+    with pytest.raises(PgolfError, match="unknown preset 'tinny' \\(did you mean 'tiny'\\?\\)"):
+        preset("tinny")
+    (tmp_path / "r.toml").write_text("matrx_lr = 1\n")
+    with pytest.raises(PgolfError, match="did you mean 'matrix_lr'"):
+        load_file(tmp_path / "r.toml")

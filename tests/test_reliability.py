@@ -21,7 +21,7 @@ from core import compress, loop, quant
 from core.atomic import write_atomic
 from core.backend import DeviceMemory, check_memory
 from core.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint, tensors_digest
-from core.config import MAX_LAYERS, SEED_MAX, load_toml, preset, resolve
+from core.config import MAX_LAYERS, SEED_MAX, load_file, preset, resolve
 from core.corpus import prepare_sotu, read_manifest
 from core.errors import PgolfError
 from core.loop import (
@@ -58,12 +58,12 @@ def test_seeds_out_of_range_are_refused_from_flags_env_and_toml(tmp_path, seed):
     ):
         with pytest.raises(PgolfError, match=f"seed must be in 0..{SEED_MAX}"):
             cfg.validate()
-    assert load_toml(toml)["seed"] == int(seed)
+    assert load_file(toml)["seed"] == int(seed)
 
 
 def test_a_config_file_that_never_ends_is_refused():
     with pytest.raises(PgolfError, match="/dev/zero holds more than 1,048,576 bytes: not a config file"):
-        load_toml("/dev/zero")
+        load_file("/dev/zero")
 
 
 def test_the_ends_of_the_seed_range_are_accepted():

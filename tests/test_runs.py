@@ -7,7 +7,7 @@ import math
 import pytest
 
 from core.errors import PgolfError
-from core.runs import RunDir, find_runs, plot_runs, read_metrics, summarize
+from core.runs import RunDir, draw_runs, find_runs, plot_runs, read_metrics, smooth, summarize
 
 
 def make_run(root, name, steps=4, finished=True):
@@ -69,3 +69,78 @@ def test_the_plot_is_a_png_of_the_expected_size(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["curves.png"]
     with pytest.raises(PgolfError, match="unknown x axis 'steps'"):
         plot_runs(runs, tmp_path / "other.png", x="steps")
+
+
+def test_the_summary_names_backend_seed_and_dataset(tmp_path):
+    run = RunDir(tmp_path, "r")
+    run.write_config(
+        {"num_layers": 2, "model_dim": 64, "vocab_size": 1024, "seed": 7, "dataset": "sotu_sp1024"}
+    )
+    run.metric({"kind": "start", "step": 0, "backend": "mlx", "device": "cpu", "world_size": 1})
+    s = summarize(run.path)
+    assert (s.backend, s.seed, s.dataset) == ("mlx", 7, "sotu_sp1024")
+    old = summarize(make_run(tmp_path, "old"))  # written before these were recorded
+    assert (old.backend, old.seed, old.dataset) == ("?", None, "?")
+
+
+def test_the_plot_leaves_out_step_0_and_smooths_the_training_loss(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = make_run(tmp_path, "a", steps=40)
+    with open(run / "metrics.jsonl", "a") as f:  # the untrained model's validation, far above the rest
+        f.write('{"kind": "val", "step": 0, "val_bpb": 9.5, "train_time_ms": 0}\n')
+    fig = draw_runs([run])
+    ax_val, ax_train = fig.axes
+    assert ax_val.get_ylim()[1] < 3.0  # the rest spans 2.5 (the final score) .. 2.8
+    raw, smoothed = ax_train.get_lines()
+    assert list(smoothed.get_ydata()) == pytest.approx(smooth(list(raw.get_ydata())))
+    assert smooth([4.0, 2.0]) == pytest.approx([4.0, (0.9 * 4.0 + 2.0) / 1.9])  # weights 0.9 and 1
+
+
+def test_the_plot_format_follows_the_file_name(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = [make_run(tmp_path, "a")]
+    assert b"<svg" in plot_runs(runs, tmp_path / "c.svg").read_bytes()[:500]
+    assert plot_runs(runs, tmp_path / "c.PDF").read_bytes()[:5] == b"%PDF-"
+    with pytest.raises(PgolfError, match=r"must end in \.png, \.svg, \.pdf"):
+        plot_runs(runs, tmp_path / "c.jpg")
+    assert not (tmp_path / "c.jpg").exists()
+
+
+def test_records_reach_a_tracker_with_wandbs_api(tmp_path, monkeypatch):
+    """wandb and trackio share init / log / finish: a stand-in module records what it is given."""
+    import importlib.machinery
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    fake.init = lambda **kwargs: calls.append(("init", kwargs))
+    fake.log = lambda values, step: calls.append(("log", values, step))
+    fake.finish = lambda: calls.append(("finish",))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    from core.report import report_targets
+
+    run = RunDir(tmp_path, "r")
+    run.report_to(report_targets("wandb"), {"seed": 7})
+    run.metric({"kind": "start", "step": 0, "backend": "cuda"})  # nothing to plot: not sent
+    run.metric({"kind": "train", "step": 3, "train_loss": 4.5, "train_time_ms": 10.0, "mfu": None})
+    run.metric({"kind": "final", "steps": 3, "train_time_ms": 10.0, "roundtrip_val_bpb": 2.25, "artifact_bytes": 9,
+                "code_bytes": 1, "run_dir": "x"})  # fmt: skip
+    run.close()
+    assert calls == [
+        ("init", {"project": "pgolf", "name": "r", "config": {"seed": 7}}),
+        ("log", {"train/train_loss": 4.5, "train/train_time_ms": 10.0}, 3),
+        (
+            "log",
+            {
+                "final/train_time_ms": 10.0,
+                "final/roundtrip_val_bpb": 2.25,
+                "final/artifact_bytes": 9.0,
+                "final/code_bytes": 1.0,
+            },
+            3,
+        ),
+        ("finish",),
+    ]
+    assert len(read_metrics(run.path)) == 3  # the log file has every record

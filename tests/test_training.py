@@ -436,3 +436,61 @@ def test_torchrun_without_data_prepares_one_dataset(sotu_dataset, tmp_path):
     built, expected = digest(data), digest(sotu_dataset.root)  # every file's sha256, by path
     built.pop("manifest.json"), expected.pop("manifest.json")
     assert built == expected
+
+
+@needs("cuda")
+def test_metrics_are_mirrored_to_tensorboard(sotu_dataset, tmp_path):
+    pytest.importorskip("tensorboardX")
+    from tensorboardX.proto.event_pb2 import Event
+
+    result = run(sotu_dataset, "cuda", tmp_path, report_to="tensorboard", val_loss_every=2)
+    (events,) = (result.run_dir / "tensorboard").glob("events.out.tfevents.*")
+    blob, scalars = events.read_bytes(), {}
+    while blob:  # TFRecord: length (8 bytes), its CRC (4), the Event, its CRC (4)
+        n = int.from_bytes(blob[:8], "little")
+        event = Event.FromString(blob[12 : 12 + n])
+        blob = blob[16 + n :]
+        for value in event.summary.value:
+            if value.HasField("simple_value"):
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    records = read_metrics(result.run_dir)
+    trains = [r for r in records if r["kind"] == "train"]
+    assert [s for s, _ in scalars["train/train_loss"]] == [r["step"] for r in trains] == [1, 2, 3, 4]
+    assert [v for _, v in scalars["train/train_loss"]] == pytest.approx([r["train_loss"] for r in trains])
+    assert [s for s, _ in scalars["val/val_bpb"]] == [0, 2, 4]
+    ((step, score),) = scalars["final/roundtrip_val_bpb"]
+    assert step == 4 and score == pytest.approx(result.roundtrip_val_bpb, rel=1e-6)
+
+
+def test_an_unknown_or_missing_tracker_is_refused_by_name(monkeypatch):
+    from core import report
+    from core.errors import PgolfError
+
+    with pytest.raises(PgolfError, match="unknown tracker 'tensorbord' \\(did you mean 'tensorboard'\\?\\)"):
+        report.report_targets("tensorbord")
+    monkeypatch.setitem(report.TRACKERS, "wandb", ("no_such_module_here", "pip install wandb"))
+    with pytest.raises(
+        PgolfError, match="report_to wandb needs the no_such_module_here package: pip install wandb"
+    ):
+        report.report_targets("tensorboard, wandb")
+    assert report.report_targets("") == []
+
+
+@needs("cuda")
+def test_timed_checkpoints_replace_each_other(sotu_dataset, tmp_path, monkeypatch):
+    from core import loop
+
+    clock = iter(range(0, 10**9, 61))  # perf_counter in seconds: each reading a minute after the one before
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))
+    written = []
+    monkeypatch.setattr(
+        loop, "save_checkpoint", lambda path, ckpt: written.append(path) or path.write_bytes(b"x")
+    )
+    result = run(sotu_dataset, "cuda", tmp_path, iterations=8, checkpoint_minutes=1.0, checkpoint_every=5)
+    steps = [int(p.stem.removeprefix("step_")) for p in written]
+    timed = [s for s in steps if s not in (5, 8)]
+    assert len(timed) >= 2 and steps[-1] == 8 and 5 in steps  # the clock ran fast: several timed ones
+    kept = sorted(
+        int(p.stem.removeprefix("step_")) for p in (result.run_dir / "checkpoints").glob("*.safetensors")
+    )
+    assert kept == sorted({5, timed[-1], 8})  # each timed checkpoint replaced the one before
