@@ -317,9 +317,12 @@ def train(
         help="Go on with a run: its directory (its newest checkpoint) or a checkpoint. The checkpoint's "
         "config is used; only the length, cadences and execution settings may be given anew.",
     ),
+    seeds: str = typer.Option(
+        "", help="Comma-separated seeds: one run per seed with the same config, grouped (runs --compare)."
+    ),
     overrides: dict | None = None,
 ) -> None:
-    """Train a model, validate it, export the int8 artifact and score its round trip.
+    """Train a model, validate it, export its artifact and score its round trip.
 
     Config fields come from the preset, then --config, then upstream environment
     variables (ITERATIONS, MATRIX_LR, ...), then the flags below. Ctrl-C (or SIGTERM)
@@ -328,12 +331,18 @@ def train(
     from core.backend import check_config
     from core.checkpoint import checkpoint_config
     from core.config import resolve_sources, resumed_config
-    from core.loop import train as run_training
-    from core.report import report_targets
     from core.runs import newest_checkpoint, run_of_checkpoint
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
     notes = _train_notes(preset if resume is None else None, cfg, sources)
+    if seeds:
+        if resume is not None:
+            raise PgolfError("--seeds starts new runs: it cannot go with --resume")
+        for seed_cfg in _seed_configs(cfg, seeds):
+            check_config(backend, seed_cfg)
+        for seed_cfg in _seed_configs(cfg, seeds):
+            _train_one(backend, seed_cfg, None, notes)
+        return
     if resume is not None:
         resume = newest_checkpoint(resume)
         cfg = resumed_config(checkpoint_config(resume), cfg, sources)
@@ -341,6 +350,26 @@ def train(
         if run is not None and sources["run_id"] == sources["out_dir"] == "default":
             cfg = cfg.replace(out_dir=str(run.parent), run_id=run.name)  # its own directory
     check_config(backend, cfg)  # a bad name or config is refused before any data is prepared
+    _train_one(backend, cfg, resume, notes)
+
+
+def _seed_configs(cfg: Config, seeds: str) -> list[Config]:
+    """One config per seed of `--seeds`, in one group named by --run-group, else --run-id, else the time."""
+    try:
+        values = [int(part) for part in seeds.split(",") if part.strip()]
+    except ValueError:
+        raise PgolfError(f"--seeds must be comma-separated whole numbers, got {seeds!r}") from None
+    if not values or len(set(values)) != len(values):
+        raise PgolfError(f"--seeds must name distinct seeds, got {seeds!r}")
+    group = cfg.run_group or cfg.run_id or time.strftime("%Y%m%d-%H%M%S")
+    return [cfg.replace(seed=s, run_group=group, run_id=f"{group}-seed{s}").validate() for s in values]
+
+
+def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
+    """One training run of `cfg` (checked), with its progress display and closing line."""
+    from core.loop import train as run_training
+    from core.report import report_targets
+
     report_targets(cfg.report_to)
     _ensure_default_data(cfg)
     with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
@@ -655,17 +684,24 @@ RUNS_DIR = typer.Option(Path(Config().out_dir), "--out-dir", help="Where the run
 def runs(
     out_dir: Path = RUNS_DIR,
     json_out: bool = typer.Option(False, "--json", help="One JSON object per run instead of the table."),
+    compare: tuple[str, str] | None = typer.Option(
+        None, help="Two groups (train --seeds): is B better than A? Welch's t-test on their val_loss."
+    ),
 ) -> None:
-    """List the runs under --out-dir: model, backend, seed, dataset, steps, time, val_bpb, score, size."""
+    """List the runs under --out-dir: model, backend, seed, dataset, steps, time, val_bpb, score, size;
+    then each group of seeds with its mean and spread."""
     import json
     from dataclasses import asdict
 
     from rich.measure import Measurement
     from rich.table import Table
 
-    from core.runs import find_runs, summarize
+    from core.runs import find_runs, run_groups, summarize
 
     summaries = [summarize(path) for path in find_runs(out_dir)]
+    if compare:
+        _compare_groups(run_groups(summaries), *compare, json_out=json_out)
+        return
     if json_out:
         for s in summaries:
             row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(s).items()}
@@ -692,9 +728,63 @@ def runs(
     if console.is_terminal:
         console.print(table)
         return
-    # Piped, the table keeps its natural width rather than wrapping its cells at 80 columns.
-    width = Measurement.get(console, console.options.update_width(1000), table).maximum
-    Console(highlight=False, width=width).print(table)
+    tables = [table]
+    groups = run_groups(summaries)
+    if groups:
+        by_group = Table(title="groups (finished runs; the score is sliding-window where evaluated so)")
+        for column in ("group", "runs", "seeds", "mean val_loss", "mean val_bpb", "std val_bpb"):
+            by_group.add_column(column, justify="left" if column in ("group", "seeds") else "right")
+        for name, members in groups.items():
+            bpb = [m.score_val_bpb for m in members]
+            mean = sum(bpb) / len(bpb)
+            std = math.sqrt(sum((b - mean) ** 2 for b in bpb) / (len(bpb) - 1)) if len(bpb) > 1 else math.nan
+            by_group.add_row(
+                name, str(len(members)), ",".join(str(m.seed) for m in members),
+                f"{sum(m.score_val_loss for m in members) / len(members):.5f}", f"{mean:.5f}",
+                "–" if math.isnan(std) else f"{std:.5f}",
+            )  # fmt: skip
+        tables.append(by_group)
+    for t in tables:
+        if console.is_terminal:
+            console.print(t)
+            continue
+        # Piped, a table keeps its natural width rather than wrapping its cells at 80 columns.
+        width = Measurement.get(console, console.options.update_width(1000), t).maximum
+        Console(highlight=False, width=width).print(t)
+
+
+def _compare_groups(groups: dict, a: str, b: str, json_out: bool = False) -> None:
+    """Welch's one-sided t-test that group B's val_loss is below group A's (core/stats.py)."""
+    import json
+    from dataclasses import asdict
+
+    from core.stats import RECORD_MARGIN_NATS, RECORD_P_VALUE, welch
+
+    for name in (a, b):
+        if name not in groups:
+            raise PgolfError(f"no finished runs in group {name!r} (groups: {', '.join(groups) or 'none'})")
+    loss = {g: [m.score_val_loss for m in groups[g]] for g in (a, b)}
+    bpb = {g: [m.score_val_bpb for m in groups[g]] for g in (a, b)}
+    gain = welch(loss[a], loss[b])
+    bar = welch(loss[a], loss[b], RECORD_MARGIN_NATS)
+    diff_bpb = sum(bpb[a]) / len(bpb[a]) - sum(bpb[b]) / len(bpb[b])
+    if json_out:
+        result = {"a": a, "b": b, "diff_nats": gain.diff, "diff_bpb": diff_bpb, "gain": asdict(gain),
+                  "record_bar": asdict(bar), "meets_record_bar": bar.p < RECORD_P_VALUE}  # fmt: skip
+        console.print(json.dumps(result), markup=False, soft_wrap=True)
+        return
+    console.print(f"A = {a}: {len(loss[a])} runs, mean val_loss {gain.mean_a:.6f} (std {gain.std_a:.6f})")
+    console.print(f"B = {b}: {len(loss[b])} runs, mean val_loss {gain.mean_b:.6f} (std {gain.std_b:.6f})")
+    console.print(f"A - B: {gain.diff:.6f} nats, {diff_bpb:.6f} val_bpb (positive: B is better)")
+    console.print(f"Welch t={gain.t:.4f} df={gain.df:.2f}: p={gain.p:.3e} that B is no better than A")
+    console.print(
+        f"p={bar.p:.3e} that B is not better by {RECORD_MARGIN_NATS} nats: "
+        + (
+            f"[bold green]meets the challenge's bar[/] (p < {RECORD_P_VALUE})"
+            if bar.p < RECORD_P_VALUE
+            else f"[yellow]does not meet the challenge's bar[/] ({RECORD_MARGIN_NATS} nats at p < {RECORD_P_VALUE})"
+        )
+    )
 
 
 @app.command()

@@ -94,6 +94,9 @@ class Config:
     )
     tokenizer_path: str = opt("data/tokenizers/sotu_1024_bpe.model", "SentencePiece model used for BPB")
     run_id: str = opt("", "name of the run directory under out_dir; empty = timestamp")
+    run_group: str = opt(
+        "", "the experiment a run belongs to (train --seeds names it): runs groups them, --compare tests them"
+    )
     out_dir: str = opt("runs", "where run directories are created")
     seed: int = opt(1337, "seeds the numpy initialisation (identical weights in both backends); 0..2^32-1")
 

@@ -154,6 +154,9 @@ class RunSummary:
     roundtrip_val_bpb: float  # the score after the int8 round trip (nan until finished)
     total_bytes: int | None  # artifact + code, when finished
     finished: bool
+    group: str = ""  # the config's run_group
+    score_val_loss: float = math.nan  # the run's figure: sliding-window when scored so, else the round trip's
+    score_val_bpb: float = math.nan
 
 
 def summarize(run_dir: str | Path) -> RunSummary:
@@ -185,7 +188,28 @@ def summarize(run_dir: str | Path) -> RunSummary:
         roundtrip_val_bpb=float(final["roundtrip_val_bpb"]) if final else math.nan,
         total_bytes=int(final["artifact_bytes"]) + int(final["code_bytes"]) if final else None,
         finished=final is not None,
+        group=str(cfg.get("run_group") or ""),
+        score_val_loss=_score(final, "val_loss"),
+        score_val_bpb=_score(final, "val_bpb"),
     )
+
+
+def _score(final: dict[str, Any] | None, name: str) -> float:
+    """A finished run's figure: the sliding-window one when it was scored so, else the round trip's."""
+    if final is None:
+        return math.nan
+    value = final.get(f"sliding_{name}")
+    value = final.get(f"roundtrip_{name}") if value is None else value
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+
+
+def run_groups(summaries: list[RunSummary]) -> dict[str, list[RunSummary]]:
+    """The finished runs of each named group (train --seeds), by group name."""
+    groups: dict[str, list[RunSummary]] = {}
+    for s in summaries:
+        if s.group and s.finished:
+            groups.setdefault(s.group, []).append(s)
+    return groups
 
 
 def find_runs(root: str | Path) -> list[Path]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -63,3 +65,39 @@ def test_too_few_runs_or_bad_values_are_refused():
         welch([1.0, math.nan], [1.0, 2.0])
     exact = welch([1.0, 1.0], [0.9, 0.9], margin=0.05)
     assert exact.p == 0.0 and exact.t == math.inf
+
+
+@pytest.mark.slow
+def test_seeds_make_groups_and_compare_agrees_with_scipy(sotu_dataset, tmp_path):
+    """Two groups of three tiny runs (2 steps) at different learning rates: runs --compare's p-value
+    is scipy's Welch test on the runs' val_loss, to 1e-9."""
+    from core.runs import find_runs, summarize
+    from tests.test_cli import cli, data_flags
+
+    pytest.importorskip("torch")
+    common = ["--backend", "cuda", "--preset", "tiny", "--iterations", "2", "--val-loss-every", "0",
+              "--val-max-tokens", "8192", "--out-dir", str(tmp_path), *data_flags(sotu_dataset)]  # fmt: skip
+    for group, lr in (("slow_lr", "0.004"), ("fast_lr", "0.04")):
+        result = cli("train", *common, "--seeds", "1,2,3", "--run-group", group, "--matrix-lr", lr)
+        assert result.returncode == 0, result.stderr
+    summaries = [summarize(p) for p in find_runs(tmp_path)]
+    assert sorted(s.name for s in summaries) == sorted(
+        f"{g}-seed{n}" for g in ("slow_lr", "fast_lr") for n in (1, 2, 3)
+    )
+    table = cli("runs", "--out-dir", str(tmp_path))
+    assert re.search(r"fast_lr +│ +3 │ 1,2,3 ", table.stdout), table.stdout
+    result = cli("runs", "--out-dir", str(tmp_path), "--compare", "slow_lr", "fast_lr", "--json")
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    loss = {g: [s.score_val_loss for s in summaries if s.group == g] for g in ("slow_lr", "fast_lr")}
+    ref = scipy_stats.ttest_ind(loss["slow_lr"], loss["fast_lr"], equal_var=False, alternative="greater")
+    assert got["gain"]["p"] == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-12)
+    assert got["diff_nats"] == pytest.approx(np.mean(loss["slow_lr"]) - np.mean(loss["fast_lr"]), abs=1e-12)
+    shifted = scipy_stats.ttest_ind(np.array(loss["slow_lr"]) - RECORD_MARGIN_NATS, loss["fast_lr"],
+                                    equal_var=False, alternative="greater")  # fmt: skip
+    assert got["record_bar"]["p"] == pytest.approx(shifted.pvalue, rel=1e-9, abs=1e-12)
+    assert got["meets_record_bar"] == (shifted.pvalue < 0.01)
+    text = cli("runs", "--out-dir", str(tmp_path), "--compare", "slow_lr", "fast_lr")
+    assert "A - B:" in text.stdout and "challenge's bar" in text.stdout
+    missing = cli("runs", "--out-dir", str(tmp_path), "--compare", "slow_lr", "nope")
+    assert missing.returncode == 1 and "no finished runs in group 'nope'" in missing.stderr
