@@ -32,7 +32,6 @@ from core.errors import PgolfError
 from core.mixed import MixedModel
 from core.params import artifact_classes
 from core.quant import Int8Model
-from core.record_artifact import load_record_artifact
 from core.rowquant import Clip
 
 __all__ = [
@@ -167,6 +166,8 @@ def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | M
         except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise PgolfError(f"artifact {path} is damaged: {reason}") from None
+    from core.record_artifact import load_record_artifact  # (not needed by a packaged run)
+
     if not _is_zlib(blob):  # brotli, lzma or zstd: a record's
         return load_record_artifact(path)
     try:  # the challenge's own int8 containers

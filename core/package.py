@@ -33,7 +33,9 @@ __all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ("core.loop", "cuda_train.backend")  # what main() imports; the rest follows from their imports
 PACKAGES = ("core", "cuda_train")
-LEAVE_OUT = ("core.package",)  # pgolf's own use only: a packaged run knows its size
+# Imported by the modules above only on paths a packaged run never takes: its size (it knows it),
+# `--dataset` lookups (it reads its settings from the environment), the records' artifacts.
+LEAVE_OUT = ("core.package", "core.corpus", "core.record_artifact")
 
 
 def _file(module: str) -> Path | None:
