@@ -11,9 +11,9 @@ defaults, as in pgolf.
 Two forms:
 - plain: the modules' sources as they are, readable;
 - compressed (the default, and the size every report calls the run's code bytes):
-  each module minified (docstrings and comments dropped by a round trip through
-  `ast`), the whole script lzma-compressed and base85-encoded in a two-line script
-  that decompresses and runs it.
+  each module minified (docstrings, comments and the config fields' help texts dropped
+  by a round trip through `ast`), the whole script lzma-compressed and base85-encoded
+  in a two-line script that decompresses and runs it.
 """
 
 from __future__ import annotations
@@ -74,9 +74,13 @@ def bundled_modules() -> dict[str, str]:
 
 
 def minify(source: str) -> str:
-    """The same code without docstrings, comments or formatting."""
+    """The same code without docstrings, comments or formatting, nor the help texts of Config's
+    fields (`opt(default, help)`: only the CLI shows them)."""
     tree = ast.parse(source)
     for node in ast.walk(tree):
+        is_opt = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "opt"
+        if is_opt and len(node.args) == 2:
+            node.args[1] = ast.Constant("")
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             first = node.body[0] if node.body else None
             value = first.value if isinstance(first, ast.Expr) else None
