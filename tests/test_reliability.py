@@ -54,7 +54,7 @@ def test_seeds_out_of_range_are_refused_from_flags_env_and_toml(tmp_path, seed):
     for cfg in (
         resolve("smoke", overrides={"seed": seed}),
         resolve("smoke", environ={"SEED": seed}),
-        resolve("smoke", toml_path=toml, environ={}),
+        resolve("smoke", file_path=toml, environ={}),
     ):
         with pytest.raises(PgolfError, match=f"seed must be in 0..{SEED_MAX}"):
             cfg.validate()
