@@ -117,7 +117,11 @@ WEIGHTS_ARG = typer.Argument(..., help="Artifact (.pgolf, upstream .ptz) or chec
 SAMPLE_WEIGHTS = typer.Argument(
     ..., help="Artifact, checkpoint, or run directory (its artifact, else its newest checkpoint)."
 )
-EVAL_PRESET = typer.Option("baseline", help="Config preset for data paths and eval settings.")
+EVAL_PRESET = typer.Option(
+    None,
+    help="Config preset for the model, data and eval settings (default: the run's own: the checkpoint's, "
+    "the config.json beside the artifact, or what the artifact keeps; else baseline).",
+)
 CONFIG_FILE = typer.Option(
     None,
     help="TOML file of config fields, or JSON (*.json, e.g. a run's config.json), applied over the preset.",
@@ -129,8 +133,32 @@ PRESET = typer.Option("baseline", help=f"Starting config: {', '.join(PRESETS)}."
 ALLOW_PICKLE = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!).")
 
 
+def _scoring_config(
+    path: Path, preset: str | None, config: Path | None, overrides: dict | None
+) -> tuple[Path, Config]:
+    """The weights a path means (a run directory: its artifact, else its newest checkpoint) and the
+    config to use them with: the run's own when no preset is named (core.artifact.saved_config),
+    with whatever a file, the environment or a flag gives on top; else the preset's."""
+    from core.artifact import saved_config
+    from core.config import given_values, resolve_sources
+    from core.runs import weights_in
+
+    path = weights_in(path)
+    cfg, sources = resolve_sources(preset or "baseline", config, overrides or {})
+    saved = saved_config(path) if preset is None else None
+    if saved is not None:
+        found = saved[0]
+        if "dataset" in found and "data_path" not in found:  # an artifact's own settings name the data
+            from core.corpus import dataset_settings
+
+            with contextlib.suppress(PgolfError):  # not in data/manifest.json: the given paths stay
+                found = dataset_settings(str(found["dataset"])) | found
+        cfg = Config.from_dict({**Config().to_dict(), **found}).replace(**given_values(cfg, sources))
+    return path, cfg
+
+
 def _weights_and_data(
-    path: Path, preset: str, config: Path | None, overrides: dict | None, allow_pickle: bool
+    path: Path, preset: str | None, config: Path | None, overrides: dict | None, allow_pickle: bool
 ):
     """(weights, the one config they are scored with, validation data) for the eval and verify commands.
 
@@ -138,7 +166,8 @@ def _weights_and_data(
     """
     from core.loop import load_eval_data, load_weights
 
-    params, cfg = load_weights(path, _resolve(preset, config, overrides or {}), allow_pickle=allow_pickle)
+    path, cfg = _scoring_config(path, preset, config, overrides)
+    params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
     if cfg.compile == "auto":
         cfg = cfg.replace(compile="off")
     return params, cfg, load_eval_data(cfg)
@@ -471,18 +500,11 @@ def sample(
     overrides: dict | None = None,
 ) -> None:
     """Generate text from an artifact or a checkpoint (--seed seeds the draws)."""
-    from core.checkpoint import checkpoint_config, is_checkpoint
-    from core.config import given_values, resolve_sources
     from core.loop import load_weights
-    from core.runs import ARTIFACT_NAME, newest_checkpoint
     from core.sample import generate
     from core.tokenizer import check_vocab, load_tokenizer
 
-    cfg, sources = resolve_sources(preset, config, overrides or {})
-    if path.is_dir():
-        path = path / ARTIFACT_NAME if (path / ARTIFACT_NAME).is_file() else newest_checkpoint(path)
-    if is_checkpoint(path):  # its own config, with what was given now on top
-        cfg = Config.from_dict(checkpoint_config(path)).replace(**given_values(cfg, sources))
+    path, cfg = _scoring_config(path, preset, config, overrides)
     params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
     sp = load_tokenizer(cfg.tokenizer_path)
     check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)

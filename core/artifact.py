@@ -10,6 +10,11 @@ Writing (`export_artifact`):
 Either goes into pgolf's container, compressed with `compressor` after an optional
 `byte_shuffle`. The report says where the bytes went, per tensor class.
 
+pgolf's containers also keep the settings the weights are scored with that their shapes
+do not tell (`SCORING_FIELDS` where they differ from the defaults: the model's switches,
+the sequence lengths, the evaluation, the dataset's name), so an artifact can be scored
+alone (`saved_config`).
+
 Reading (`read_artifact`, then `dequantize`): pgolf's container in either format, the
 challenge's torch int8 container (zlib), its MLX pickle when allowed, and the
 records' int6 `final_model.int6.ptz` (core/record_artifact.py).
@@ -27,7 +32,7 @@ import numpy as np
 
 from core import mixed, quant
 from core.atomic import read_file
-from core.config import Config
+from core.config import MAX_CONFIG_BYTES, Config
 from core.errors import PgolfError
 from core.mixed import MixedModel
 from core.params import artifact_classes
@@ -46,6 +51,18 @@ __all__ = [
 ]
 
 FP16_BITS = 16  # a bits setting that keeps the class in fp16
+SCORING_FIELDS = (
+    "mlp_activation", "rope_base", "logit_softcap", "rope_dims", "ln_scale", "xsa_last_n", "ve_enabled",
+    "ve_dim", "ve_layers", "skip_gates_enabled", "num_loops", "loop_start", "loop_end",
+    "parallel_start_layer", "parallel_final_lane", "train_seq_len", "eval_seq_len", "eval_stride",
+    "eval_batch_seqs", "val_max_tokens", "dataset",
+)  # fmt: skip
+
+
+def scoring_config(cfg: Config) -> dict[str, Any]:
+    """The settings an artifact keeps: SCORING_FIELDS where `cfg` differs from the defaults."""
+    defaults = Config()
+    return {k: getattr(cfg, k) for k in SCORING_FIELDS if getattr(cfg, k) != getattr(defaults, k)}
 
 
 def class_bits(cfg: Config) -> dict[str, int | str]:
@@ -121,13 +138,17 @@ def export_artifact(
         if upstream:
             info = quant.save_upstream_torch(path, model)
         else:
-            info = quant.save_artifact(path, model, cfg.compressor, shuffle=cfg.byte_shuffle)
+            info = quant.save_artifact(
+                path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+            )
         view = mixed.from_int8(model, classes)
     else:
         view = mixed.quantize_mixed(
             params, classes, class_bits(cfg), class_clips(cfg), hessians if cfg.gptq_enabled else None, dtypes
         )
-        info = mixed.save_mixed_artifact(path, view, cfg.compressor, shuffle=cfg.byte_shuffle)
+        info = mixed.save_mixed_artifact(
+            path, view, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+        )
     payload = sum(a.nbytes for part in (view.quantized, view.scales, view.passthrough) for a in part.values())
     sizes = quant.size_report(payload, info.file_bytes, code_bytes)
     budget = mixed.budget_table(
@@ -195,3 +216,32 @@ def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:
     if isinstance(model, MixedModel):
         return mixed.dequantize_mixed(model)
     return quant.dequantize_int8(model)
+
+
+def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
+    """The settings a set of weights was trained and scored with, and where they were found: a
+    checkpoint's own config, the run's `config.json` beside an artifact, or the settings a pgolf
+    artifact keeps (`scoring_config`); None for an artifact without any (the challenge's, a record's)."""
+    from core.checkpoint import checkpoint_config, is_checkpoint
+
+    path = Path(path)
+    if is_checkpoint(path):
+        return checkpoint_config(path), f"checkpoint {path}"
+    beside = path.parent / "config.json"
+    if beside.is_file():
+        try:
+            data = json.loads(read_file(beside, "run config", MAX_CONFIG_BYTES))
+        except ValueError:
+            raise PgolfError(f"run config {beside} is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise PgolfError(f"run config {beside} must hold one object of config fields")
+        return data, str(beside)
+    blob = read_file(path, "artifact", quant.MAX_ARTIFACT_BYTES)
+    if not quant.is_container(blob):
+        return None
+    try:
+        kept = quant.open_container(blob, path).meta.get("config")
+    except Exception as exc:  # a damaged file: its reader names the problem when the weights are read
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PgolfError(f"artifact {path} is damaged: {reason}") from None
+    return (kept, f"artifact {path}") if isinstance(kept, dict) and kept else None

@@ -210,9 +210,14 @@ def _tensors(model: MixedModel) -> dict[str, np.ndarray]:
 
 
 def mixed_artifact_bytes(
-    model: MixedModel, compressor: str = "brotli", level: int | None = None, shuffle: int = 2
+    model: MixedModel,
+    compressor: str = "brotli",
+    level: int | None = None,
+    shuffle: int = 2,
+    config: dict[str, Any] | None = None,
 ) -> bytes:
-    """The file content for `model`: by default the records' brotli-11 over a stride-2 byte shuffle."""
+    """The file content for `model`: by default the records' brotli-11 over a stride-2 byte shuffle;
+    `config`, the run settings it is scored with, goes in the metadata."""
     meta = {
         "format": MIXED_FORMAT,
         "version": MIXED_VERSION,
@@ -220,7 +225,7 @@ def mixed_artifact_bytes(
         "level": compress.resolve_level(compressor, level),
         "shuffle": shuffle,
         "tensors": model.info,
-    }
+    } | ({"config": config} if config else {})
     return container_bytes(_tensors(model), meta, compressor, level, shuffle)
 
 
@@ -230,8 +235,9 @@ def save_mixed_artifact(
     compressor: str = "brotli",
     level: int | None = None,
     shuffle: int = 2,
+    config: dict[str, Any] | None = None,
 ) -> ArtifactInfo:
-    return write_artifact(path, mixed_artifact_bytes(model, compressor, level, shuffle), compressor)
+    return write_artifact(path, mixed_artifact_bytes(model, compressor, level, shuffle, config), compressor)
 
 
 def mixed_from_container(box: Container) -> MixedModel:

@@ -310,9 +310,14 @@ def open_container(blob: bytes, source: str | Path = "an artifact") -> Container
 
 
 def artifact_bytes(
-    model: Int8Model, compressor: str = "zlib", level: int | None = None, shuffle: int = 0
+    model: Int8Model,
+    compressor: str = "zlib",
+    level: int | None = None,
+    shuffle: int = 0,
+    config: dict[str, Any] | None = None,
 ) -> bytes:
-    """The file content of pgolf's container for `model` (`shuffle`: byte-shuffle stride, 0 for none)."""
+    """The file content of pgolf's container for `model` (`shuffle`: byte-shuffle stride, 0 for none;
+    `config`: the run settings it is scored with, kept in the metadata)."""
     tensors = {f"q/{k}": v for k, v in model.quantized.items()}
     tensors |= {f"s/{k}": v for k, v in model.scales.items()}
     tensors |= {f"p/{k}": v for k, v in model.passthrough.items()}
@@ -323,14 +328,19 @@ def artifact_bytes(
         "dtypes": model.dtypes,
         "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
         "qmeta": model.qmeta,
-    }
+    } | ({"config": config} if config else {})
     return container_bytes(tensors, meta, compressor, level, shuffle)
 
 
 def save_artifact(
-    path: str | Path, model: Int8Model, compressor: str = "zlib", level: int | None = None, shuffle: int = 0
+    path: str | Path,
+    model: Int8Model,
+    compressor: str = "zlib",
+    level: int | None = None,
+    shuffle: int = 0,
+    config: dict[str, Any] | None = None,
 ) -> ArtifactInfo:
-    return write_artifact(path, artifact_bytes(model, compressor, level, shuffle), compressor)
+    return write_artifact(path, artifact_bytes(model, compressor, level, shuffle, config), compressor)
 
 
 def write_artifact(path: str | Path, blob: bytes, compressor: str) -> ArtifactInfo:

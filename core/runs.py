@@ -97,6 +97,17 @@ def newest_checkpoint(path: str | Path) -> Path:
     return max(found)[1]
 
 
+def weights_in(path: str | Path) -> Path:
+    """`path` itself, or for a run directory its artifact (final_model.<label>.pgolf), else its newest
+    checkpoint."""
+    path = Path(path)
+    if path.is_dir():
+        artifacts = sorted(path.glob("final_model.*.pgolf"), key=lambda p: p.stat().st_mtime)
+        if artifacts:
+            return artifacts[-1]
+    return newest_checkpoint(path)
+
+
 def run_of_checkpoint(checkpoint: Path) -> Path | None:
     """The run directory a checkpoint was written into (…/RUN/checkpoints/step_N.safetensors), if any."""
     run = checkpoint.resolve().parent.parent

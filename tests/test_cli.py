@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from core.config import Config
+from core.runs import read_metrics
 from core.shards import find_shards
 from tests.test_backends import BACKENDS, needs
 
@@ -77,6 +78,27 @@ def test_eval_of_the_artifact_gives_the_training_score(sotu_dataset, trained, ba
     assert result.returncode == 0, result.stderr
     got = float(re.search(r"val_bpb:(\S+)", result.stdout).group(1))
     assert got == pytest.approx(roundtrip_bpb(stdout), abs=1e-6)
+
+
+@needs("cuda")
+def test_eval_takes_the_runs_own_config_without_a_preset(sotu_dataset, trained, tmp_path):
+    """The smoke run's artifact scores as the run did with no preset named: from its run directory
+    (config.json), from the artifact alone elsewhere (the settings it keeps, data paths given), and
+    from its checkpoint (the checkpoint's config); a flag still wins."""
+    run_dir, stdout = trained
+    alone = tmp_path / "moved.pgolf"
+    alone.write_bytes((run_dir / "final_model.int8.pgolf").read_bytes())
+    ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]
+    for target, extra in ((run_dir, []), (alone, data_flags(sotu_dataset)), (ckpt, [])):
+        result = cli("eval", str(target), "--backend", "cuda", *extra)
+        assert result.returncode == 0, result.stderr
+        got = float(re.search(r"val_bpb:(\S+)", result.stdout).group(1))
+        last_val = [r for r in read_metrics(run_dir) if r["kind"] == "val"][-1][
+            "val_bpb"
+        ]  # the float weights
+        assert got == pytest.approx(last_val if target == ckpt else roundtrip_bpb(stdout), abs=1e-6), target
+    shorter = cli("eval", str(run_dir), "--backend", "cuda", "--val-max-tokens", "1024")
+    assert re.search(r"tokens:1024 ", shorter.stdout), shorter.stdout + shorter.stderr
 
 
 @needs("cuda")
