@@ -143,8 +143,9 @@ def _scoring_config(
     from core.config import given_values, resolve_sources
     from core.runs import weights_in
 
-    path = weights_in(path)
     cfg, sources = resolve_sources(preset or "baseline", config, overrides or {})
+    cfg.validate()  # a bad flag is refused before any file is read
+    path = weights_in(path)
     saved = saved_config(path) if preset is None else None
     if saved is not None:
         found = saved[0]

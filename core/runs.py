@@ -101,6 +101,8 @@ def weights_in(path: str | Path) -> Path:
     """`path` itself, or for a run directory its artifact (final_model.<label>.pgolf), else its newest
     checkpoint."""
     path = Path(path)
+    if not path.exists():
+        raise PgolfError(f"{path}: no such file or run directory")
     if path.is_dir():
         artifacts = sorted(path.glob("final_model.*.pgolf"), key=lambda p: p.stat().st_mtime)
         if artifacts:

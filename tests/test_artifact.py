@@ -41,7 +41,9 @@ def test_the_int8_export_is_the_int8_format(tmp_path):
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, bf16=False)
     report = export_artifact(params, cfg, dtypes, tmp_path / "a.pgolf", 0)
     model = quant.quantize_int8(params, dtypes, artifact_classes(cfg))
-    assert (tmp_path / "a.pgolf").read_bytes() == quant.artifact_bytes(model)
+    kept = artifact.scoring_config(cfg)  # what the artifact keeps to be scored alone
+    assert kept == {"train_seq_len": 64, "val_max_tokens": 4096}  # the smoke preset's, shapes aside
+    assert (tmp_path / "a.pgolf").read_bytes() == quant.artifact_bytes(model, config=kept)
     assert report.sizes["model_bytes"] == (tmp_path / "a.pgolf").stat().st_size
     assert report.sizes["payload_bytes"] == model.stats["int8_payload_bytes"]
     rows = {r["class"]: r for r in report.budget}
