@@ -172,10 +172,9 @@ def unigram_bpb(dataset) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend_name", "steps", "batch"),
-    [  # MLX on a CPU is slower: fewer tokens
-        pytest.param("cuda", 120, 8192, marks=NEEDS["cuda"], id="cuda"),
-        pytest.param("mlx", 60, 4096, marks=NEEDS["mlx"], id="mlx"),
-    ],
+    # PyTorch only: MLX's steps equal PyTorch's to 1e-4 over whole runs (tests/test_cross_backend.py), and
+    # its CPU steps cost ~2 s each here.
+    [pytest.param("cuda", 60, 8192, marks=NEEDS["cuda"], id="cuda")],
 )
 def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_name, steps, batch, tmp_path):
     result = run(
