@@ -172,7 +172,7 @@ def unigram_bpb(dataset) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend_name", "steps", "batch"),
-    # PyTorch only: MLX's steps equal PyTorch's to 1e-4 over whole runs (tests/test_cross_backend.py), and
+    # PyTorch only: MLX's steps equal PyTorch's to 1e-4 (8-step curves, tests/test_cross_backend.py), and
     # its CPU steps cost ~2 s each here.
     [pytest.param("cuda", 60, 8192, marks=NEEDS["cuda"], id="cuda")],
 )
