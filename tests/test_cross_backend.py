@@ -73,11 +73,11 @@ def test_same_weights_same_logits_and_loss(sotu_dataset, features):
 MIXED = {"quant_format": "mixed", "compressor": "brotli", "byte_shuffle": 2, "attn_bits": 5}
 
 
-# model_dim 256: the MLP matrices pass the 65,536-element floor, so they are quantized.
-@pytest.mark.parametrize("artifact", [{"model_dim": 256}, {**MIXED, "model_dim": 256}], ids=["int8", "mixed"])
+# A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor, so they are quantized.
+@pytest.mark.parametrize("artifact", [{"mlp_mult": 20.0}, {**MIXED, "mlp_mult": 20.0}], ids=["int8", "mixed"])
 @pytest.mark.parametrize("model", MODELS)
 def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_path, model, artifact):
-    cfg = sotu_dataset.config(**MODELS[model], **artifact)
+    cfg = sotu_dataset.config(**{**MODELS[model], **artifact})
     params = busy_params(cfg, seed=13)
     paths = []
     for name in ("cuda", "mlx"):
