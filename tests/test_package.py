@@ -75,9 +75,9 @@ def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():
 
 @pytest.fixture(scope="module")
 def pgolf_run(sotu_dataset, tmp_path_factory):
-    """A short tiny-preset run through the CLI (10 steps)."""
+    """A short tiny-preset run through the CLI (4 steps)."""
     out = tmp_path_factory.mktemp("runs")
-    result = cli("train", "--backend", "cuda", "--preset", "tiny", "--iterations", "10", "--val-loss-every", "0",
+    result = cli("train", "--backend", "cuda", "--preset", "tiny", "--iterations", "4", "--val-loss-every", "0",
                  "--out-dir", str(out), "--run-id", "r", "--seed", "7", *data_flags(sotu_dataset))  # fmt: skip
     assert result.returncode == 0, result.stderr
     return out / "r", result.stdout
@@ -127,7 +127,7 @@ def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     ]
     sub = json.loads((out / "submission.json").read_text())
     bpb = float(FINAL.search(stdout).group(2))
-    assert sub["seeds"] == [7] and sub["val_bpb"] == round(bpb, 5) and sub["seed_results"]["7"]["steps"] == 10
+    assert sub["seeds"] == [7] and sub["val_bpb"] == round(bpb, 5) and sub["seed_results"]["7"]["steps"] == 4
     assert (sub["name"], sub["author"], sub["github_id"], sub["track"]) == (
         "Tiny test",
         "A. Golfer",

@@ -179,7 +179,7 @@ def unigram_bpb(dataset) -> float:
 def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_name, steps, batch, tmp_path):
     result = run(
         sotu_dataset, backend_name, tmp_path, preset="tiny", iterations=steps, train_batch_tokens=batch,
-        warmdown_iters=steps // 3, val_loss_every=steps, val_max_tokens=32_768,
+        warmdown_iters=steps // 3, val_loss_every=steps, val_max_tokens=16_384,
     )  # fmt: skip
     records = [r for r in read_metrics(result.run_dir) if r["kind"] == "val"]
     start, end = records[0]["val_bpb"], result.roundtrip_val_bpb
