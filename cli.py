@@ -368,9 +368,10 @@ def train(
     if seeds:
         if resume is not None:
             raise PgolfError("--seeds starts new runs: it cannot go with --resume")
-        for seed_cfg in _seed_configs(cfg, seeds):
+        seed_cfgs = _seed_configs(cfg, seeds)
+        for seed_cfg in seed_cfgs:  # every run refused before the first one starts
             check_config(backend, seed_cfg)
-        for seed_cfg in _seed_configs(cfg, seeds):
+        for seed_cfg in seed_cfgs:
             _train_one(backend, seed_cfg, None, notes)
         return
     if resume is not None:
@@ -720,6 +721,7 @@ def runs(
     from rich.table import Table
 
     from core.runs import find_runs, run_groups, summarize
+    from core.stats import mean_std
 
     summaries = [summarize(path) for path in find_runs(out_dir)]
     if compare:
@@ -758,12 +760,10 @@ def runs(
         for column in ("group", "runs", "seeds", "mean val_loss", "mean val_bpb", "std val_bpb"):
             by_group.add_column(column, justify="left" if column in ("group", "seeds") else "right")
         for name, members in groups.items():
-            bpb = [m.score_val_bpb for m in members]
-            mean = sum(bpb) / len(bpb)
-            std = math.sqrt(sum((b - mean) ** 2 for b in bpb) / (len(bpb) - 1)) if len(bpb) > 1 else math.nan
+            mean, std = mean_std([m.score_val_bpb for m in members])
             by_group.add_row(
                 name, str(len(members)), ",".join(str(m.seed) for m in members),
-                f"{sum(m.score_val_loss for m in members) / len(members):.5f}", f"{mean:.5f}",
+                f"{mean_std([m.score_val_loss for m in members])[0]:.5f}", f"{mean:.5f}",
                 "–" if math.isnan(std) else f"{std:.5f}",
             )  # fmt: skip
         tables.append(by_group)
@@ -781,7 +781,7 @@ def _compare_groups(groups: dict, a: str, b: str, json_out: bool = False) -> Non
     import json
     from dataclasses import asdict
 
-    from core.stats import RECORD_MARGIN_NATS, RECORD_P_VALUE, welch
+    from core.stats import RECORD_MARGIN_NATS, RECORD_P_VALUE, mean_std, welch
 
     for name in (a, b):
         if name not in groups:
@@ -790,7 +790,7 @@ def _compare_groups(groups: dict, a: str, b: str, json_out: bool = False) -> Non
     bpb = {g: [m.score_val_bpb for m in groups[g]] for g in (a, b)}
     gain = welch(loss[a], loss[b])
     bar = welch(loss[a], loss[b], RECORD_MARGIN_NATS)
-    diff_bpb = sum(bpb[a]) / len(bpb[a]) - sum(bpb[b]) / len(bpb[b])
+    diff_bpb = mean_std(bpb[a])[0] - mean_std(bpb[b])[0]
     if json_out:
         result = {"a": a, "b": b, "diff_nats": gain.diff, "diff_bpb": diff_bpb, "gain": asdict(gain),
                   "record_bar": asdict(bar), "meets_record_bar": bar.p < RECORD_P_VALUE}  # fmt: skip

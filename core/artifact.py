@@ -33,7 +33,7 @@ import numpy as np
 from core import mixed, quant
 from core.atomic import read_file
 from core.config import MAX_CONFIG_BYTES, Config
-from core.errors import PgolfError
+from core.errors import PgolfError, first_line
 from core.mixed import MixedModel
 from core.params import artifact_classes
 from core.quant import Int8Model
@@ -185,8 +185,7 @@ def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | M
         except PgolfError as exc:  # e.g. a compressor package that is not installed
             raise PgolfError(f"artifact {path}: {exc}") from None
         except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise PgolfError(f"artifact {path} is damaged: {reason}") from None
+            raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
     from core.record_artifact import load_record_artifact  # (not needed by a packaged run)
 
     if not _is_zlib(blob):  # brotli, lzma or zstd: a record's
@@ -242,6 +241,5 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
     try:
         kept = quant.open_container(blob, path).meta.get("config")
     except Exception as exc:  # a damaged file: its reader names the problem when the weights are read
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise PgolfError(f"artifact {path} is damaged: {reason}") from None
+        raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
     return (kept, f"artifact {path}") if isinstance(kept, dict) and kept else None

@@ -30,7 +30,7 @@ import numpy as np
 
 from core import compress
 from core.atomic import read_file
-from core.errors import PgolfError
+from core.errors import PgolfError, first_line
 from core.gptq import gptq_quantize
 from core.params import KINDS
 from core.quant import (
@@ -328,8 +328,9 @@ def load_mixed_artifact(path: str | Path) -> MixedModel:
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise PgolfError(f"artifact {path} is damaged or not a mixed-precision artifact: {reason}") from None
+        raise PgolfError(
+            f"artifact {path} is damaged or not a mixed-precision artifact: {first_line(exc)}"
+        ) from None
 
 
 # ------------------------------------------------------------- the byte budget

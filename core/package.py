@@ -22,11 +22,12 @@ import ast
 import base64
 import json
 import lzma
-from dataclasses import dataclass
 from pathlib import Path
 
 from core.config import Config
 from core.errors import PgolfError
+from core.runs import RunSummary, summarize
+from core.stats import mean_std
 
 __all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
@@ -183,55 +184,28 @@ TRACK = "10min_16mb"
 VARYING = ("seed", "run_id", "out_dir", "data_path", "tokenizer_path")  # may differ between the seeds
 
 
-@dataclass
-class SeedResult:
-    seed: int
-    val_loss: float  # the score: sliding-window when the run was scored so, else non-overlapping
-    val_bpb: float
-    artifact_bytes: int
-    code_bytes: int
-    steps: int
-    train_time_ms: float
-    log: Path
-
-
-def _seed_result(run_dir: Path) -> tuple[Config, SeedResult]:
-    from core.runs import read_metrics
-
+def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
+    """A run's config and its summary (core.runs: its score is the sliding-window one where evaluated so)."""
     try:
         cfg = Config.from_dict(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
     except (OSError, ValueError) as exc:
         raise PgolfError(f"package: {run_dir} has no readable config.json ({exc})") from None
-    final = next((r for r in reversed(read_metrics(run_dir)) if r["kind"] == "final"), None)
-    if final is None:
+    summary = summarize(run_dir)
+    if not summary.finished:
         raise PgolfError(f"package: {run_dir} did not finish (no final record in metrics.jsonl)")
-    sliding = final.get("sliding_val_bpb") is not None
-    loss_key, bpb_key = (
-        ("sliding_val_loss", "sliding_val_bpb") if sliding else ("roundtrip_val_loss", "roundtrip_val_bpb")
-    )
-    return cfg, SeedResult(
-        seed=cfg.seed,
-        val_loss=float(final[loss_key]),
-        val_bpb=float(final[bpb_key]),
-        artifact_bytes=int(final["artifact_bytes"]),
-        code_bytes=int(final["code_bytes"]),
-        steps=int(final["steps"]),
-        train_time_ms=float(final["train_time_ms"]),
-        log=run_dir / "train.log",
-    )
+    return cfg, summary
 
 
-def _readme(name: str, blurb: str, cfg: Config, results: list[SeedResult], bytes_code: int) -> str:
+def _readme(name: str, blurb: str, cfg: Config, results: list[RunSummary], bytes_code: int) -> str:
     baseline = Config()
     changed = {k: v for k, v in cfg.to_dict().items() if k not in VARYING and getattr(baseline, k) != v}
     rows = "\n".join(f"| `{k.upper()}` | {v} |" for k, v in sorted(changed.items()))
     seeds = "\n".join(
-        f"| {r.seed} | {r.val_loss:.5f} | {r.val_bpb:.5f} | {r.steps} | {r.artifact_bytes:,} | "
+        f"| {r.seed} | {r.score_val_loss:.5f} | {r.score_val_bpb:.5f} | {r.steps} | {r.artifact_bytes:,} | "
         f"{r.artifact_bytes + bytes_code:,} |"
         for r in results
     )
-    bpb = [r.val_bpb for r in results]
-    mean = sum(bpb) / len(bpb)
+    mean = mean_std([r.score_val_bpb for r in results])[0]
     return f"""# {name}
 
 {blurb}
@@ -281,15 +255,13 @@ def write_record(
 
     if not run_dirs:
         raise PgolfError("package: give at least one run directory")
-    runs = [_seed_result(Path(d)) for d in run_dirs]
+    runs = [_finished_run(Path(d)) for d in run_dirs]
     cfg = runs[0][0]
     same = {k: v for k, v in cfg.to_dict().items() if k not in VARYING}
     for other, result in runs[1:]:
         diff = sorted(k for k, v in other.to_dict().items() if k not in VARYING and same[k] != v)
         if diff:
-            raise PgolfError(
-                f"package: {result.log.parent} differs from {run_dirs[0]} in {', '.join(diff[:5])}"
-            )
+            raise PgolfError(f"package: {result.path} differs from {run_dirs[0]} in {', '.join(diff[:5])}")
     results = sorted((r for _, r in runs), key=lambda r: r.seed)
     if len({r.seed for r in results}) != len(results):
         raise PgolfError("package: two runs share a seed")
@@ -297,9 +269,7 @@ def write_record(
         raise PgolfError(f"package: {out} exists already: choose another --out")
     text = script(cfg, compressed)
     size = len(text.encode("utf-8"))
-    bpb = [r.val_bpb for r in results]
-    mean_bpb = sum(bpb) / len(bpb)
-    std = (sum((b - mean_bpb) ** 2 for b in bpb) / (len(bpb) - 1)) ** 0.5 if len(bpb) > 1 else 0.0
+    mean_bpb, std = mean_std([r.score_val_bpb for r in results])
     submission = {
         "author": author,
         "github_id": github_id,
@@ -307,14 +277,14 @@ def write_record(
         "blurb": blurb,
         "date": datetime.date.today().isoformat(),
         "track": TRACK,
-        "val_loss": round(sum(r.val_loss for r in results) / len(results), 5),
+        "val_loss": round(mean_std([r.score_val_loss for r in results])[0], 5),
         "val_bpb": round(mean_bpb, 5),
-        "val_bpb_std": round(std, 5),
+        "val_bpb_std": round(std, 5) if len(results) > 1 else 0.0,
         "seeds": [r.seed for r in results],
         "seed_results": {
             str(r.seed): {
-                "val_loss": round(r.val_loss, 5),
-                "val_bpb": round(r.val_bpb, 5),
+                "val_loss": round(r.score_val_loss, 5),
+                "val_bpb": round(r.score_val_bpb, 5),
                 "artifact_bytes": r.artifact_bytes,
                 "steps": r.steps,
             }
@@ -331,7 +301,7 @@ def write_record(
         (staging / "submission.json").write_text(json.dumps(submission, indent=2) + "\n", encoding="utf-8")
         (staging / "README.md").write_text(_readme(name, blurb, cfg, results, size), encoding="utf-8")
         for r in results:
-            shutil.copyfile(r.log, staging / f"train_seed{r.seed}.log")
+            shutil.copyfile(r.path / "train.log", staging / f"train_seed{r.seed}.log")
         staging.rename(out)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)

@@ -49,7 +49,7 @@ from safetensors.numpy import save as st_save
 
 from core import compress
 from core.atomic import read_file, write_atomic
-from core.errors import PgolfError
+from core.errors import PgolfError, first_line
 from core.params import round_to_bfloat16
 
 __all__ = [
@@ -475,8 +475,7 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     except PgolfError:
         raise
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise PgolfError(f"artifact {path} is damaged or not an int8 artifact: {reason}") from None
+        raise PgolfError(f"artifact {path} is damaged or not an int8 artifact: {first_line(exc)}") from None
     raise PgolfError(f"artifact {path} is not an int8 artifact (unknown container)")
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from core import compress
 from core.atomic import read_file
-from core.errors import PgolfError
+from core.errors import PgolfError, first_line
 from core.mixed import CLASSES, MixedModel, check_mixed
 from core.quant import CLIP_QUANTILE, FLOAT_BYTES, MAX_ARTIFACT_BYTES
 from core.rowquant import Clip
@@ -160,5 +160,4 @@ def load_record_artifact(
     except PgolfError as exc:
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise PgolfError(f"artifact {path} is damaged or not a record artifact: {reason}") from None
+        raise PgolfError(f"artifact {path} is damaged or not a record artifact: {first_line(exc)}") from None

@@ -167,6 +167,7 @@ class RunSummary:
     roundtrip_val_bpb: float  # the score after the int8 round trip (nan until finished)
     total_bytes: int | None  # artifact + code, when finished
     finished: bool
+    artifact_bytes: int | None = None  # the artifact alone, when finished
     group: str = ""  # the config's run_group
     score_val_loss: float = math.nan  # the run's figure: sliding-window when scored so, else the round trip's
     score_val_bpb: float = math.nan
@@ -201,6 +202,7 @@ def summarize(run_dir: str | Path) -> RunSummary:
         roundtrip_val_bpb=float(final["roundtrip_val_bpb"]) if final else math.nan,
         total_bytes=int(final["artifact_bytes"]) + int(final["code_bytes"]) if final else None,
         finished=final is not None,
+        artifact_bytes=int(final["artifact_bytes"]) if final else None,
         group=str(cfg.get("run_group") or ""),
         score_val_loss=_score(final, "val_loss"),
         score_val_bpb=_score(final, "val_bpb"),

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 from core.errors import PgolfError
 
-__all__ = ["RECORD_MARGIN_NATS", "RECORD_P_VALUE", "Welch", "incomplete_beta", "student_t_sf", "welch"]
+__all__ = [
+    "RECORD_MARGIN_NATS", "RECORD_P_VALUE", "Welch", "incomplete_beta", "mean_std", "student_t_sf", "welch",
+]  # fmt: skip
 
 RECORD_MARGIN_NATS = 0.005  # the improvement a new record must show
 RECORD_P_VALUE = 0.01  # at this significance
@@ -82,14 +84,22 @@ class Welch:
     margin: float
 
 
-def _mean_var(values: Sequence[float], name: str) -> tuple[float, float]:
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (n - 1; nan for fewer than 2 values)."""
     xs = [float(v) for v in values]
-    if len(xs) < 2:
-        raise PgolfError(f"{name} needs at least 2 runs (seeds) for a t-test, got {len(xs)}")
-    if not all(math.isfinite(v) for v in xs):
-        raise PgolfError(f"{name} holds a value that is not finite: {xs}")
     mean = math.fsum(xs) / len(xs)
-    return mean, math.fsum((v - mean) ** 2 for v in xs) / (len(xs) - 1)
+    if len(xs) < 2:
+        return mean, math.nan
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in xs) / (len(xs) - 1))
+
+
+def _mean_var(values: Sequence[float], name: str) -> tuple[float, float]:
+    if len(values) < 2:
+        raise PgolfError(f"{name} needs at least 2 runs (seeds) for a t-test, got {len(values)}")
+    if not all(math.isfinite(float(v)) for v in values):
+        raise PgolfError(f"{name} holds a value that is not finite: {list(values)}")
+    mean, std = mean_std(values)
+    return mean, std * std
 
 
 def welch(a: Sequence[float], b: Sequence[float], margin: float = 0.0) -> Welch:
