@@ -49,8 +49,8 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from core.config import PRESETS, Config
-from core.errors import PgolfError
+from core.common.errors import PgolfError
+from core.config.fields import PRESETS, Config
 
 try:  # recent typer releases carry their own copy of click
     from typer._click import exceptions as click_errors
@@ -137,11 +137,11 @@ def _scoring_config(
     path: Path, preset: str | None, config: Path | None, overrides: dict | None
 ) -> tuple[Path, Config]:
     """The weights a path means (a run directory: its artifact, else its newest checkpoint) and the
-    config to use them with: the run's own when no preset is named (core.artifact.saved_config),
+    config to use them with: the run's own when no preset is named (core.artifact.export.saved_config),
     with whatever a file, the environment or a flag gives on top; else the preset's."""
-    from core.artifact import saved_config
-    from core.config import given_values, resolve_sources
-    from core.runs import weights_in
+    from core.artifact.export import saved_config
+    from core.config.fields import given_values, resolve_sources
+    from core.runs.summary import weights_in
 
     cfg, sources = resolve_sources(preset or "baseline", config, overrides or {})
     cfg.validate()  # a bad flag is refused before any file is read
@@ -150,7 +150,7 @@ def _scoring_config(
     if saved is not None:
         found = saved[0]
         if "dataset" in found and "data_path" not in found:  # an artifact's own settings name the data
-            from core.corpus import dataset_settings
+            from core.data.manifest import dataset_settings
 
             with contextlib.suppress(PgolfError):  # not in data/manifest.json: the given paths stay
                 found = dataset_settings(str(found["dataset"])) | found
@@ -165,7 +165,7 @@ def _weights_and_data(
 
     Evaluation runs once: unless asked for, nothing is compiled.
     """
-    from core.loop import load_eval_data, load_weights
+    from core.eval.score import load_eval_data, load_weights
 
     path, cfg = _scoring_config(path, preset, config, overrides)
     params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
@@ -175,7 +175,7 @@ def _weights_and_data(
 
 
 def _resolve(preset: str, config: Path | None, overrides: dict[str, Any]) -> Config:
-    from core.config import resolve
+    from core.config.fields import resolve
 
     return resolve(preset, config, overrides)
 
@@ -186,7 +186,7 @@ def opened_backend(name: str, cfg: Config):
     """A backend for the length of a command, holding its one config; its process group is
     released however the command ends. A rank of a distributed job that fails ends its
     process here, which lets the launcher stop the other ranks (`_end_failed_rank`)."""
-    from core import backend as backends
+    from core.model import backend as backends
 
     engine = backends.create(name, cfg)
     try:
@@ -244,7 +244,7 @@ def _ensure_default_data(cfg: Config) -> None:
 
 
 def _prepare(out: Path, vocab_size: int) -> dict:
-    from core.corpus import prepare_sotu
+    from core.datasets.embedded import prepare_sotu
 
     with console.status("preparing") as status:
         summary = prepare_sotu(out, vocab_size=vocab_size, progress=lambda msg: status.update(msg))
@@ -326,7 +326,7 @@ def data_download(
     ),
 ) -> None:
     """Download the challenge's FineWeb shards and tokenizer (files already present are kept)."""
-    from core.download import download_fineweb
+    from core.datasets.fineweb import download_fineweb
 
     with console.status("downloading") as status:
         summary = download_fineweb(
@@ -358,10 +358,10 @@ def train(
     variables (ITERATIONS, MATRIX_LR, ...), then the flags below. Ctrl-C (or SIGTERM)
     writes a checkpoint after the current step; a second Ctrl-C quits at once.
     """
-    from core.backend import check_config
-    from core.checkpoint import checkpoint_config
-    from core.config import resolve_sources, resumed_config
-    from core.runs import newest_checkpoint, run_of_checkpoint
+    from core.artifact.checkpoint import checkpoint_config
+    from core.config.fields import resolve_sources, resumed_config
+    from core.model.backend import check_config
+    from core.runs.summary import newest_checkpoint, run_of_checkpoint
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
     notes = _train_notes(preset if resume is None else None, cfg, sources)
@@ -398,8 +398,9 @@ def _seed_configs(cfg: Config, seeds: str) -> list[Config]:
 
 def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
     """One training run of `cfg` (checked), with its progress display and closing line."""
-    from core.loop import train as run_training
-    from core.report import report_targets
+    from core.runs.package import code_bytes
+    from core.train.loop import train as run_training
+    from core.train.report import report_targets
 
     report_targets(cfg.report_to)
     _ensure_default_data(cfg)
@@ -409,7 +410,7 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
         with held as stop:
             result = run_training(
                 engine, resume=resume, log=_log_line, progress=live.tracker("validating"),
-                step_progress=live.tracker("training"), notes=notes, stop=stop,
+                step_progress=live.tracker("training"), notes=notes, stop=stop, code_bytes=code_bytes,
             )  # fmt: skip
     if engine.rank == 0:
         sliding = (
@@ -427,7 +428,7 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
 def _train_notes(preset: str | None, cfg: Config, sources: dict[str, str]) -> list[str]:
     """The lines a run logs after its header: the settings the environment gave, and a warning when a
     preset made for the challenge's data (`preset`, None on resume) trains on the embedded corpus."""
-    from core.config import CHALLENGE_DATA_PRESETS
+    from core.config.fields import CHALLENGE_DATA_PRESETS
 
     notes = [f"from the environment: {name}={getattr(cfg, name)!r} ({source.removeprefix('env ')})"
              for name, source in sources.items() if source.startswith("env ")]  # fmt: skip
@@ -449,7 +450,7 @@ def config_show(
     """Print the resolved config as TOML (usable as --config), each value with where it came from."""
     import json
 
-    from core.config import resolve_sources
+    from core.config.fields import resolve_sources
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
     for name, value in cfg.to_dict().items():
@@ -469,7 +470,7 @@ def eval_command(
 ) -> None:
     """Score an artifact or checkpoint on the validation split: val_loss and val_bpb, over
     non-overlapping sequences and, with --eval-stride, with sliding windows."""
-    from core.loop import evaluators
+    from core.eval.score import evaluators
 
     params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
     meters = {}
@@ -502,9 +503,9 @@ def sample(
     overrides: dict | None = None,
 ) -> None:
     """Generate text from an artifact or a checkpoint (--seed seeds the draws)."""
-    from core.loop import load_weights
-    from core.sample import generate
-    from core.tokenizer import check_vocab, load_tokenizer
+    from core.data.tokenizer import check_vocab, load_tokenizer
+    from core.eval.sample import generate
+    from core.eval.score import load_weights
 
     path, cfg = _scoring_config(path, preset, config, overrides)
     params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
@@ -536,11 +537,11 @@ def verify(
     """Score one artifact with every installed backend and check that they agree."""
     from rich.table import Table
 
-    from core import verify as check
-    from core.quant import BUDGET_BYTES
+    from core.artifact.int8 import BUDGET_BYTES
+    from core.eval import verify as check
 
     params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
-    from core.backend import create, installed
+    from core.model.backend import create, installed
 
     names = [info.name for info in installed()]
     if not names:
@@ -597,11 +598,11 @@ def export_command(
     """
     import json
 
-    from core.artifact import export_artifact, format_budget, quant_label
-    from core.checkpoint import load_checkpoint
-    from core.config import Config as RunConfig
-    from core.loop import calibrate_gptq
-    from core.package import code_bytes
+    from core.artifact.checkpoint import load_checkpoint
+    from core.artifact.export import export_artifact, format_budget, quant_label
+    from core.config.fields import Config as RunConfig
+    from core.runs.package import code_bytes
+    from core.train.loop import calibrate_gptq
 
     if format not in ("pgolf", "upstream"):
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
@@ -661,7 +662,7 @@ def package(
     import datetime
     import re
 
-    from core.package import write_record
+    from core.runs.package import write_record
 
     folder = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "record"
     target = out or Path("records") / "track_10min_16mb" / f"{datetime.date.today().isoformat()}_{folder}"
@@ -684,9 +685,9 @@ def bench(
     """Time training steps on random tokens: ms/step, tokens/s, peak memory, MFU."""
     import json
 
-    from core.atomic import write_atomic
-    from core.backend import check_config
-    from core.bench import benchmark
+    from core.common.files import write_atomic
+    from core.model.backend import check_config
+    from core.train.bench import benchmark
 
     cfg = _resolve(preset, config, overrides or {})
     check_config(backend, cfg)
@@ -720,8 +721,8 @@ def runs(
     from rich.measure import Measurement
     from rich.table import Table
 
-    from core.runs import find_runs, run_groups, summarize
-    from core.stats import mean_std
+    from core.runs.stats import mean_std
+    from core.runs.summary import find_runs, run_groups, summarize
 
     summaries = [summarize(path) for path in find_runs(out_dir)]
     if compare:
@@ -777,11 +778,11 @@ def runs(
 
 
 def _compare_groups(groups: dict, a: str, b: str, json_out: bool = False) -> None:
-    """Welch's one-sided t-test that group B's val_loss is below group A's (core/stats.py)."""
+    """Welch's one-sided t-test that group B's val_loss is below group A's (core/runs/stats.py)."""
     import json
     from dataclasses import asdict
 
-    from core.stats import RECORD_MARGIN_NATS, RECORD_P_VALUE, mean_std, welch
+    from core.runs.stats import RECORD_MARGIN_NATS, RECORD_P_VALUE, mean_std, welch
 
     for name in (a, b):
         if name not in groups:
@@ -818,7 +819,8 @@ def plot(
     out_dir: Path = RUNS_DIR,
 ) -> None:
     """Plot validation BPB and (smoothed) training loss of runs side by side: PNG, SVG or PDF."""
-    from core.runs import find_runs, plot_runs
+    from core.runs.plots import plot_runs
+    from core.runs.summary import find_runs
 
     chosen = list(run_dirs or find_runs(out_dir))
     for path in chosen:
@@ -836,7 +838,7 @@ def info() -> None:
 
     console.print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}")
     console.print(f"numpy {numpy.__version__}")
-    from core.backend import BACKENDS, pick
+    from core.model.backend import BACKENDS, pick
 
     devices = {}
     for info_ in BACKENDS.values():

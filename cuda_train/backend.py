@@ -1,4 +1,4 @@
-"""The PyTorch backend: what core.loop needs to train pgolf's GPT on CUDA GPUs or a CPU.
+"""The PyTorch backend: what core.train.loop needs to train pgolf's GPT on CUDA GPUs or a CPU.
 
 Launched as a plain process it uses one device; under `torchrun` it joins the
 process group (NCCL on CUDA, gloo on CPU) and wraps the compiled model in DDP.
@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from core.backend import DeviceMemory, physical_ram
-from core.config import Config
-from core.errors import PgolfError
-from core.params import check_layout, head_weight_name, param_specs, storage_dtypes
+from core.common.errors import PgolfError
+from core.config.fields import Config
+from core.model.backend import DeviceMemory, physical_ram
+from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear
 from cuda_train.optim import Muon, build_optimizers
 
@@ -104,7 +104,7 @@ class TorchBackend:
             self.model.get_parameter(pname).data = self.model.get_parameter(pname).data.to(DTYPES[dtype])
         compile_on = cfg.uses_compile(cuda)
         self.optimizers = build_optimizers(self.model, self.specs, cfg, compile_on)
-        # The moving average of the weights, in fp32 on the device (core.backend's "ema/<name>").
+        # The moving average of the weights, in fp32 on the device (core.model.backend's "ema/<name>").
         # load_params starts it at the loaded weights; load_optimizer_state restores a saved one.
         self.ema = (
             {n: torch.zeros(s.shape, device=self.torch_device) for n, s in self.specs.items()}

@@ -23,7 +23,7 @@ by default):
   and each lane keeps `parallel_resid_lambdas` of itself plus
   `parallel_post_lambdas` of both outputs; the head reads their mean (or one lane).
 
-Parameters are created with the names and shapes of core/params.py and filled by
+Parameters are created with the names and shapes of core/model/params.py and filled by
 `load_params` from its numpy initialisation, so both backends start from the
 same numbers. Linear weights stay fp32 and are cast to the compute dtype at the
 matmul; the embeddings are bf16 in bf16 runs.
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.config import Config
-from core.params import mlp_hidden, num_skip_weights
+from core.config.fields import Config
+from core.model.params import mlp_hidden, num_skip_weights
 
 Rope = tuple[Tensor, Tensor]  # cos, sin: (T, rope_dims / 2)
 Lanes = tuple[Tensor, Tensor]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)

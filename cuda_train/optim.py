@@ -1,8 +1,8 @@
 """The optimizers in PyTorch (mirrors mlx_train/optim.py): Muon for the block matrices, AdamW for the rest.
 
 The groups, learning rates and weight decays come from the parameter table
-(core/params.py) through core.optim.GROUPS. Muon: Nesterov momentum, then
-core.optim.newton_schulz, scaled for the matrix shape, after the decoupled
+(core/model/params.py) through core.model.optim.GROUPS. Muon: Nesterov momentum, then
+core.model.optim.newton_schulz, scaled for the matrix shape, after the decoupled
 weight decay. With several ranks each matrix is orthogonalised by one rank
 (round-robin) and a single all-reduce of a flat buffer shares the updates.
 Newton-Schulz runs in bf16 on CUDA, as the challenge's script does, and in fp32
@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from core.config import Config
-from core.optim import GROUPS, base_lr, muon_scale, newton_schulz, ns_coefficients, weight_decay
-from core.params import ParamSpec
+from core.config.fields import Config
+from core.model.optim import GROUPS, base_lr, muon_scale, newton_schulz, ns_coefficients, weight_decay
+from core.model.params import ParamSpec
 
 
 class Muon(torch.optim.Optimizer):

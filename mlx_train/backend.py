@@ -1,4 +1,4 @@
-"""The MLX backend: what core.loop needs to train pgolf's GPT on Apple silicon (or a CPU).
+"""The MLX backend: what core.train.loop needs to train pgolf's GPT on Apple silicon (or a CPU).
 
 A step accumulates gradients over the micro-batches, each cut into sub-batches of
 at most `mlx_max_microbatch_tokens` tokens so a 16 GB Mac does not run out of
@@ -25,10 +25,10 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from core.backend import DeviceMemory, physical_ram
-from core.config import Config
-from core.errors import PgolfError
-from core.params import check_layout, head_weight_name, param_specs, storage_dtypes
+from core.common.errors import PgolfError
+from core.config.fields import Config
+from core.model.backend import DeviceMemory, physical_ram
+from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from mlx_train.model import GPT, CastedLinear
 from mlx_train.optim import Optimizers
 

@@ -15,8 +15,8 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from core.config import Config
-from core.params import mlp_hidden, num_skip_weights
+from core.config.fields import Config
+from core.model.params import mlp_hidden, num_skip_weights
 from mlx_train.ops import Ops, default_ops, softcap_logits
 
 Rope = tuple[mx.array, mx.array]  # cos, sin: (T, rope_dims / 2)

@@ -1,7 +1,7 @@
 """The optimizers in MLX (mirrors cuda_train/optim.py): Muon for the block matrices, AdamW for the rest.
 
 They work on flat `{name: array}` dicts with the canonical state names, so the
-state converts to numpy 1:1. The update rules are those of core/optim.py; the
+state converts to numpy 1:1. The update rules are those of core/model/optim.py; the
 groups, learning rates and weight decays come from the parameter table.
 Newton-Schulz runs in fp32: bf16 is emulated (slow) on CPUs, and fp32 keeps MLX
 within round-off of the numpy reference; on CUDA the PyTorch backend uses bf16
@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from core.config import Config
-from core.optim import GROUPS, base_lr, muon_scale, newton_schulz, ns_coefficients, weight_decay
-from core.params import ParamSpec
+from core.config.fields import Config
+from core.model.optim import GROUPS, base_lr, muon_scale, newton_schulz, ns_coefficients, weight_decay
+from core.model.params import ParamSpec
 
 
 class Optimizers:
     """Muon for the matrices, AdamW for the embeddings, head and scalar tensors, and the
     moving average of the weights when `ema_decay` > 0.
 
-    `state` is the flat canonical layout of core.backend: "step", "exp_avg/<name>",
+    `state` is the flat canonical layout of core.model.backend: "step", "exp_avg/<name>",
     "exp_avg_sq/<name>", "momentum_buffer/<name>" and "ema/<name>".
     """
 

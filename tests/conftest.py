@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import Config, preset
+from core.config.fields import Config, preset
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -34,7 +34,7 @@ class Dataset:
 @pytest.fixture(scope="session")
 def sotu_dataset(tmp_path_factory) -> Dataset:
     """The embedded corpus prepared from its first 40 speeches (4 validation), vocab 1024: seconds."""
-    from core.corpus import prepare_sotu
+    from core.datasets.embedded import prepare_sotu
 
     root = tmp_path_factory.mktemp("data")
     prepare_sotu(root, vocab_size=1024, limit_docs=40)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.config import Config
+from core.config.fields import Config
 
 EPS32 = float(np.finfo(np.float32).eps)  # RMSNorm epsilon in fp32 (the torch convention)
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core import artifact, mixed, quant
-from core.artifact import class_bits, class_clips, export_artifact, quant_label, read_artifact
-from core.config import preset
-from core.errors import PgolfError
-from core.loop import EvalData, calibrate_gptq, evaluate, evaluate_sliding, evaluators, load_eval_data
-from core.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
-from core.record_artifact import load_record_artifact
-from core.rowquant import Clip
-from core.tokenizer import byte_tables, load_tokenizer
+from core.artifact import export as artifact
+from core.artifact import int8 as quant
+from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label, read_artifact
+from core.artifact.records import load_record_artifact
+from core.artifact.rowquant import Clip
+from core.common.errors import PgolfError
+from core.config.fields import preset
+from core.data.tokenizer import byte_tables, load_tokenizer
+from core.eval.score import EvalData, evaluate, evaluate_sliding, evaluators, load_eval_data
+from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
+from core.train.loop import calibrate_gptq
 from tests.golden_data import RECORD_PTZ, goldens
 from tests.test_backends import BACKENDS, LOOPS_LANES, busy_params, make_backend, needs
 

@@ -12,10 +12,10 @@ import importlib.util
 import numpy as np
 import pytest
 
-from core import backend as backends
-from core.config import preset
-from core.optim import GROUPS, base_lr, weight_decay
-from core.params import init_params, param_shapes, param_specs
+from core.config.fields import preset
+from core.model import backend as backends
+from core.model.optim import GROUPS, base_lr, weight_decay
+from core.model.params import init_params, param_shapes, param_specs
 from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
 
 # What a test of each backend needs: its framework's marker, and a skip when it is missing.
@@ -351,7 +351,7 @@ def test_torch_compiled_steady_state_has_no_recompiles(dtype):
     micro = [batch(cfg, seed=11), batch(cfg, seed=12)]
     x, y = batch(cfg, n=5, seed=13)
 
-    def validate():  # a full batch, then a shorter last one, as core.loop's spans give
+    def validate():  # a full batch, then a shorter last one, as core.train.loop's spans give
         return float(backend.eval_nll(x[:3], y[:3]) + backend.eval_nll(x[3:], y[3:]))
 
     backend.train_step(micro, 1.0, 0.85)
@@ -405,7 +405,7 @@ def test_bf16_compute_stays_close_to_the_reference_and_learns(backend_name):
 
 def test_backend_options_are_checked_by_their_backend():
     """A long sequence is no business of MLX's micro-batch option unless MLX runs."""
-    from core.errors import PgolfError
+    from core.common.errors import PgolfError
 
     cfg = preset("smoke").replace(
         train_seq_len=16_384, train_batch_tokens=32_768, val_batch_size=32_768, mlx_max_microbatch_tokens=128

@@ -8,13 +8,20 @@ import time
 import numpy as np
 import pytest
 
-from core.atomic import make_dir, write_atomic
-from core.checkpoint import Checkpoint, checkpoint_digest, is_checkpoint, load_checkpoint, save_checkpoint
-from core.config import Config, preset
-from core.errors import PgolfError
-from core.loop import _shared_run_id
-from core.params import init_params
-from core.runs import RunDir, read_metrics
+from core.artifact.checkpoint import (
+    Checkpoint,
+    checkpoint_digest,
+    is_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from core.common.errors import PgolfError
+from core.common.files import make_dir, write_atomic
+from core.config.fields import Config, preset
+from core.model.params import init_params
+from core.runs.summary import read_metrics
+from core.train.loop import _shared_run_id
+from core.train.rundir import RunDir
 
 
 def make_checkpoint() -> Checkpoint:

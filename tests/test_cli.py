@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.runs import read_metrics
-from core.shards import find_shards
+from core.config.fields import Config
+from core.data.shards import find_shards
+from core.runs.summary import read_metrics
 from tests.test_backends import BACKENDS, needs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,10 +173,10 @@ def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
 
     import torch
 
-    from core import compress
-    from core.artifact import dequantize, read_artifact
-    from core.loop import evaluate, load_eval_data
-    from core.rowquant import quantize_rows
+    from core.artifact.export import dequantize, read_artifact
+    from core.artifact.rowquant import quantize_rows
+    from core.common import compress
+    from core.eval.score import evaluate, load_eval_data
     from tests.test_backends import busy_params, make_backend
 
     cfg = sotu_dataset.config(mlp_mult=20.0)
@@ -268,7 +268,7 @@ def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_
     # ...and shards whose ids exceed the tokenizer's vocabulary.
     wide = tmp_path / "wide"
     wide.mkdir()
-    from core.shards import write_shard
+    from core.data.shards import write_shard
 
     write_shard(wide / "fineweb_val_000000.bin", np.arange(2000) % 2000)
     write_shard(wide / "fineweb_train_000000.bin", np.arange(2000) % 2000)
@@ -370,7 +370,7 @@ def test_config_show_prints_a_config_file_with_the_source_of_each_value(tmp_path
     assert "seed = 7  # flag" in lines and "iterations = 12  # env ITERATIONS" in lines
     assert "model_dim = 128  # preset tiny" in lines and "matrix_lr = 0.04  # default" in lines
     (tmp_path / "shown.toml").write_text(shown.stdout)
-    from core.config import load_file, preset
+    from core.config.fields import load_file, preset
 
     assert Config.from_dict(load_file(tmp_path / "shown.toml")) == preset("tiny").replace(
         seed=7, iterations=12, dataset="sotu_sp1024"
@@ -379,7 +379,7 @@ def test_config_show_prints_a_config_file_with_the_source_of_each_value(tmp_path
 
 def test_a_challenge_preset_on_the_embedded_corpus_warns():
     import cli as cli_module
-    from core.config import resolve_sources
+    from core.config.fields import resolve_sources
 
     cfg, sources = resolve_sources("baseline", environ={})
     assert any(
@@ -438,7 +438,7 @@ def test_resume_is_refused_past_its_iterations_and_into_another_run(sotu_dataset
 
 @needs("cuda")
 def test_resume_refuses_optimizer_state_of_the_wrong_shape(sotu_dataset, trained, tmp_path):
-    from core.checkpoint import load_checkpoint, save_checkpoint
+    from core.artifact.checkpoint import load_checkpoint, save_checkpoint
 
     run_dir, _ = trained
     ckpt = load_checkpoint(sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1])

@@ -13,8 +13,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import compress, quant
-from core.errors import PgolfError
+from core.artifact import int8 as quant
+from core.common import compress
+from core.common.errors import PgolfError
 from tests.golden_data import goldens
 
 SAMPLE = np.random.default_rng(0).normal(0, 0.02, 5000).astype(np.float16).tobytes() + b"tail"

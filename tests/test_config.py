@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import (
+from core.common.errors import PgolfError
+from core.config.fields import (
     PRESETS,
     Config,
     field_names,
@@ -18,7 +19,6 @@ from core.config import (
     resolve,
     resolve_sources,
 )
-from core.errors import PgolfError
 
 
 def test_baseline_defaults_match_the_upstream_scripts():

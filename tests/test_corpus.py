@@ -10,11 +10,12 @@ import re
 import numpy as np
 import pytest
 
-from core import corpus
-from core.corpus import VAL_EVERY, prepare_sotu, read_manifest, speech_files, split_documents
-from core.errors import PgolfError
-from core.shards import find_shards, read_shard
-from core.tokenizer import load_tokenizer
+from core.common.errors import PgolfError
+from core.data.manifest import read_manifest
+from core.data.shards import find_shards, read_shard
+from core.data.tokenizer import load_tokenizer
+from core.datasets import embedded as corpus
+from core.datasets.embedded import VAL_EVERY, prepare_sotu, speech_files, split_documents
 
 
 def digest(root):

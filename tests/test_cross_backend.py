@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core import quant
-from core.artifact import export_artifact
-from core.checkpoint import load_checkpoint
-from core.loop import evaluate, load_eval_data
-from core.params import init_params, storage_dtypes
-from core.runs import read_metrics
+from core.artifact import int8 as quant
+from core.artifact.checkpoint import load_checkpoint
+from core.artifact.export import export_artifact
+from core.eval.score import evaluate, load_eval_data
+from core.model.params import init_params, storage_dtypes
+from core.runs.summary import read_metrics
 from tests.test_backends import FEATURES, LOOPS_LANES, NEEDS, batch, busy_params, make_backend
 from tests.test_training import final_params, run
 

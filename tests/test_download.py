@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.corpus import read_manifest
-from core.download import download_fineweb, hub_fetcher
-from core.errors import PgolfError
-from core.shards import read_shard, write_shard
+from core.common.errors import PgolfError
+from core.data.manifest import read_manifest
+from core.data.shards import read_shard, write_shard
+from core.datasets.fineweb import download_fineweb, hub_fetcher
 
 ROOT = Path(__file__).resolve().parent.parent
 CHALLENGE = ROOT.parent / "shared" / "fixtures" / "challenge"
@@ -237,7 +237,7 @@ def test_default_fetch_calls_the_hub_and_links(tmp_path, monkeypatch):
     def no_link(*args):
         raise OSError("cross-device link")
 
-    monkeypatch.setattr("core.download.os.link", no_link)
+    monkeypatch.setattr("core.datasets.fineweb.os.link", no_link)
     copied = tmp_path / "out" / "copy.bin"
     hub_fetcher()("datasets/manifest.json", copied)
     assert seen[-1]["subfolder"] == "datasets" and seen[-1]["repo_id"] == "willdepueoai/parameter-golf"
@@ -268,7 +268,7 @@ def test_default_fetch_turns_hub_errors_into_one_line(tmp_path, monkeypatch):
 
 
 def test_core_download_does_not_import_the_hub():
-    code = "import sys, core.download; assert 'huggingface_hub' not in sys.modules"
+    code = "import sys, core.datasets.fineweb; assert 'huggingface_hub' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 

@@ -24,10 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import compress, mixed, quant
-from core.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from core.errors import PgolfError
-from core.shards import read_shard, write_shard
+from core.artifact import int8 as quant
+from core.artifact import mixed
+from core.artifact.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from core.common import compress
+from core.common.errors import PgolfError
+from core.data.shards import read_shard, write_shard
 from tests.test_quant import golden_state, quantize, requires_torch
 
 FUZZ_EXAMPLES = int(os.environ.get("PGOLF_FUZZ_EXAMPLES", "60"))
@@ -186,7 +188,7 @@ def test_upstream_int8_artifacts(tmp_path_factory, data):
 @FUZZ
 @given(data=st.data())
 def test_record_artifacts(tmp_path, data):
-    from core.record_artifact import load_record_artifact
+    from core.artifact.records import load_record_artifact
     from tests.golden_data import RECORD_PTZ
 
     model = read_back(load_record_artifact, tmp_path / "fuzz.ptz", fuzz(data, RECORD_PTZ.read_bytes(), 2000))

@@ -9,7 +9,7 @@ parameter names, so the weights load as they are.
 Tolerances: logits 2e-5 absolute, losses 1e-5 relative, one optimizer step 2e-5
 absolute (fp32 round-off, the same bounds as the numpy reference tests). Where a
 golden file keeps a record's environment variables, pgolf reads them with
-`core.config.from_env`, the same mapping a user's environment gets.
+`core.config.fields.from_env`, the same mapping a user's environment gets.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from core.config import from_env, preset
-from core.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
-from core.params import ParamSpec, num_skip_weights, param_shapes, param_specs
-from core.schedule import lr_multiplier
+from core.config.fields import from_env, preset
+from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
+from core.model.params import ParamSpec, num_skip_weights, param_shapes, param_specs
+from core.model.schedule import lr_multiplier
 from tests.test_backends import BACKENDS, make_backend
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -149,7 +149,7 @@ def as_framework(name: str, a: np.ndarray):
      ("muoneqr_classic", "quintic", True), ("muoneqr_polar", "polar_express", True)],
 )  # fmt: skip
 def test_newton_schulz_variants(framework, variant, coefficients, rows):
-    """core.optim.newton_schulz (the one both backends call) on numpy, torch and MLX arrays."""
+    """core.model.optim.newton_schulz (the one both backends call) on numpy, torch and MLX arrays."""
     if framework != "numpy":
         pytest.importorskip({"cuda": "torch", "mlx": "mlx"}[framework])
     _, golden = read_golden(RECORD_FEATURES, "ns/")

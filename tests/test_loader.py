@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from core.config import Config
-from core.errors import PgolfError
-from core.shards import (
+from core.common.errors import PgolfError
+from core.config.fields import Config
+from core.data.shards import (
     BatchLoader,
     CoprimeLoader,
     make_train_loader,

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
-from core import compress, mixed, quant
-from core.errors import PgolfError
-from core.gptq import hessian
-from core.mixed import dequantize_mixed, load_mixed_artifact, mixed_artifact_bytes, quantize_mixed
-from core.record_artifact import load_record_artifact
-from core.rowquant import Clip, dequantize_rows, quantize_rows
+from core.artifact import int8 as quant
+from core.artifact import mixed
+from core.artifact.gptq import hessian
+from core.artifact.mixed import dequantize_mixed, load_mixed_artifact, mixed_artifact_bytes, quantize_mixed
+from core.artifact.records import load_record_artifact
+from core.artifact.rowquant import Clip, dequantize_rows, quantize_rows
+from core.common import compress
+from core.common.errors import PgolfError
 from tests.golden_data import RECORD_PTZ, goldens
 from tests.test_core_isolation import run_blocked
 
@@ -219,7 +221,7 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
     code = (
         "import hashlib, numpy as np\n"
         "from core import mixed, gptq\n"
-        "from core.rowquant import Clip\n"
+        "from core.artifact.rowquant import Clip\n"
         "from tests.test_mixed import model_state, ramp\n"
         "state, classes, dtypes = model_state()\n"
         "m = mixed.quantize_mixed(state, classes, bits={'embedding': 8, 'attention': 6, 'mlp': 5, 'other': 7},\n"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from core.config import Config, preset
-from core.errors import PgolfError
-from core.package import bundled_modules, code_bytes, minify, script, write_record
+from core.common.errors import PgolfError
+from core.config.fields import Config, preset
+from core.runs.package import bundled_modules, code_bytes, minify, script, write_record
 from tests.test_backends import needs
 from tests.test_cli import cli, data_flags
 
@@ -33,22 +33,22 @@ FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S
 def test_the_bundle_holds_what_a_pytorch_run_imports_and_nothing_else():
     names = set(bundled_modules())
     assert {
-        "core.loop",
-        "core.config",
-        "core.artifact",
-        "core.sliding",
-        "core.gptq",
+        "core.train.loop",
+        "core.config.fields",
+        "core.artifact.export",
+        "core.eval.sliding",
+        "core.artifact.gptq",
         "cuda_train.model",
     } <= names
-    for absent in ("cli", "core.corpus", "core.download", "core.bench", "core.verify", "core.stats",
-                   "core.package", "mlx_train.backend"):  # fmt: skip
+    for absent in ("cli", "core.datasets.embedded", "core.datasets.fineweb", "core.train.bench", "core.eval.verify", "core.runs.stats",
+                   "core.runs.package", "mlx_train.backend"):  # fmt: skip
         assert absent not in names
 
 
 def test_minify_drops_docstrings_and_comments_and_keeps_the_code():
     import types
 
-    from core import schedule
+    from core.model import schedule
 
     source = (ROOT / "core" / "schedule.py").read_text()
     small = minify(source)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.config import preset
-from core.errors import PgolfError
-from core.optim import GROUPS
-from core.params import (
+from core.common.errors import PgolfError
+from core.config.fields import preset
+from core.model.optim import GROUPS
+from core.model.params import (
     KINDS,
     artifact_classes,
     config_for_params,

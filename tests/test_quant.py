@@ -19,10 +19,10 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core import quant
-from core.config import preset
-from core.errors import PgolfError
-from core.params import artifact_classes, init_params, storage_dtypes
+from core.artifact import int8 as quant
+from core.common.errors import PgolfError
+from core.config.fields import preset
+from core.model.params import artifact_classes, init_params, storage_dtypes
 
 try:
     import torch

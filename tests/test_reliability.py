@@ -16,28 +16,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import backend as backends
-from core import compress, loop, quant
-from core.atomic import write_atomic
-from core.backend import DeviceMemory, check_memory
-from core.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint, tensors_digest
-from core.config import MAX_LAYERS, SEED_MAX, load_file, preset, resolve
-from core.corpus import prepare_sotu, read_manifest
-from core.errors import PgolfError
-from core.loop import (
-    DIVERGENCE_AFTER_STEPS,
-    WEIGHT_RMS_LIMIT,
-    divergence,
-    evaluate,
-    load_eval_data,
-    load_weights,
-)
-from core.mixed import load_mixed_artifact
-from core.params import config_for_params, count_params, init_params, memory_estimate
-from core.runs import RunDir
-from core.shards import find_shards, read_shard
-from core.tokenizer import load_tokenizer
-from core.verify import verify
+from core.artifact import int8 as quant
+from core.artifact.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint, tensors_digest
+from core.artifact.mixed import load_mixed_artifact
+from core.common import compress
+from core.common.errors import PgolfError
+from core.common.files import write_atomic
+from core.config.fields import MAX_LAYERS, SEED_MAX, load_file, preset, resolve
+from core.data.manifest import read_manifest
+from core.data.shards import find_shards, read_shard
+from core.data.tokenizer import load_tokenizer
+from core.datasets.embedded import prepare_sotu
+from core.eval.score import evaluate, load_eval_data, load_weights
+from core.eval.verify import verify
+from core.model import backend as backends
+from core.model.backend import DeviceMemory, check_memory
+from core.model.params import config_for_params, count_params, init_params, memory_estimate
+from core.train import loop
+from core.train.loop import DIVERGENCE_AFTER_STEPS, WEIGHT_RMS_LIMIT, divergence
+from core.train.rundir import RunDir
 from tests.test_backends import BACKENDS, make_backend, needs
 from tests.test_checkpoint import make_checkpoint, rewrite_metadata
 from tests.test_cli import assert_one_line_error, cli, data_flags

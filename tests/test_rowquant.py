@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.errors import PgolfError
-from core.gptq import gptq_quantize, hessian
-from core.rowquant import (
+from core.artifact.gptq import gptq_quantize, hessian
+from core.artifact.rowquant import (
     Clip,
     clip_range,
     dequantize_rows,
@@ -16,6 +15,7 @@ from core.rowquant import (
     row_scales,
     squared_errors,
 )
+from core.common.errors import PgolfError
 from tests.golden_data import goldens
 
 try:

@@ -6,8 +6,10 @@ import math
 
 import pytest
 
-from core.errors import PgolfError
-from core.runs import RunDir, draw_runs, find_runs, plot_runs, read_metrics, smooth, summarize
+from core.common.errors import PgolfError
+from core.runs.plots import draw_runs, plot_runs, smooth
+from core.runs.summary import find_runs, read_metrics, summarize
+from core.train.rundir import RunDir
 
 
 def make_run(root, name, steps=4, finished=True):
@@ -119,7 +121,7 @@ def test_records_reach_a_tracker_with_wandbs_api(tmp_path, monkeypatch):
     fake.log = lambda values, step: calls.append(("log", values, step))
     fake.finish = lambda: calls.append(("finish",))
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    from core.report import report_targets
+    from core.train.report import report_targets
 
     run = RunDir(tmp_path, "r")
     run.report_to(report_targets("wandb"), {"seed": 7})

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.config import preset
-from core.errors import PgolfError
-from core.sample import generate, pick_token
+from core.common.errors import PgolfError
+from core.config.fields import preset
+from core.eval.sample import generate, pick_token
 from tests.test_backends import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 
 MODELS = {"plain": {}, "features": dict(FEATURES, num_layers=3), "loops_lanes": LOOPS_LANES}

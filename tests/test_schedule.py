@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.config import preset
-from core.schedule import looping_active, lr_multiplier, muon_momentum, training_progress
+from core.config.fields import preset
+from core.model.schedule import looping_active, lr_multiplier, muon_momentum, training_progress
 
 
 def test_iteration_warmdown_edges():

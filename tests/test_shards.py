@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import PgolfError
-from core.shards import (
+from core.common.errors import PgolfError
+from core.data.shards import (
     HEADER_BYTES,
     BatchLoader,
     TokenStream,

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.bpb import BPBMeter
-from core.errors import PgolfError
-from core.sliding import (
+from core.common.errors import PgolfError
+from core.data.tokenizer import ByteTables, byte_tables, load_tokenizer
+from core.eval.bpb import BPBMeter
+from core.eval.sliding import (
     SlidingEval,
     batch_arrays,
     plan_windows,
@@ -20,7 +21,6 @@ from core.sliding import (
     sliding_enabled,
     window_batches,
 )
-from core.tokenizer import ByteTables, byte_tables, load_tokenizer
 from tests.golden_data import goldens
 
 

@@ -1,4 +1,4 @@
-"""Welch's t-test of core/stats.py against scipy's, and the pieces it stands on."""
+"""Welch's t-test of core/runs/stats.py against scipy's, and the pieces it stands on."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import PgolfError
-from core.stats import RECORD_MARGIN_NATS, incomplete_beta, student_t_sf, welch
+from core.common.errors import PgolfError
+from core.runs.stats import RECORD_MARGIN_NATS, incomplete_beta, student_t_sf, welch
 
 scipy_stats = pytest.importorskip("scipy.stats")
 scipy_special = pytest.importorskip("scipy.special")
@@ -71,7 +71,7 @@ def test_too_few_runs_or_bad_values_are_refused():
 def test_seeds_make_groups_and_compare_agrees_with_scipy(sotu_dataset, tmp_path):
     """Two groups of three tiny runs (2 steps) at different learning rates: runs --compare's p-value
     is scipy's Welch test on the runs' val_loss, to 1e-9."""
-    from core.runs import find_runs, summarize
+    from core.runs.summary import find_runs, summarize
     from tests.test_cli import cli, data_flags
 
     pytest.importorskip("torch")

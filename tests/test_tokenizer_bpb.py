@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from core.bpb import BPBMeter, token_bytes
-from core.corpus import read_text, speech_files
-from core.errors import PgolfError
-from core.shards import find_shards, read_shard
-from core.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer, train_tokenizer
+from core.common.errors import PgolfError
+from core.data.shards import find_shards, read_shard
+from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer, train_tokenizer
+from core.datasets.embedded import read_text, speech_files
+from core.eval.bpb import BPBMeter, token_bytes
 
 MULTILINGUAL = [
     "Café au lait, naïve façade, São Paulo and Zürich.",

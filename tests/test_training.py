@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.checkpoint import load_checkpoint
-from core.loop import evaluate, load_eval_data, train
-from core.quant import dequantize_int8, load_artifact
-from core.runs import read_metrics
-from core.shards import find_shards, read_shard
+from core.artifact.checkpoint import load_checkpoint
+from core.artifact.int8 import dequantize_int8, load_artifact
+from core.data.shards import find_shards, read_shard
+from core.eval.score import evaluate, load_eval_data
+from core.runs.summary import read_metrics
+from core.train.loop import train
 from tests.test_backends import BACKENDS, NEEDS, SMALL_LOOPS_LANES, make_backend, needs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,8 +158,8 @@ def test_wallclock_cap_stops_early(sotu_dataset, backend_name, tmp_path):
 
 def unigram_bpb(dataset) -> float:
     """BPB of the best context-free model: training-set token frequencies scored on validation."""
-    from core.bpb import BPBMeter
-    from core.tokenizer import byte_tables, load_tokenizer
+    from core.data.tokenizer import byte_tables, load_tokenizer
+    from core.eval.bpb import BPBMeter
 
     train_ids = np.concatenate([read_shard(f) for f in find_shards(dataset.data_path, "train")])
     val = read_shard(find_shards(dataset.data_path, "val")[0]).astype(np.int64)
@@ -237,8 +238,8 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_the_moving_average_is_what_gets_exported(sotu_dataset, backend_name, tmp_path):
-    from core.params import artifact_classes
-    from core.quant import quantize_int8
+    from core.artifact.int8 import quantize_int8
+    from core.model.params import artifact_classes
 
     result = run(sotu_dataset, backend_name, tmp_path, ema_decay=0.5)
     ckpt = load_checkpoint(result.run_dir / "checkpoints" / "step_000004.safetensors")
@@ -253,7 +254,7 @@ def test_the_moving_average_is_what_gets_exported(sotu_dataset, backend_name, tm
 
 
 class DeviceScalar:
-    """A framework's 0-d array, as core.loop sees it: added up lazily; each float() is a wait."""
+    """A framework's 0-d array, as core.train.loop sees it: added up lazily; each float() is a wait."""
 
     waits = 0
 
@@ -272,8 +273,8 @@ class DeviceScalar:
 
 def test_evaluation_waits_for_the_device_once(sotu_dataset):
     """The losses stay on the device until the end of the pass; the bytes are counted from the tokens."""
-    from core.bpb import token_bytes
-    from core.loop import evaluate, load_eval_data
+    from core.eval.bpb import token_bytes
+    from core.eval.score import evaluate, load_eval_data
 
     cfg = sotu_dataset.config("smoke")
     batches = []
@@ -419,7 +420,7 @@ def test_sigterm_ends_a_rank_stuck_in_a_collective(sotu_dataset, tmp_path):
 @needs("cuda")
 def test_torchrun_without_data_prepares_one_dataset(sotu_dataset, tmp_path):
     """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte."""
-    from core.corpus import read_manifest
+    from core.data.manifest import read_manifest
     from tests.test_corpus import digest
 
     done = subprocess.run(
@@ -462,8 +463,8 @@ def test_metrics_are_mirrored_to_tensorboard(sotu_dataset, tmp_path):
 
 
 def test_an_unknown_or_missing_tracker_is_refused_by_name(monkeypatch):
-    from core import report
-    from core.errors import PgolfError
+    from core.common.errors import PgolfError
+    from core.train import report
 
     with pytest.raises(PgolfError, match="unknown tracker 'tensorbord' \\(did you mean 'tensorboard'\\?\\)"):
         report.report_targets("tensorbord")
@@ -477,7 +478,7 @@ def test_an_unknown_or_missing_tracker_is_refused_by_name(monkeypatch):
 
 @needs("cuda")
 def test_timed_checkpoints_replace_each_other(sotu_dataset, tmp_path, monkeypatch):
-    from core import loop
+    from core.train import loop
 
     clock = iter(range(0, 10**9, 61))  # perf_counter in seconds: each reading a minute after the one before
     monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))

@@ -20,18 +20,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # instead of tests/
 
 import cli  # noqa: E402
-import core.corpus  # noqa: E402
-import core.loop  # noqa: E402
+import core.datasets.embedded  # noqa: E402
+import core.train.loop  # noqa: E402
 
 
 def inject(env: dict[str, str], rank: int) -> None:
     if "TEST_PID_DIR" in env:
         (Path(env["TEST_PID_DIR"]) / f"rank{rank}.pid").write_text(str(os.getpid()))
     if "TEST_CORPUS_DOCS" in env:
-        all_files, docs = core.corpus.speech_files, int(env["TEST_CORPUS_DOCS"])
-        core.corpus.speech_files = lambda: all_files()[:docs]
+        all_files, docs = core.datasets.embedded.speech_files, int(env["TEST_CORPUS_DOCS"])
+        core.datasets.embedded.speech_files = lambda: all_files()[:docs]
     if env.get("TEST_FAIL_RANK") == str(rank):
-        step, take_step = int(env["TEST_FAIL_STEP"]), core.loop.Training.train_step
+        step, take_step = int(env["TEST_FAIL_STEP"]), core.train.loop.Training.train_step
 
         def train_step(self) -> None:
             if self.step + 1 == step and "TEST_STALL_SECONDS" in env:
@@ -40,7 +40,7 @@ def inject(env: dict[str, str], rank: int) -> None:
                 raise RuntimeError(env["TEST_FAIL_MESSAGE"])
             take_step(self)
 
-        core.loop.Training.train_step = train_step
+        core.train.loop.Training.train_step = train_step
 
 
 if __name__ == "__main__":

@@ -1,0 +1,245 @@
+"""A run's artifact: written in the format its config names, read back from any format pgolf knows.
+
+Writing (`export_artifact`):
+- `quant_format = "int8"`: the challenge's per-row int8 format (core/artifact/int8.py);
+- `quant_format = "mixed"`: each tensor class at its own bits (`embed_bits`,
+  `matrix_bits` or `attn_bits`/`mlp_bits`, `other_bits`; 16 keeps a class in fp16),
+  the clip of each row by SDClip (k times the row's std, `*_clip_sigmas` > 0) or by
+  the search over five percentiles, and GPTQ for every matrix whose input Hessian
+  is given (core/artifact/mixed.py, core/artifact/gptq.py).
+Either goes into pgolf's container, compressed with `compressor` after an optional
+`byte_shuffle`. The report says where the bytes went, per tensor class.
+
+pgolf's containers also keep the settings the weights are scored with that their shapes
+do not tell (`SCORING_FIELDS` where they differ from the defaults: the model's switches,
+the sequence lengths, the evaluation, the dataset's name), so an artifact can be scored
+alone (`saved_config`).
+
+Reading (`read_artifact`, then `dequantize`): pgolf's container in either format, the
+challenge's torch int8 container (zlib), its MLX pickle when allowed, and the
+records' int6 `final_model.int6.ptz` (core/artifact/records.py).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.artifact import int8, mixed
+from core.artifact.int8 import Int8Model
+from core.artifact.mixed import MixedModel
+from core.artifact.rowquant import Clip
+from core.common.errors import PgolfError, first_line
+from core.common.files import read_file
+from core.config.fields import MAX_CONFIG_BYTES, Config
+from core.model.params import artifact_classes
+
+__all__ = [
+    "ExportReport",
+    "class_bits",
+    "class_clips",
+    "dequantize",
+    "export_artifact",
+    "format_budget",
+    "quant_label",
+    "read_artifact",
+]
+
+FP16_BITS = 16  # a bits setting that keeps the class in fp16
+SCORING_FIELDS = (
+    "mlp_activation", "rope_base", "logit_softcap", "rope_dims", "ln_scale", "xsa_last_n", "ve_enabled",
+    "ve_dim", "ve_layers", "skip_gates_enabled", "num_loops", "loop_start", "loop_end",
+    "parallel_start_layer", "parallel_final_lane", "train_seq_len", "eval_seq_len", "eval_stride",
+    "eval_batch_seqs", "val_max_tokens", "dataset",
+)  # fmt: skip
+
+
+def scoring_config(cfg: Config) -> dict[str, Any]:
+    """The settings an artifact keeps: SCORING_FIELDS where `cfg` differs from the defaults."""
+    defaults = Config()
+    return {k: getattr(cfg, k) for k in SCORING_FIELDS if getattr(cfg, k) != getattr(defaults, k)}
+
+
+def class_bits(cfg: Config) -> dict[str, int | str]:
+    """The mixed format's bits per tensor class ("fp16" for a class kept in fp16)."""
+    bits = {
+        "embedding": cfg.embed_bits,
+        "attention": cfg.attn_bits or cfg.matrix_bits,
+        "mlp": cfg.mlp_bits or cfg.matrix_bits,
+        "other": cfg.other_bits,
+    }
+    return {cls: "fp16" if b == FP16_BITS else b for cls, b in bits.items()}
+
+
+def class_clips(cfg: Config) -> dict[str, Clip]:
+    """Each class's clip rule: SDClip at k std where its `*_clip_sigmas` is set; else, at 8 bits,
+    the int8 format's percentile (as the records keep their int8 embedding), and below 8 bits
+    the search over five percentiles (GPTQ-lite)."""
+    sigmas = {
+        "embedding": cfg.embed_clip_sigmas,
+        "attention": cfg.attn_clip_sigmas or cfg.matrix_clip_sigmas,
+        "mlp": cfg.mlp_clip_sigmas or cfg.matrix_clip_sigmas,
+        "other": cfg.matrix_clip_sigmas,
+    }
+    bits = class_bits(cfg)
+
+    def rule(cls: str, k: float) -> Clip:
+        if k > 0:
+            return Clip.sdclip(k)
+        return Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip.search()
+
+    return {cls: rule(cls, k) for cls, k in sigmas.items()}
+
+
+def quant_label(cfg: Config) -> str:
+    """The artifact's name in log lines: "int8", "int6" (the matrices' bits), or "mixed"."""
+    if cfg.quant_format == "int8":
+        return "int8"
+    bits = class_bits(cfg)
+    return f"int{bits['attention']}" if bits["attention"] == bits["mlp"] != "fp16" else "mixed"
+
+
+@dataclass
+class ExportReport:
+    sizes: dict[str, int]  # int8.size_report: payload, model, code, total, budget, headroom bytes
+    budget: list[dict[str, Any]]  # core.artifact.mixed.budget_table: one row per tensor class, then the total
+    gptq_tensors: int  # matrices rounded by GPTQ
+
+    def to_json(self) -> str:
+        return json.dumps({"sizes": self.sizes, "classes": self.budget, "gptq_tensors": self.gptq_tensors})
+
+
+def export_artifact(
+    params: dict[str, np.ndarray],
+    cfg: Config,
+    dtypes: dict[str, str],
+    path: Path,
+    code_bytes: int,
+    hessians: dict[str, np.ndarray] | None = None,
+    upstream: bool = False,
+) -> ExportReport:
+    """Quantize `params` as `cfg` says, write the artifact to `path`, and report where the bytes went.
+
+    `dtypes` are the storage dtypes of the weights in the model that trained them;
+    `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
+    weights in the mixed format; `upstream` writes the challenge's torch container
+    (int8 only); `code_bytes` are the bytes counted as code (core.runs.package.code_bytes).
+    """
+    classes = artifact_classes(cfg)
+    if upstream and cfg.quant_format != "int8":
+        raise PgolfError("the upstream container holds the int8 format only (quant_format=int8)")
+    if cfg.quant_format == "int8":
+        model = int8.quantize_int8(params, dtypes, classes)
+        if upstream:
+            info = int8.save_upstream_torch(path, model)
+        else:
+            info = int8.save_artifact(
+                path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+            )
+        view = mixed.from_int8(model, classes)
+    else:
+        view = mixed.quantize_mixed(
+            params, classes, class_bits(cfg), class_clips(cfg), hessians if cfg.gptq_enabled else None, dtypes
+        )
+        info = mixed.save_mixed_artifact(
+            path, view, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+        )
+    payload = sum(a.nbytes for part in (view.quantized, view.scales, view.passthrough) for a in part.values())
+    sizes = int8.size_report(payload, info.file_bytes, code_bytes)
+    budget = mixed.budget_table(
+        view, cfg.compressor, shuffle=cfg.byte_shuffle, weights=params, total_bytes=info.file_bytes
+    )
+    gptq = sum(1 for i in view.info.values() if i.get("method") == "gptq")
+    return ExportReport(sizes, budget, gptq)
+
+
+def format_budget(report: ExportReport) -> list[str]:
+    """The budget table as aligned text lines (the train log and `export`)."""
+    header = f"{'class':<10} {'tensors':>7} {'params':>11} {'bits':>10} {'raw B':>11} {'packed B':>11} {'share':>7} {'rms':>8}"
+    lines = [header]
+    for r in report.budget:
+        lines.append(
+            f"{r['class']:<10} {r['tensors']:>7} {r['params']:>11,} {'' if r['class'] == 'total' else r['bits']:>10} "
+            f"{r['bytes_raw']:>11,} "
+            f"{r['bytes_compressed']:>11,} {100 * r['share']:>6.2f}% {r['rms']:>8.5f}"
+        )
+    return lines
+
+
+# ------------------------------------------------------------------- reading
+def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | MixedModel:
+    """Any artifact pgolf reads (see the module docstring); damage is one PgolfError line."""
+    path = Path(path)
+    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    if int8.is_container(blob):
+        try:
+            box = int8.open_container(blob, path)
+            if box.meta["format"] == mixed.MIXED_FORMAT:
+                return mixed.mixed_from_container(box)
+            return int8.int8_from_container(box)
+        except PgolfError as exc:  # e.g. a compressor package that is not installed
+            raise PgolfError(f"artifact {path}: {exc}") from None
+        except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
+            raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
+    from core.artifact.records import load_record_artifact  # (not needed by a packaged run)
+
+    if not _is_zlib(blob):  # brotli, lzma or zstd: a record's
+        return load_record_artifact(path)
+    try:  # the challenge's own int8 containers
+        return int8.load_artifact(path, allow_pickle=allow_pickle)
+    except PgolfError as not_int8:
+        try:  # a record's artifact may be zlib-compressed too
+            return load_record_artifact(path)
+        except PgolfError:
+            raise not_int8 from None
+
+
+def _is_zlib(blob: bytes) -> bool:
+    """A zlib stream: its two-byte header (deflate; a multiple of 31), and a start that inflates."""
+    if len(blob) < 2 or blob[0] & 0x0F != 8 or (blob[0] << 8 | blob[1]) % 31:
+        return False
+    try:
+        zlib.decompressobj().decompress(blob[:4096], 1)
+    except zlib.error:
+        return False
+    return True
+
+
+def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:
+    """float32 weights of either quantized model."""
+    if isinstance(model, MixedModel):
+        return mixed.dequantize_mixed(model)
+    return int8.dequantize_int8(model)
+
+
+def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
+    """The settings a set of weights was trained and scored with, and where they were found: a
+    checkpoint's own config, the run's `config.json` beside an artifact, or the settings a pgolf
+    artifact keeps (`scoring_config`); None for an artifact without any (the challenge's, a record's)."""
+    from core.artifact.checkpoint import checkpoint_config, is_checkpoint
+
+    path = Path(path)
+    if is_checkpoint(path):
+        return checkpoint_config(path), f"checkpoint {path}"
+    beside = path.parent / "config.json"
+    if beside.is_file():
+        try:
+            data = json.loads(read_file(beside, "run config", MAX_CONFIG_BYTES))
+        except ValueError:
+            raise PgolfError(f"run config {beside} is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise PgolfError(f"run config {beside} must hold one object of config fields")
+        return data, str(beside)
+    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    if not int8.is_container(blob):
+        return None
+    try:
+        kept = int8.open_container(blob, path).meta.get("config")
+    except Exception as exc:  # a damaged file: its reader names the problem when the weights are read
+        raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
+    return (kept, f"artifact {path}") if isinstance(kept, dict) and kept else None

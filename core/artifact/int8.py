@@ -1,0 +1,524 @@
+"""The int8 artifact: format "int8_clean_per_row_v1", its containers, and the byte budget.
+
+Quantization (the challenge's format), bit for bit as the
+challenge's torch script computes it:
+- non-float tensors pass through;
+- float tensors of at most 65,536 elements pass through: control tensors (by the
+  parameter table's class) in fp32,
+  the others in fp16 with their original dtype recorded;
+- larger 2-D tensors: per-row int8, clipped at the 99.99984th percentile of |w|,
+  scale = max(clip/127, 1/127) stored in fp16;
+- other large tensors: int8 with one fp32 scale (clip/127, or 1 when clip is 0).
+
+pgolf's container holds no pickle. Layout:
+    MAGIC (b"PGOLF-INT8\\x01") | 1 byte compressor id | compressed payload | sha256 of the payload
+(ids in core/common/compress.py: 0 none, 1 zlib, 2 lzma, 3 bz2, 4 brotli, 5 zstd; bit 0x80
+set when the payload was byte-shuffled first; the checksum is the 32 raw bytes of the
+digest of the payload before compression, so any change to what the container holds
+is refused) where the payload is a safetensors file (readable with numpy alone) with
+tensors `q/<name>` (int8 values), `s/<name>` (scales: fp16 per row, or a 0-d fp32)
+and `p/<name>` (passed through), and one metadata entry "pgolf" holding canonical
+JSON: format, version, quant_format, dtypes, passthrough_orig_dtypes, qmeta. The
+same weights always give the same bytes, whatever order they come in. The same
+container holds core/artifact/mixed.py's mixed-precision format (another "format" in its
+metadata).
+
+Containers written before the checksum (MAGIC_V1, b"PGOLF-INT8\\x00", the same layout
+without the trailing digest) are still read, with a warning. A file may be at most
+MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES.
+
+The challenge's torch container (`torch.save` + zlib) is read and written too; its
+MLX container (a pickle) is read only when explicitly allowed: unpickling can run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from core.common import compress
+from core.common.errors import PgolfError, first_line
+from core.common.files import read_file, write_atomic
+from core.model.params import round_to_bfloat16
+
+__all__ = [
+    "BUDGET_BYTES",
+    "ArtifactInfo",
+    "Container",
+    "Int8Model",
+    "artifact_bytes",
+    "container_bytes",
+    "dequantize_int8",
+    "int8_from_container",
+    "load_artifact",
+    "open_container",
+    "quantize_int8",
+    "round_to_bfloat16",
+    "save_artifact",
+    "save_upstream_torch",
+    "size_report",
+]
+
+QUANT_FORMAT = "int8_clean_per_row_v1"
+CONTAINER_FORMAT = "pgolf-int8"
+CONTAINER_VERSION = 1
+MAGIC = b"PGOLF-INT8\x01"  # the container with the payload's checksum
+MAGIC_V1 = b"PGOLF-INT8\x00"  # the first container: no checksum
+DIGEST_BYTES = 32  # sha256
+MAX_ARTIFACT_BYTES = 2**30  # 1 GiB, 67 times the challenge's whole budget: anything larger is not an artifact
+META_KEY = "pgolf"
+KEEP_FLOAT_MAX_NUMEL = 65_536
+CLIP_QUANTILE = 99.99984 / 100.0
+BUDGET_BYTES = 16_000_000  # code + compressed model, decimal bytes
+
+COMPRESSORS = {name: c.id for name, c in compress.COMPRESSORS.items()}  # name -> container id byte
+FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the float dtypes a model may hold
+
+
+@dataclass
+class Int8Model:
+    quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8
+    scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 per row, or a 0-d fp32
+    dtypes: dict[str, str] = field(default_factory=dict)  # original dtype of each quantized tensor
+    passthrough: dict[str, np.ndarray] = field(default_factory=dict)
+    passthrough_orig_dtypes: dict[str, str] = field(default_factory=dict)  # of those stored as fp16
+    qmeta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)  # filled by quantize_int8 only
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    path: Path
+    file_bytes: int
+    sha256: str
+    compressor: str
+
+
+# ---------------------------------------------------------------- quantization
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 a*b + c rounded once, as a fused multiply-add (torch's CPU lerp is one)."""
+    a64, b64, c64 = (np.asarray(x, dtype=np.float64) for x in (a, b, c))
+    p = a64 * b64  # exact: two 24-bit significands fit in float64's 53
+    s = p + c64
+    t = s - p
+    err = (p - (s - t)) + (c64 - t)  # two-sum: the exact rounding error of s
+    # Round to odd: an inexact sum moved to its odd neighbour cannot double-round in the float32 cast.
+    fix = (err != 0) & ((s.view(np.int64) & 1) == 0) & np.isfinite(s)
+    s = np.where(fix, np.nextafter(s, np.copysign(np.inf, err)), s)
+    return s.astype(np.float32)
+
+
+def _abs_quantile(w: np.ndarray, q: float = CLIP_QUANTILE) -> np.ndarray:
+    """torch.quantile(|w|, q, dim=-1) for a 2-D float32 array, bit for bit.
+
+    torch computes the rank in float32 and interpolates with its lerp: a fused
+    multiply-add, from the nearer end (weight < 0.5 or not).
+    """
+    n = w.shape[-1]
+    rank = np.float32(q) * np.float32(n - 1)
+    below, above = int(np.floor(rank)), int(np.ceil(rank))
+    part = np.partition(np.abs(w), (below, above), axis=-1)
+    lo, hi = part[:, below], part[:, above]
+    weight = rank - np.float32(below)
+    if weight < 0.5:
+        return _fma32(np.full_like(lo, weight), hi - lo, lo)
+    return _fma32(np.full_like(lo, weight - np.float32(1)), hi - lo, hi)
+
+
+def _quantize_tensor(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 values and scales of a float32 tensor with more than KEEP_FLOAT_MAX_NUMEL elements."""
+    if w.ndim == 2:
+        clip = _abs_quantile(w)
+        scale = np.maximum(clip / np.float32(127.0), np.float32(1.0 / 127.0))
+        # The fp32 scale divides; only its fp16 copy is stored (as upstream).
+        q = np.round(np.clip(w, -clip[:, None], clip[:, None]) / scale[:, None])
+        with np.errstate(over="ignore"):  # an overflow to inf is refused by the caller
+            return np.clip(q, -127, 127).astype(np.int8), scale.astype(np.float16)
+    clip = float(_abs_quantile(w.reshape(1, -1))[0])
+    scale = np.array(clip / 127.0 if clip > 0 else 1.0, dtype=np.float32)
+    q = np.round(np.clip(w, -clip, clip) / scale)
+    return np.clip(q, -127, 127).astype(np.int8), scale
+
+
+def _in_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values rounded to what `dtype` can hold (numpy has no bfloat16)."""
+    if dtype == "bfloat16":
+        return round_to_bfloat16(values)
+    if dtype == "float16":
+        return values.astype(np.float16).astype(np.float32)
+    return values.astype(np.float32)
+
+
+def quantize_int8(
+    state: dict[str, np.ndarray],
+    orig_dtypes: dict[str, str] | None = None,
+    classes: dict[str, str] | None = None,
+) -> Int8Model:
+    """Quantize weights; `orig_dtypes` names the dtype each had in the model (default: its own),
+    `classes` the artifact class of each (core.model.params.artifact_classes): "control" ones stay fp32.
+
+    Float weights arrive as float32; one recorded as bfloat16 or float16 is first
+    rounded to that precision, so the result is what upstream gets from the model.
+    """
+    orig_dtypes, classes = orig_dtypes or {}, classes or {}
+    out = Int8Model()
+    stats = dict.fromkeys(
+        ("param_count", "num_tensors", "num_float_tensors", "num_nonfloat_tensors",
+         "baseline_tensor_bytes", "int8_payload_bytes"), 0,
+    )  # fmt: skip
+    for name, value in state.items():
+        t = np.asarray(value)
+        stats["param_count"] += t.size
+        stats["num_tensors"] += 1
+        if not np.issubdtype(t.dtype, np.floating):
+            stats["num_nonfloat_tensors"] += 1
+            stats["baseline_tensor_bytes"] += t.nbytes
+            stats["int8_payload_bytes"] += t.nbytes
+            out.passthrough[name] = t
+            continue
+        dtype = orig_dtypes.get(name, t.dtype.name)
+        if dtype not in FLOAT_BYTES:
+            raise PgolfError(
+                f"quantize: {name} has dtype {dtype}; the int8 format takes {', '.join(FLOAT_BYTES)}"
+            )
+        stats["baseline_tensor_bytes"] += t.size * FLOAT_BYTES[dtype]
+        w = _in_dtype(t.astype(np.float32), dtype)
+        if not np.isfinite(w).all():  # upstream would cast NaN to int8, which is undefined
+            raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
+        if t.size <= KEEP_FLOAT_MAX_NUMEL:
+            if classes.get(name) == "control":
+                kept = w
+            else:
+                with np.errstate(over="ignore"):  # an overflow to inf is refused below
+                    kept = w.astype(np.float16)
+                if dtype != "float16":
+                    out.passthrough_orig_dtypes[name] = dtype
+            _check_float16_range(name, w, kept)
+            out.passthrough[name] = kept
+            stats["int8_payload_bytes"] += kept.nbytes
+            continue
+        stats["num_float_tensors"] += 1
+        q, s = _quantize_tensor(w)
+        _check_float16_range(name, w, s)
+        if s.ndim > 0:
+            out.qmeta[name] = {"scheme": "per_row", "axis": 0}
+        out.quantized[name], out.scales[name], out.dtypes[name] = q, s, dtype
+        stats["int8_payload_bytes"] += q.nbytes + s.nbytes
+    out.stats = {k: int(v) for k, v in stats.items()}
+    return out
+
+
+def _check_float16_range(name: str, w: np.ndarray, stored: np.ndarray) -> None:
+    """Values or scales beyond float16's range would be stored as infinities: refuse them."""
+    if not np.isfinite(stored).all():
+        raise PgolfError(
+            f"quantize: {name} is too large for the format's float16 (max |w| {np.abs(w).max():.3g}; "
+            "did training diverge?)"
+        )
+
+
+def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:
+    """float32 weights holding exactly the values the upstream dequantizer gives (in their dtype)."""
+    out: dict[str, np.ndarray] = {}
+    for name, q in model.quantized.items():
+        s = np.asarray(model.scales[name]).astype(np.float32)
+        if s.ndim > 0:
+            values = q.astype(np.float32) * s.reshape((q.shape[0],) + (1,) * (q.ndim - 1))
+        else:
+            values = q.astype(np.float32) * s
+        out[name] = _in_dtype(values, model.dtypes[name])
+    for name, t in model.passthrough.items():
+        t = np.asarray(t)
+        if name in model.passthrough_orig_dtypes:
+            out[name] = _in_dtype(t.astype(np.float32), model.passthrough_orig_dtypes[name])
+        elif np.issubdtype(t.dtype, np.floating):
+            out[name] = t.astype(np.float32)
+        else:
+            out[name] = t
+    return out
+
+
+# ------------------------------------------------------------- pgolf container
+def container_bytes(
+    tensors: dict[str, np.ndarray],
+    meta: dict[str, Any],
+    compressor: str = "zlib",
+    level: int | None = None,
+    shuffle: int = 0,
+) -> bytes:
+    """MAGIC + id byte + the compressed safetensors file holding `tensors` and `meta` (canonical JSON)."""
+    compress.get(compressor)  # an unknown name is refused before any work
+    # One metadata key: safetensors keeps metadata in a hash map, whose order could vary.
+    # (np.require, not ascontiguousarray: that one turns 0-d scales into shape (1,).)
+    payload = st_save(
+        {k: np.require(v, requirements="C") for k, v in tensors.items()},
+        metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))},
+    )
+    return MAGIC + compress.pack(payload, compressor, level, shuffle) + hashlib.sha256(payload).digest()
+
+
+@dataclass(frozen=True)
+class Container:
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, Any]  # the parsed "pgolf" metadata: a dict with a "format" key
+    compressor: str
+    shuffle: int  # byte-shuffle stride, 0 for none
+
+
+def is_container(blob: bytes) -> bool:
+    return blob.startswith((MAGIC, MAGIC_V1))
+
+
+def open_container(blob: bytes, source: str | Path = "an artifact") -> Container:
+    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged.
+
+    `source` names the file in the warning an old container (without a checksum) gets."""
+    if not is_container(blob):
+        raise ValueError("not a pgolf container (no magic bytes)")
+    if len(blob) <= len(MAGIC):
+        raise ValueError("file ends after the magic bytes")
+    if blob.startswith(MAGIC_V1):
+        warnings.warn(
+            f"{source} was written before pgolf's containers carried a checksum: damage to it cannot "
+            "be detected (export it again to add one)",
+            stacklevel=2,
+        )
+        payload, compressor, shuffle = compress.unpack(blob[len(MAGIC_V1) :])
+    else:
+        if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
+            raise ValueError("file ends before its checksum")
+        payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
+        if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
+            raise ValueError("its content does not match its checksum (the file is damaged)")
+    tensors = st_load(payload)
+    header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
+    meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
+    if not isinstance(meta, dict) or not isinstance(meta.get("format"), str):
+        raise ValueError("no pgolf metadata")
+    return Container(tensors, meta, compressor, shuffle)
+
+
+def artifact_bytes(
+    model: Int8Model,
+    compressor: str = "zlib",
+    level: int | None = None,
+    shuffle: int = 0,
+    config: dict[str, Any] | None = None,
+) -> bytes:
+    """The file content of pgolf's container for `model` (`shuffle`: byte-shuffle stride, 0 for none;
+    `config`: the run settings it is scored with, kept in the metadata)."""
+    tensors = {f"q/{k}": v for k, v in model.quantized.items()}
+    tensors |= {f"s/{k}": v for k, v in model.scales.items()}
+    tensors |= {f"p/{k}": v for k, v in model.passthrough.items()}
+    meta = {
+        "format": CONTAINER_FORMAT,
+        "version": CONTAINER_VERSION,
+        "quant_format": QUANT_FORMAT,
+        "dtypes": model.dtypes,
+        "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
+        "qmeta": model.qmeta,
+    } | ({"config": config} if config else {})
+    return container_bytes(tensors, meta, compressor, level, shuffle)
+
+
+def save_artifact(
+    path: str | Path,
+    model: Int8Model,
+    compressor: str = "zlib",
+    level: int | None = None,
+    shuffle: int = 0,
+    config: dict[str, Any] | None = None,
+) -> ArtifactInfo:
+    return write_artifact(path, artifact_bytes(model, compressor, level, shuffle, config), compressor)
+
+
+def write_artifact(path: str | Path, blob: bytes, compressor: str) -> ArtifactInfo:
+    """Write an artifact's bytes atomically and describe what was written."""
+    return ArtifactInfo(write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), compressor)
+
+
+def int8_from_container(box: Container) -> Int8Model:
+    """The int8 model of an opened pgolf container; ValueError naming the first problem."""
+    meta = box.meta
+    if meta["format"] != CONTAINER_FORMAT:
+        raise ValueError(f"format {meta['format']!r}, not the int8 format {CONTAINER_FORMAT!r}")
+    if meta.get("version") != CONTAINER_VERSION:
+        raise ValueError(f"container version {meta.get('version')!r} (this pgolf reads {CONTAINER_VERSION})")
+    if meta.get("quant_format") != QUANT_FORMAT:
+        raise ValueError(f"quant format {meta.get('quant_format')!r} (this pgolf reads {QUANT_FORMAT})")
+    model = Int8Model(
+        dtypes=_names_to(meta, "dtypes", str),
+        passthrough_orig_dtypes=_names_to(meta, "passthrough_orig_dtypes", str),
+        qmeta=_names_to(meta, "qmeta", dict),
+    )
+    roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
+    for key, value in box.tensors.items():
+        role, _, name = key.partition("/")
+        if role not in roles:
+            raise ValueError(f"unexpected tensor {key!r}")
+        roles[role][name] = value
+    return _check(model)
+
+
+def _names_to(obj: dict, key: str, kind: type, required: bool = True) -> dict:
+    """obj[key], checked to map names to `kind`: the shape every reader below relies on."""
+    if key not in obj:
+        if required:
+            raise ValueError(f"{key!r} is missing")
+        return {}
+    value = obj[key]
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, kind) for k, v in value.items()
+    ):
+        raise ValueError(f"{key!r} is not a map of names to {kind.__name__}")
+    return dict(value)
+
+
+def _from_upstream_dict(obj: Any, to_numpy: Any) -> Int8Model:
+    if not isinstance(obj, dict) or obj.get("__quant_format__") != QUANT_FORMAT:
+        raise ValueError(f"not a {QUANT_FORMAT} object")
+
+    def arrays(key: str) -> dict[str, np.ndarray]:
+        return {k: to_numpy(v) for k, v in _names_to(obj, key, object).items()}
+
+    return Int8Model(
+        quantized=arrays("quantized"),
+        scales=arrays("scales"),
+        dtypes=_names_to(obj, "dtypes", str),
+        passthrough=arrays("passthrough"),
+        passthrough_orig_dtypes=_names_to(obj, "passthrough_orig_dtypes", str, required=False),
+        qmeta=_names_to(obj, "qmeta", dict, required=False),
+    )
+
+
+def _torch_to_numpy(t: Any) -> np.ndarray:
+    import torch
+
+    if t.dtype == torch.bfloat16:  # numpy has no bf16; float32 holds its values exactly
+        t = t.float()
+    return t.detach().cpu().contiguous().numpy()
+
+
+def _parse_upstream_torch(raw: bytes, path: Path) -> Int8Model:
+    try:
+        import torch
+    except ImportError:
+        raise PgolfError(
+            f"artifact {path}: reading the upstream torch artifact needs PyTorch: pip install 'pgolf[torch]'"
+        ) from None
+    obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    return _from_upstream_dict(obj, _torch_to_numpy)
+
+
+def _check(model: Int8Model) -> Int8Model:
+    """Everything dequantization relies on: int8 values, fitting float scales, known dtypes."""
+    for name, q in model.quantized.items():
+        s, dtype = model.scales.get(name), model.dtypes.get(name)
+        if s is None:
+            raise ValueError(f"{name} has no scales")
+        if dtype not in FLOAT_BYTES:
+            raise ValueError(f"{name} has unknown dtype {dtype!r}")
+        if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
+            raise ValueError(
+                f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16/fp32"
+            )
+        if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
+            raise ValueError(f"{name}: scales of shape {s.shape} do not fit values of shape {q.shape}")
+        if name in model.passthrough:
+            raise ValueError(f"{name} is both quantized and passed through")
+    for name, t in model.passthrough.items():
+        if not isinstance(t, np.ndarray) or t.dtype.kind not in "biuf":
+            raise ValueError(f"{name}: passed-through value is not a numeric array")
+    check_finite({**model.scales, **model.passthrough})
+    for name, dtype in model.passthrough_orig_dtypes.items():
+        if dtype not in FLOAT_BYTES:
+            raise ValueError(f"{name} has unknown dtype {dtype!r}")
+    return model
+
+
+def check_finite(arrays: dict[str, np.ndarray]) -> None:
+    """ValueError naming the first float array holding a NaN or an infinity (weights never do)."""
+    for name, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"{name} holds NaN or infinite values")
+
+
+def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
+    """Read pgolf's container, or the challenge's torch (or, if allowed, MLX pickle) container."""
+    path = Path(path)
+    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
+    try:
+        if is_container(blob):
+            return int8_from_container(open_container(blob, path))
+        raw = compress.decompress(blob, "zlib")
+        if raw.startswith(b"PK"):  # a zip: what torch.save writes
+            return _check(_parse_upstream_torch(raw, path))
+        if raw[:1] == b"\x80":  # a pickle's protocol opcode: the upstream MLX script's container
+            if not allow_pickle:
+                raise PgolfError(
+                    f"artifact {path} is a pickle (the upstream MLX format); unpickling can run code, "
+                    "so it is read only if you trust it and allow it (allow_pickle=True, --allow-pickle)"
+                )
+            warnings.warn(f"unpickling {path}: only do this for files you trust", stacklevel=2)
+            return _check(_from_upstream_dict(pickle.loads(raw), np.asarray))
+    except PgolfError:
+        raise
+    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
+        raise PgolfError(f"artifact {path} is damaged or not an int8 artifact: {first_line(exc)}") from None
+    raise PgolfError(f"artifact {path} is not an int8 artifact (unknown container)")
+
+
+def save_upstream_torch(path: str | Path, model: Int8Model) -> ArtifactInfo:
+    """Write the challenge's own container (torch.save + zlib 9), loadable by its train_gpt.py."""
+    try:
+        import torch
+    except ImportError:
+        raise PgolfError(
+            f"artifact {path}: writing the upstream torch artifact needs PyTorch: pip install 'pgolf[torch]'"
+        ) from None
+
+    def tensors(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        # Scales and passthrough already have upstream's dtypes (fp16, fp32 control, int).
+        return {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
+
+    obj: dict[str, Any] = {
+        "__quant_format__": QUANT_FORMAT,
+        "quantized": tensors(model.quantized),
+        "scales": tensors(model.scales),
+        "dtypes": dict(model.dtypes),
+        "passthrough": tensors(model.passthrough),
+    }
+    if model.qmeta:
+        obj["qmeta"] = dict(model.qmeta)
+    if model.passthrough_orig_dtypes:
+        obj["passthrough_orig_dtypes"] = dict(model.passthrough_orig_dtypes)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    blob = zlib.compress(buffer.getvalue(), level=9)
+    return ArtifactInfo(
+        write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), "upstream-torch"
+    )
+
+
+# ------------------------------------------------------------------ the budget
+def size_report(payload_bytes: int, model_bytes: int, code_bytes: int) -> dict[str, int]:
+    total = model_bytes + code_bytes
+    return {
+        "payload_bytes": payload_bytes,
+        "model_bytes": model_bytes,
+        "code_bytes": code_bytes,
+        "total_bytes": total,
+        "budget_bytes": BUDGET_BYTES,
+        "headroom_bytes": BUDGET_BYTES - total,
+    }

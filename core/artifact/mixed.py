@@ -1,0 +1,400 @@
+"""Mixed-precision artifacts: int8/7/6/5 or fp16 per class of tensor, per-row fp16 scales.
+
+The caller names each parameter's class ("embedding", "attention", "mlp", "other",
+"control": the parameter table decides, never the spelling of a name) and the bits
+of each class. Then, per tensor:
+- non-float tensors pass through unchanged;
+- "control" tensors pass through in fp32, whatever their size;
+- float tensors of at most 65,536 elements, and every tensor of a class set to
+  "fp16", pass through in fp16 (their original dtype recorded);
+- the rest are quantized to int-N with one fp16 scale per row (`core.artifact.rowquant`), or
+  by GPTQ (`core.artifact.gptq`) when a Hessian of the layer's inputs is given for them.
+
+Container: pgolf's (`core.artifact.int8.container_bytes`: magic, compressor id byte, the
+compressed safetensors file) with tensors `q/<name>` (int8 holding the int-N
+values), `s/<name>` (scales) and `p/<name>` (passed through), and canonical JSON
+metadata: format "pgolf-mixed", version, compressor, level, shuffle stride, and
+per tensor its class, original dtype, storage ("int", "fp16", "fp32" or "raw") and,
+when quantized, bits, clip method and method ("rows" or "gptq"). No pickle; the
+same weights and settings give the same bytes; numpy alone reads it back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.artifact.gptq import gptq_quantize
+from core.artifact.int8 import (
+    BUDGET_BYTES,
+    FLOAT_BYTES,
+    KEEP_FLOAT_MAX_NUMEL,
+    MAX_ARTIFACT_BYTES,
+    ArtifactInfo,
+    Container,
+    Int8Model,
+    _check_float16_range,
+    _in_dtype,
+    check_finite,
+    container_bytes,
+    open_container,
+    write_artifact,
+)
+from core.artifact.rowquant import BITS, Clip, clip_range, dequantize_rows, quantize_tensor
+from core.common import compress
+from core.common.errors import PgolfError, first_line
+from core.common.files import read_file
+from core.model.params import KINDS
+
+__all__ = [
+    "CLASSES",
+    "DEFAULT_BITS",
+    "MixedModel",
+    "budget_table",
+    "dequantize_mixed",
+    "from_int8",
+    "load_mixed_artifact",
+    "mixed_artifact_bytes",
+    "mixed_from_container",
+    "quantize_mixed",
+    "save_mixed_artifact",
+]
+
+MIXED_FORMAT = "pgolf-mixed"
+MIXED_VERSION = 1
+CLASSES = KINDS  # the artifact classes of core.model.params' table
+DEFAULT_BITS: dict[str, int | str] = {"embedding": 8, "attention": 6, "mlp": 6, "other": 8}
+STORES = ("int", "fp16", "fp32", "raw")
+METHODS = ("rows", "gptq")
+
+
+@dataclass
+class MixedModel:
+    quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8 holding int-N values
+    scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 (rows,) or 0-d (fp32 0-d allowed)
+    passthrough: dict[str, np.ndarray] = field(default_factory=dict)
+    # Per tensor: class, dtype (the model's), store; for "int": bits, clip (Clip.to_json() or None), method.
+    info: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- quantization
+def _bits_table(bits: dict[str, int | str] | None) -> dict[str, int | str]:
+    table = dict(DEFAULT_BITS) | dict(bits or {})
+    for cls, b in table.items():
+        if cls == "control":
+            raise PgolfError("bits for 'control': control tensors always stay in fp32")
+        if cls not in CLASSES:
+            raise PgolfError(f"bits for unknown class {cls!r} (classes: {', '.join(CLASSES[:-1])})")
+        if b != "fp16" and (isinstance(b, bool) or b not in BITS):
+            raise PgolfError(f"bits for {cls}: {b!r}; choose from 8, 7, 6, 5 or 'fp16'")
+    return table
+
+
+def _clip_for(clip: Clip | dict[str, Clip] | None, cls: str) -> Clip:
+    if clip is None:
+        return Clip()
+    if isinstance(clip, Clip):
+        return clip
+    return clip.get(cls, Clip())
+
+
+def quantize_mixed(
+    state: dict[str, np.ndarray],
+    classes: dict[str, str],
+    bits: dict[str, int | str] | None = None,
+    clip: Clip | dict[str, Clip] | None = None,
+    hessians: dict[str, np.ndarray] | None = None,
+    orig_dtypes: dict[str, str] | None = None,
+    block_size: int = 128,
+) -> MixedModel:
+    """Quantize `state` class by class (see the module docstring).
+
+    `bits` maps classes to 8, 7, 6, 5 or "fp16" (defaults: DEFAULT_BITS); `clip` is one
+    Clip or one per class (default: the records' search); `hessians` maps a matrix's
+    name to the (cols, cols) Hessian of its inputs, for GPTQ; `orig_dtypes` names the
+    dtype each float tensor had in the model (bf16 ones are rounded to bf16 first).
+    """
+    table = _bits_table(bits)
+    hessians = hessians or {}
+    orig_dtypes = orig_dtypes or {}
+    missing = [n for n in state if n not in classes]
+    if missing:
+        raise PgolfError(f"quantize: no class given for {', '.join(sorted(missing)[:5])}")
+    unknown = sorted(n for n in hessians if n not in state)
+    if unknown:
+        raise PgolfError(f"quantize: Hessians given for tensors not in the model: {', '.join(unknown[:5])}")
+    out = MixedModel()
+    for name in sorted(state):
+        t = np.asarray(state[name])
+        cls = classes[name]
+        if cls not in CLASSES:
+            raise PgolfError(f"quantize: {name} has unknown class {cls!r} (classes: {', '.join(CLASSES)})")
+        if not np.issubdtype(t.dtype, np.floating):
+            if t.dtype.kind not in "biu":
+                raise PgolfError(f"quantize: {name} has dtype {t.dtype}, neither float nor integer")
+            out.passthrough[name] = t
+            out.info[name] = {"class": cls, "dtype": t.dtype.name, "store": "raw"}
+            continue
+        dtype = orig_dtypes.get(name, t.dtype.name)
+        if dtype not in FLOAT_BYTES:
+            raise PgolfError(f"quantize: {name} has dtype {dtype}; the format takes {', '.join(FLOAT_BYTES)}")
+        w = _in_dtype(t.astype(np.float32), dtype)
+        if not np.isfinite(w).all():
+            raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
+        info: dict[str, Any] = {"class": cls, "dtype": dtype}
+        if cls == "control":
+            out.passthrough[name], info["store"] = w, "fp32"
+        elif t.size <= KEEP_FLOAT_MAX_NUMEL or table[cls] == "fp16":
+            with np.errstate(over="ignore"):  # an overflow to inf is refused just below
+                kept = w.astype(np.float16)
+            _check_float16_range(name, w, kept)
+            out.passthrough[name], info["store"] = kept, "fp16"
+        else:
+            b = int(table[cls])
+            c = _clip_for(clip, cls)
+            with np.errstate(over="ignore", invalid="ignore"):  # a scale past fp16 is refused below
+                if name in hessians and w.ndim == 2:
+                    q, s = gptq_quantize(w, np.asarray(hessians[name]), b, c, block_size)
+                    method = "gptq"
+                else:
+                    q, s = quantize_tensor(w, b, c)
+                    method = "rows"
+            _check_float16_range(name, w, s)
+            if w.ndim != 2:  # one scale from the largest |value|
+                c = Clip.percentile(1.0)
+            out.quantized[name], out.scales[name] = q, s
+            info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
+        out.info[name] = info
+    return out
+
+
+def from_int8(model: Int8Model, classes: dict[str, str]) -> MixedModel:
+    """The int8 format's model described as a mixed one (int8 everywhere): for budget tables."""
+    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough))
+    for name in model.quantized:
+        info = {"dtype": model.dtypes[name], "store": "int", "bits": 8, "clip": None, "method": "rows"}
+        out.info[name] = {"class": classes.get(name, "other"), **info}
+    for name, t in model.passthrough.items():
+        if t.dtype.kind in "biu":
+            info = {"dtype": t.dtype.name, "store": "raw"}
+        elif t.dtype == np.float16:
+            info = {"dtype": model.passthrough_orig_dtypes.get(name, "float16"), "store": "fp16"}
+        else:
+            info = {"dtype": "float32", "store": "fp32"}
+        out.info[name] = {"class": classes.get(name, "other"), **info}
+    return check_mixed(out)
+
+
+def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
+    """float32 weights (in their model dtype's precision); non-float tensors as stored."""
+    out: dict[str, np.ndarray] = {}
+    for name, info in model.info.items():
+        if info["store"] == "int":
+            out[name] = _in_dtype(dequantize_rows(model.quantized[name], model.scales[name]), info["dtype"])
+        elif info["store"] == "raw":
+            out[name] = model.passthrough[name]
+        else:
+            out[name] = _in_dtype(model.passthrough[name].astype(np.float32), info["dtype"])
+    return out
+
+
+# ------------------------------------------------------------------ container
+def _tensors(model: MixedModel) -> dict[str, np.ndarray]:
+    tensors = {f"q/{k}": v for k, v in model.quantized.items()}
+    tensors |= {f"s/{k}": v for k, v in model.scales.items()}
+    return tensors | {f"p/{k}": v for k, v in model.passthrough.items()}
+
+
+def mixed_artifact_bytes(
+    model: MixedModel,
+    compressor: str = "brotli",
+    level: int | None = None,
+    shuffle: int = 2,
+    config: dict[str, Any] | None = None,
+) -> bytes:
+    """The file content for `model`: by default the records' brotli-11 over a stride-2 byte shuffle;
+    `config`, the run settings it is scored with, goes in the metadata."""
+    meta = {
+        "format": MIXED_FORMAT,
+        "version": MIXED_VERSION,
+        "compressor": compressor,
+        "level": compress.resolve_level(compressor, level),
+        "shuffle": shuffle,
+        "tensors": model.info,
+    } | ({"config": config} if config else {})
+    return container_bytes(_tensors(model), meta, compressor, level, shuffle)
+
+
+def save_mixed_artifact(
+    path: str | Path,
+    model: MixedModel,
+    compressor: str = "brotli",
+    level: int | None = None,
+    shuffle: int = 2,
+    config: dict[str, Any] | None = None,
+) -> ArtifactInfo:
+    return write_artifact(path, mixed_artifact_bytes(model, compressor, level, shuffle, config), compressor)
+
+
+def mixed_from_container(box: Container) -> MixedModel:
+    """The mixed-precision model of an opened pgolf container; ValueError naming the first problem."""
+    meta = box.meta
+    if meta["format"] != MIXED_FORMAT:
+        raise ValueError(f"format {meta['format']!r}, not the mixed-precision format {MIXED_FORMAT!r}")
+    if meta.get("version") != MIXED_VERSION:
+        raise ValueError(f"mixed format version {meta.get('version')!r} (this pgolf reads {MIXED_VERSION})")
+    if meta.get("compressor") != box.compressor or meta.get("shuffle") != box.shuffle:
+        raise ValueError(
+            f"metadata says {meta.get('compressor')!r} with shuffle {meta.get('shuffle')!r}, "
+            f"the file is {box.compressor!r} with shuffle {box.shuffle}"
+        )
+    info = meta.get("tensors")
+    if not isinstance(info, dict) or not all(isinstance(v, dict) for v in info.values()):
+        raise ValueError("'tensors' is not a map of names to descriptions")
+    model = MixedModel(info=info)
+    roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
+    for key, value in box.tensors.items():
+        role, _, name = key.partition("/")
+        if role not in roles:
+            raise ValueError(f"unexpected tensor {key!r}")
+        roles[role][name] = value
+    return check_mixed(model)
+
+
+def check_mixed(model: MixedModel) -> MixedModel:
+    """Everything dequantization relies on; ValueError naming the first problem."""
+    described = set(model.info)
+    stored = set(model.quantized) | set(model.scales) | set(model.passthrough)
+    if stored - described:
+        raise ValueError(f"{sorted(stored - described)[0]} is stored but not described")
+    for name, info in model.info.items():
+        store, cls, dtype = info.get("store"), info.get("class"), info.get("dtype")
+        if store not in STORES:
+            raise ValueError(f"{name}: unknown storage {store!r}")
+        if cls not in CLASSES:
+            raise ValueError(f"{name}: unknown class {cls!r}")
+        if store == "int":
+            _check_quantized(name, info, model)
+            continue
+        if name in model.quantized or name in model.scales:
+            raise ValueError(f"{name} is passed through but has quantized values or scales")
+        t = model.passthrough.get(name)
+        if not isinstance(t, np.ndarray):
+            raise ValueError(f"{name} is missing")
+        if store == "raw":
+            if t.dtype.kind not in "biu" or dtype != t.dtype.name:
+                raise ValueError(f"{name}: stored as {t.dtype}, described as raw {dtype!r}")
+        elif t.dtype != np.dtype(np.float16 if store == "fp16" else np.float32) or dtype not in FLOAT_BYTES:
+            raise ValueError(f"{name}: stored as {t.dtype}, described as {store} of {dtype!r}")
+    check_finite(model.passthrough)
+    return model
+
+
+def _check_quantized(name: str, info: dict[str, Any], model: MixedModel) -> None:
+    q, s, bits = model.quantized.get(name), model.scales.get(name), info.get("bits")
+    if q is None or s is None:
+        raise ValueError(f"{name} has no {'values' if q is None else 'scales'}")
+    if name in model.passthrough:
+        raise ValueError(f"{name} is both quantized and passed through")
+    if info.get("dtype") not in FLOAT_BYTES:
+        raise ValueError(f"{name} has unknown dtype {info.get('dtype')!r}")
+    if isinstance(bits, bool) or bits not in BITS:
+        raise ValueError(f"{name}: bits {bits!r}")
+    if info.get("method") not in METHODS:
+        raise ValueError(f"{name}: unknown method {info.get('method')!r}")
+    if info.get("clip") is not None:  # None: not known (an artifact converted from a record's)
+        Clip.from_json(info["clip"])
+    if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
+        raise ValueError(f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16")
+    if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
+        raise ValueError(f"{name}: scales of shape {s.shape} do not fit values of shape {q.shape}")
+    if not np.isfinite(s).all():
+        raise ValueError(f"{name}: scales hold NaN or infinite values")
+    r = clip_range(bits)
+    if q.size and int(np.abs(q.astype(np.int16)).max()) > r:
+        raise ValueError(f"{name}: values beyond the int{bits} range [-{r}, {r}]")
+
+
+def load_mixed_artifact(path: str | Path) -> MixedModel:
+    """Read a mixed-precision artifact; any damage is one PgolfError line naming the file."""
+    path = Path(path)
+    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
+    try:
+        return mixed_from_container(open_container(blob, path))
+    except PgolfError as exc:  # e.g. a compressor package that is not installed
+        raise PgolfError(f"artifact {path}: {exc}") from None
+    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
+        raise PgolfError(
+            f"artifact {path} is damaged or not a mixed-precision artifact: {first_line(exc)}"
+        ) from None
+
+
+# ------------------------------------------------------------- the byte budget
+def _label(info: dict[str, Any]) -> str:
+    return f"int{info['bits']}" if info["store"] == "int" else info["store"]
+
+
+def budget_table(
+    model: MixedModel,
+    compressor: str = "brotli",
+    level: int | None = None,
+    shuffle: int = 2,
+    weights: dict[str, np.ndarray] | None = None,
+    total_bytes: int | None = None,
+) -> list[dict[str, Any]]:
+    """Where the bytes go: one row per class present (in CLASSES order), then a "total" row.
+
+    Per row: class, tensors, params, bits (e.g. "int6" or "int6+fp16"), bytes_raw (the
+    class's values, scales and passed-through tensors as stored), bytes_compressed
+    (those bytes compressed on their own with the artifact's compressor and shuffle;
+    the total row has the whole artifact's size instead, so the rows need not add up),
+    share (bytes_compressed / 16,000,000) and rms (root mean square of the weights:
+    those in `weights` where given, e.g. the float ones before quantization, else the
+    dequantized ones). `total_bytes`: the size of the file written, when known (else the
+    mixed container's size is computed).
+    """
+    weights = dequantize_mixed(model) | dict(weights or {})
+    rows = []
+    for cls in CLASSES:
+        names = sorted(n for n, i in model.info.items() if i["class"] == cls)
+        if not names:
+            continue
+        raw = b"".join(
+            part.tobytes()
+            for n in names
+            for part in (
+                (model.quantized[n], model.scales[n]) if n in model.quantized else (model.passthrough[n],)
+            )
+        )
+        packed = len(compress.pack(raw, compressor, level, shuffle if len(raw) >= shuffle else 0)) - 1
+        rows.append(_budget_row(cls, names, model, weights, len(raw), packed))
+    total = (
+        total_bytes
+        if total_bytes is not None
+        else len(mixed_artifact_bytes(model, compressor, level, shuffle))
+    )
+    raw_total = sum(r["bytes_raw"] for r in rows)
+    rows.append(_budget_row("total", sorted(model.info), model, weights, raw_total, total))
+    return rows
+
+
+def _budget_row(
+    cls: str, names: list[str], model: MixedModel, weights: dict[str, np.ndarray], raw: int, packed: int
+) -> dict[str, Any]:
+    floats = [np.asarray(weights[n], dtype=np.float64) for n in names if model.info[n]["store"] != "raw"]
+    count = sum(a.size for a in floats)
+    rms = math.sqrt(sum(float(np.square(a).sum()) for a in floats) / count) if count else 0.0
+    return {
+        "class": cls,
+        "tensors": len(names),
+        "params": int(sum(np.asarray(weights[n]).size for n in names)),
+        "bits": "+".join(sorted({_label(model.info[n]) for n in names})),
+        "bytes_raw": raw,
+        "bytes_compressed": packed,
+        "share": packed / BUDGET_BYTES,
+        "rms": rms,
+    }

@@ -1,0 +1,163 @@
+"""The challenge records' own quantized artifact (`final_model.int6.ptz`), read into a MixedModel.
+
+Layout (records 2026-04-01 and 2026-04-05): `torch.save({"w": tensors, "m": meta})`,
+byte-shuffled (b"BSHF" header, `core.common.compress.byte_shuffle`), then brotli-11 (or
+lzma, by the record's COMPRESSOR setting). In "m", per parameter name:
+- "passthrough" / "passthrough_ctrl" / "passthrough (float16)": "w"[name] as stored
+  (fp16 for small floats, fp32 for large control tensors, or a non-float tensor);
+- {"type": "int6"[, "method": "gptq" | "clip_search"]}, "gptq (int<N>)": int8 values
+  "w"[name + ".q"] in [-R, R] and fp16 scales "w"[name + ".scale"] (per row, or 0-d);
+- {"type": "int8"}: int8 values in [-127, 127] and fp16 per-row scales (or a 0-d fp32 one).
+A value is q * scale, cast to the model's dtype (which the file does not record:
+pass `orig_dtypes`, e.g. {"tok_emb.weight": "bfloat16"} for the records' models).
+
+The torch.save container is a pickle. It is opened with `torch.load(weights_only=True)`,
+which rebuilds tensors and plain containers only and refuses anything else; torch is
+imported here, lazily, and only for this.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.artifact.int8 import CLIP_QUANTILE, FLOAT_BYTES, MAX_ARTIFACT_BYTES
+from core.artifact.mixed import CLASSES, MixedModel, check_mixed
+from core.artifact.rowquant import Clip
+from core.common import compress
+from core.common.errors import PgolfError, first_line
+from core.common.files import read_file
+
+__all__ = ["decompress_record_blob", "load_record_artifact"]
+
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def decompress_record_blob(blob: bytes) -> bytes:
+    """The torch.save bytes inside a record's .ptz: xz, zstd or zlib by their magic, else brotli; unshuffled."""
+    if blob.startswith(_XZ_MAGIC):
+        name = "lzma"
+    elif blob.startswith(_ZSTD_MAGIC):
+        name = "zstd"
+    elif len(blob) >= 2 and blob[0] & 0x0F == 8 and (blob[0] * 256 + blob[1]) % 31 == 0:
+        name = "zlib"
+    else:
+        name = "brotli"
+    raw = compress.decompress(blob, name)
+    return compress.byte_unshuffle(raw)  # the record's reader: unshuffle when the header is there
+
+
+def _torch_load(raw: bytes) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise PgolfError(
+            "reading a record's .ptz artifact needs PyTorch: pip install 'pgolf[torch]'"
+        ) from None
+    return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+
+
+def _to_numpy(t: Any, key: str) -> np.ndarray:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{key!r} is not a tensor")
+    if t.dtype == torch.bfloat16:  # numpy has no bf16; float32 holds its values exactly
+        t = t.float()
+    return t.detach().cpu().contiguous().numpy()
+
+
+def _entry(info: Any) -> tuple[str, int | None, str]:
+    """(kind, bits, method) of one "m" entry: kind "pass" or "int"."""
+    if isinstance(info, str):
+        if info.startswith("passthrough"):
+            return "pass", None, ""
+        match = re.fullmatch(r"gptq \(int([5-8])\)", info)
+        if match:
+            return "int", int(match.group(1)), "gptq"
+    elif isinstance(info, dict) and info.get("type") in ("int6", "int8"):
+        method = "gptq" if info.get("method") == "gptq" else "rows"
+        return "int", 6 if info["type"] == "int6" else 8, method
+    raise ValueError(f"unknown entry {info!r}")
+
+
+def _parse(obj: Any, orig_dtypes: dict[str, str], classes: dict[str, str]) -> MixedModel:
+    if not isinstance(obj, dict) or not isinstance(obj.get("w"), dict) or not isinstance(obj.get("m"), dict):
+        raise ValueError("not a record artifact (a dict with 'w' and 'm' maps)")
+    tensors, meta = obj["w"], obj["m"]
+    model = MixedModel()
+    used = set()
+    for name, entry in meta.items():
+        if not isinstance(name, str):
+            raise ValueError(f"parameter name {name!r} is not a string")
+        kind, bits, method = _entry(entry)
+        cls = classes.get(name, "other")
+        if cls not in CLASSES:
+            raise PgolfError(f"{name} has unknown class {cls!r} (classes: {', '.join(CLASSES)})")
+        if kind == "pass":
+            if name not in tensors:
+                raise ValueError(f"{name!r} is missing")
+            t = _to_numpy(tensors[name], name)
+            used.add(name)
+            model.passthrough[name] = t
+            if t.dtype.kind in "biu":
+                model.info[name] = {"class": cls, "dtype": t.dtype.name, "store": "raw"}
+                continue
+            store = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}.get(t.dtype)
+            if store is None:
+                raise ValueError(f"{name}: passed through as {t.dtype}")
+            model.info[name] = {"class": cls, "dtype": orig_dtypes.get(name, "float32"), "store": store}
+            continue
+        for suffix in (".q", ".scale"):
+            if name + suffix not in tensors:
+                raise ValueError(f"{name + suffix!r} is missing")
+        model.quantized[name] = _to_numpy(tensors[name + ".q"], name + ".q")
+        model.scales[name] = _to_numpy(tensors[name + ".scale"], name + ".scale")
+        used |= {name + ".q", name + ".scale"}
+        clip: dict[str, Any] | None = None  # 2026-04-05's SDClip k is not in the file
+        if bits == 8:  # the records' int8 path: the baseline's clip
+            clip = Clip.percentile(CLIP_QUANTILE).to_json()
+        elif isinstance(entry, dict):  # 2026-04-01: the five-quantile search; largest |w| for vectors
+            clip = (Clip() if model.scales[name].ndim else Clip.percentile(1.0)).to_json()
+        model.info[name] = {
+            "class": cls,
+            "dtype": orig_dtypes.get(name, "float32"),
+            "store": "int",
+            "bits": bits,
+            "clip": clip,
+            "method": method,
+        }
+    extra = sorted(set(tensors) - used)
+    if extra:
+        raise ValueError(f"tensor {extra[0]!r} has no entry in 'm'")
+    return check_mixed(model)
+
+
+def load_record_artifact(
+    path: str | Path, orig_dtypes: dict[str, str] | None = None, classes: dict[str, str] | None = None
+) -> MixedModel:
+    """A record's `final_model.int6.ptz` as a MixedModel (dequantize with `core.artifact.mixed.dequantize_mixed`).
+
+    `orig_dtypes`: the model's dtype per name where it is not float32; `classes`: the
+    class per name for budget tables (default "other"). Damage is one PgolfError line.
+    """
+    path = Path(path)
+    orig_dtypes = dict(orig_dtypes or {})
+    for name, dtype in orig_dtypes.items():
+        if dtype not in FLOAT_BYTES:
+            raise PgolfError(f"{name}: dtype {dtype!r} is not one of {', '.join(FLOAT_BYTES)}")
+    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
+    try:
+        raw = decompress_record_blob(blob)
+        if not raw.startswith(b"PK"):
+            raise ValueError("no torch.save (zip) data inside")
+        return _parse(_torch_load(raw), orig_dtypes, dict(classes or {}))
+    except PgolfError as exc:
+        raise PgolfError(f"artifact {path}: {exc}") from None
+    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
+        raise PgolfError(f"artifact {path} is damaged or not a record artifact: {first_line(exc)}") from None

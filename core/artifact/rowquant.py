@@ -1,0 +1,211 @@
+"""Per-row int-N quantization (N = 8, 7, 6 or 5) with fp16 scales, and how each row's clip is chosen.
+
+A matrix row w is stored as q = clamp(round(w / s), -R, R) in int8, R = 2**(N-1) - 1
+(31 for int6), with one fp16 scale s per row; it comes back as q * s. The clip c sets
+the scale, s = fp16(max(c / R, 1 / R)); values past the clip saturate at +-R. This is
+the challenge records' `quantize_int6_per_row` (2026-03-22, 2026-04-01) bit for bit:
+the division is by the fp16 scale, the quantiles are torch.quantile's. (The floor
+1/R is the records' too: a row whose clip is below 1 gets steps of 1/R, coarser than
+its values need.)
+
+Ways to choose c (`Clip`):
+- "percentile": the q-quantile of |w| in the row (q = 1: its largest |value|);
+- "search" (GPTQ-lite): try several quantiles and keep the one with the smallest
+  squared reconstruction error, for the whole matrix as the records do (their
+  candidates 0.999, 0.9995, 0.9999, 0.99999, 1.0), or for each row on its own;
+- "sdclip": c = k * std(row) (2026-04-05; std with Bessel's correction, as torch's).
+  Nothing bounds c by the row's largest value; a scale too small for fp16 is raised
+  to 1/R (the record would divide by zero there).
+Tensors that are not matrices get one scale from their largest |value|, as in the records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from core.artifact.int8 import _abs_quantile
+from core.common.errors import PgolfError
+
+__all__ = [
+    "BITS",
+    "SEARCH_QUANTILES",
+    "Clip",
+    "clip_range",
+    "dequantize_rows",
+    "quantize_rows",
+    "quantize_tensor",
+    "quantize_with_scales",
+    "row_scales",
+]
+
+BITS = (8, 7, 6, 5)
+SEARCH_QUANTILES = (0.9990, 0.9995, 0.9999, 0.99999, 1.0)  # the records' GPTQ-lite candidates
+CLIP_KINDS = ("percentile", "search", "sdclip")
+
+
+def clip_range(bits: int) -> int:
+    """R: int-N values lie in [-R, R]."""
+    if bits not in BITS:
+        raise PgolfError(f"quantization to {bits} bits: choose from {', '.join(map(str, BITS))}")
+    return 2 ** (bits - 1) - 1
+
+
+@dataclass(frozen=True)
+class Clip:
+    """How each row's clip is chosen (see the module docstring)."""
+
+    kind: str = "search"
+    q: float = 1.0  # percentile: the quantile of |w| per row (1.0 = the largest |value|)
+    candidates: tuple[float, ...] = SEARCH_QUANTILES  # search: quantiles tried
+    per_row: bool = False  # search: best candidate for each row, not one for the whole matrix
+    k: float = 0.0  # sdclip: clip = k * std(row)
+
+    def __post_init__(self) -> None:
+        if self.kind not in CLIP_KINDS:
+            raise PgolfError(f"clip method {self.kind!r}: choose from {', '.join(CLIP_KINDS)}")
+        quantiles = (
+            (self.q,) if self.kind == "percentile" else self.candidates if self.kind == "search" else ()
+        )
+        if self.kind == "search" and not quantiles:
+            raise PgolfError("clip search: no candidate quantiles")
+        for q in quantiles:
+            if not (isinstance(q, int | float) and 0.0 < q <= 1.0):
+                raise PgolfError(f"clip quantile {q!r} is not in (0, 1]")
+        if self.kind == "sdclip" and not (isinstance(self.k, int | float) and 0.0 < self.k < 1e4):
+            raise PgolfError(f"sdclip: k = {self.k!r} should be a positive number of standard deviations")
+
+    @classmethod
+    def percentile(cls, q: float) -> Clip:
+        return cls("percentile", q=q)
+
+    @classmethod
+    def search(cls, candidates: tuple[float, ...] = SEARCH_QUANTILES, per_row: bool = False) -> Clip:
+        return cls("search", candidates=tuple(candidates), per_row=per_row)
+
+    @classmethod
+    def sdclip(cls, k: float) -> Clip:
+        return cls("sdclip", k=k)
+
+    def to_json(self) -> dict[str, Any]:
+        """Only the fields this kind uses: what an artifact records."""
+        keep = {"percentile": ("q",), "search": ("candidates", "per_row"), "sdclip": ("k",)}[self.kind]
+        d = asdict(self)
+        return {"kind": self.kind} | {f: list(d[f]) if f == "candidates" else d[f] for f in keep}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Clip:
+        if not isinstance(obj, dict) or set(obj) - {"kind", "q", "candidates", "per_row", "k"}:
+            raise ValueError(f"clip {obj!r} is not a clip description")
+        fields = dict(obj)
+        if "candidates" in fields:
+            if not isinstance(fields["candidates"], list):
+                raise ValueError("clip candidates are not a list")
+            fields["candidates"] = tuple(fields["candidates"])
+        try:
+            return cls(**fields)
+        except (PgolfError, TypeError) as exc:
+            raise ValueError(str(exc)) from None
+
+
+def _fp16_scales(clip: np.ndarray, r: int, floor: float) -> np.ndarray:
+    """fp16(max(clip / R, floor)), computed in float32 as torch does."""
+    return np.maximum(clip.astype(np.float32) / np.float32(r), np.float32(floor)).astype(np.float16)
+
+
+def _quantile_clip(w: np.ndarray, q: float) -> np.ndarray:
+    return np.abs(w).max(axis=1) if q >= 1.0 else _abs_quantile(w, q)
+
+
+def row_scales(w: np.ndarray, bits: int, q: float) -> np.ndarray:
+    """fp16 per-row scales for clip = the q-quantile of |row| (q = 1: the largest |value|)."""
+    r = clip_range(bits)
+    return _fp16_scales(_quantile_clip(w, q), r, 1.0 / r)
+
+
+def _sdclip_scales(w: np.ndarray, bits: int, k: float) -> np.ndarray:
+    r = clip_range(bits)
+    # torch.std accumulates in float64 and rounds the result to float32.
+    std = w.astype(np.float64).std(axis=1, ddof=1).astype(np.float32) if w.shape[1] > 1 else np.zeros(len(w))
+    s = (np.float32(k) * std.astype(np.float32) / np.float32(r)).astype(np.float16)
+    return np.where(s > 0, s, np.float16(1.0 / r))  # fp16 has no room for the record's 1e-10 floor
+
+
+def candidate_scales(w: np.ndarray, bits: int, clip: Clip) -> list[np.ndarray]:
+    """The fp16 per-row scales each candidate of `clip` gives (one array for percentile and sdclip)."""
+    if clip.kind == "sdclip":
+        return [_sdclip_scales(w, bits, clip.k)]
+    quantiles = (clip.q,) if clip.kind == "percentile" else clip.candidates
+    return [row_scales(w, bits, q) for q in quantiles]
+
+
+def quantize_with_scales(w: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    """int8 values round(w / s) clamped to [-R, R], for fp16 per-row scales."""
+    r = clip_range(bits)
+    q = np.round(w / scales.astype(np.float32)[:, None])
+    return np.clip(q, -r, r).astype(np.int8)
+
+
+def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float32 q * s, with per-row (shape (rows,)) or one (0-d) scale."""
+    s = np.asarray(scales).astype(np.float32)
+    if s.ndim == 0:
+        return q.astype(np.float32) * s
+    return q.astype(np.float32) * s.reshape((q.shape[0],) + (1,) * (q.ndim - 1))
+
+
+def squared_errors(w: np.ndarray, q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Per-row sums of the float32 squared reconstruction errors, summed in float64."""
+    diff = w - q.astype(np.float32) * scales.astype(np.float32)[:, None]
+    return np.square(diff).sum(axis=1, dtype=np.float64)
+
+
+def pick_best(
+    w: np.ndarray, results: list[tuple[np.ndarray, np.ndarray]], per_row: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (q, scales) with the smallest squared error: for the whole matrix, or row by row.
+
+    Ties keep the earlier candidate (the records' strict `<`).
+    """
+    errors = np.stack([squared_errors(w, q, s) for q, s in results])  # (candidates, rows)
+    if not per_row:
+        best = int(np.argmin(errors.sum(axis=1)))  # argmin: the first of equal minima
+        return results[best]
+    choice = np.argmin(errors, axis=0)  # (rows,)
+    rows = np.arange(w.shape[0])
+    q = np.stack([q for q, _ in results])[choice, rows]
+    s = np.stack([s for _, s in results])[choice, rows]
+    return q, s
+
+
+def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """int8 values in [-R, R] and fp16 per-row scales of a float32 matrix."""
+    clip = clip or Clip()
+    w = _as_matrix(w)
+    results = [(quantize_with_scales(w, s, bits), s) for s in candidate_scales(w, bits, clip)]
+    return results[0] if len(results) == 1 else pick_best(w, results, clip.per_row)
+
+
+def quantize_tensor(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize_rows` for a matrix; any other shape gets one 0-d fp16 scale from its largest |value|."""
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim == 2:
+        return quantize_rows(w, bits, clip)
+    r = clip_range(bits)
+    amax = float(np.abs(w).max()) if w.size else 0.0
+    scale = np.array(amax / r if amax > 0 else 1.0, dtype=np.float16)
+    q = np.clip(np.round(w / np.float32(scale)), -r, r).astype(np.int8)
+    return q, scale
+
+
+def _as_matrix(w: np.ndarray) -> np.ndarray:
+    w = np.asarray(w)
+    if w.ndim != 2 or w.dtype != np.float32:
+        raise PgolfError(f"per-row quantization takes a float32 matrix, not {w.dtype} of shape {w.shape}")
+    if w.shape[1] == 0:
+        raise PgolfError("per-row quantization of a matrix with no columns")
+    if not np.isfinite(w).all():
+        raise PgolfError("per-row quantization: the weights hold NaN or infinite values")
+    return w

@@ -1,0 +1,249 @@
+"""Compressors for artifacts, in one registry, and the byte shuffle that helps them.
+
+Each compressor has a fixed id (the byte pgolf's container stores after its magic;
+ids never change meaning, so old artifacts keep loading), a default level and the
+levels it accepts. brotli and zstandard are imported only when used.
+
+The byte shuffle is the challenge records' layout (2026-04-01): the header
+b"BSHF" + one byte holding the stride, then the bytes at positions 0, s, 2s, ...,
+then those at 1, 1+s, ..., and so on. With stride 2, the low bytes of every fp16
+scale come together, and so do the high ones, which compress better. Data shorter
+than the stride (or a stride below 2) is returned unchanged, without a header.
+
+Decompression trusts nothing: the output may be at most MAX_OUTPUT_BYTES (a small file
+that would inflate past it is refused as it is read), the data must end exactly where its
+stream ends, and a stream cut short is refused.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.common.errors import PgolfError
+
+__all__ = [
+    "COMPRESSORS",
+    "SHUFFLE_FLAG",
+    "SHUFFLE_MAGIC",
+    "Compressor",
+    "byte_shuffle",
+    "byte_unshuffle",
+    "compress",
+    "compressor_by_id",
+    "decompress",
+    "pack",
+    "unpack",
+]
+
+SHUFFLE_MAGIC = b"BSHF"
+SHUFFLE_FLAG = 0x80  # set in the container's id byte when the payload was byte-shuffled
+MAX_OUTPUT_BYTES = 2**32  # the most any decompression may give (a record's int6 payload is ~30 MB)
+
+
+def _brotli() -> Any:
+    try:
+        import brotli
+    except ImportError:
+        raise PgolfError(
+            "the brotli compressor needs the brotli package: pip install 'brotli>=1.1'"
+        ) from None
+    return brotli
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise PgolfError(
+            "the zstd compressor needs the zstandard package: pip install 'zstandard>=0.22'"
+        ) from None
+    return zstandard
+
+
+def _too_large(out: bytes, name: str) -> None:
+    if len(out) > MAX_OUTPUT_BYTES:
+        raise ValueError(f"{name} data decompresses to more than {MAX_OUTPUT_BYTES:,} bytes")
+
+
+def _stream(name: str, make: Callable[[], Any]) -> Callable[[bytes], bytes]:
+    """Decompression by a zlib/lzma/bz2-style decoder object: bounded, whole, nothing after the end."""
+
+    def run(data: bytes) -> bytes:
+        decoder = make()
+        out = decoder.decompress(data, MAX_OUTPUT_BYTES + 1)
+        _too_large(out, name)
+        if not decoder.eof:
+            raise ValueError(f"{name} data ends before the end of its stream")
+        if decoder.unused_data:
+            raise ValueError(f"bytes after the end of the {name} stream")
+        return out
+
+    return run
+
+
+def _brotli_decompress(data: bytes) -> bytes:
+    decoder = _brotli().Decompressor()
+    try:
+        out = decoder.process(data, output_buffer_limit=MAX_OUTPUT_BYTES + 1)
+    except TypeError:  # brotli 1.1 has no output limit
+        out = decoder.process(data)
+    _too_large(out, "brotli")
+    if not decoder.is_finished():
+        raise ValueError("brotli data ends before the end of its stream")
+    return out
+
+
+def _zstd_decompress(data: bytes) -> bytes:
+    # Stream decoders: they do not trust (and allocate) the size a damaged frame header claims.
+    zstd = _zstd().ZstdDecompressor()
+    with zstd.stream_reader(data, read_across_frames=False) as reader:
+        _too_large(reader.read(MAX_OUTPUT_BYTES + 1), "zstd")
+    decoder = zstd.decompressobj()
+    out = decoder.decompress(data)
+    if not decoder.eof:
+        raise ValueError("zstd data ends before the end of its frame")
+    if decoder.unused_data:
+        raise ValueError("bytes after the end of the zstd frame")
+    return out
+
+
+def _none_decompress(data: bytes) -> bytes:
+    _too_large(data, "uncompressed")
+    return bytes(data)
+
+
+@dataclass(frozen=True)
+class Compressor:
+    name: str
+    id: int  # the container's id byte (without SHUFFLE_FLAG); never reused
+    default_level: int | None
+    levels: range | None
+    compress: Callable[[bytes, int | None], bytes]
+    decompress: Callable[[bytes], bytes]
+
+
+COMPRESSORS: dict[str, Compressor] = {
+    c.name: c
+    for c in (
+        Compressor("none", 0, None, None, lambda data, level: data, _none_decompress),
+        Compressor(
+            "zlib", 1, 9, range(0, 10), lambda d, lv: zlib.compress(d, lv), _stream("zlib", zlib.decompressobj)
+        ),
+        Compressor(
+            "lzma", 2, 9, range(0, 10),
+            lambda d, lv: lzma.compress(d, preset=lv), _stream("lzma", lzma.LZMADecompressor),
+        ),
+        Compressor(
+            "bz2", 3, 9, range(1, 10), lambda d, lv: bz2.compress(d, lv), _stream("bz2", bz2.BZ2Decompressor)
+        ),
+        Compressor(
+            "brotli", 4, 11, range(0, 12), lambda d, lv: _brotli().compress(d, quality=lv), _brotli_decompress
+        ),
+        Compressor(
+            "zstd", 5, 22, range(1, 23),
+            lambda d, lv: _zstd().ZstdCompressor(level=lv).compress(d), _zstd_decompress,
+        ),
+    )
+}  # fmt: skip
+_BY_ID = {c.id: c for c in COMPRESSORS.values()}
+
+
+def get(name: str) -> Compressor:
+    if name not in COMPRESSORS:
+        raise PgolfError(f"unknown compressor {name!r} (choose from {', '.join(COMPRESSORS)})")
+    return COMPRESSORS[name]
+
+
+def compressor_by_id(code: int) -> Compressor:
+    if code not in _BY_ID:
+        raise ValueError(f"unknown compressor id {code}")
+    return _BY_ID[code]
+
+
+def resolve_level(name: str, level: int | None) -> int | None:
+    """The level to use: the compressor's default when None; refused when out of range."""
+    c = get(name)
+    if c.levels is None:
+        return None
+    level = c.default_level if level is None else level
+    if level not in c.levels:
+        raise PgolfError(f"compressor {name}: level {level} is not in {c.levels.start}..{c.levels.stop - 1}")
+    return level
+
+
+def compress(data: bytes, name: str, level: int | None = None) -> bytes:
+    return get(name).compress(data, resolve_level(name, level))
+
+
+def decompress(data: bytes, name: str) -> bytes:
+    return get(name).decompress(data)
+
+
+# ---------------------------------------------------------------- byte shuffle
+def byte_shuffle(data: bytes, stride: int = 2) -> bytes:
+    """The records' shuffle: b"BSHF" + bytes([stride]) + byte planes (unchanged data if it cannot apply)."""
+    if stride <= 1 or len(data) < stride:
+        return data
+    if stride > 255:
+        raise PgolfError(f"byte shuffle stride {stride} does not fit its one-byte header")
+    src = np.frombuffer(data, dtype=np.uint8)
+    planes = np.concatenate([src[pos::stride] for pos in range(stride)])
+    return SHUFFLE_MAGIC + bytes([stride]) + planes.tobytes()
+
+
+def byte_unshuffle(data: bytes, strict: bool = False) -> bytes:
+    """Undo `byte_shuffle`. Data without the header is returned as is, unless `strict` (then refused)."""
+    if len(data) < 5 or data[:4] != SHUFFLE_MAGIC:
+        if strict:
+            raise ValueError("the byte-shuffle header is missing")
+        return data
+    stride = data[4]
+    if stride < 2:  # the records' reader drops the header and keeps the rest as it is
+        if strict:
+            raise ValueError(f"byte-shuffle stride {stride} (at least 2 expected)")
+        return data[5:]
+    src = np.frombuffer(data, dtype=np.uint8, offset=5)
+    n = src.size
+    out = np.empty(n, dtype=np.uint8)
+    start = 0
+    for pos in range(stride):
+        count = n // stride + (1 if pos < n % stride else 0)
+        out[pos::stride] = src[start : start + count]
+        start += count
+    return out.tobytes()
+
+
+# ------------------------------------------------------- the container's body
+def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: int = 0) -> bytes:
+    """One id byte (compressor id, | SHUFFLE_FLAG when shuffled) + the compressed payload.
+
+    `shuffle` is the byte-shuffle stride (0 for none; 2 suits fp16 data).
+    """
+    c = get(name)
+    lv = resolve_level(name, level)
+    if shuffle not in (0, *range(2, 256)):
+        raise PgolfError(f"byte shuffle stride {shuffle}: use 0 (none) or 2..255")
+    if shuffle and len(payload) < shuffle:
+        raise PgolfError(f"byte shuffle stride {shuffle} is longer than the {len(payload)}-byte payload")
+    body = byte_shuffle(payload, shuffle) if shuffle else payload
+    return bytes([c.id | (SHUFFLE_FLAG if shuffle else 0)]) + c.compress(body, lv)
+
+
+def unpack(blob: bytes) -> tuple[bytes, str, int]:
+    """(payload, compressor name, shuffle stride) from `pack`'s bytes; ValueError when damaged."""
+    if not blob:
+        raise ValueError("the compressor id byte is missing")
+    code = blob[0]
+    c = compressor_by_id(code & ~SHUFFLE_FLAG)
+    body = c.decompress(blob[1:])
+    if not code & SHUFFLE_FLAG:
+        return body, c.name, 0
+    stride = body[4] if len(body) >= 5 else 0
+    return byte_unshuffle(body, strict=True), c.name, stride

@@ -1,0 +1,139 @@
+"""Files in and out with one-line errors.
+
+Writes are atomic and durable: a reader sees the old file or the whole new one, also after
+a kill -9 or a power loss. The bytes go to a temp file beside the target, named
+`.<name>.pgolf-<pid>-<random>.tmp`, which is fsynced, renamed over the target, and the folder
+is fsynced. A temp file left by a killed writer (its process gone) is removed by the next
+write into the same folder. Reads take regular files only (a FIFO, a device or a folder is
+refused before anything is read) of a bounded size.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from core.common.errors import PgolfError
+
+_TEMP = re.compile(r"\..+\.pgolf-(\d+)-[^.]+\.tmp")  # what write_atomic names its temp files
+
+
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write `data` to a temp file beside `path`, fsync it, rename it over `path`, fsync the folder.
+
+    A failure (no permission, full disk, a folder in the way) raises PgolfError
+    naming `path`, and leaves neither a temp file nor a changed `path` behind.
+    """
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise PgolfError(f"cannot write {str(path)!r}: not a file name")
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
+        remove_stale_temps(path.parent)
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.pgolf-{os.getpid()}-", suffix=".tmp"
+        )
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; outputs are ordinary files
+        os.replace(tmp, path)
+        sync(path.parent)
+    except OSError as exc:
+        raise PgolfError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:  # gone already when the rename succeeded
+            Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def sync(path: str | Path) -> None:
+    """fsync a file, or a folder so that a rename into it survives a power loss (where the system allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems do not sync folders; the rename itself is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(folder: str | Path) -> None:
+    """Delete the temp files of write_atomic in `folder` whose writing process is gone."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        match = _TEMP.fullmatch(name)
+        if match and not _process_alive(int(match.group(1))):
+            Path(folder, name).unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: nothing is sent, the process is only looked up
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        pass  # it exists, another user's
+    return True
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line to a text file (a log); a failure (a full disk) is a PgolfError naming the file."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError as exc:
+        raise PgolfError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def make_dir(path: str | Path, what: str = "folder") -> Path:
+    """mkdir -p, with a PgolfError naming the folder (as `what`) when that is impossible."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PgolfError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def open_regular(path: str | Path, what: str, max_bytes: int | None = None) -> BinaryIO:
+    """`path` opened for reading, if it is a regular file of at most `max_bytes`; else a PgolfError
+    naming it (as `what`, e.g. "checkpoint"). Opening never blocks, even on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+    info = os.fstat(fd)
+    problem = None
+    if not stat.S_ISREG(info.st_mode):
+        problem = "is not a regular file (a folder, a FIFO or a device)"
+    elif max_bytes is not None and info.st_size > max_bytes:
+        problem = f"is {info.st_size:,} bytes, over the limit of {max_bytes:,}"
+    if problem is not None:
+        os.close(fd)
+        raise PgolfError(f"{what} {path} {problem}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_file(path: str | Path, what: str, max_bytes: int | None = None) -> bytes:
+    """The bytes of the regular file `path` (see `open_regular`); a PgolfError naming it when unreadable."""
+    with open_regular(path, what, max_bytes) as f:
+        try:
+            return f.read()
+        except OSError as exc:
+            raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None

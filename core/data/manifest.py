@@ -1,0 +1,92 @@
+"""The data manifest (`data/manifest.json`): the datasets and tokenizers a data folder holds.
+
+`data prepare` and `data download` add entries; `--dataset NAME` looks one up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from core.common.errors import PgolfError
+from core.common.files import write_atomic
+
+DATA_ROOT = "data"  # datasets/, tokenizers/ and manifest.json, relative to the working folder
+
+
+def read_manifest(root: str | Path) -> dict[str, Any]:
+    path = Path(root) / "manifest.json"
+    if not path.exists():
+        return {"datasets": [], "tokenizers": []}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PgolfError(f"manifest {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise PgolfError(f"manifest {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise PgolfError(f"cannot read manifest {path}: {exc.strerror or exc}") from None
+    if not isinstance(manifest, dict):
+        raise PgolfError(f"manifest {path} must be a JSON object")
+    for key in ("datasets", "tokenizers"):
+        entries = manifest.setdefault(key, [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise PgolfError(f"manifest {path}: '{key}' must be a list of objects")
+    return manifest
+
+
+def merge_manifest(root: Path, dataset: dict[str, Any], tokenizer: dict[str, Any]) -> None:
+    """Add or replace one dataset and its tokenizer, keeping every other entry."""
+    manifest = read_manifest(root)
+    for key, entry in (("datasets", dataset), ("tokenizers", tokenizer)):
+        others = [e for e in manifest[key] if e.get("name") != entry["name"]]
+        manifest[key] = [*others, entry]
+    write_atomic(root / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+
+
+def find_entries(manifest: dict[str, Any], name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The dataset entry `name` of a manifest and its tokenizer's entry; None when it lists no such dataset."""
+    datasets = [d for d in manifest.get("datasets") or [] if isinstance(d, dict) and d.get("name") == name]
+    if not datasets:
+        return None
+    tok_name = datasets[0].get("tokenizer_name")
+    tokenizers = [
+        t for t in manifest.get("tokenizers") or [] if isinstance(t, dict) and t.get("name") == tok_name
+    ]
+    if not tokenizers:
+        raise PgolfError(f"manifest: dataset {name} names tokenizer {tok_name!r}, which it does not list")
+    return datasets[0], tokenizers[0]
+
+
+def manifest_path(path: Any) -> str:
+    """A manifest path, refused if it could point outside the data folder."""
+    p = PurePosixPath(str(path))
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise PgolfError(f"manifest path {path!r} must be relative and stay inside the data folder")
+    return p.as_posix()
+
+
+def dataset_settings(name: str, root: str | Path = DATA_ROOT) -> dict[str, Any]:
+    """data_path, tokenizer_path and vocab_size of the dataset `name` listed in `root/manifest.json`."""
+    manifest = read_manifest(root)
+    found = find_entries(manifest, name)
+    if found is None:
+        listed = ", ".join(d.get("name", "?") for d in manifest["datasets"]) or "none yet"
+        raise PgolfError(
+            f"unknown dataset {name!r}: {Path(root) / 'manifest.json'} lists {listed} "
+            "(cli.py data prepare / data download add entries)"
+        )
+    dataset, tokenizer = found
+    try:
+        vocab_size = int(dataset["vocab_size"])
+        model = manifest_path(tokenizer["model_path"])
+    except (KeyError, TypeError, ValueError):
+        raise PgolfError(
+            f"manifest entry {name} lacks its vocab_size or its tokenizer's model_path"
+        ) from None
+    return {
+        "data_path": str(Path(root) / manifest_path(dataset.get("path") or f"datasets/{name}")),
+        "tokenizer_path": str(Path(root) / model),
+        "vocab_size": vocab_size,
+    }

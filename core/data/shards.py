@@ -1,0 +1,527 @@
+"""The challenge's token shard format, the training loaders and the validation split.
+
+Two training loaders with one interface (`next_batch`, `state`, `load_state`), picked by
+`Config.train_loader`: `BatchLoader`, upstream's sequential stream, and `CoprimeLoader`, the
+records' coprime-stride sampler over many shards at once.
+
+A shard is a header of 256 little-endian int32 (magic 20240520, version 1, token
+count, zeros) followed by that many little-endian uint16 token ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.common.files import open_regular, write_atomic
+from core.common.errors import PgolfError
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+MAX_VOCAB = 2**16  # token ids are stored as uint16
+
+log = logging.getLogger("pgolf")
+
+
+def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
+    """Write a shard atomically; the ids must be integers that fit uint16."""
+    tokens = np.asarray(tokens)
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {tokens.dtype}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() > 65_535):
+        bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
+        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {bad}")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
+    return write_atomic(path, header.tobytes() + tokens.astype("<u2").tobytes())
+
+
+def read_shard_header(path: str | Path) -> int:
+    """Validate a shard's header and size; return its token count."""
+    path = Path(path)
+    try:
+        with open_regular(path, "shard") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(HEADER_BYTES)
+    except OSError as exc:
+        raise PgolfError(f"shard {path}: cannot read ({exc.strerror})") from None
+    if len(raw) < HEADER_BYTES:
+        raise PgolfError(f"shard {path}: only {len(raw)} bytes, shorter than the {HEADER_BYTES}-byte header")
+    header = np.frombuffer(raw, dtype="<i4")
+    if header[0] != SHARD_MAGIC:
+        raise PgolfError(f"shard {path}: bad magic {header[0]} (expected {SHARD_MAGIC})")
+    if header[1] != SHARD_VERSION:
+        raise PgolfError(f"shard {path}: unsupported version {header[1]} (expected {SHARD_VERSION})")
+    count = int(header[2])
+    if count < 0:
+        raise PgolfError(f"shard {path}: negative token count {count}")
+    expected = HEADER_BYTES + 2 * count
+    if size != expected:
+        raise PgolfError(
+            f"shard {path}: {size} bytes, but its header promises {count} tokens ({expected} bytes)"
+        )
+    return count
+
+
+def read_shard(path: str | Path, vocab_size: int | None = None) -> np.ndarray:
+    """The token ids of a shard (uint16), checked against the vocabulary when given."""
+    count = read_shard_header(path)
+    tokens = np.fromfile(path, dtype="<u2", count=count, offset=HEADER_BYTES)
+    if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
+        raise PgolfError(
+            f"shard {path}: token id {int(tokens.max())} >= vocab_size {vocab_size}; "
+            "the shards do not match the tokenizer vocabulary"
+        )
+    return tokens
+
+
+def find_shards(data_path: str | Path, split: str) -> list[Path]:
+    folder = Path(data_path)
+    if not folder.is_dir():
+        raise PgolfError(f"dataset folder {folder} does not exist (run: python cli.py data prepare)")
+    try:
+        os.listdir(folder)  # glob finds nothing in a folder it may not list: say so instead
+    except OSError as exc:
+        raise PgolfError(f"dataset folder {folder}: cannot read ({exc.strerror or exc})") from None
+    files = sorted(folder.glob(f"fineweb_{split}_*.bin"))
+    if not files:
+        raise PgolfError(f"no fineweb_{split}_*.bin shards in {folder}")
+    return files
+
+
+class TokenStream:
+    """Shards read in order, one at a time, wrapping around forever."""
+
+    def __init__(self, files: list[Path], vocab_size: int | None = None):
+        if not files:
+            raise PgolfError("the token stream needs at least one shard")
+        self.files, self.vocab_size = list(files), vocab_size
+        # Check every header now: a bad shard should fail at start-up, not hours into a run.
+        if sum(read_shard_header(f) for f in self.files) == 0:
+            raise PgolfError(f"the shards {self.files[0]} ... {self.files[-1].name} hold no tokens")
+        self.file_index, self.position, self.epoch = 0, 0, 1
+        self.tokens = read_shard(self.files[0], vocab_size)
+
+    def _next_file(self) -> None:
+        self.file_index = (self.file_index + 1) % len(self.files)
+        if self.file_index == 0:
+            self.epoch += 1
+            log.warning(
+                "train data: starting epoch %d (the stream wrapped around to the first shard)", self.epoch
+            )
+        self.tokens = read_shard(self.files[self.file_index], self.vocab_size)
+        self.position = 0
+
+    def take(self, n: int) -> np.ndarray:
+        """The next n tokens (uint16); the result may be a view of the loaded shard."""
+        if n <= 0:
+            return np.zeros(0, dtype=np.uint16)
+        parts, remaining = [], n
+        while remaining > 0:
+            available = len(self.tokens) - self.position
+            if available <= 0:
+                self._next_file()
+                continue
+            k = min(remaining, available)
+            parts.append(self.tokens[self.position : self.position + k])
+            self.position += k
+            remaining -= k
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def state(self) -> dict[str, Any]:
+        return {"file_index": self.file_index, "position": self.position, "epoch": self.epoch}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        try:
+            index, position, epoch = int(state["file_index"]), int(state["position"]), int(state["epoch"])
+        except (KeyError, TypeError, ValueError):
+            raise PgolfError(f"data position {state!r} needs integer file_index, position, epoch") from None
+        if not 0 <= index < len(self.files):
+            raise PgolfError(
+                f"data position refers to shard #{index}, but there are {len(self.files)} shards"
+            )
+        tokens = self.tokens if index == self.file_index else read_shard(self.files[index], self.vocab_size)
+        if not 0 <= position <= len(tokens) or epoch < 1:
+            raise PgolfError(
+                f"data position {position} (epoch {epoch}) does not fit shard {self.files[index]} "
+                f"of {len(tokens)} tokens"
+            )
+        self.tokens, self.file_index, self.position, self.epoch = tokens, index, position, epoch
+
+
+def local_tokens(global_tokens: int, seq_len: int, world_size: int, accum_steps: int) -> int:
+    """Tokens of one micro-batch on one rank: a whole number of sequences, or an error."""
+    local = global_tokens // (world_size * accum_steps)
+    if local <= 0 or local % seq_len:
+        raise PgolfError(
+            f"{global_tokens} tokens per step over {world_size} ranks x {accum_steps} micro-steps "
+            f"is not a whole number of sequences of {seq_len}"
+        )
+    return local
+
+
+class BatchLoader:
+    """Rank-disjoint training batches: each call takes world_size spans of local+1 tokens.
+
+    Rank r gets span r; the "+1" lets (x, y) be built by shifting. So W ranks with
+    A micro-batches see exactly the tokens one process with W*A micro-batches sees.
+    Ids are int32, which both frameworks index embeddings with.
+    """
+
+    def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
+        if not 0 <= rank < world_size:
+            raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
+        self.stream = TokenStream(files, vocab_size)
+        self.rank, self.world_size = rank, world_size
+
+    def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        local = local_tokens(global_tokens, seq_len, self.world_size, accum_steps)
+        chunk = self.stream.take((local + 1) * self.world_size)
+        span = chunk[self.rank * (local + 1) : (self.rank + 1) * (local + 1)].astype(np.int32)
+        return span[:-1].reshape(-1, seq_len), span[1:].reshape(-1, seq_len)
+
+    def state(self) -> dict[str, Any]:
+        return self.stream.state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.stream.load_state(state)
+
+
+FNV_PRIME = 1_099_511_628_211
+MIX_RAMP_CALLS = 1800  # next_batch calls over which the shard mixture goes from few to many shards
+
+
+def shard_names_seed(files: list[Path]) -> int:
+    """The coprime loader's RNG seed: 64-bit FNV-1a (offset basis 0, as the records) over the UTF-8
+    bytes of the shard file names, concatenated in sorted order.
+
+    The records hash the path strings exactly as `glob` returned them, so their batches change with
+    the folder the data sits in; names alone give the same batches wherever the dataset is moved.
+    For a glob run inside the shard folder (the golden batches) the two are the same strings.
+    """
+    seed = 0
+    for name in sorted(Path(f).name for f in files):
+        for byte in name.encode():
+            seed = ((seed ^ byte) * FNV_PRIME) & 0xFFFF_FFFF_FFFF_FFFF
+    return seed
+
+
+class CoprimeLoader:
+    """The records' coprime-stride multi-shard loader (`DistributedTokenLoader`, 2026-03-29 to 04-04).
+
+    Every call samples one global list of windows of seq_len+1 tokens, the same on every rank (one
+    RNG, seeded by `shard_names_seed`); rank r takes windows r, r+W, ... Each shard has a cursor: a
+    random phase (offset < seq_len), the blocks of seq_len tokens after it, and a pass over those
+    blocks in the order start, start+stride, ... (mod blocks) with gcd(stride, blocks) = 1, so a pass
+    visits every block once; an exhausted cursor is drawn again (new phase, start and stride).
+    A call picks `mix` shards without replacement, weighted by remaining blocks^alpha, splits the
+    windows among them (one each plus a multinomial), takes each shard's windows from its cursor,
+    shuffles them and interleaves the shards round-robin in random order. Over the first 1800 calls
+    the mixture widens (8 to 32 shards, for W <= 4) and alpha falls from 0.9 to 0.5. The RNG draws,
+    their order and the arithmetic are the record's, so the batches are identical to its batches
+    for the same shard names (see tests/test_loader.py). Ids are int32, as from `BatchLoader`.
+    """
+
+    def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
+        if not 0 <= rank < world_size:
+            raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
+        if not files:
+            raise PgolfError("the coprime loader needs at least one shard")
+        self.files = sorted((Path(f) for f in files), key=lambda p: (p.name, str(p)))
+        self.rank, self.world_size, self.vocab_size = rank, world_size, vocab_size
+        # Check every header now: a bad shard should fail at start-up, not hours into a run.
+        self.num_tokens = np.array([read_shard_header(f) for f in self.files], dtype=np.int64)
+        for f, n in zip(self.files, self.num_tokens.tolist(), strict=True):
+            if n == 0:
+                raise PgolfError(f"shard {f}: holds no tokens")
+        self.seed = shard_names_seed(self.files)
+        self.rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.seq_len = 0  # fixed by the first call: the cursors are in blocks of seq_len
+        self.calls = 0
+        n = len(self.files)
+        self.phase = np.zeros(n, dtype=np.int64)
+        self.blocks = np.zeros(n, dtype=np.int64)
+        self.next = np.zeros(n, dtype=np.int64)  # blocks of the current pass already taken
+        self.start = np.zeros(n, dtype=np.int64)
+        self.stride = np.ones(n, dtype=np.int64)
+        self.active = np.zeros(n, dtype=np.bool_)  # the shard has a cursor
+        self._memmaps: dict[int, np.memmap] = {}
+
+    # ------------------------------------------------------------------ cursors
+    def _coprime_stride(self, blocks: int) -> int:
+        if blocks <= 1:
+            return 1
+        while True:
+            stride = int(self.rng.integers(1, blocks))
+            if math.gcd(stride, blocks) == 1:
+                return stride
+
+    def _new_cursor(self, si: int) -> None:
+        n, seq_len = int(self.num_tokens[si]), self.seq_len
+        max_phase = min(seq_len - 1, max(0, n - seq_len - 1))
+        phase = int(self.rng.integers(max_phase + 1)) if max_phase > 0 else 0
+        blocks = (n - 1 - phase) // seq_len
+        self.phase[si], self.blocks[si], self.next[si] = phase, blocks, 0
+        self.start[si] = int(self.rng.integers(blocks)) if blocks > 1 else 0
+        self.stride[si] = self._coprime_stride(blocks)
+        self.active[si] = True
+
+    def _take(self, si: int, count: int) -> list[tuple[int, int]]:
+        """The next `count` windows (shard, first token) of shard si, starting new passes as needed."""
+        out: list[tuple[int, int]] = []
+        while count > 0:
+            if not self.active[si] or self.next[si] >= self.blocks[si]:
+                self._new_cursor(si)
+            blocks, done = int(self.blocks[si]), int(self.next[si])
+            phase, start, stride = int(self.phase[si]), int(self.start[si]), int(self.stride[si])
+            k = min(count, blocks - done)
+            out.extend(
+                (si, phase + (start + j * stride) % blocks * self.seq_len) for j in range(done, done + k)
+            )
+            self.next[si] = done + k
+            count -= k
+        return out
+
+    # ------------------------------------------------------------------ sampling
+    def _global_windows(self, global_seqs: int) -> list[tuple[int, int]]:
+        """One call's windows for all ranks, with the record's RNG draws in the record's order."""
+        eligible = self._eligible
+        ec = len(eligible)
+        progress = min(self.calls / float(MIX_RAMP_CALLS), 1.0)
+        remaining = np.array(
+            [
+                float(max(int(self.blocks[si]) - int(self.next[si]), 1))
+                if self.active[si]
+                else float((int(self.num_tokens[si]) - 1) // self.seq_len)
+                for si in eligible.tolist()
+            ],
+            dtype=np.float64,
+        )
+        weights = np.power(remaining, 0.90 - 0.40 * progress)
+        total = float(weights.sum())
+        if not np.isfinite(total) or total <= 0.0:
+            weights = np.ones(ec, dtype=np.float64)
+            total = float(weights.sum())
+        probs = weights / total
+        low = min(max(8, self.world_size), ec, global_seqs)
+        high = min(max(32, self.world_size * 8), ec, global_seqs)
+        mix = max(1, min(round(low + progress * (high - low)), ec, global_seqs))
+
+        picked = self.rng.choice(ec, size=mix, replace=False, p=probs)
+        chosen = eligible[picked]
+        chosen_probs = probs[picked].copy()
+        chosen_probs /= chosen_probs.sum()
+        counts = np.ones(mix, dtype=np.int64)
+        if global_seqs > mix:
+            counts += self.rng.multinomial(global_seqs - mix, chosen_probs).astype(np.int64)
+        order = self.rng.permutation(mix)
+        chosen, counts = chosen[order], counts[order]
+
+        buckets: list[list[tuple[int, int]]] = []
+        for si, count in zip(chosen.tolist(), counts.tolist(), strict=True):
+            bucket = self._take(si, count)
+            if len(bucket) > 1:
+                bucket = [bucket[k] for k in self.rng.permutation(len(bucket)).tolist()]
+            if bucket:
+                buckets.append(bucket)
+        # Round-robin in a fresh random order each round; each bucket gives its last window.
+        windows: list[tuple[int, int]] = []
+        live = list(range(len(buckets)))
+        while live:
+            still = []
+            for i in self.rng.permutation(len(live)).tolist():
+                bucket = buckets[live[i]]
+                windows.append(bucket.pop())
+                if bucket:
+                    still.append(live[i])
+            live = still
+        return windows
+
+    def _shard(self, si: int) -> np.memmap:
+        if si not in self._memmaps:
+            self._memmaps[si] = np.memmap(
+                self.files[si], dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(self.num_tokens[si]),)
+            )
+        return self._memmaps[si]
+
+    @property
+    def _eligible(self) -> np.ndarray:
+        """Shards holding at least one window of seq_len+1 tokens, in file order."""
+        return np.nonzero((self.num_tokens - 1) // self.seq_len > 0)[0].astype(np.int64)
+
+    def _fix_seq_len(self, seq_len: int) -> None:
+        if self.seq_len == 0:
+            if seq_len <= 0:
+                raise PgolfError(f"sequence length must be positive, got {seq_len}")
+            self.seq_len = seq_len
+            short = [
+                f.name for f, n in zip(self.files, self.num_tokens.tolist(), strict=True) if n <= seq_len
+            ]
+            if len(short) == len(self.files):
+                raise PgolfError(
+                    f"no training shard in {self.files[0].parent} holds {seq_len + 1} tokens "
+                    f"(one sequence of {seq_len} plus its target)"
+                )
+            if short:
+                log.warning(
+                    "train data: %d shards shorter than %d tokens are skipped: %s",
+                    len(short),
+                    seq_len + 1,
+                    ", ".join(short[:5]) + (" ..." if len(short) > 5 else ""),
+                )
+        elif seq_len != self.seq_len:
+            raise PgolfError(
+                f"the coprime loader's cursors are in blocks of {self.seq_len} tokens; "
+                f"it cannot serve sequences of {seq_len}"
+            )
+
+    # ------------------------------------------------------------------ interface
+    def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        local = local_tokens(global_tokens, seq_len, self.world_size, accum_steps)
+        self._fix_seq_len(seq_len)
+        # Sizes follow each call's arguments (the record fixes them at its first call; the loop's never change).
+        windows = self._global_windows(local // seq_len * self.world_size)[self.rank :: self.world_size]
+        batch = np.empty((len(windows), seq_len + 1), dtype=np.int32)
+        for row, (si, pos) in enumerate(windows):
+            batch[row] = self._shard(si)[pos : pos + seq_len + 1]
+        if self.vocab_size is not None and batch.size and int(batch.max()) >= self.vocab_size:
+            row = int(np.argmax(batch.max(axis=1)))
+            raise PgolfError(
+                f"shard {self.files[windows[row][0]]}: token id {int(batch[row].max())} >= vocab_size "
+                f"{self.vocab_size}; the shards do not match the tokenizer vocabulary"
+            )
+        self.calls += 1
+        return batch[:, :-1], batch[:, 1:]
+
+    def state(self) -> dict[str, Any]:
+        """Everything a resume needs, JSON-safe; the same on every rank (the windows are global)."""
+        rng = self.rng.bit_generator.state
+        return {
+            "loader": "coprime",
+            "seed": str(self.seed),
+            "shards": len(self.files),
+            "seq_len": self.seq_len,
+            "calls": self.calls,
+            # 128-bit integers as decimal strings: JSON readers other than Python's lose their digits.
+            "rng": {
+                "state": str(rng["state"]["state"]),
+                "inc": str(rng["state"]["inc"]),
+                "has_uint32": int(rng["has_uint32"]),
+                "uinteger": int(rng["uinteger"]),
+            },
+            "cursors": {
+                "phase": self.phase.tolist(),
+                "blocks": self.blocks.tolist(),
+                "next": self.next.tolist(),
+                "start": self.start.tolist(),
+                "stride": self.stride.tolist(),
+                "active": self.active.tolist(),
+            },
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("loader") != "coprime":
+            keys = sorted(state) if isinstance(state, dict) else state
+            raise PgolfError(
+                f"data position {keys!r} was not written by the coprime loader (train_loader=coprime); "
+                "resume with the train_loader the run started with"
+            )
+        n = len(self.files)
+        try:
+            seed, shards = int(state["seed"]), int(state["shards"])
+            seq_len, calls = int(state["seq_len"]), int(state["calls"])
+            rng = state["rng"]
+            bit_state = {
+                "bit_generator": "PCG64",
+                "state": {"state": int(rng["state"]), "inc": int(rng["inc"])},
+                "has_uint32": int(rng["has_uint32"]),
+                "uinteger": int(rng["uinteger"]),
+            }
+            cursors = {
+                key: np.array(state["cursors"][key], dtype=np.bool_ if key == "active" else np.int64)
+                for key in ("phase", "blocks", "next", "start", "stride", "active")
+            }
+        except (KeyError, TypeError, ValueError):
+            raise PgolfError(
+                "the coprime loader's data position needs seed, shards, seq_len, calls, rng and cursors"
+            ) from None
+        if seed != self.seed or shards != n:
+            raise PgolfError(
+                f"the data position was saved over {shards} shards (names hash {seed}), but these are "
+                f"{n} shards (names hash {self.seed}) in {self.files[0].parent}"
+            )
+        if any(c.shape != (n,) for c in cursors.values()) or seq_len < 0 or calls < 0:
+            raise PgolfError(f"the coprime loader's data position does not describe {n} shards")
+        on = cursors["active"]
+        if seq_len and on.any():
+            expected = (self.num_tokens[on] - 1 - cursors["phase"][on]) // seq_len
+            if not (
+                np.array_equal(cursors["blocks"][on], expected)
+                and np.all((cursors["next"][on] >= 0) & (cursors["next"][on] <= expected))
+            ):
+                raise PgolfError(
+                    f"the coprime loader's data position does not fit the shards in {self.files[0].parent} "
+                    "(a shard changed size since it was saved)"
+                )
+        try:
+            self.rng.bit_generator.state = bit_state
+        except (TypeError, ValueError) as exc:
+            raise PgolfError(f"the coprime loader's RNG state is not valid: {exc}") from None
+        self.seq_len, self.calls = seq_len, calls
+        self.phase, self.blocks, self.next = cursors["phase"], cursors["blocks"], cursors["next"]
+        self.start, self.stride, self.active = cursors["start"], cursors["stride"], cursors["active"]
+
+
+TRAIN_LOADERS = {"sequential": BatchLoader, "coprime": CoprimeLoader}  # Config.train_loader's choices
+
+
+def make_train_loader(
+    kind: str, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None
+) -> BatchLoader | CoprimeLoader:
+    """The training loader Config.train_loader names."""
+    if kind not in TRAIN_LOADERS:
+        raise PgolfError(f"train_loader must be {' or '.join(TRAIN_LOADERS)}, got {kind!r}")
+    return TRAIN_LOADERS[kind](files, rank, world_size, vocab_size)
+
+
+def load_val_tokens(
+    files: list[Path], seq_len: int, max_tokens: int = 0, vocab_size: int | None = None
+) -> np.ndarray:
+    """All validation tokens, cut to whole sequences plus the one target token after them.
+
+    `max_tokens` > 0 caps the sequences scored (rounded down, but at least one): a quick eval.
+    """
+    if not files:
+        raise PgolfError("no validation shards were given")
+    tokens = np.concatenate([read_shard(f, vocab_size) for f in files])
+    usable = ((len(tokens) - 1) // seq_len) * seq_len
+    if max_tokens > 0:
+        usable = min(usable, max(max_tokens // seq_len, 1) * seq_len)
+    if usable <= 0:
+        raise PgolfError(
+            f"validation shards in {Path(files[0]).parent}: {len(tokens)} tokens, "
+            f"too few for one sequence of {seq_len} plus its target"
+        )
+    return tokens[: usable + 1]
+
+
+def val_spans(
+    n_tokens: int, seq_len: int, batch_seqs: int, rank: int = 0, world_size: int = 1
+) -> list[tuple[int, int]]:
+    """Token ranges [start, end) this rank scores, in batches of at most batch_seqs sequences.
+
+    Each range holds whole sequences plus the next token (the last target). Ranks get
+    contiguous, disjoint runs of sequences, split as upstream does.
+    """
+    total = (n_tokens - 1) // seq_len
+    first, last = total * rank // world_size, total * (rank + 1) // world_size
+    return [
+        (s * seq_len, min(s + batch_seqs, last) * seq_len + 1) for s in range(first, last, max(batch_seqs, 1))
+    ]

@@ -1,0 +1,61 @@
+"""Bits per byte: cross-entropy in bits divided by the UTF-8 bytes the tokens stand for."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from core.common.errors import PgolfError
+from core.data.tokenizer import ByteTables
+
+
+def token_bytes(prev_ids: np.ndarray, target_ids: np.ndarray, tables: ByteTables) -> np.ndarray:
+    """Bytes of text each target token adds, given the token before it."""
+    prev, target = np.asarray(prev_ids).reshape(-1), np.asarray(target_ids).reshape(-1)
+    space = tables.has_leading_space[target] & ~tables.is_boundary[prev]
+    return tables.base_bytes[target].astype(np.int64) + space
+
+
+class BPBMeter:
+    """float64 sums of nats, tokens and bytes; mergeable across ranks as a 3-vector."""
+
+    def __init__(self, tables: ByteTables):
+        self.tables = tables
+        self.nats = self.tokens = self.nbytes = 0.0
+
+    def add(self, nll_sum: float, prev_ids: np.ndarray, target_ids: np.ndarray) -> None:
+        self.nats += float(nll_sum)
+        self.count(prev_ids, target_ids)
+
+    def count(self, prev_ids: np.ndarray, target_ids: np.ndarray) -> None:
+        """The tokens and their bytes alone: host numpy, while the device computes their loss."""
+        self.tokens += float(np.size(target_ids))
+        self.nbytes += float(token_bytes(prev_ids, target_ids, self.tables).sum())
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.nats, self.tokens, self.nbytes], dtype=np.float64)
+
+    @classmethod
+    def from_array(cls, tables: ByteTables, values: np.ndarray) -> BPBMeter:
+        meter = cls(tables)
+        meter.nats, meter.tokens, meter.nbytes = (float(v) for v in values)
+        return meter
+
+    @property
+    def val_loss(self) -> float:
+        """Mean cross-entropy in nats per token."""
+        return self.nats / self.tokens if self.tokens else math.nan
+
+    @property
+    def val_bpb(self) -> float:
+        return self.nats / math.log(2.0) / self.nbytes if self.nbytes else math.nan
+
+    def require_finite(self, what: str) -> BPBMeter:
+        """self, or a PgolfError naming `what` when the score is not a finite number."""
+        if not (math.isfinite(self.val_loss) and math.isfinite(self.val_bpb)):
+            raise PgolfError(
+                f"{what}: the score is not finite (val_loss {self.val_loss}, val_bpb {self.val_bpb}): "
+                "the weights give NaN or infinite losses"
+            )
+        return self

@@ -1,0 +1,101 @@
+"""Scoring weights on the validation tokens: over non-overlapping sequences, or sliding windows.
+
+Each backend scores a span (`eval_nll`) or gives per-token losses (`token_losses`); this module
+cuts the validation tokens, counts their bytes and sums over ranks. `load_weights` turns any
+file of weights (a checkpoint, an artifact of any format) into float32 arrays and their config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from core.artifact.checkpoint import is_checkpoint, load_checkpoint
+from core.artifact.export import dequantize, read_artifact
+from core.config.fields import Config
+from core.data.shards import find_shards, load_val_tokens, val_spans
+from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
+from core.eval.bpb import BPBMeter
+from core.eval.sliding import SlidingEval, score_sliding, sliding_enabled
+from core.model.backend import Backend
+from core.model.params import config_for_params
+
+Progress = Callable[[int, int], None]  # (done, total) of something long
+
+
+@dataclass
+class EvalData:
+    """What scoring needs: the validation tokens and the tokenizer's byte tables."""
+
+    tokens: np.ndarray
+    tables: ByteTables
+
+
+def load_eval_data(cfg: Config) -> EvalData:
+    sp = load_tokenizer(cfg.tokenizer_path)
+    check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
+    tokens = load_val_tokens(
+        find_shards(cfg.data_path, "val"), cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size
+    )
+    return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size))
+
+
+def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
+    """val_loss and val_bpb over non-overlapping sequences of `eval_window` tokens, split over ranks."""
+    cfg = backend.cfg
+    seq = cfg.eval_window
+    batch_seqs = max(cfg.val_batch_size // cfg.grad_accum_steps // seq, 1)
+    spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size)
+    meter = BPBMeter(data.tables)
+    nll = 0.0  # then the framework's 0-d array: the sum stays on the device
+    for i, (start, end) in enumerate(spans):
+        chunk = data.tokens[start:end].astype(np.int32)
+        x, y = chunk[:-1].reshape(-1, seq), chunk[1:].reshape(-1, seq)
+        nll = nll + backend.eval_nll(x, y)  # queued, not waited for
+        meter.count(x, y)  # the bytes, on the host while the device works
+        if progress is not None:
+            progress(i + 1, len(spans))  # batches queued: the device may be a little behind
+    meter.nats = float(nll)  # the one wait for the device
+    return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+
+
+def evaluate_sliding(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
+    """val_loss and val_bpb with sliding windows (`eval_stride`, see core/eval/sliding.py), split over ranks."""
+    cfg = backend.cfg
+    ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
+    meter = score_sliding(
+        data.tokens, backend.token_losses, data.tables, ev, backend.rank, backend.world_size, progress
+    )
+    return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+
+
+Evaluator = Callable[[Backend, EvalData, Progress | None], BPBMeter]
+
+
+def evaluators(cfg: Config) -> dict[str, Evaluator]:
+    """The figures a final score reports: "plain" (non-overlapping sequences), and
+    "sliding_window" when `eval_stride` makes the windows overlap."""
+    out: dict[str, Evaluator] = {"plain": evaluate}
+    if sliding_enabled(cfg.eval_stride, cfg.eval_window):
+        out["sliding_window"] = evaluate_sliding
+    return out
+
+
+def load_weights(
+    path: str | Path, cfg: Config, allow_pickle: bool = False
+) -> tuple[dict[str, np.ndarray], Config]:
+    """Float32 weights from a checkpoint or an artifact (any format core.artifact.export reads), and the
+    config they fit.
+
+    A checkpoint brings its own model config; for an artifact the shape is read
+    off the tensors. Data paths and evaluation settings always come from `cfg`.
+    """
+    cfg.validate()
+    if is_checkpoint(path):
+        params = load_checkpoint(path).params
+    else:
+        params = dequantize(read_artifact(path, allow_pickle=allow_pickle))
+    return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()}).validate()

@@ -1,0 +1,150 @@
+"""Sliding-window evaluation, framework-neutral half: which windows, and how they are scored.
+
+The settings (the records' environment variables):
+- EVAL_SEQ_LEN (`seq_len`): tokens in each window, context plus scored ones;
+- EVAL_STRIDE (`stride`): how far each window moves on, and how many tokens it
+  scores. Sliding evaluation is used when 0 < stride < seq_len; stride == seq_len
+  gives the plain evaluation over non-overlapping sequences, with the same result;
+- EVAL_BATCH_SEQS (`batch_seqs`): windows per forward pass on each rank: speed and
+  memory only, the result is the same up to float rounding.
+
+With N = len(tokens) - 1 targets, windows start at 0, stride, 2*stride, ... The
+first window scores all its tokens; each later one only its last `stride` (the ones
+before are context), so every target is scored exactly once and with at least
+seq_len - stride tokens of context. The windows are split over ranks in contiguous
+runs and each rank's run is cut into batches; a rank's result is a BPBMeter (sums of
+nats, tokens and bytes) to be added up across ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.common.errors import PgolfError
+from core.data.tokenizer import ByteTables
+from core.eval.bpb import BPBMeter
+
+__all__ = [
+    "SlidingEval",
+    "WindowPlan",
+    "batch_arrays",
+    "plan_windows",
+    "rank_windows",
+    "score_sliding",
+    "sliding_enabled",
+    "window_batches",
+]
+
+TokenLosses = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, y) int64 (B, T) -> NLL in nats (B, T)
+
+
+def sliding_enabled(stride: int, seq_len: int) -> bool:
+    """EVAL_STRIDE's rule: sliding evaluation runs when 0 < stride < seq_len."""
+    return 0 < stride < seq_len
+
+
+@dataclass(frozen=True)
+class SlidingEval:
+    seq_len: int  # EVAL_SEQ_LEN: tokens per window (context + scored)
+    stride: int = 64  # EVAL_STRIDE: tokens each window advances by and scores
+    batch_seqs: int = 32  # EVAL_BATCH_SEQS: windows per forward pass on each rank
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "stride", "batch_seqs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PgolfError(f"sliding evaluation: {name} = {value!r} should be a whole number >= 1")
+        if self.stride > self.seq_len:
+            raise PgolfError(
+                f"sliding evaluation: stride {self.stride} is longer than the window ({self.seq_len}): "
+                "tokens between windows would never be scored"
+            )
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    starts: np.ndarray  # int64: index of each window's first input token
+    lengths: np.ndarray  # int64: tokens in the window (seq_len, fewer only at the end)
+    score_from: np.ndarray  # int64: first scored position in the window
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: slice) -> WindowPlan:
+        return WindowPlan(self.starts[index], self.lengths[index], self.score_from[index])
+
+
+def plan_windows(total_tokens: int, seq_len: int, stride: int) -> WindowPlan:
+    """The windows over `total_tokens` targets (tokens[1:] predicted from tokens[:-1])."""
+    SlidingEval(seq_len, stride)
+    context = seq_len - stride
+    # The corrected rule (record 2026-04-01): a start ws is used only while
+    # ws + seq_len - stride < total_tokens, i.e. while it has a target of its own to score.
+    # The earlier records kept every start with at least one token, so the short windows
+    # at the end scored their last `stride` targets a second time. The first window scores
+    # from 0, so it is kept whenever there is a target (the record drops it, and scores
+    # nothing, when total_tokens <= seq_len - stride).
+    starts = np.arange(0, max(total_tokens, 0), stride, dtype=np.int64)
+    starts = starts[(starts == 0) | (starts + context < total_tokens)]
+    lengths = np.minimum(starts + seq_len, total_tokens) - starts
+    score_from = np.where(starts == 0, 0, context).astype(np.int64)
+    return WindowPlan(starts, lengths, score_from)
+
+
+def rank_windows(plan: WindowPlan, rank: int, world_size: int) -> WindowPlan:
+    """This rank's contiguous run of windows: [n*rank // world, n*(rank+1) // world)."""
+    if not 0 <= rank < world_size:
+        raise PgolfError(f"sliding evaluation: rank {rank} is not in 0..{world_size - 1}")
+    n = len(plan)
+    return plan[n * rank // world_size : n * (rank + 1) // world_size]
+
+
+def window_batches(plan: WindowPlan, batch_seqs: int) -> Iterator[WindowPlan]:
+    for i in range(0, len(plan), batch_seqs):
+        yield plan[i : i + batch_seqs]
+
+
+def batch_arrays(tokens: np.ndarray, batch: WindowPlan, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs and targets (B, seq_len) int64; positions past a short window's end are 0."""
+    pos = np.arange(seq_len, dtype=np.int64)
+    inside = pos[None, :] < batch.lengths[:, None]
+    index = np.where(inside, batch.starts[:, None] + pos[None, :], 0)
+    x = np.where(inside, tokens[index], 0).astype(np.int64)
+    y = np.where(inside, tokens[index + 1], 0).astype(np.int64)
+    return x, y
+
+
+def score_sliding(
+    tokens: np.ndarray,
+    token_losses: TokenLosses,
+    tables: ByteTables,
+    ev: SlidingEval,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> BPBMeter:
+    """This rank's sums of nats, scored tokens and their bytes (a BPBMeter; add them over ranks).
+
+    `token_losses(x, y)` returns the per-token NLL in nats, shape (B, seq_len), for
+    int64 inputs and targets of shape (B, seq_len); `progress(done, total)` follows the batches.
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        raise PgolfError(f"sliding evaluation: tokens should be a 1-D integer array, not {tokens.dtype}")
+    plan = rank_windows(plan_windows(tokens.size - 1, ev.seq_len, ev.stride), rank, world_size)
+    meter = BPBMeter(tables)
+    pos = np.arange(ev.seq_len)
+    total = -(-len(plan) // ev.batch_seqs)
+    for i, batch in enumerate(window_batches(plan, ev.batch_seqs)):
+        x, y = batch_arrays(tokens, batch, ev.seq_len)
+        nll = np.asarray(token_losses(x, y))
+        if nll.shape != x.shape:
+            raise PgolfError(f"sliding evaluation: token losses of shape {nll.shape}, expected {x.shape}")
+        scored = (pos[None, :] >= batch.score_from[:, None]) & (pos[None, :] < batch.lengths[:, None])
+        meter.add(nll[scored].astype(np.float64).sum(), x[scored], y[scored])
+        if progress is not None:
+            progress(i + 1, total)
+    return meter

@@ -1,0 +1,222 @@
+"""The backends: the one registry of them, and the small interface each implements for `core.train.loop`.
+
+The driver owns everything framework-neutral (data, schedules, timing,
+validation, logging, checkpoints, export). A backend owns only the model, the
+optimizers and the collectives, and exchanges state as numpy in the canonical
+layout of `core.model.params`:
+
+- parameters: `{name: float32 array}` with the names of `param_specs`;
+- optimizer state: `{"step": int64 0-d array}` (optimizer steps taken) plus, per
+  parameter, `"exp_avg/<name>"` and `"exp_avg_sq/<name>"` (Adam groups) or
+  `"momentum_buffer/<name>"` (Muon group), and `"ema/<name>"` when `ema_decay` > 0,
+  all float32.
+
+A backend is the module `<package>.backend` of its entry in BACKENDS, with a
+function `create_backend(cfg)`; it checks the config options that only it reads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from core.common.errors import PgolfError, did_you_mean
+from core.config.fields import Config
+from core.model.params import memory_estimate
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str  # the --backend value
+    package: str  # the folder holding model.py, optim.py and backend.py
+    framework: str  # the module it needs installed, and the pgolf extra that installs it
+    title: str  # how people call the framework
+
+    @property
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.framework) is not None
+
+
+BACKENDS = {
+    "cuda": BackendInfo("cuda", "cuda_train", "torch", "PyTorch"),
+    "mlx": BackendInfo("mlx", "mlx_train", "mlx", "MLX"),
+}
+ALIASES = {"torch": "cuda"}
+CHOICES = ("auto", *BACKENDS, *ALIASES)
+
+
+def pick(name: str) -> BackendInfo:
+    """The backend a --backend value means; auto: MLX on Apple silicon when installed, else PyTorch."""
+    name = ALIASES.get(name, name)
+    if name in BACKENDS:
+        return BACKENDS[name]
+    if name != "auto":
+        raise PgolfError(
+            f"unknown backend {name!r}{did_you_mean(name, CHOICES)} (choose from {', '.join(CHOICES)})"
+        )
+    on_apple = sys.platform == "darwin" and platform.machine() == "arm64"
+    order = ("mlx", "cuda") if on_apple else ("cuda", "mlx")
+    for candidate in order:
+        if BACKENDS[candidate].installed:
+            return BACKENDS[candidate]
+    raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
+
+
+def installed() -> list[BackendInfo]:
+    return [info for info in BACKENDS.values() if info.installed]
+
+
+def _module(info: BackendInfo) -> Any:
+    if not info.installed:
+        raise PgolfError(
+            f"the {info.name} backend needs {info.framework}: pip install 'pgolf[{info.framework}]'"
+        )
+    return importlib.import_module(f"{info.package}.backend")
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """The memory one training process may fill, as its backend reports it."""
+
+    bytes: int
+    what: str  # e.g. "free memory of cuda:0", "physical RAM"
+    gpu: bool  # the compute dtype follows (bf16 by default on a GPU)
+    forward_tokens: int | None = None  # the largest batch one forward holds, when below a micro-batch
+
+
+def physical_ram() -> int | None:
+    """Bytes of RAM in this machine, if the system says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(cfg: Config, device: DeviceMemory | None) -> None:
+    """Refuse a training config whose estimated memory (core.model.params.memory_estimate) exceeds the device's."""
+    if not cfg.memory_check or device is None:
+        return
+    need = memory_estimate(cfg, cfg.uses_bf16(device.gpu), device.forward_tokens)
+    if need["total"] > device.bytes:
+
+        def gib(n: int) -> str:
+            return f"{n / 2**30:,.1f} GiB"
+
+        raise PgolfError(
+            f"config: training needs about {gib(need['total'])} per device (parameters and gradients "
+            f"{gib(need['params'])}, optimizer state {gib(need['optimizer'])}, activations "
+            f"{gib(need['activations'])}) but the {device.what} is {gib(device.bytes)}: lower model_dim, "
+            "num_layers or train_batch_tokens, or raise grad_accum_steps (--no-memory-check to try anyway)"
+        )
+
+
+def check_config(name: str, cfg: Config) -> None:
+    """The shared checks, those of the backend's own options, then the memory a training run needs
+    against the device's (before any data is prepared or anything is allocated)."""
+    info = pick(name)
+    cfg.validate()
+    module = _module(info)
+    module.check_config(cfg)
+    check_memory(cfg, module.device_memory(cfg))
+
+
+def create(name: str, cfg: Config) -> Backend:
+    info = pick(name)
+    module = _module(info)
+    module.check_config(cfg)
+    return module.create_backend(cfg)
+
+
+class Backend(Protocol):
+    name: str  # "cuda" or "mlx": the --backend value
+    cfg: Config  # the run's one config; the loop reads it from here
+    rank: int  # this process's rank (0 when not distributed)
+    world_size: int  # number of processes training together
+    device: str  # human-readable device, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)" or "cpu"
+    bf16: bool  # whether matmuls run in bfloat16 (the embedding is then stored in bf16)
+    peak_flops: float | None  # dense bf16/fp32 peak of the device in FLOP/s for MFU; None if unknown
+
+    def load_params(self, params: dict[str, np.ndarray]) -> None:
+        """Copy canonical float32 arrays into the model (cast to each parameter's dtype)."""
+
+    def params(self) -> dict[str, np.ndarray]:
+        """The model's parameters as canonical float32 numpy arrays."""
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizers' state (and the weights' moving average) in the canonical layout above."""
+
+    def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restore what `optimizer_state` returned (possibly from the other backend)."""
+
+    def train_step(
+        self, micro_batches: list[tuple[np.ndarray, np.ndarray]], lr_mult: float, muon_momentum: float
+    ) -> Any:
+        """One optimizer step on this rank's micro-batches (x, y int32 of shape (B, T)).
+
+        Gradients are averaged over all micro-batches of all ranks; every base lr
+        is multiplied by `lr_mult`; Muon uses `muon_momentum`; the moving average
+        of the weights follows. Returns this rank's mean training loss as a 0-d
+        array of the framework, left on the device (`float()` it to wait for it).
+        """
+
+    def set_looping(self, active: bool) -> None:
+        """Run the looped layer layout (depth recurrence, `num_loops` > 0) from now on, or not.
+
+        A new backend starts looped when num_loops > 0, the state a trained model is
+        scored in; the training loop sets it from the schedule. The flag reaches the
+        compiled step and evaluation as an argument, so flipping it takes effect under
+        compilation (one more graph, built once). Without num_loops it changes nothing.
+        """
+
+    def eval_nll(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """Sum over all tokens of the cross-entropy in nats (model in eval mode).
+
+        A 0-d array of the framework, left on the device and not waited for, in float64 where
+        the device has it: the caller adds these up with `+` and calls `float()` once at the
+        end, so that an evaluation pass waits for the device once, not once per batch.
+        """
+
+    def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Cross-entropy in nats of every token (B, T), float32 on the host (eval mode): what
+        sliding-window evaluation scores a window's last tokens with."""
+
+    def input_hessians(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        """GPTQ's calibration on this rank: for each linear layer's weight (by parameter name), the
+        sum over `batches` of X^T X, X (tokens, in_features) its inputs in fp32. The output head's
+        input is the final hidden state, named by the head's weight (`tok_emb.weight` when tied).
+        A looped layer adds each visit's inputs."""
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """float32 logits (B, T, V) after the softcap, for parity checks."""
+
+    def decoder(self) -> Callable[[np.ndarray], np.ndarray]:
+        """A new generation: a function that takes the next token ids (1-D int32; the prompt first,
+        then one at a time) and returns the float32 logits after the last of them. Keys and values of
+        the ids it has seen are kept between calls (a KV cache), so each call costs its own tokens."""
+
+    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
+        """Sum a float64 vector over ranks (identity when world_size is 1); also a barrier."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that wall-clock timings are honest."""
+
+    def peak_memory_bytes(self) -> int | None:
+        """Peak device memory in use so far, if the framework can tell."""
+
+    def close(self, failed: bool = False) -> int | None:
+        """Release process groups and other resources.
+
+        After a success every rank leaves together. After a failure (`failed`: an exception is
+        ending the command) this rank waits for no other, as they may be gone or stuck in a
+        collective, and returns the rank whose failure came first in the job when it can tell
+        (this one or another), so that the error of that rank alone is shown; the process is
+        then expected to end at once, which is what makes the other ranks' collectives fail.
+        """

@@ -1,0 +1,280 @@
+"""Every parameter of the GPT, declared once: name, shape, initialisation, optimizer
+group, storage dtype and artifact class.
+
+`param_specs(cfg)` is the one table. Everything else is derived from it:
+- the initial weights (`init_params`, numpy, so one seed gives the same weights in both backends);
+- the optimizer groups: Muon or Adam, base learning rate and weight decay (`core.model.optim.GROUPS`);
+- the canonical optimizer state and checkpoint layout (`optimizer_state_shapes`);
+- the dtype each parameter is kept in (`storage_dtypes`);
+- the class the quantizer treats it as (`artifact_classes`).
+
+A backend builds its modules with these names and shapes, and a test checks that
+each backend's model and this table cover each other exactly, for every feature.
+The names are the challenge scripts' state-dict keys (the key set of an artifact).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.common.errors import PgolfError
+from core.config.fields import MAX_LAYERS, Config
+
+KINDS = ("embedding", "attention", "mlp", "other", "control")  # artifact classes
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter: what it is, how it starts, how it is trained, stored and quantized."""
+
+    shape: tuple[int, ...]
+    init: str  # normal (std = value) | uniform (+-1/sqrt(fan_in)) | const (= value) | resid_mix
+    group: str  # optimizer group, a key of core.model.optim.GROUPS
+    kind: str  # artifact class, one of KINDS; "control" tensors stay fp32 in every artifact
+    value: float = 0.0  # the std of "normal", the fill of "const"
+    low_precision: bool = False  # kept in the compute dtype (bf16 runs), not fp32
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)  # Python ints: no overflow, however absurd the config
+
+
+def _matrix(rows: int, cols: int, kind: str, zero: bool = False) -> ParamSpec:
+    """A linear layer's weight (out, in), trained by Muon; output projections start at zero."""
+    return ParamSpec((rows, cols), "const" if zero else "uniform", "matrix", kind)
+
+
+def _control(shape: tuple[int, ...], value: float = 1.0, init: str = "const") -> ParamSpec:
+    """A small tensor that steers the residual stream: Adam at the scalar lr, fp32 everywhere."""
+    return ParamSpec(shape, init, "scalar", "control", value)
+
+
+def num_skip_weights(cfg: Config) -> int:
+    """U-Net skip connections: as many as the shorter half, of the looped layout when there is one
+    (with looping off the decoder then uses only the first num_layers // 2)."""
+    encoder, decoder = cfg.layer_layout(looping=cfg.num_loops > 0)
+    return min(len(encoder), len(decoder))
+
+
+def mlp_hidden(cfg: Config) -> int:
+    """MLP width: mlp_mult * model_dim, rounded down (mlp_mult may be fractional)."""
+    return int(cfg.mlp_mult * cfg.model_dim)
+
+
+def head_weight_name(cfg: Config) -> str:
+    """The weight the output head multiplies the final hidden state by."""
+    return "tok_emb.weight" if cfg.tie_embeddings else "lm_head.weight"
+
+
+def param_specs(cfg: Config) -> dict[str, ParamSpec]:
+    """The table: every parameter the configured model has, in a fixed order (the init draw order)."""
+    d, kv_dim, hidden = cfg.model_dim, cfg.num_kv_heads * cfg.head_dim, mlp_hidden(cfg)
+    emb_std = cfg.tied_embed_init_std if cfg.tie_embeddings else 1.0
+    specs: dict[str, ParamSpec] = {
+        "tok_emb.weight": ParamSpec((cfg.vocab_size, d), "normal", "embed", "embedding", emb_std, True),
+        "skip_weights": _control((num_skip_weights(cfg), d)),
+    }
+    if cfg.skip_gates_enabled:  # sigmoid(0) = 1/2: each skip starts half blended in
+        specs["skip_gates"] = _control((num_skip_weights(cfg), d), 0.0)
+    for i in range(cfg.num_layers):
+        b = f"blocks.{i}."
+        specs[b + "attn.c_q.weight"] = _matrix(d, d, "attention")
+        specs[b + "attn.c_k.weight"] = _matrix(kv_dim, d, "attention")
+        specs[b + "attn.c_v.weight"] = _matrix(kv_dim, d, "attention")
+        specs[b + "attn.proj.weight"] = _matrix(d, d, "attention", zero=True)
+        specs[b + "attn.q_gain"] = _control((cfg.num_heads,), cfg.qk_gain_init)
+        specs[b + "mlp.fc.weight"] = _matrix(hidden, d, "mlp")
+        specs[b + "mlp.proj.weight"] = _matrix(d, hidden, "mlp", zero=True)
+        specs[b + "attn_scale"] = _control((d,))
+        specs[b + "mlp_scale"] = _control((d,))
+        specs[b + "resid_mix"] = _control((2, d), init="resid_mix")
+    if cfg.ve_enabled:
+        # One shared value embedding, its scale, and a scale per receiving layer. Its classes follow
+        # the records' quantizer: the table is "other" (int8 there), the projection "attention".
+        specs["ve_shared.embed.weight"] = ParamSpec(
+            (cfg.vocab_size, cfg.ve_dim), "normal", "embed", "other", 0.01, True
+        )
+        if cfg.ve_dim != kv_dim:
+            specs["ve_shared.proj.weight"] = _matrix(kv_dim, cfg.ve_dim, "attention", zero=True)
+        specs["ve_shared.scale"] = _control((), 0.1)
+        for j in range(len(cfg.ve_layer_indices)):
+            specs[f"ve_layer_scales.{j}"] = _control((1,))
+    if not cfg.tie_embeddings:
+        specs["lm_head.weight"] = ParamSpec((cfg.vocab_size, d), "const", "head", "embedding")
+    if cfg.parallel_start_layer > 0:
+        # Per physical layer: [i, sublayer (0 attention, 1 MLP), lane] writes and [i, lane] residual keeps.
+        specs["parallel_post_lambdas"] = _control((cfg.num_layers, 2, 2))
+        specs["parallel_resid_lambdas"] = _control((cfg.num_layers, 2), 1.1)
+    return specs
+
+
+def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    return {name: spec.shape for name, spec in param_specs(cfg).items()}
+
+
+def optimizer_state_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The canonical optimizer state of `core.model.backend`: a step counter, then Muon
+    momentum for matrices and Adam moments for everything else, and the moving
+    average of the weights when `ema_decay` > 0, each shaped like its parameter."""
+    shapes: dict[str, tuple[int, ...]] = {"step": ()}
+    for name, spec in param_specs(cfg).items():
+        keys = ("momentum_buffer",) if spec.group == "matrix" else ("exp_avg", "exp_avg_sq")
+        keys += ("ema",) if cfg.ema_decay > 0 else ()
+        shapes.update({f"{key}/{name}": spec.shape for key in keys})
+    return shapes
+
+
+def storage_dtypes(cfg: Config, bf16: bool) -> dict[str, str]:
+    """The dtype each parameter is kept in by the model (recorded in the artifact).
+
+    With bf16 compute the embeddings live in bf16 (as upstream); linear weights and
+    control tensors stay fp32 and are cast at the matmul.
+    """
+    return {
+        name: "bfloat16" if bf16 and spec.low_precision else "float32"
+        for name, spec in param_specs(cfg).items()
+    }
+
+
+def artifact_classes(cfg: Config) -> dict[str, str]:
+    """The class of each parameter for the quantizer (one of KINDS)."""
+    return {name: spec.kind for name, spec in param_specs(cfg).items()}
+
+
+def round_to_bfloat16(a: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 value (round half to even), returned as float32."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    rounded = ((bits + rounding) & np.uint32(0xFFFF0000)).astype(np.uint32)
+    # NaN must stay NaN: adding the rounding bias could carry it into infinity.
+    rounded = np.where(np.isnan(a), bits | np.uint32(0x00400000), rounded).astype(np.uint32)
+    return rounded.view(np.float32).reshape(np.shape(a))
+
+
+def _initial_value(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
+    if spec.init == "normal":
+        return rng.normal(0.0, spec.value, size=spec.shape)
+    if spec.init == "uniform":  # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        bound = 1.0 / np.sqrt(spec.shape[1])
+        return rng.uniform(-bound, bound, size=spec.shape)
+    if spec.init == "const":
+        return np.full(spec.shape, spec.value)
+    if spec.init == "resid_mix":  # [1, 0]: the block starts from the residual alone
+        return np.stack([np.ones(spec.shape[1]), np.zeros(spec.shape[1])])
+    raise ValueError(f"unknown init rule {spec.init!r}")
+
+
+def init_params(cfg: Config, seed: int | None = None, bf16: bool = False) -> dict[str, np.ndarray]:
+    """Fresh weights as float32 numpy arrays, the same for both backends.
+
+    Random tensors are drawn from one generator in the table's order; with bf16
+    compute the low-precision ones are rounded to bf16 values.
+    """
+    rng = np.random.default_rng(cfg.seed if seed is None else seed)
+    out: dict[str, np.ndarray] = {}
+    for name, spec in param_specs(cfg).items():
+        value = _initial_value(spec, rng).astype(np.float32)
+        out[name] = round_to_bfloat16(value) if bf16 and spec.low_precision else value
+    return out
+
+
+def count_params(cfg: Config) -> int:
+    return sum(spec.numel for spec in param_specs(cfg).values())
+
+
+def flops_per_token(cfg: Config) -> float:
+    """Training FLOPs per token: 6 per matmul weight (forward + backward) plus causal attention.
+
+    The attention term is 6 * layers * dim * seq_len for a causal mask (half of the
+    full 12 * L * d * T); the tied output head counts as a matmul.
+    """
+    matmul = sum(s.numel for s in param_specs(cfg).values() if len(s.shape) == 2 and s.kind != "control")
+    return 6.0 * matmul + 6.0 * cfg.num_layers * cfg.model_dim * cfg.train_seq_len
+
+
+def memory_estimate(cfg: Config, bf16: bool, forward_tokens: int | None = None) -> dict[str, int]:
+    """Bytes one device needs to train `cfg`, a rough lower estimate, by part:
+
+    - "params": the parameters and their gradients, fp32 (4 + 4 bytes each);
+    - "optimizer": the optimizer state of `optimizer_state_shapes`, fp32;
+    - "activations": what one micro-batch keeps for its backward pass. `forward_tokens` tokens
+      (at most a micro-batch, train_batch_tokens // grad_accum_steps) times, per layer visited,
+      12 x model_dim + 3 x MLP width values in the compute dtype (2 bytes in bf16, else 4),
+      plus 3 x vocab_size fp32 values for the logits, their softmax and its gradient.
+    Workspaces, compile caches and fragmentation come on top: a run refused by this estimate
+    cannot fit, one that passes may still not.
+    """
+    params = count_params(cfg)
+    optimizer = sum(math.prod(shape) for shape in optimizer_state_shapes(cfg).values())
+    tokens = cfg.train_batch_tokens // cfg.grad_accum_steps
+    tokens = min(tokens, forward_tokens) if forward_tokens else tokens
+    visits = cfg.num_layers + (
+        cfg.num_loops * (cfg.loop_end - cfg.loop_start + 1) if cfg.num_loops > 0 else 0
+    )
+    per_token = visits * (12 * cfg.model_dim + 3 * mlp_hidden(cfg)) * (2 if bf16 else 4)
+    per_token += 3 * cfg.vocab_size * 4
+    parts = {"params": 8 * params, "optimizer": 4 * optimizer, "activations": tokens * per_token}
+    return parts | {"total": sum(parts.values())}
+
+
+def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> None:
+    """Refuse tensors that are not exactly the configured model's parameters, naming the first mismatch."""
+    expected = param_shapes(cfg)
+    extra = sorted(set(shapes) - set(expected))
+    missing = [n for n in expected if n not in shapes]
+    if extra:
+        raise PgolfError(f"{what}: unexpected tensor {extra[0]!r} for this model config")
+    if missing:
+        raise PgolfError(f"{what}: missing tensor {missing[0]!r} for this model config")
+    for name, shape in expected.items():
+        if tuple(shapes[name]) != shape:
+            raise PgolfError(f"{what}: {name} is shape {tuple(shapes[name])}, but the config expects {shape}")
+
+
+def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config:
+    """`cfg` with the model shape read off a set of weights (e.g. an upstream artifact).
+
+    Everything the shapes determine is taken from them: vocabulary, width, depth,
+    heads (q_gain has one entry per head), KV heads, MLP width and head tying.
+    Settings that leave no trace in the shapes (softcap, RoPE) stay as in `cfg`.
+    """
+    try:
+        vocab, dim = shapes["tok_emb.weight"]
+        # A name's layer index is checked before anything is sized by it (a damaged one reads
+        # blocks.999999999): at most MAX_LAYERS, and no more layers than there are tensors.
+        layers = 1 + max(_layer_index(n) for n in shapes if n.startswith("blocks."))
+        if layers > min(len(shapes), MAX_LAYERS):
+            raise PgolfError(
+                f"weights: a block index up to {layers - 1} among {len(shapes)} tensors "
+                f"(a model has at most {MAX_LAYERS} layers, each of several tensors)"
+            )
+        heads = shapes["blocks.0.attn.q_gain"][0]
+        kv_heads = shapes["blocks.0.attn.c_k.weight"][0] // (dim // heads)
+        hidden = shapes["blocks.0.mlp.fc.weight"][0]
+    except (KeyError, ValueError, IndexError, ZeroDivisionError, TypeError):
+        raise PgolfError(
+            "weights do not have the layout of pgolf's GPT (missing or malformed tensors)"
+        ) from None
+    mlp_mult = hidden / dim
+    out = cfg.replace(
+        vocab_size=vocab,
+        model_dim=dim,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        mlp_mult=int(mlp_mult) if float(mlp_mult).is_integer() else mlp_mult,
+        tie_embeddings="lm_head.weight" not in shapes,
+    )
+    check_layout(out, shapes, "weights")
+    return out
+
+
+def _layer_index(name: str) -> int:
+    """The N of "blocks.N.…"; ValueError when it is not a plain decimal number."""
+    part = name.split(".")[1] if name.count(".") >= 2 else ""
+    if not (part.isascii() and part.isdigit()):
+        raise ValueError(f"layer index of {name!r}")
+    return int(part)

@@ -1,0 +1,314 @@
+"""One self-contained `train_gpt.py` for a run: the code the challenge counts, and what `package` writes.
+
+The file holds the source of every pgolf module a PyTorch training run imports (found
+by following the imports from `ENTRY`: no CLI, corpus, download, plots or MLX), the
+run's config as its defaults, and a `main` that trains with it. It runs with `torchrun`
+or plain `python` from any folder, pgolf not installed: the modules are served to
+`import` from the file itself. Upstream environment variables (`DATA_PATH`,
+`TOKENIZER_PATH`, `SEED`, `RUN_ID`, `ITERATIONS`, `MATRIX_LR`, ...) override the
+defaults, as in pgolf.
+
+Two forms:
+- plain: the modules' sources as they are, readable;
+- compressed (the default, and the size every report calls the run's code bytes):
+  each module minified (docstrings, comments and the config fields' help texts dropped
+  by a round trip through `ast`), the whole script lzma-compressed and base85-encoded
+  in a two-line script that decompresses and runs it.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import lzma
+from pathlib import Path
+
+from core.config.fields import Config
+from core.common.errors import PgolfError
+from core.runs.summary import RunSummary, summarize
+from core.runs.stats import mean_std
+
+__all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = ("core.train.loop", "cuda_train.backend")  # what main() imports; the rest follows from their imports
+PACKAGES = ("core", "cuda_train")
+# Imported by the modules above only on paths a packaged run never takes: its size (it knows it),
+# `--dataset` lookups (it reads its settings from the environment), the records' artifacts.
+LEAVE_OUT = ("core.runs.package", "core.datasets.embedded", "core.artifact.records")
+
+
+def _file(module: str) -> Path | None:
+    folder = ROOT / module.replace(".", "/")
+    if (folder / "__init__.py").is_file():
+        return folder / "__init__.py"
+    path = folder.with_suffix(".py")
+    return path if path.is_file() else None
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    """pgolf modules named by the imports of a module (at the top or inside functions)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    found |= {m.rsplit(".", 1)[0] for m in found if "." in m}  # a module's package comes with it
+    return {m for m in found if m.split(".")[0] in PACKAGES and _file(m) is not None}
+
+
+def bundled_modules() -> dict[str, str]:
+    """Module name -> source, for every module a training run imports."""
+    sources: dict[str, str] = {}
+    todo = list(ENTRY)
+    while todo:
+        name = todo.pop()
+        if name in sources or name in LEAVE_OUT:
+            continue
+        path = _file(name)
+        if path is None:
+            raise PgolfError(f"package: module {name} not found under {ROOT}")
+        sources[name] = path.read_text(encoding="utf-8")
+        todo += sorted(_imports(ast.parse(sources[name])))
+    return dict(sorted(sources.items()))
+
+
+def minify(source: str) -> str:
+    """The same code without docstrings, comments or formatting, nor the help texts of Config's
+    fields (`opt(default, help)`: only the CLI shows them)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        is_opt = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "opt"
+        if is_opt and len(node.args) == 2:
+            node.args[1] = ast.Constant("")
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.unparse(tree) + "\n"
+
+
+def _literal(source: str, readable: bool) -> str:
+    """A Python literal of `source`: a raw triple-quoted string where that is exact, else repr."""
+    if readable and "'''" not in source and not source.endswith("\\"):
+        return "r'''" + source + "'''"
+    return repr(source)
+
+
+RUNNER = '''
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+
+PACKAGES = {packages!r}
+RUN_CONFIG = json.loads({config!r})
+
+
+class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves the modules above to `import`."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in SOURCES:
+            return None
+        return importlib.util.spec_from_loader(name, self, is_package=name in PACKAGES)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        here = os.path.dirname(os.path.abspath(__file__))
+        module.__file__ = os.path.join(here, *name.split(".")) + (os.sep + "__init__.py" if name in PACKAGES else ".py")
+        exec(compile(SOURCES[name], module.__file__, "exec"), module.__dict__)
+
+
+def main():
+    sys.meta_path.insert(0, BundledModules())
+    from core.model.backend import create
+    from core.config.fields import Config, from_env
+    from core.train.loop import train
+
+    cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()
+    backend = create("cuda", cfg)
+    try:
+        train(backend, log=lambda line: print(line, flush=True), code_bytes=os.path.getsize(__file__))
+    except BaseException:
+        backend.close(failed=True)
+        raise
+    backend.close()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def _run_config(cfg: Config) -> dict:
+    """The config a packaged run starts from: the run's, writing a freshly named run directory
+    under `runs/` beside wherever it is started."""
+    return cfg.replace(run_id="", out_dir=Config().out_dir).to_dict()
+
+
+def script(cfg: Config, compressed: bool = True) -> str:
+    """The text of `train_gpt.py` for a run of `cfg` (see the module docstring)."""
+    modules = bundled_modules()
+    if compressed:
+        modules = {name: minify(source) for name, source in modules.items()}
+    lines = [
+        "# train_gpt.py: a pgolf training run in one file (`pgolf package`). Run: torchrun --standalone "
+        "--nproc_per_node=8 train_gpt.py, or python train_gpt.py; DATA_PATH, TOKENIZER_PATH, SEED, ... override.",
+        "SOURCES = {}",
+    ]
+    lines += [f"SOURCES[{name!r}] = {_literal(src, not compressed)}" for name, src in modules.items()]
+    config = json.dumps(_run_config(cfg), sort_keys=True)
+    text = "\n".join(lines) + "\n" + RUNNER.format(packages=tuple(n for n in modules if _file(n).name == "__init__.py"), config=config)
+    if not compressed:
+        return text
+    blob = base64.b85encode(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)).decode(
+        "ascii"
+    )
+    return f'import lzma,base64\nexec(lzma.decompress(base64.b85decode("{blob}")))\n'
+
+
+def code_bytes(cfg: Config) -> int:
+    """The bytes the challenge counts as a run's code: those of its compressed `train_gpt.py`."""
+    return len(script(cfg, compressed=True).encode("utf-8"))
+
+
+# ------------------------------------------------------------- the records folder
+TRACK = "10min_16mb"
+VARYING = ("seed", "run_id", "out_dir", "data_path", "tokenizer_path")  # may differ between the seeds
+
+
+def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
+    """A run's config and its summary (core.runs.summary: its score is the sliding-window one where evaluated so)."""
+    try:
+        cfg = Config.from_dict(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise PgolfError(f"package: {run_dir} has no readable config.json ({exc})") from None
+    summary = summarize(run_dir)
+    if not summary.finished:
+        raise PgolfError(f"package: {run_dir} did not finish (no final record in metrics.jsonl)")
+    return cfg, summary
+
+
+def _readme(name: str, blurb: str, cfg: Config, results: list[RunSummary], bytes_code: int) -> str:
+    baseline = Config()
+    changed = {k: v for k, v in cfg.to_dict().items() if k not in VARYING and getattr(baseline, k) != v}
+    rows = "\n".join(f"| `{k.upper()}` | {v} |" for k, v in sorted(changed.items()))
+    seeds = "\n".join(
+        f"| {r.seed} | {r.score_val_loss:.5f} | {r.score_val_bpb:.5f} | {r.steps} | {r.artifact_bytes:,} | "
+        f"{r.artifact_bytes + bytes_code:,} |"
+        for r in results
+    )
+    mean = mean_std([r.score_val_bpb for r in results])[0]
+    return f"""# {name}
+
+{blurb}
+
+Mean val_bpb **{mean:.5f}** over {len(results)} seed(s) ({"sliding-window evaluation, stride " + str(cfg.eval_stride) if cfg.eval_stride else "non-overlapping evaluation"}, after the artifact round trip).
+
+## Results
+
+| seed | val_loss | val_bpb | steps | artifact bytes | total bytes |
+|---|---|---|---|---|---|
+{seeds}
+
+Code: `train_gpt.py`, {bytes_code:,} bytes.
+
+## Configuration (what differs from the challenge's baseline)
+
+| setting | value |
+|---|---|
+{rows}
+
+## Run
+
+```bash
+SEED={results[0].seed} DATA_PATH={cfg.data_path} TOKENIZER_PATH={cfg.tokenizer_path} \\
+  torchrun --standalone --nproc_per_node=8 train_gpt.py
+```
+
+Every setting above can be overridden by its environment variable. The logs of the runs are
+`train_seed<N>.log`.
+"""
+
+
+def write_record(
+    run_dirs: list[Path],
+    out: Path,
+    name: str,
+    author: str = "",
+    github_id: str = "",
+    blurb: str = "",
+    compressed: bool = True,
+) -> tuple[Path, int]:
+    """The records folder for the runs of one config (one per seed): train_gpt.py, submission.json,
+    README.md and train_seed<N>.log. Returns the folder and the bytes of its train_gpt.py."""
+    import datetime
+    import shutil
+    import tempfile
+
+    if not run_dirs:
+        raise PgolfError("package: give at least one run directory")
+    runs = [_finished_run(Path(d)) for d in run_dirs]
+    cfg = runs[0][0]
+    same = {k: v for k, v in cfg.to_dict().items() if k not in VARYING}
+    for other, result in runs[1:]:
+        diff = sorted(k for k, v in other.to_dict().items() if k not in VARYING and same[k] != v)
+        if diff:
+            raise PgolfError(f"package: {result.path} differs from {run_dirs[0]} in {', '.join(diff[:5])}")
+    results = sorted((r for _, r in runs), key=lambda r: r.seed)
+    if len({r.seed for r in results}) != len(results):
+        raise PgolfError("package: two runs share a seed")
+    if out.exists():
+        raise PgolfError(f"package: {out} exists already: choose another --out")
+    text = script(cfg, compressed)
+    size = len(text.encode("utf-8"))
+    mean_bpb, std = mean_std([r.score_val_bpb for r in results])
+    submission = {
+        "author": author,
+        "github_id": github_id,
+        "name": name,
+        "blurb": blurb,
+        "date": datetime.date.today().isoformat(),
+        "track": TRACK,
+        "val_loss": round(mean_std([r.score_val_loss for r in results])[0], 5),
+        "val_bpb": round(mean_bpb, 5),
+        "val_bpb_std": round(std, 5) if len(results) > 1 else 0.0,
+        "seeds": [r.seed for r in results],
+        "seed_results": {
+            str(r.seed): {
+                "val_loss": round(r.score_val_loss, 5),
+                "val_bpb": round(r.score_val_bpb, 5),
+                "artifact_bytes": r.artifact_bytes,
+                "steps": r.steps,
+            }
+            for r in results
+        },
+        "bytes_total": max(r.artifact_bytes for r in results) + size,
+        "bytes_code": size,
+    }
+    parent = out.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        (staging / "train_gpt.py").write_text(text, encoding="utf-8")
+        (staging / "submission.json").write_text(json.dumps(submission, indent=2) + "\n", encoding="utf-8")
+        (staging / "README.md").write_text(_readme(name, blurb, cfg, results, size), encoding="utf-8")
+        for r in results:
+            shutil.copyfile(r.path / "train.log", staging / f"train_seed{r.seed}.log")
+        staging.rename(out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PgolfError(f"package: cannot write {out}: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out, size

@@ -1,0 +1,621 @@
+"""The training driver, written once for both backends.
+
+When to validate, stop, checkpoint, log and export; the training clock and the
+schedules; the data stream and the validation metric. A backend (see
+`core.model.backend`) only takes steps and evaluates token spans, and holds the run's
+one config (`backend.cfg`).
+
+The timeline follows the challenge's reference script, one named step each in
+`Training`: `start` (everything that can be refused, then the run directory),
+`warm_up` (compile-warmup steps, then undone), the loop of `train_step`s with
+`validate` at step 0, every `val_loss_every` steps and at the end, and
+`save_checkpoint`; validation and checkpoints are off the training clock
+(`Clock.paused`). A wallclock cap stops all ranks at the same step. Depth
+recurrence switches on at the top of the first `train_step` past
+`enable_looping_at` (`core.model.schedule.looping_active`, recomputed on resume).
+Then `export_and_score`: the moving average of the weights replaces them when
+`ema_decay` > 0, GPTQ's Hessians are collected when `gptq_enabled` (the time for it
+was taken off the cap: `Config.train_cap_seconds`), the artifact is written
+(core/artifact/export.py), read back from disk and scored again, looped when
+`num_loops` > 0: over non-overlapping sequences, and with sliding windows when
+`eval_stride` is set (both figures are logged, as the records do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from core.artifact.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from core.artifact.export import dequantize, export_artifact, format_budget, quant_label, read_artifact
+from core.common.errors import PgolfError
+from core.config.fields import Config
+from core.data.shards import find_shards, make_train_loader
+from core.eval.bpb import BPBMeter
+from core.eval.score import Progress, evaluate, evaluators, load_eval_data
+from core.model.backend import Backend
+from core.model.params import (
+    check_layout,
+    count_params,
+    flops_per_token,
+    init_params,
+    optimizer_state_shapes,
+    storage_dtypes,
+)
+from core.model.schedule import looping_active, lr_multiplier, muon_momentum
+from core.train.report import report_targets
+from core.train.rundir import RunDir
+
+Log = Callable[[str], None]
+# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written.
+StopPoll = Callable[[], BaseException | None]
+
+# A run has diverged, and stops with an error, when a logged training loss is not finite, when it is
+# above ln(vocab_size) (the loss of predicting every token as equally likely, where a fresh model
+# starts) at a step past DIVERGENCE_AFTER_STEPS, or when the RMS of all weights passes
+# WEIGHT_RMS_LIMIT (fresh weights are ~0.03, trained ones stay well below 1; beyond the limit
+# float16, the artifact's format, is a few steps from overflowing).
+DIVERGENCE_AFTER_STEPS = 100
+WEIGHT_RMS_LIMIT = 1e3
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    train_time_ms: float
+    val_loss: float  # the exported weights before quantization
+    val_bpb: float
+    roundtrip_val_loss: float  # after the artifact round trip, non-overlapping sequences
+    roundtrip_val_bpb: float
+    artifact_bytes: int
+    code_bytes: int
+    peak_memory_bytes: int | None
+    sliding_val_loss: float | None = None  # after the round trip, sliding windows (eval_stride)
+    sliding_val_bpb: float | None = None
+
+    @property
+    def score_bpb(self) -> float:
+        """The run's figure: the sliding-window one when evaluated so, else the non-overlapping one."""
+        return self.sliding_val_bpb if self.sliding_val_bpb is not None else self.roundtrip_val_bpb
+
+
+def calibrate_gptq(backend: Backend, log: Log | None = None) -> dict[str, np.ndarray]:
+    """GPTQ's Hessians: `gptq_calibration_batches` training micro-batches per rank, read from the start
+    of the training stream, through the backend's `input_hessians`; the mean over every rank's batches."""
+    cfg = backend.cfg
+    t0 = time.perf_counter()
+    loader = make_train_loader(
+        cfg.train_loader,
+        find_shards(cfg.data_path, "train"),
+        backend.rank,
+        backend.world_size,
+        cfg.vocab_size,
+    )
+    accum = cfg.local_accum_steps(backend.world_size)
+    batches = (
+        loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, accum)
+        for _ in range(cfg.gptq_calibration_batches)
+    )
+    sums = backend.input_hessians(batches)
+    names = sorted(sums)
+    flat = backend.all_reduce_sum(np.concatenate([sums[n].astype(np.float64).ravel() for n in names]))
+    count = cfg.gptq_calibration_batches * backend.world_size
+    hessians, start = {}, 0
+    for name in names:
+        size = sums[name].size
+        hessians[name] = (flat[start : start + size] / count).astype(np.float32).reshape(sums[name].shape)
+        start += size
+    if log is not None:
+        log(
+            f"gptq:collected {len(hessians)} Hessians from {count} batches in {time.perf_counter() - t0:.1f}s"
+        )
+    return hessians
+
+
+def _shared_run_id(cfg: Config, backend: Backend) -> str:
+    """A fresh timestamp name unless one is given; every rank takes rank 0's choice."""
+    if cfg.run_id:
+        return cfg.run_id
+
+    def name(now: float, n: int) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        return stamp if n == 0 else f"{stamp}-{n}"
+
+    choice = np.zeros(2)
+    if backend.rank == 0:  # runs started within the same second get -1, -2, ...
+        now, n = time.time(), 0
+        while (Path(cfg.out_dir) / name(now, n)).exists():
+            n += 1
+        choice[:] = now, n
+    now, n = backend.all_reduce_sum(choice)
+    return name(now, int(n))
+
+
+class Clock:
+    """Training time in ms: it runs while training, stops for validation and checkpoints,
+    and starts from the time a resumed run had already trained."""
+
+    def __init__(self, backend: Backend, start_ms: float = 0.0):
+        self.backend, self.banked_ms = backend, start_ms
+        self.started: float | None = None
+
+    def start(self) -> None:
+        self.backend.synchronize()
+        self.started = time.perf_counter()
+
+    def stop(self) -> None:
+        self.backend.synchronize()
+        self.banked_ms, self.started = self.ms(), None
+
+    def ms(self) -> float:
+        running = 0.0 if self.started is None else 1000.0 * (time.perf_counter() - self.started)
+        return self.banked_ms + running
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        running = self.started is not None
+        self.stop()
+        yield
+        if running:
+            self.start()
+
+
+class Training:
+    """One training run, as the named steps the module docstring lists; `run` strings them together."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        resume: str | Path | None = None,
+        log: Log = print,
+        progress: Progress | None = None,
+        step_progress: Progress | None = None,
+        notes: Sequence[str] = (),
+        stop: StopPoll | None = None,
+        code_bytes: int | Callable[[Config], int] | None = None,
+    ):
+        self.backend, self.cfg = backend, backend.cfg
+        self.resume, self.log = resume, log
+        self.progress, self.step_progress = progress, step_progress
+        # The run's code bytes: a number (a packaged run knows its own size), or how to measure them
+        # from the config (the CLI passes core.runs.package.code_bytes); None counts none.
+        self.code_bytes = code_bytes
+        self.notes, self.stop = notes, stop
+        self.saved_step: int | None = None  # the step of the last checkpoint written
+        self.saved_ms = 0.0  # and the training clock then
+        self.timed_checkpoint: Path | None = None  # the last one written for checkpoint_minutes
+        self.main = backend.rank == 0
+        self.accum = self.cfg.local_accum_steps(backend.world_size)
+        self.dtypes = storage_dtypes(self.cfg, backend.bf16)
+        self.step = 0
+        self.looping = False  # the layer layout the backend runs (depth recurrence)
+        self.stop_after: int | None = None
+        self.val_loss = self.val_bpb = math.nan
+
+    # ------------------------------------------------------------------ steps
+    def start(self) -> None:
+        """Check and load everything that can be refused, then create the run directory."""
+        cfg, backend = self.cfg, self.backend
+        cfg.validate(backend.world_size)
+        self.data = load_eval_data(cfg)
+        self.loader = make_train_loader(
+            cfg.train_loader,
+            find_shards(cfg.data_path, "train"),
+            backend.rank,
+            backend.world_size,
+            cfg.vocab_size,
+        )
+        trackers = report_targets(cfg.report_to)
+        start_ms = 0.0
+        if self.resume is not None:
+            ckpt = load_checkpoint(self.resume)
+            _check_same_model(cfg, ckpt, self.resume)
+            if ckpt.step > cfg.iterations:
+                raise PgolfError(
+                    f"checkpoint {self.resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
+                    "raise --iterations to train on"
+                )
+            backend.load_params(ckpt.params)
+            backend.load_optimizer_state(ckpt.optimizer)
+            self.loader.load_state(ckpt.data_state)
+            self.step, start_ms = ckpt.step, ckpt.train_time_ms
+        else:
+            backend.load_params(init_params(cfg, bf16=backend.bf16))
+        # Derived from the step and the clock, so a resumed run needs nothing saved for it.
+        self.looping = looping_active(cfg, self.step, start_ms)
+        backend.set_looping(self.looping)
+        self.clock = Clock(backend, start_ms)
+        run_id = _shared_run_id(cfg, backend)
+        # A resumed run goes on writing into its own directory, and into no other run's.
+        own_run = self.resume is not None and Path(self.resume).resolve().is_relative_to(
+            (Path(cfg.out_dir) / run_id).resolve()
+        )
+        self.run = RunDir(cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
+        self.run.write_config(cfg.to_dict())
+        self.run.report_to(trackers, cfg.to_dict())
+        self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
+                    world_size=backend.world_size)  # fmt: skip
+        self._log_header()
+
+    def warm_up(self) -> None:
+        """Prime the compiled paths with real steps (once more looped, with depth recurrence, so the
+        switch compiles nothing inside the timed run), then restore the true initial state and rewind
+        the data."""
+        backend, cfg = self.backend, self.cfg
+        params0, opt0, data0 = backend.params(), backend.optimizer_state(), self.loader.state()
+        for looping in (False, True) if cfg.num_loops > 0 else (False,):
+            backend.set_looping(looping)
+            name = "loop_warmup_step" if looping else "warmup_step"
+            for i in range(cfg.warmup_steps):
+                backend.train_step(self._micro_batches(), lr_multiplier(cfg, 0, 0.0), muon_momentum(cfg, 0))
+                if cfg.warmup_steps <= 20 or (i + 1) % 10 == 0 or i + 1 == cfg.warmup_steps:
+                    self.say(f"{name}:{i + 1}/{cfg.warmup_steps}")
+        backend.set_looping(self.looping)
+        backend.load_params(params0)
+        backend.load_optimizer_state(opt0)
+        self.loader.load_state(data0)
+
+    def validate(self) -> None:
+        with self.clock.paused():
+            meter = evaluate(self.backend, self.data, self.progress if self.main else None)
+            self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            ms = self.clock.ms()
+            self.say(
+                f"step:{self.step}/{self.cfg.iterations} val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} "
+                f"train_time:{ms:.0f}ms step_avg:{ms / max(self.step, 1):.2f}ms"
+            )
+            self.metric(
+                kind="val", step=self.step, val_loss=self.val_loss, val_bpb=self.val_bpb, train_time_ms=ms
+            )
+
+    def train_step(self) -> None:
+        """One optimizer step at the scheduled lr, momentum and layer layout, then its log line when due."""
+        cfg = self.cfg
+        self.set_looping(looping_active(cfg, self.step, self.elapsed_ms))
+        lr_mult = lr_multiplier(cfg, self.step, self.elapsed_ms)
+        momentum = muon_momentum(cfg, self.step)
+        loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum)
+        self.step += 1
+        self.elapsed_ms = self.agreed_ms()
+        if self.main and self.step_progress is not None:
+            self.step_progress(self.step, self._expected_steps())
+        due = self.step <= 10 or self.step % max(cfg.train_log_every, 1) == 0 or self.stop_after is not None
+        if cfg.train_log_every > 0 and due:
+            self._log_train(loss, lr_mult, momentum)
+
+    def save_checkpoint(self) -> Path:
+        """Rank 0 writes; every rank's clock stops until it is on disk."""
+        path = self.run.checkpoint_path(self.step)
+        with self.clock.paused():
+            if self.main:
+                save_checkpoint(
+                    path,
+                    Checkpoint(
+                        params=self.backend.params(),
+                        optimizer=self.backend.optimizer_state(),
+                        config=self.cfg.to_dict(),
+                        step=self.step,
+                        train_time_ms=self.clock.ms(),
+                        data_state=self.loader.state(),
+                        backend=self.backend.name,
+                        dtypes=self.dtypes,
+                    ),
+                )
+            self.backend.all_reduce_sum(np.zeros(1))  # the barrier that keeps the clocks alike
+        self.saved_step, self.saved_ms = self.step, self.elapsed_ms
+        return path
+
+    def save_periodic_checkpoint(self) -> None:
+        """Every checkpoint_every steps, and every checkpoint_minutes of training time (the clock the
+        ranks agree on), but not at the last step, whose checkpoint comes after validation. A timed
+        checkpoint replaces the timed one before it, so that long runs do not fill the disk."""
+        cfg = self.cfg
+        if self.step >= cfg.iterations:
+            return
+        by_steps = cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0
+        minutes = cfg.checkpoint_minutes
+        timed = minutes > 0 and self.elapsed_ms - self.saved_ms >= 60_000.0 * minutes
+        if not (by_steps or timed):
+            return
+        path = self.save_checkpoint()
+        if by_steps:
+            return
+        if self.main and self.timed_checkpoint is not None:
+            self.timed_checkpoint.unlink(missing_ok=True)
+        self.timed_checkpoint = path
+
+    def stop_if_asked(self) -> None:
+        """Write a checkpoint, say where it is and raise, when a stop was asked for (a signal)."""
+        exc = self.stop() if self.stop is not None else None
+        if exc is None:
+            return
+        path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
+        self.say(
+            f"stopped at step {self.step}: checkpoint {path}; go on with: train --resume {self.run.path}"
+        )
+        raise exc
+
+    def export_and_score(self) -> RunResult:
+        """Write the artifact of the final (or averaged) weights and score what was written."""
+        backend, cfg = self.backend, self.cfg
+        self.set_looping(cfg.num_loops > 0)  # a model trained with depth recurrence is scored looped
+        if cfg.ema_decay > 0:
+            state = backend.optimizer_state()
+            backend.load_params({name: state[f"ema/{name}"] for name in backend.params()})
+            meter = evaluate(backend, self.data, self.progress if self.main else None)
+            self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            self.say(
+                f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
+            )
+        hessians = None
+        if cfg.gptq_enabled:
+            hessians = calibrate_gptq(backend, self.say)
+        label = quant_label(cfg)
+        artifact = self.run.artifact(label)
+        if callable(self.code_bytes):
+            self.code_bytes = self.code_bytes(cfg) if self.main else 0
+        self.code_bytes = self.code_bytes or 0
+        sizes: dict[str, int] = {}
+        if self.main:
+            report = export_artifact(backend.params(), cfg, self.dtypes, artifact, self.code_bytes, hessians)
+            sizes = report.sizes
+            fits = "fits" if sizes["total_bytes"] <= sizes["budget_bytes"] else "OVER BUDGET"
+            kind = f"{label}+{cfg.compressor}"
+            self.say(f"Serialized model {kind}: {sizes['model_bytes']} bytes")
+            self.say(f"Code size: {sizes['code_bytes']} bytes")
+            self.say(f"Total submission size {kind}: {sizes['total_bytes']} bytes ({fits})")
+            self.say(
+                f"artifact:{artifact} format:{cfg.quant_format} payload:{sizes['payload_bytes']} "
+                f"budget:{sizes['budget_bytes']} headroom:{sizes['headroom_bytes']}"
+                + (f" gptq_tensors:{report.gptq_tensors}" if cfg.gptq_enabled else "")
+            )
+            for line in format_budget(report):
+                self.say(line)
+        backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
+        backend.load_params(dequantize(read_artifact(artifact)))
+        scores: dict[str, BPBMeter] = {}
+        # The challenge's log names: final_int8_zlib_roundtrip (its baseline); final_int6_roundtrip and
+        # final_int6_sliding_window (the records).
+        prefix = f"final_int8_{cfg.compressor}" if label == "int8" else f"final_{label}"
+        for name, evaluator in evaluators(cfg).items():
+            t_eval = time.perf_counter()
+            meter = scores[name] = evaluator(backend, self.data, self.progress if self.main else None)
+            tag = f"{prefix}_{'roundtrip' if name == 'plain' else name}"
+            self.say(
+                f"{tag} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
+                f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms"
+            )
+            self.say(f"{tag}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
+        plain, sliding = scores["plain"], scores.get("sliding_window")
+        return RunResult(
+            run_dir=self.run.path,
+            steps=self.step,
+            train_time_ms=self.clock.ms(),
+            val_loss=self.val_loss,
+            val_bpb=self.val_bpb,
+            roundtrip_val_loss=plain.val_loss,
+            roundtrip_val_bpb=plain.val_bpb,
+            artifact_bytes=sizes.get("model_bytes", 0),
+            code_bytes=sizes.get("code_bytes", 0),
+            peak_memory_bytes=self.peak_memory,
+            sliding_val_loss=sliding.val_loss if sliding else None,
+            sliding_val_bpb=sliding.val_bpb if sliding else None,
+        )
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        self.start()
+        if cfg.warmup_steps > 0 and self.resume is None:
+            self.warm_up()
+        self.first_step = self.step
+        self.first_ms = self.elapsed_ms = self.saved_ms = self.clock.ms()
+        self.clock.start()
+        while True:
+            last = self.step == cfg.iterations or (
+                self.stop_after is not None and self.step >= self.stop_after
+            )
+            if last or (cfg.val_loss_every > 0 and self.step % cfg.val_loss_every == 0):
+                self.validate()
+            if last:
+                break
+            self.stop_if_asked()
+            self.train_step()
+            self.save_periodic_checkpoint()
+            if self.stop_after is None and self.reached_cap():
+                self.stop_after = self.step
+        self.clock.stop()
+        if self.stop_after is not None and self.step < cfg.iterations:
+            self.say(
+                f"stopping_early: wallclock_cap train_time:{self.clock.ms():.0f}ms step:{self.step}/{cfg.iterations}"
+            )
+        if self.main and self.step_progress is not None:
+            self.step_progress(self.step, self.step)  # training is over, wherever it stopped
+        self.peak_memory = self.backend.peak_memory_bytes()
+        if self.peak_memory is not None:
+            self.say(f"peak memory allocated: {self.peak_memory // 2**20} MiB")
+        self.save_checkpoint()
+        result = self.export_and_score()
+        self.metric(
+            kind="final", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}
+        )
+        return result
+
+    # ---------------------------------------------------------------- helpers
+    def set_looping(self, active: bool) -> None:
+        """Tell the backend which layer layout to run (depth recurrence); log a switch."""
+        self.backend.set_looping(active)
+        if active == self.looping:
+            return
+        self.looping = active
+        encoder, decoder = self.cfg.layer_layout(active)
+        self.say(
+            f"layer_loop:{'enabled' if active else 'disabled'} step:{self.step} "
+            f"encoder:{encoder} decoder:{decoder}"
+        )
+
+    def say(self, line: str) -> None:
+        if self.main:
+            self.log(line)
+            self.run.log_line(line)
+
+    def metric(self, **record) -> None:
+        if self.main:
+            self.run.metric(record)
+
+    def agreed_ms(self) -> float:
+        """The training clock every rank agrees on (their mean), so schedules, the cap and timed
+        checkpoints match across ranks; one small all-reduce per step, only when several ranks run
+        under a cap or with timed checkpoints."""
+        timed = self.cfg.train_cap_seconds > 0 or self.cfg.checkpoint_minutes > 0
+        if self.backend.world_size == 1 or not timed:
+            return self.clock.ms()  # without a cap or timed checkpoints only steps are read, not the clock
+        return float(self.backend.all_reduce_sum(np.array([self.clock.ms()]))[0]) / self.backend.world_size
+
+    def reached_cap(self) -> bool:
+        cap_s = self.cfg.train_cap_seconds
+        return cap_s > 0 and self.elapsed_ms >= 1000.0 * cap_s
+
+    def _micro_batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        cfg = self.cfg
+        return [
+            self.loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, self.accum)
+            for _ in range(self.accum)
+        ]
+
+    def _expected_steps(self) -> int:
+        """Where the run will stop: the iterations, or the cap at the current pace when it comes first."""
+        cap_s = self.cfg.train_cap_seconds
+        if cap_s <= 0:
+            return self.cfg.iterations
+        elapsed = self.clock.ms()
+        ms_per_step = max((elapsed - self.first_ms) / (self.step - self.first_step), 1e-9)
+        left = math.ceil(max(1000.0 * cap_s - elapsed, 0.0) / ms_per_step)
+        return min(self.cfg.iterations, self.step + left)
+
+    def _log_train(self, loss, lr_mult: float, momentum: float) -> None:
+        """The training log line; the loss is averaged over ranks, so every rank stops alike on divergence."""
+        cfg, backend = self.cfg, self.backend
+        loss_value = float(backend.all_reduce_sum(np.array([float(loss)]))[0]) / backend.world_size
+        problem = divergence(cfg, self.step, loss_value, backend.params)
+        if problem is not None:
+            raise PgolfError(
+                f"training diverged: {problem} at step {self.step}; "
+                f"lower the learning rates (the log is in {self.run.path})"
+            )
+        elapsed_ms = self.clock.ms()  # after the loss sync, so the step time is honest
+        step_avg = elapsed_ms / self.step
+        run_ms = max(elapsed_ms - self.first_ms, 1e-9)  # the time of this process's steps
+        tok_s = 1e3 * cfg.train_batch_tokens * (self.step - self.first_step) / run_ms
+        peak = backend.peak_flops
+        mfu = flops_per_token(cfg) * tok_s / (peak * backend.world_size) if peak else None
+        self.say(
+            f"step:{self.step}/{cfg.iterations} train_loss:{loss_value:.4f} train_time:{elapsed_ms:.0f}ms "
+            f"step_avg:{step_avg:.2f}ms tok/s:{tok_s:,.0f} lr_mult:{lr_mult:.3f}"
+            + (f" mfu:{100 * mfu:.1f}%" if mfu is not None else "")
+        )
+        self.metric(
+            kind="train", step=self.step, train_loss=loss_value, train_time_ms=elapsed_ms, step_avg_ms=step_avg,
+            tokens_per_s=tok_s, lr_mult=lr_mult, muon_momentum=momentum, mfu=mfu,
+        )  # fmt: skip
+
+    def _log_header(self) -> None:
+        cfg, backend = self.cfg, self.backend
+        if self.resume is not None:
+            self.say(f"resumed:{self.resume} step:{self.step} train_time:{self.clock.ms():.0f}ms")
+        self.say(
+            f"backend:{backend.name} device:{backend.device} world_size:{backend.world_size} "
+            f"grad_accum_steps:{self.accum} seed:{cfg.seed}"
+        )
+        self.say(
+            f"model_params:{count_params(cfg)} layers:{cfg.num_layers} dim:{cfg.model_dim} heads:{cfg.num_heads}/"
+            f"{cfg.num_kv_heads} vocab:{cfg.vocab_size} compute:{'bf16' if backend.bf16 else 'fp32'}"
+        )
+        self.say(
+            f"train_batch_tokens:{cfg.train_batch_tokens} train_seq_len:{cfg.train_seq_len} "
+            f"iterations:{cfg.iterations} warmup_steps:{cfg.warmup_steps} "
+            f"max_wallclock_seconds:{cfg.max_wallclock_seconds:.3f} val_tokens:{len(self.data.tokens) - 1}"
+        )
+        self.say(
+            f"eval_seq_len:{cfg.eval_window} eval_stride:{cfg.eval_stride} quant_format:{cfg.quant_format} "
+            f"artifact:{quant_label(cfg)}+{cfg.compressor}"
+            + (f"+shuffle{cfg.byte_shuffle}" if cfg.byte_shuffle else "")
+        )
+        if cfg.gptq_enabled and cfg.train_cap_seconds > 0:
+            self.say(
+                f"gptq:reserving {cfg.gptq_reserve_seconds:g}s for calibration, "
+                f"training cap {1000 * cfg.train_cap_seconds:.0f}ms"
+            )
+        self.say(f"dataset:{cfg.dataset} data_path:{cfg.data_path} tokenizer_path:{cfg.tokenizer_path}")
+        for note in self.notes:
+            self.say(note)
+        self.say(f"run_dir:{self.run.path}")
+
+
+def divergence(
+    cfg: Config, step: int, loss: float, params: Callable[[], dict[str, np.ndarray]]
+) -> str | None:
+    """Why a run has diverged (see DIVERGENCE_AFTER_STEPS), or None; `params` is read only when the
+    loss looks sane. The weights are the same on every rank, so every rank decides alike."""
+    uniform = math.log(cfg.vocab_size)
+    if not math.isfinite(loss):
+        return f"train_loss is {loss}"
+    if step >= DIVERGENCE_AFTER_STEPS and loss > uniform:
+        return f"train_loss {loss:.4f} is above {uniform:.4f}, the loss of predicting every token as equally likely"
+    weights = params().values()
+    rms = math.sqrt(
+        sum(float(np.square(w, dtype=np.float64).sum()) for w in weights) / sum(w.size for w in weights)
+    )
+    if rms > WEIGHT_RMS_LIMIT:
+        return f"the weights' RMS is {rms:.3g} (the limit is {WEIGHT_RMS_LIMIT:g})"
+    return None
+
+
+def train(
+    backend: Backend,
+    *,
+    resume: str | Path | None = None,
+    log: Log = print,
+    progress: Progress | None = None,
+    step_progress: Progress | None = None,
+    notes: Sequence[str] = (),
+    stop: StopPoll | None = None,
+    code_bytes: int | Callable[[Config], int] | None = None,
+) -> RunResult:
+    """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
+
+    `progress` follows each validation pass and `step_progress` the training steps,
+    as (done, expected total); under a wallclock cap the total is where the cap
+    will stop the run at the current pace. `notes` are logged after the header (where settings
+    came from, warnings); `stop` is polled between steps (see `Training.stop_if_asked`).
+    `code_bytes`: what counts as the run's code: a number, or a function of the config that measures
+    it (the CLI passes the size of the run's packaged train_gpt.py, core/runs/package.py); None, none.
+    """
+    training = Training(backend, resume, log, progress, step_progress, notes, stop, code_bytes)
+    try:
+        return training.run()
+    finally:
+        run_dir = training.run  # the RunDir once `start` has made it (until then, the method)
+        if isinstance(run_dir, RunDir):
+            run_dir.close()
+
+
+def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:
+    """The checkpoint holds every parameter and optimizer tensor this config needs, in its shape."""
+    check_layout(cfg, {k: tuple(v.shape) for k, v in ckpt.params.items()}, f"checkpoint {path}")
+    for name, shape in optimizer_state_shapes(cfg).items():
+        got = ckpt.optimizer.get(name)
+        if got is None or tuple(got.shape) != shape:
+            found = "missing" if got is None else f"shape {tuple(got.shape)}"
+            raise PgolfError(
+                f"checkpoint {path}: optimizer state {name} is {found}, but the config expects {shape}"
+            )
+    step = ckpt.optimizer["step"]
+    if step.dtype.kind not in "iu" or int(step) < 0:
+        raise PgolfError(f"checkpoint {path}: optimizer step must be a whole number >= 0, got {step}")

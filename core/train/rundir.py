@@ -1,0 +1,73 @@
+"""The run directory as a training run writes it (only rank 0 writes).
+
+A run directory holds:
+    config.json          the resolved config
+    metrics.jsonl        one JSON record per line: kind = start (backend, device; once per start or
+                         resume) | train | val | final
+    train.log            the console lines
+    checkpoints/step_NNNNNN.safetensors
+    final_model.<label>.pgolf   the artifact: int8, int6, ... (core.artifact.export.quant_label)
+
+Reading it back (summaries, plots) is core/runs/.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from core.common.errors import PgolfError
+from core.common.files import append_line, make_dir, remove_stale_temps, write_atomic
+from core.train.report import open_reporters, scalars
+
+
+class RunDir:
+    """The files of one training run; only rank 0 writes."""
+
+    def __init__(self, root: str | Path, run_id: str = "", enabled: bool = True, reuse: bool = False):
+        """`reuse` lets a resumed run write into a directory that already holds a run."""
+        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
+        self.path = Path(root) / self.run_id
+        self.enabled = enabled
+        self.reporters: list[Any] = []  # live trackers the metrics go to as well (core.train.report)
+        if not enabled:
+            return
+        if not reuse and (self.path / "config.json").exists():
+            raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
+        make_dir(self.path / "checkpoints", "run directory")
+        for folder in (self.path, self.path / "checkpoints"):  # a killed run's temp files, when resuming it
+            remove_stale_temps(folder)
+
+    def artifact(self, label: str = "int8") -> Path:
+        return self.path / f"final_model.{label}.pgolf"
+
+    def checkpoint_path(self, step: int) -> Path:
+        return self.path / "checkpoints" / f"step_{step:06d}.safetensors"
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        if self.enabled:
+            write_atomic(self.path / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+
+    def metric(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            append_line(self.path / "metrics.jsonl", json.dumps(record))
+            found = scalars(record) if self.reporters else None
+            for reporter in self.reporters if found else ():
+                reporter.log(*found)
+
+    def report_to(self, targets: list[str], config: dict[str, Any]) -> None:
+        """Mirror the metrics to these trackers from now on (rank 0 only)."""
+        if self.enabled:
+            self.reporters = open_reporters(targets, self.path, self.run_id, config)
+
+    def close(self) -> None:
+        """Close the trackers (the files need no closing)."""
+        for reporter in self.reporters:
+            reporter.close()
+        self.reporters = []
+
+    def log_line(self, line: str) -> None:
+        if self.enabled:
+            append_line(self.path / "train.log", line)
