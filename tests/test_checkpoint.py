@@ -154,7 +154,9 @@ def test_run_dir_layout(tmp_path):
 
 
 def test_a_run_directory_holding_a_run_is_refused_unless_resuming(tmp_path):
-    RunDir(tmp_path, "demo").write_config({"iterations": 3})
+    first = RunDir(tmp_path, "demo")
+    first.write_config({"iterations": 3})
+    first.close()
     with pytest.raises(PgolfError, match="already holds a run"):
         RunDir(tmp_path, "demo")
     assert RunDir(tmp_path, "demo", reuse=True).path == tmp_path / "demo"

@@ -527,7 +527,10 @@ def test_a_signal_during_start_up_ends_quietly():
     # The imports take a few tenths of a second; a signal among them still gets its one line.
     for delay in (0.15, 0.3):
         process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "info"], cwd=ROOT,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        # (the default disposition: a test command run as a background job ignores SIGINT, and the child
+        # would inherit that)
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)  # `info` takes seconds: it was still starting

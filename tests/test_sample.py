@@ -22,8 +22,14 @@ def test_the_sampling_rule():
     assert set(draws) == {1, 2}  # only the two likeliest, both drawn
     same = [pick_token(logits, 1.0, 0, np.random.default_rng(5)) for _ in range(3)]
     assert len(set(same)) == 1  # the seed decides
-    with pytest.raises(PgolfError, match="must be >= 0"):
-        list(generate(lambda ids: logits, [1], 3, temperature=-1.0))
+    for bad in (-1.0, float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(PgolfError, match="--temperature must be a finite number >= 0"):
+            generate(
+                lambda ids: logits, [1], 3, temperature=bad
+            )  # refused at the call, not at the first token
+    for count in ({"max_tokens": -1}, {"top_k": -2}):
+        with pytest.raises(PgolfError, match="must be >= 0"):
+            generate(lambda ids: logits, [1], **{"max_tokens": 3, **count})
 
 
 def test_generation_stops_at_the_stop_token():

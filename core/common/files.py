@@ -10,6 +10,8 @@ refused before anything is read) of a bounded size.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import stat
@@ -137,3 +139,43 @@ def read_file(path: str | Path, what: str, max_bytes: int | None = None) -> byte
             return f.read()
         except OSError as exc:
             raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+
+
+class WriterLock:
+    """One writer of a folder at a time: an exclusive lock on the folder itself, held until `release`
+    (or the process ends: the kernel drops it then, so a killed holder never blocks the next writer).
+    While it is held, `.writer.pid` in the folder names the holder, so that a refused writer can."""
+
+    PID_FILE = ".writer.pid"
+
+    def __init__(self, folder: str | Path, what: str):
+        self.folder = Path(folder)
+        try:
+            self.fd = os.open(self.folder, os.O_RDONLY)
+        except OSError as exc:
+            raise PgolfError(f"cannot lock {what} {self.folder}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            try:
+                holder = "process " + (self.folder / self.PID_FILE).read_text(encoding="ascii").strip()
+            except (OSError, UnicodeDecodeError):
+                holder = "another process"
+            raise PgolfError(f"{what} {self.folder} is in use by {holder}: one writer at a time") from None
+        with contextlib.suppress(
+            OSError
+        ):  # the lock holds without it; a refused writer cannot name the holder
+            (self.folder / self.PID_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            (self.folder / self.PID_FILE).unlink(missing_ok=True)
+            os.close(self.fd)  # closing drops the lock
+            self.fd = -1
+
+    def __enter__(self) -> WriterLock:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()

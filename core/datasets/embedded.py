@@ -31,7 +31,7 @@ import numpy as np
 import sentencepiece as spm
 
 from core.common.errors import PgolfError
-from core.common.files import make_dir, sync
+from core.common.files import WriterLock, make_dir, sync
 from core.data.manifest import merge_manifest
 from core.data.shards import MAX_VOCAB, write_shard
 from core.data.tokenizer import load_tokenizer, train_tokenizer
@@ -157,14 +157,32 @@ def prepare_sotu(
     `limit_docs` keeps only the first speeches by file name (the split rule still applies):
     a small, quick dataset for tests. Returns a short summary for the CLI to print.
     """
+    if not 1 < vocab_size <= MAX_VOCAB:
+        raise PgolfError(f"vocab_size must be in 2..{MAX_VOCAB} (uint16 shards), got {vocab_size}")
+    make_dir(Path(out_root), "data folder")
+    with WriterLock(out_root, "data folder"):  # one writer of a data folder at a time
+        return _prepare_sotu(
+            out_root=out_root,
+            vocab_size=vocab_size,
+            progress=progress,
+            limit_docs=limit_docs,
+            shard_tokens=shard_tokens,
+        )
+
+
+def _prepare_sotu(
+    out_root: str | Path = Path("data"),
+    vocab_size: int = 1024,
+    progress: Progress | None = None,
+    limit_docs: int | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+) -> dict[str, Any]:
     say = progress or (lambda message: None)
     root = Path(out_root)
     files = speech_files()[:limit_docs]
     val_files, train_files = split_documents(files)
     if not val_files or not train_files:
         raise PgolfError("the corpus needs at least one validation and one training speech")
-    if not 1 < vocab_size <= MAX_VOCAB:
-        raise PgolfError(f"vocab_size must be in 2..{MAX_VOCAB} (uint16 shards), got {vocab_size}")
     name, tok_name = f"sotu_sp{vocab_size}", f"sotu_{vocab_size}_bpe"
     out_dir = root / "datasets" / name
     # Everything is built in a staging folder and moved into place only when complete:

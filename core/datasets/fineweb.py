@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import make_dir, sync
+from core.common.files import WriterLock, make_dir, sync
 from core.data.manifest import find_entries, manifest_path, merge_manifest, read_manifest
 from core.data.shards import read_shard_header
 
@@ -72,13 +72,33 @@ def download_fineweb(
     Files already present and valid are kept; the variant's entries are merged into
     `out_root/manifest.json`. Returns a short summary for the CLI to print.
     """
-    say = progress or (lambda message: None)
-    fetch = fetch or hub_fetcher(repo_id)
-    root = Path(out_root)
     if train_shards < 0:
         raise PgolfError(f"--train-shards must be >= 0, got {train_shards}")
     if not re.fullmatch(r"sp\d+|byte260", variant):
         raise PgolfError(f"{variant!r} is not a variant name: sp<VOCAB> (e.g. sp1024) or byte260")
+    make_dir(Path(out_root), "data folder")
+    with WriterLock(out_root, "data folder"):  # one writer of a data folder at a time
+        return _download_fineweb(
+            out_root=out_root,
+            variant=variant,
+            train_shards=train_shards,
+            repo_id=repo_id,
+            progress=progress,
+            fetch=fetch,
+        )
+
+
+def _download_fineweb(
+    out_root: Path = Path("data"),
+    variant: str = "sp1024",
+    train_shards: int = 80,
+    repo_id: str = REPO_ID,
+    progress: Progress | None = None,
+    fetch: Fetch | None = None,
+) -> dict[str, Any]:
+    say = progress or (lambda message: None)
+    fetch = fetch or hub_fetcher(repo_id)
+    root = Path(out_root)
 
     dataset, tokenizer = _entries(root, variant, repo_id, fetch, say)
     stats = dataset.get("stats") or {}

@@ -7,6 +7,7 @@ so the same logits and seed give the same tokens whichever backend computed them
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -26,6 +27,14 @@ def pick_token(logits: np.ndarray, temperature: float, top_k: int, rng: np.rando
     return int(rng.choice(z.size, p=p / p.sum()))
 
 
+def check_sampling(max_tokens: int, temperature: float, top_k: int) -> None:
+    """The sampling settings' ranges: counts >= 0, a finite temperature >= 0 (0 = greedy)."""
+    if not (max_tokens >= 0 and top_k >= 0):
+        raise PgolfError(f"--max-tokens and --top-k must be >= 0, got {max_tokens} and {top_k}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise PgolfError(f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+
+
 def generate(
     next_logits: Callable[[np.ndarray], np.ndarray],
     prompt: list[int],
@@ -35,11 +44,15 @@ def generate(
     seed: int = 0,
     stop_id: int | None = None,
 ) -> Iterator[int]:
-    """The tokens that follow `prompt`, one by one, until max_tokens or `stop_id` (not yielded)."""
+    """The tokens that follow `prompt`, one by one, until max_tokens or `stop_id` (not yielded).
+    The settings are checked at once, before the first token is asked for."""
     if not prompt:
         raise PgolfError("generation needs at least one prompt token")
-    if max_tokens < 0 or temperature < 0 or top_k < 0:
-        raise PgolfError("--max-tokens, --temperature and --top-k must be >= 0")
+    check_sampling(max_tokens, temperature, top_k)
+    return _tokens(next_logits, prompt, max_tokens, temperature, top_k, seed, stop_id)
+
+
+def _tokens(next_logits, prompt, max_tokens, temperature, top_k, seed, stop_id) -> Iterator[int]:
     rng = np.random.default_rng(seed)
     logits = next_logits(np.asarray(prompt, dtype=np.int32))
     for _ in range(max_tokens):

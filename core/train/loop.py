@@ -56,12 +56,15 @@ Log = Callable[[str], None]
 # Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written.
 StopPoll = Callable[[], BaseException | None]
 
-# A run has diverged, and stops with an error, when a logged training loss is not finite, when it is
-# above ln(vocab_size) (the loss of predicting every token as equally likely, where a fresh model
-# starts) at a step past DIVERGENCE_AFTER_STEPS, or when the RMS of all weights passes
-# WEIGHT_RMS_LIMIT (fresh weights are ~0.03, trained ones stay well below 1; beyond the limit
-# float16, the artifact's format, is a few steps from overflowing).
-DIVERGENCE_AFTER_STEPS = 100
+# A run has diverged, and stops with an error, when a logged training loss or a validation loss is
+# not finite, when one is above ln(vocab_size) (the loss of predicting every token as equally likely,
+# where a fresh model starts, and where its first steps may climb a little) at a step past
+# DIVERGENCE_AFTER_STEPS, or when the RMS of all weights passes WEIGHT_RMS_LIMIT (fresh weights are
+# ~0.03, trained ones stay well below 1; beyond the limit float16, the artifact's format, is a few
+# steps from overflowing). Nothing
+# non-finite is written: the check runs before each metric record and each checkpoint, and a
+# checkpoint whose weights break the rule is refused when a run resumes from it.
+DIVERGENCE_AFTER_STEPS = 20
 WEIGHT_RMS_LIMIT = 1e3
 
 
@@ -216,6 +219,12 @@ class Training:
         start_ms = 0.0
         if self.resume is not None:
             ckpt = load_checkpoint(self.resume)
+            rms = weights_rms(ckpt.params)
+            if not rms <= WEIGHT_RMS_LIMIT:
+                raise PgolfError(
+                    f"checkpoint {self.resume}: the weights' RMS is {rms:.3g} (the limit is "
+                    f"{WEIGHT_RMS_LIMIT:g}): the run had diverged; resume from an earlier checkpoint"
+                )
             _check_same_model(cfg, ckpt, self.resume)
             if ckpt.step > cfg.iterations:
                 raise PgolfError(
@@ -264,8 +273,16 @@ class Training:
 
     def validate(self) -> None:
         with self.clock.paused():
-            meter = evaluate(self.backend, self.data, self.progress if self.main else None)
+            meter = evaluate(self.backend, self.data, self.watch)
             self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            uniform = math.log(self.cfg.vocab_size)
+            late = self.step >= DIVERGENCE_AFTER_STEPS
+            if not math.isfinite(meter.val_loss) or (late and meter.val_loss > uniform):
+                raise PgolfError(
+                    f"training diverged: val_loss {meter.val_loss:.4f} at step {self.step} (the loss of "
+                    f"predicting every token as equally likely is {uniform:.4f}); lower the learning "
+                    f"rates (the log is in {self.run.path})"
+                )
             ms = self.clock.ms()
             self.say(
                 f"step:{self.step}/{self.cfg.iterations} val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} "
@@ -295,10 +312,17 @@ class Training:
         path = self.run.checkpoint_path(self.step)
         with self.clock.paused():
             if self.main:
+                params = self.backend.params()
+                rms = weights_rms(params)
+                if not rms <= WEIGHT_RMS_LIMIT:
+                    raise PgolfError(
+                        f"training diverged: the weights' RMS is {rms:.3g} at step {self.step} (the limit "
+                        f"is {WEIGHT_RMS_LIMIT:g}); no checkpoint written; lower the learning rates"
+                    )
                 save_checkpoint(
                     path,
                     Checkpoint(
-                        params=self.backend.params(),
+                        params=params,
                         optimizer=self.backend.optimizer_state(),
                         config=self.cfg.to_dict(),
                         step=self.step,
@@ -332,15 +356,26 @@ class Training:
         self.timed_checkpoint = path
 
     def stop_if_asked(self) -> None:
-        """Write a checkpoint, say where it is and raise, when a stop was asked for (a signal)."""
+        """Write a checkpoint, say where it is and raise, when a stop was asked for (a signal). Polled
+        between steps, between validation batches, and between the steps of the final export."""
         exc = self.stop() if self.stop is not None else None
         if exc is None:
             return
         path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
-        self.say(
-            f"stopped at step {self.step}: checkpoint {path}; go on with: train --resume {self.run.path}"
-        )
+        if self.step < self.cfg.iterations and self.stop_after is None:
+            then = f"go on with: train --resume {self.run.path}"
+        else:  # training is over: what is left is the final score and the artifact
+            then = (
+                f"export it with: export {path}, or score and export it with: train --resume {self.run.path}"
+            )
+        self.say(f"stopped at step {self.step}: checkpoint {path}; {then}")
         raise exc
+
+    def watch(self, done: int, total: int) -> None:
+        """The progress of a long pass (validation): a stop is honoured within a batch."""
+        self.stop_if_asked()
+        if self.main and self.progress is not None:
+            self.progress(done, total)
 
     def export_and_score(self) -> RunResult:
         """Write the artifact of the final (or averaged) weights and score what was written."""
@@ -349,14 +384,16 @@ class Training:
         if cfg.ema_decay > 0:
             state = backend.optimizer_state()
             backend.load_params({name: state[f"ema/{name}"] for name in backend.params()})
-            meter = evaluate(backend, self.data, self.progress if self.main else None)
+            meter = evaluate(backend, self.data, self.watch)
             self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
             self.say(
                 f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
             )
+        self.stop_if_asked()
         hessians = None
         if cfg.gptq_enabled:
             hessians = calibrate_gptq(backend, self.say)
+            self.stop_if_asked()
         label = quant_label(cfg)
         artifact = self.run.artifact(label)
         if callable(self.code_bytes):
@@ -386,7 +423,7 @@ class Training:
         prefix = f"final_int8_{cfg.compressor}" if label == "int8" else f"final_{label}"
         for name, evaluator in evaluators(cfg).items():
             t_eval = time.perf_counter()
-            meter = scores[name] = evaluator(backend, self.data, self.progress if self.main else None)
+            meter = scores[name] = evaluator(backend, self.data, self.watch)
             tag = f"{prefix}_{'roundtrip' if name == 'plain' else name}"
             self.say(
                 f"{tag} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
@@ -421,11 +458,11 @@ class Training:
             last = self.step == cfg.iterations or (
                 self.stop_after is not None and self.step >= self.stop_after
             )
+            self.stop_if_asked()
             if last or (cfg.val_loss_every > 0 and self.step % cfg.val_loss_every == 0):
                 self.validate()
             if last:
                 break
-            self.stop_if_asked()
             self.train_step()
             self.save_periodic_checkpoint()
             if self.stop_after is None and self.reached_cap():
@@ -441,6 +478,7 @@ class Training:
         if self.peak_memory is not None:
             self.say(f"peak memory allocated: {self.peak_memory // 2**20} MiB")
         self.save_checkpoint()
+        self.stop_if_asked()
         result = self.export_and_score()
         self.metric(
             kind="final", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}
@@ -568,13 +606,17 @@ def divergence(
         return f"train_loss is {loss}"
     if step >= DIVERGENCE_AFTER_STEPS and loss > uniform:
         return f"train_loss {loss:.4f} is above {uniform:.4f}, the loss of predicting every token as equally likely"
-    weights = params().values()
-    rms = math.sqrt(
-        sum(float(np.square(w, dtype=np.float64).sum()) for w in weights) / sum(w.size for w in weights)
-    )
-    if rms > WEIGHT_RMS_LIMIT:
+    rms = weights_rms(params())
+    if not rms <= WEIGHT_RMS_LIMIT:
         return f"the weights' RMS is {rms:.3g} (the limit is {WEIGHT_RMS_LIMIT:g})"
     return None
+
+
+def weights_rms(params: dict[str, np.ndarray]) -> float:
+    """The root mean square of all weights together (NaN or inf when one of them is)."""
+    weights = list(params.values())
+    total = sum(float(np.square(w, dtype=np.float64).sum()) for w in weights)
+    return math.sqrt(total / max(sum(w.size for w in weights), 1))
 
 
 def train(

@@ -6,6 +6,7 @@ A run directory holds:
                          resume) | train | val | final
     train.log            the console lines
     checkpoints/step_NNNNNN.safetensors
+    .writer.pid          while a process writes the run (one at a time, core.common.files.WriterLock)
     final_model.<label>.pgolf   the artifact: int8, int6, ... (core.artifact.export.quant_label)
 
 Reading it back (summaries, plots) is core/runs/.
@@ -14,12 +15,13 @@ Reading it back (summaries, plots) is core/runs/.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import append_line, make_dir, remove_stale_temps, write_atomic
+from core.common.files import WriterLock, append_line, make_dir, remove_stale_temps, write_atomic
 from core.train.report import open_reporters, scalars
 
 
@@ -32,11 +34,15 @@ class RunDir:
         self.path = Path(root) / self.run_id
         self.enabled = enabled
         self.reporters: list[Any] = []  # live trackers the metrics go to as well (core.train.report)
+        self.lock: WriterLock | None = None
         if not enabled:
             return
-        if not reuse and (self.path / "config.json").exists():
-            raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
+        self.fresh = not self.path.exists()  # removed again if its first write fails
         make_dir(self.path / "checkpoints", "run directory")
+        self.lock = WriterLock(self.path, "run directory")  # before anything is written
+        if not reuse and (self.path / "config.json").exists():
+            self.close()
+            raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
         for folder in (self.path, self.path / "checkpoints"):  # a killed run's temp files, when resuming it
             remove_stale_temps(folder)
 
@@ -47,8 +53,16 @@ class RunDir:
         return self.path / "checkpoints" / f"step_{step:06d}.safetensors"
 
     def write_config(self, config: dict[str, Any]) -> None:
-        if self.enabled:
+        """The run's first write: a new directory it cannot write (a full disk) is removed again."""
+        if not self.enabled:
+            return
+        try:
             write_atomic(self.path / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+        except PgolfError:
+            if self.fresh:
+                self.close()
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
 
     def metric(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -63,10 +77,12 @@ class RunDir:
             self.reporters = open_reporters(targets, self.path, self.run_id, config)
 
     def close(self) -> None:
-        """Close the trackers (the files need no closing)."""
+        """Close the trackers and let another writer in (the files need no closing)."""
         for reporter in self.reporters:
             reporter.close()
         self.reporters = []
+        if self.lock is not None:
+            self.lock.release()
 
     def log_line(self, line: str) -> None:
         if self.enabled:
