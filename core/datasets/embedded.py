@@ -161,89 +161,73 @@ def prepare_sotu(
         raise PgolfError(f"vocab_size must be in 2..{MAX_VOCAB} (uint16 shards), got {vocab_size}")
     make_dir(Path(out_root), "data folder")
     with WriterLock(out_root, "data folder"):  # one writer of a data folder at a time
-        return _prepare_sotu(
-            out_root=out_root,
-            vocab_size=vocab_size,
-            progress=progress,
-            limit_docs=limit_docs,
-            shard_tokens=shard_tokens,
-        )
-
-
-def _prepare_sotu(
-    out_root: str | Path = Path("data"),
-    vocab_size: int = 1024,
-    progress: Progress | None = None,
-    limit_docs: int | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-) -> dict[str, Any]:
-    say = progress or (lambda message: None)
-    root = Path(out_root)
-    files = speech_files()[:limit_docs]
-    val_files, train_files = split_documents(files)
-    if not val_files or not train_files:
-        raise PgolfError("the corpus needs at least one validation and one training speech")
-    name, tok_name = f"sotu_sp{vocab_size}", f"sotu_{vocab_size}_bpe"
-    out_dir = root / "datasets" / name
-    # Everything is built in a staging folder and moved into place only when complete:
-    # an interrupted or failed run leaves the previous dataset as it was (and its staging
-    # folder, when killed, which the next run clears first).
-    stage = root / f".staging-{name}"
-    shutil.rmtree(stage, ignore_errors=True)
-    make_dir(stage)
-    try:
-        say(f"training a {vocab_size}-piece BPE tokenizer on {len(train_files)} speeches")
-        staged_model = train_tokenizer(
-            paragraphs(read_text(f) for f in train_files), vocab_size, stage / tok_name
-        )
-        sp = load_tokenizer(staged_model)
-        # The trainer may stop short of vocab_size on little text (hard_vocab_limit=False).
-        if sp.vocab_size() != vocab_size:
-            raise PgolfError(
-                f"the tokenizer has only {sp.vocab_size()} pieces: "
-                f"{len(train_files)} training speeches are too little text for vocab_size {vocab_size}"
-            )
-        say(f"tokenizing {len(files)} speeches into {out_dir}")
-        docs = (read_text(f) for f in [*val_files, *train_files])
-        counts = export_documents(docs, sp, stage / "shards", len(val_files), shard_tokens, sp.bos_id())
-        model_path = _move_into_place(stage, root, name, tok_name)
-    finally:
+        say = progress or (lambda message: None)
+        root = Path(out_root)
+        files = speech_files()[:limit_docs]
+        val_files, train_files = split_documents(files)
+        if not val_files or not train_files:
+            raise PgolfError("the corpus needs at least one validation and one training speech")
+        name, tok_name = f"sotu_sp{vocab_size}", f"sotu_{vocab_size}_bpe"
+        out_dir = root / "datasets" / name
+        # Everything is built in a staging folder and moved into place only when complete:
+        # an interrupted or failed run leaves the previous dataset as it was (and its staging
+        # folder, when killed, which the next run clears first).
+        stage = root / f".staging-{name}"
         shutil.rmtree(stage, ignore_errors=True)
-    dataset = {
-        "name": name,
-        "tokenizer_name": tok_name,
-        "tokenizer_kind": "sentencepiece_bpe",
-        "path": f"datasets/{name}",
-        "train_glob": f"datasets/{name}/fineweb_train_*.bin",
-        "val_glob": f"datasets/{name}/fineweb_val_*.bin",
-        "vocab_size": vocab_size,
-        "bos_id": sp.bos_id(),
-        "eos_id": sp.eos_id(),
-        "stats": {
-            "docs_total": counts["docs_val"] + counts["docs_train"],
-            "docs_val": counts["docs_val"],
-            "docs_train": counts["docs_train"],
-            "files_total": counts["files_val"] + counts["files_train"],
-            "files_val": counts["files_val"],
-            "files_train": counts["files_train"],
-            "tokens_total": counts["tokens_val"] + counts["tokens_train"],
-            "tokens_val": counts["tokens_val"],
-            "tokens_train": counts["tokens_train"],
-        },
-    }
-    tokenizer = {
-        "name": tok_name,
-        "kind": "sentencepiece_bpe",
-        "vocab_size": vocab_size,
-        "bos_id": sp.bos_id(),
-        "eos_id": sp.eos_id(),
-        "model_path": f"tokenizers/{tok_name}.model",
-        "vocab_path": f"tokenizers/{tok_name}.vocab",
-    }
-    merge_manifest(root, dataset, tokenizer)
-    return {
-        "dataset": str(out_dir),
-        "tokenizer": str(model_path),
-        "documents": f"{counts['docs_val']} validation + {counts['docs_train']} train",
-        "tokens": f"{counts['tokens_val']:,} validation + {counts['tokens_train']:,} train",
-    }
+        make_dir(stage)
+        try:
+            say(f"training a {vocab_size}-piece BPE tokenizer on {len(train_files)} speeches")
+            staged_model = train_tokenizer(
+                paragraphs(read_text(f) for f in train_files), vocab_size, stage / tok_name
+            )
+            sp = load_tokenizer(staged_model)
+            # The trainer may stop short of vocab_size on little text (hard_vocab_limit=False).
+            if sp.vocab_size() != vocab_size:
+                raise PgolfError(
+                    f"the tokenizer has only {sp.vocab_size()} pieces: "
+                    f"{len(train_files)} training speeches are too little text for vocab_size {vocab_size}"
+                )
+            say(f"tokenizing {len(files)} speeches into {out_dir}")
+            docs = (read_text(f) for f in [*val_files, *train_files])
+            counts = export_documents(docs, sp, stage / "shards", len(val_files), shard_tokens, sp.bos_id())
+            model_path = _move_into_place(stage, root, name, tok_name)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        dataset = {
+            "name": name,
+            "tokenizer_name": tok_name,
+            "tokenizer_kind": "sentencepiece_bpe",
+            "path": f"datasets/{name}",
+            "train_glob": f"datasets/{name}/fineweb_train_*.bin",
+            "val_glob": f"datasets/{name}/fineweb_val_*.bin",
+            "vocab_size": vocab_size,
+            "bos_id": sp.bos_id(),
+            "eos_id": sp.eos_id(),
+            "stats": {
+                "docs_total": counts["docs_val"] + counts["docs_train"],
+                "docs_val": counts["docs_val"],
+                "docs_train": counts["docs_train"],
+                "files_total": counts["files_val"] + counts["files_train"],
+                "files_val": counts["files_val"],
+                "files_train": counts["files_train"],
+                "tokens_total": counts["tokens_val"] + counts["tokens_train"],
+                "tokens_val": counts["tokens_val"],
+                "tokens_train": counts["tokens_train"],
+            },
+        }
+        tokenizer = {
+            "name": tok_name,
+            "kind": "sentencepiece_bpe",
+            "vocab_size": vocab_size,
+            "bos_id": sp.bos_id(),
+            "eos_id": sp.eos_id(),
+            "model_path": f"tokenizers/{tok_name}.model",
+            "vocab_path": f"tokenizers/{tok_name}.vocab",
+        }
+        merge_manifest(root, dataset, tokenizer)
+        return {
+            "dataset": str(out_dir),
+            "tokenizer": str(model_path),
+            "documents": f"{counts['docs_val']} validation + {counts['docs_train']} train",
+            "tokens": f"{counts['tokens_val']:,} validation + {counts['tokens_train']:,} train",
+        }

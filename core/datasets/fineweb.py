@@ -78,71 +78,53 @@ def download_fineweb(
         raise PgolfError(f"{variant!r} is not a variant name: sp<VOCAB> (e.g. sp1024) or byte260")
     make_dir(Path(out_root), "data folder")
     with WriterLock(out_root, "data folder"):  # one writer of a data folder at a time
-        return _download_fineweb(
-            out_root=out_root,
-            variant=variant,
-            train_shards=train_shards,
-            repo_id=repo_id,
-            progress=progress,
-            fetch=fetch,
-        )
+        say = progress or (lambda message: None)
+        fetch = fetch or hub_fetcher(repo_id)
+        root = Path(out_root)
 
+        dataset, tokenizer = _entries(root, variant, repo_id, fetch, say)
+        stats = dataset.get("stats") or {}
+        try:
+            files_val, files_train = int(stats["files_val"]), int(stats["files_train"])
+        except (KeyError, TypeError, ValueError):
+            raise PgolfError(f"manifest entry {dataset.get('name')} has no shard counts (stats)") from None
+        if train_shards > files_train:
+            raise PgolfError(
+                f"{variant} has only {files_train} training shards on {repo_id}, {train_shards} were asked for"
+            )
 
-def _download_fineweb(
-    out_root: Path = Path("data"),
-    variant: str = "sp1024",
-    train_shards: int = 80,
-    repo_id: str = REPO_ID,
-    progress: Progress | None = None,
-    fetch: Fetch | None = None,
-) -> dict[str, Any]:
-    say = progress or (lambda message: None)
-    fetch = fetch or hub_fetcher(repo_id)
-    root = Path(out_root)
+        folder = manifest_path(dataset.get("path") or f"datasets/{dataset['name']}")
+        shards = [f"{folder}/fineweb_val_{i:06d}.bin" for i in range(files_val)]
+        shards += [f"{folder}/fineweb_train_{i:06d}.bin" for i in range(train_shards)]
+        artifacts = [manifest_path(tokenizer[k]) for k in ("model_path", "vocab_path") if tokenizer.get(k)]
+        if not artifacts:
+            raise PgolfError(f"manifest entry for tokenizer {tokenizer.get('name')} names no files")
 
-    dataset, tokenizer = _entries(root, variant, repo_id, fetch, say)
-    stats = dataset.get("stats") or {}
-    try:
-        files_val, files_train = int(stats["files_val"]), int(stats["files_train"])
-    except (KeyError, TypeError, ValueError):
-        raise PgolfError(f"manifest entry {dataset.get('name')} has no shard counts (stats)") from None
-    if train_shards > files_train:
-        raise PgolfError(
-            f"{variant} has only {files_train} training shards on {repo_id}, {train_shards} were asked for"
-        )
+        todo = [(rel, True) for rel in shards] + [(rel, False) for rel in artifacts]
+        fetched, tokens = 0, {"val": 0, "train": 0}
+        for i, (rel, is_shard) in enumerate(todo, 1):
+            dest = root / rel
+            if _complete(dest, is_shard):
+                say(f"[{i}/{len(todo)}] have {rel}")
+            else:
+                say(f"[{i}/{len(todo)}] downloading {rel}")
+                _fetch_one(fetch, f"{REMOTE_PREFIX}/{rel}", dest, is_shard)
+                fetched += 1
+            if is_shard:
+                tokens["val" if "fineweb_val_" in rel else "train"] += read_shard_header(dest)
 
-    folder = manifest_path(dataset.get("path") or f"datasets/{dataset['name']}")
-    shards = [f"{folder}/fineweb_val_{i:06d}.bin" for i in range(files_val)]
-    shards += [f"{folder}/fineweb_train_{i:06d}.bin" for i in range(train_shards)]
-    artifacts = [manifest_path(tokenizer[k]) for k in ("model_path", "vocab_path") if tokenizer.get(k)]
-    if not artifacts:
-        raise PgolfError(f"manifest entry for tokenizer {tokenizer.get('name')} names no files")
-
-    todo = [(rel, True) for rel in shards] + [(rel, False) for rel in artifacts]
-    fetched, tokens = 0, {"val": 0, "train": 0}
-    for i, (rel, is_shard) in enumerate(todo, 1):
-        dest = root / rel
-        if _complete(dest, is_shard):
-            say(f"[{i}/{len(todo)}] have {rel}")
-        else:
-            say(f"[{i}/{len(todo)}] downloading {rel}")
-            _fetch_one(fetch, f"{REMOTE_PREFIX}/{rel}", dest, is_shard)
-            fetched += 1
-        if is_shard:
-            tokens["val" if "fineweb_val_" in rel else "train"] += read_shard_header(dest)
-
-    # Written last, so the manifest only names a dataset once its files are all here.
-    merge_manifest(root, dataset, tokenizer)
-    return {
-        "dataset": str(root / folder),
-        "tokenizer": str(root / artifacts[0]),
-        "val_shards": files_val,
-        "train_shards": train_shards,
-        "tokens_val": tokens["val"],
-        "tokens_train": tokens["train"],
-        "downloaded": fetched,
-        "already_present": len(todo) - fetched,
-    }
+        # Written last, so the manifest only names a dataset once its files are all here.
+        merge_manifest(root, dataset, tokenizer)
+        return {
+            "dataset": str(root / folder),
+            "tokenizer": str(root / artifacts[0]),
+            "val_shards": files_val,
+            "train_shards": train_shards,
+            "tokens_val": tokens["val"],
+            "tokens_train": tokens["train"],
+            "downloaded": fetched,
+            "already_present": len(todo) - fetched,
+        }
 
 
 def _entries(
