@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from core.common.errors import PgolfError
-from core.data.manifest import read_manifest
+from core.data.manifest import file_sha256, read_manifest
 from core.data.shards import read_shard, write_shard
 from core.datasets.fineweb import download_fineweb, hub_fetcher
 
@@ -116,10 +116,13 @@ def test_layout_manifest_and_idempotence(tmp_path, remote):
     manifest = read_manifest(out)
     assert [d["name"] for d in manifest["datasets"]] == ["sotu_sp1024", "fineweb10B_sp1024"]
     assert [t["name"] for t in manifest["tokenizers"]] == ["sotu_1024_bpe", "sp_bpe_1024"]
-    assert manifest["datasets"][1] == fake_manifest()["datasets"][0]
+    fetched = {**manifest["datasets"][1]}
+    digests = fetched.pop("sha256")  # recorded at download, for `data verify`
+    assert fetched == fake_manifest()["datasets"][0]
+    assert digests == {p.name: file_sha256(p) for p in sorted((out / DATASET).glob("fineweb_*.bin"))}
     assert summary["downloaded"] == 5 and summary["already_present"] == 0
     assert summary["tokens_val"] == 7 and summary["tokens_train"] == 50 + 51
-    assert len(messages) == 6 and any("fineweb_train_000001.bin" in m for m in messages)
+    assert len(messages) == 7 and any("fineweb_train_000001.bin" in m for m in messages)  # + the checksums
 
     # Second run: everything is present, nothing is fetched, not even the manifest.
     fetch.calls.clear()

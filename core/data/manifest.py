@@ -1,16 +1,22 @@
 """The data manifest (`data/manifest.json`): the datasets and tokenizers a data folder holds.
 
-`data prepare` and `data download` add entries; `--dataset NAME` looks one up.
+`data prepare` and `data download` add entries; `--dataset NAME` looks one up. A dataset entry
+also records the SHA-256 of each of its shards (`"sha256": {file name: hex digest}`), which
+`data verify` checks. Training itself checks every shard's header and size when it starts (a
+cut or padded shard fails at once); a flipped token inside a shard only the full hash finds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import write_atomic
+from core.common.files import open_regular, write_atomic
+from core.data.shards import read_shard_header
 
 DATA_ROOT = "data"  # datasets/, tokenizers/ and manifest.json, relative to the working folder
 
@@ -90,3 +96,49 @@ def dataset_settings(name: str, root: str | Path = DATA_ROOT) -> dict[str, Any]:
         "tokenizer_path": str(Path(root) / model),
         "vocab_size": vocab_size,
     }
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file, read in pieces (a shard is ~200 MB)."""
+    digest = hashlib.sha256()
+    with open_regular(path, "shard") as f:
+        while piece := f.read(1 << 23):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def shard_digests(folder: str | Path) -> dict[str, str]:
+    """{file name: SHA-256} of the shards in a dataset folder."""
+    return {p.name: file_sha256(p) for p in sorted(Path(folder).glob("fineweb_*.bin"))}
+
+
+def verify_dataset(
+    root: str | Path, name: str, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Check every shard of a listed dataset: its header and size, and its SHA-256 against the one
+    the manifest recorded. Raises PgolfError naming the first shard that fails; returns counts."""
+    say = progress or (lambda message: None)
+    found = find_entries(read_manifest(root), name)
+    if found is None:
+        raise PgolfError(f"unknown dataset {name!r} in {Path(root) / 'manifest.json'}")
+    dataset = found[0]
+    folder = Path(root) / manifest_path(dataset.get("path") or f"datasets/{name}")
+    recorded = dataset.get("sha256") or {}
+    if not isinstance(recorded, dict):
+        raise PgolfError(f"manifest entry {name}: 'sha256' must map shard names to digests")
+    shards = sorted(folder.glob("fineweb_*.bin"))
+    if not shards:
+        raise PgolfError(f"dataset {name}: no shards in {folder}")
+    missing = sorted(set(recorded) - {p.name for p in shards})
+    if missing:
+        raise PgolfError(f"dataset {name}: shard {folder / missing[0]} is listed but absent")
+    checked = 0
+    for i, path in enumerate(shards, 1):
+        say(f"[{i}/{len(shards)}] {path.name}")
+        read_shard_header(path)
+        if path.name in recorded:
+            if file_sha256(path) != recorded[path.name]:
+                raise PgolfError(f"shard {path}: its SHA-256 differs from the manifest's: the file changed")
+            checked += 1
+    return {"dataset": name, "shards": len(shards), "hashed": checked, "without_checksum": len(shards) - checked}
+

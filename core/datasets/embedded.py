@@ -32,7 +32,7 @@ import sentencepiece as spm
 
 from core.common.errors import PgolfError
 from core.common.files import WriterLock, make_dir, sync
-from core.data.manifest import merge_manifest
+from core.data.manifest import merge_manifest, shard_digests
 from core.data.shards import MAX_VOCAB, write_shard
 from core.data.tokenizer import load_tokenizer, train_tokenizer
 
@@ -190,6 +190,7 @@ def prepare_sotu(
             say(f"tokenizing {len(files)} speeches into {out_dir}")
             docs = (read_text(f) for f in [*val_files, *train_files])
             counts = export_documents(docs, sp, stage / "shards", len(val_files), shard_tokens, sp.bos_id())
+            digests = shard_digests(stage / "shards")
             model_path = _move_into_place(stage, root, name, tok_name)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
@@ -201,6 +202,7 @@ def prepare_sotu(
             "train_glob": f"datasets/{name}/fineweb_train_*.bin",
             "val_glob": f"datasets/{name}/fineweb_val_*.bin",
             "vocab_size": vocab_size,
+            "sha256": digests,
             "bos_id": sp.bos_id(),
             "eos_id": sp.eos_id(),
             "stats": {
@@ -219,6 +221,7 @@ def prepare_sotu(
             "name": tok_name,
             "kind": "sentencepiece_bpe",
             "vocab_size": vocab_size,
+            "sha256": digests,
             "bos_id": sp.bos_id(),
             "eos_id": sp.eos_id(),
             "model_path": f"tokenizers/{tok_name}.model",

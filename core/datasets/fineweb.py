@@ -19,7 +19,7 @@ from typing import Any
 
 from core.common.errors import PgolfError
 from core.common.files import WriterLock, make_dir, sync
-from core.data.manifest import find_entries, manifest_path, merge_manifest, read_manifest
+from core.data.manifest import file_sha256, find_entries, manifest_path, merge_manifest, read_manifest
 from core.data.shards import read_shard_header
 
 REPO_ID = "willdepueoai/parameter-golf"
@@ -113,6 +113,8 @@ def download_fineweb(
             if is_shard:
                 tokens["val" if "fineweb_val_" in rel else "train"] += read_shard_header(dest)
 
+        say("recording the shards' SHA-256 (data verify checks them)")
+        dataset = {**dataset, "sha256": {Path(rel).name: file_sha256(root / rel) for rel in shards}}
         # Written last, so the manifest only names a dataset once its files are all here.
         merge_manifest(root, dataset, tokenizer)
         return {
