@@ -62,12 +62,17 @@ def test_damaged_checkpoints_are_one_clear_error(tmp_path):
     blob = path.read_bytes()
     (tmp_path / "truncated.safetensors").write_bytes(blob[: len(blob) // 2])
     (tmp_path / "garbage.safetensors").write_bytes(b"not a checkpoint at all")
-    for name in ("truncated.safetensors", "garbage.safetensors"):
-        with pytest.raises(PgolfError, match=name):
+    (tmp_path / "header-cut.safetensors").write_bytes(blob[:40])  # inside its JSON header
+    for name, problem in [("truncated.safetensors", "truncated"), ("header-cut.safetensors", "truncated"),
+                          ("garbage.safetensors", "not a pgolf checkpoint")]:  # fmt: skip
+        with pytest.raises(PgolfError, match=f"{name}: {problem}"):
             load_checkpoint(tmp_path / name)
     with pytest.raises(PgolfError, match="cannot read"):
         load_checkpoint(tmp_path / "missing.safetensors")
-    assert not is_checkpoint(tmp_path / "garbage.safetensors")
+    # A damaged checkpoint is still read as one (by its name), never as a damaged artifact.
+    assert is_checkpoint(tmp_path / "header-cut.safetensors")
+    (tmp_path / "garbage.bin").write_bytes(b"not a checkpoint at all")
+    assert not is_checkpoint(tmp_path / "garbage.bin")
 
 
 def rewrite_metadata(path, change, sign: bool = True) -> None:

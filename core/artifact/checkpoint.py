@@ -83,7 +83,10 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
 
 
 def is_checkpoint(path: str | Path) -> bool:
-    """Cheap sniff: a safetensors header whose metadata names our checkpoint format."""
+    """Cheap sniff: a `.safetensors` file (what a damaged checkpoint is still called), or a
+    safetensors header whose metadata names our checkpoint format."""
+    if Path(path).suffix == ".safetensors":
+        return True
     try:
         with open_regular(path, "checkpoint") as f:
             head = f.read(8)
@@ -98,12 +101,21 @@ def is_checkpoint(path: str | Path) -> bool:
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     blob = read_file(path, "checkpoint", MAX_CHECKPOINT_BYTES)
+    if len(blob) < 9:
+        raise PgolfError(f"checkpoint {path}: only {len(blob)} bytes: truncated, or not a checkpoint")
     try:
-        tensors = st_load(blob)
+        if blob[8:9] != b"{":  # a safetensors header is JSON: its first byte is "{"
+            raise ValueError("not safetensors")
         n = int.from_bytes(blob[:8], "little")
-        header = json.loads(blob[8 : 8 + n])
+        header = json.loads(blob[8 : 8 + n]) if len(blob) >= 8 + n else None
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] if header else []
+        if header is None or len(blob) < 8 + n + max(ends, default=0):
+            raise PgolfError(
+                f"checkpoint {path}: truncated ({len(blob):,} bytes, fewer than its header promises)"
+            )
+        tensors = st_load(blob)
         meta = json.loads(header["__metadata__"]["pgolf"])
-    except (SafetensorError, ValueError, KeyError, TypeError):
+    except (SafetensorError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint (corrupt or wrong file)") from None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint")
