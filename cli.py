@@ -76,9 +76,6 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # A warning (an artifact without a checksum, a pickle being opened) is one line too, not a source excerpt.
 warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
 
-DEFAULT_DATA = Config().data_path
-DATA_WAIT_S = 1800.0  # how long torchrun's other ranks wait for local rank 0 to prepare the default data
-
 
 # ----------------------------------------------------------------- config flags
 def _field_help() -> dict[str, str]:
@@ -133,53 +130,6 @@ PRESET = typer.Option("baseline", help=f"Starting config: {', '.join(PRESETS)}."
 ALLOW_PICKLE = typer.Option(False, help="Allow the upstream MLX pickle container (can run code!).")
 
 
-def _scoring_config(
-    path: Path, preset: str | None, config: Path | None, overrides: dict | None
-) -> tuple[Path, Config]:
-    """The weights a path means (a run directory: its artifact, else its newest checkpoint) and the
-    config to use them with: the run's own when no preset is named (core.artifact.export.saved_config),
-    with whatever a file, the environment or a flag gives on top; else the preset's."""
-    from core.artifact.export import saved_config
-    from core.config.fields import given_values, resolve_sources
-    from core.runs.summary import weights_in
-
-    cfg, sources = resolve_sources(preset or "baseline", config, overrides or {})
-    cfg.validate()  # a bad flag is refused before any file is read
-    path = weights_in(path)
-    saved = saved_config(path) if preset is None else None
-    if saved is not None:
-        found = saved[0]
-        if "dataset" in found and "data_path" not in found:  # an artifact's own settings name the data
-            from core.data.manifest import dataset_settings
-
-            with contextlib.suppress(PgolfError):  # not in data/manifest.json: the given paths stay
-                found = dataset_settings(str(found["dataset"])) | found
-        cfg = Config.from_dict({**Config().to_dict(), **found}).replace(**given_values(cfg, sources))
-    return path, cfg
-
-
-def _weights_and_data(
-    path: Path, preset: str | None, config: Path | None, overrides: dict | None, allow_pickle: bool
-):
-    """(weights, the one config they are scored with, validation data) for the eval and verify commands.
-
-    Evaluation runs once: unless asked for, nothing is compiled.
-    """
-    from core.eval.score import load_eval_data, load_weights
-
-    path, cfg = _scoring_config(path, preset, config, overrides)
-    params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
-    if cfg.compile == "auto":
-        cfg = cfg.replace(compile="off")
-    return params, cfg, load_eval_data(cfg)
-
-
-def _resolve(preset: str, config: Path | None, overrides: dict[str, Any]) -> Config:
-    from core.config.fields import resolve
-
-    return resolve(preset, config, overrides)
-
-
 # --------------------------------------------------------------------- backends
 @contextlib.contextmanager
 def opened_backend(name: str, cfg: Config):
@@ -220,27 +170,14 @@ def _end_failed_rank(rank: int, exc: BaseException, first: int | None) -> NoRetu
 
 
 def _ensure_default_data(cfg: Config) -> None:
-    """Build the embedded corpus on first use, when the default dataset is asked for.
+    """Prepare the embedded corpus on first use, when the default dataset is asked for
+    (torchrun's other ranks wait for local rank 0 in core.runs.setup.default_data_to_prepare)."""
+    from core.runs.setup import default_data_to_prepare
 
-    Under torchrun only local rank 0 builds it; the other ranks of the machine wait until its
-    folder is in place (the last step of building it), or until torchrun stops them because
-    rank 0 failed. Several machines sharing one disk would each build it: prepare it first.
-    """
-    if cfg.data_path != DEFAULT_DATA:
-        return
-    data = Path(cfg.data_path)
-    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
-        deadline = time.monotonic() + DATA_WAIT_S
-        while not data.exists():
-            if time.monotonic() > deadline:
-                raise PgolfError(
-                    f"local rank 0 has not prepared {data} in {DATA_WAIT_S:.0f} s: "
-                    "run `cli.py data prepare` before torchrun"
-                )
-            time.sleep(0.5)
-    elif not data.exists():
+    root = default_data_to_prepare(cfg)
+    if root is not None:
         console.print("[bold]No dataset yet: preparing the embedded corpus (one time, about a minute).[/]")
-        _prepare(Path("data"), cfg.vocab_size)
+        _prepare(root, cfg.vocab_size)
 
 
 def _prepare(out: Path, vocab_size: int) -> dict:
@@ -374,42 +311,11 @@ def train(
     variables (ITERATIONS, MATRIX_LR, ...), then the flags below. Ctrl-C (or SIGTERM)
     writes a checkpoint after the current step; a second Ctrl-C quits at once.
     """
-    from core.artifact.checkpoint import checkpoint_config
-    from core.config.fields import resolve_sources, resumed_config
-    from core.model.backend import check_config
-    from core.runs.summary import newest_checkpoint, run_of_checkpoint
+    from core.runs.setup import training_runs
 
-    cfg, sources = resolve_sources(preset, config, overrides or {})
-    notes = _train_notes(preset if resume is None else None, cfg, sources)
-    if seeds:
-        if resume is not None:
-            raise PgolfError("--seeds starts new runs: it cannot go with --resume")
-        seed_cfgs = _seed_configs(cfg, seeds)
-        for seed_cfg in seed_cfgs:  # every run refused before the first one starts
-            check_config(backend, seed_cfg)
-        for seed_cfg in seed_cfgs:
-            _train_one(backend, seed_cfg, None, notes)
-        return
-    if resume is not None:
-        resume = newest_checkpoint(resume)
-        cfg = resumed_config(checkpoint_config(resume), cfg, sources)
-        run = run_of_checkpoint(resume)
-        if run is not None and sources["run_id"] == sources["out_dir"] == "default":
-            cfg = cfg.replace(out_dir=str(run.parent), run_id=run.name)  # its own directory
-    check_config(backend, cfg)  # a bad name or config is refused before any data is prepared
-    _train_one(backend, cfg, resume, notes)
-
-
-def _seed_configs(cfg: Config, seeds: str) -> list[Config]:
-    """One config per seed of `--seeds`, in one group named by --run-group, else --run-id, else the time."""
-    try:
-        values = [int(part) for part in seeds.split(",") if part.strip()]
-    except ValueError:
-        raise PgolfError(f"--seeds must be comma-separated whole numbers, got {seeds!r}") from None
-    if not values or len(set(values)) != len(values):
-        raise PgolfError(f"--seeds must name distinct seeds, got {seeds!r}")
-    group = cfg.run_group or cfg.run_id or time.strftime("%Y%m%d-%H%M%S")
-    return [cfg.replace(seed=s, run_group=group, run_id=f"{group}-seed{s}").validate() for s in values]
+    configs, resume, notes = training_runs(backend, preset, config, overrides or {}, resume, seeds)
+    for cfg in configs:
+        _train_one(backend, cfg, resume, notes)
 
 
 def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
@@ -439,21 +345,6 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
             f"{sliding} ({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
             f"{result.code_bytes:,} B; run in {result.run_dir}"
         )
-
-
-def _train_notes(preset: str | None, cfg: Config, sources: dict[str, str]) -> list[str]:
-    """The lines a run logs after its header: the settings the environment gave, and a warning when a
-    preset made for the challenge's data (`preset`, None on resume) trains on the embedded corpus."""
-    from core.config.fields import CHALLENGE_DATA_PRESETS
-
-    notes = [f"from the environment: {name}={getattr(cfg, name)!r} ({source.removeprefix('env ')})"
-             for name, source in sources.items() if source.startswith("env ")]  # fmt: skip
-    if preset in CHALLENGE_DATA_PRESETS and cfg.data_path == DEFAULT_DATA:
-        notes.append(
-            f"warning: preset {preset} is made for the challenge's FineWeb data, but this run trains on the "
-            "embedded State of the Union corpus (cli.py data download, then --dataset fineweb10B_sp1024)"
-        )
-    return notes
 
 
 @config_app.command("show")
@@ -487,8 +378,9 @@ def eval_command(
     """Score an artifact or checkpoint on the validation split: val_loss and val_bpb, over
     non-overlapping sequences and, with --eval-stride, with sliding windows."""
     from core.eval.score import evaluators
+    from core.runs.setup import weights_and_data
 
-    params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
+    params, cfg, data = weights_and_data(path, preset, config, overrides, allow_pickle)
     meters = {}
     with opened_backend(backend, cfg) as engine:
         engine.load_params(params)
@@ -519,14 +411,10 @@ def sample(
     overrides: dict | None = None,
 ) -> None:
     """Generate text from an artifact or a checkpoint (--seed seeds the draws)."""
-    from core.data.tokenizer import check_vocab, load_tokenizer
     from core.eval.sample import generate
-    from core.eval.score import load_weights
+    from core.runs.setup import weights_and_tokenizer
 
-    path, cfg = _scoring_config(path, preset, config, overrides)
-    params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
-    sp = load_tokenizer(cfg.tokenizer_path)
-    check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
+    params, cfg, sp = weights_and_tokenizer(path, preset, config, overrides, allow_pickle)
     ids = [sp.bos_id(), *sp.encode(prompt)]  # documents start with BOS in the shards
     with opened_backend(backend, cfg) as engine:
         engine.load_params(params)
@@ -555,14 +443,10 @@ def verify(
 
     from core.artifact.int8 import BUDGET_BYTES
     from core.eval import verify as check
+    from core.runs.setup import installed_backends, weights_and_data
 
-    params, cfg, data = _weights_and_data(path, preset, config, overrides, allow_pickle)
-    from core.model.backend import create, installed
-
-    names = [info.name for info in installed()]
-    if not names:
-        raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
-    verdict = check.verify(params, cfg, data, {n: functools.partial(create, n) for n in names})
+    params, cfg, data = weights_and_data(path, preset, config, overrides, allow_pickle)
+    verdict = check.verify(params, cfg, data, installed_backends())
     size = path.stat().st_size
     table = Table(title=f"{path} ({size:,} B of the {BUDGET_BYTES:,} B budget, before code)")
     sliding = any(s.sliding_val_bpb is not None for s in verdict.scores)
@@ -586,13 +470,6 @@ def verify(
     console.print("[bold green]backends agree[/]")
 
 
-ARTIFACT_FIELDS = (
-    "quant_format", "compressor", "byte_shuffle", "embed_bits", "matrix_bits", "attn_bits", "mlp_bits",
-    "other_bits", "embed_clip_sigmas", "matrix_clip_sigmas", "attn_clip_sigmas", "mlp_clip_sigmas",
-    "gptq_enabled", "gptq_calibration_batches", "data_path", "train_loader", "compute_dtype",
-)  # fmt: skip
-
-
 @app.command("export")
 @config_flags
 def export_command(
@@ -614,46 +491,23 @@ def export_command(
     """
     import json
 
-    from core.artifact.checkpoint import load_checkpoint
-    from core.artifact.export import export_artifact, format_budget, quant_label
-    from core.config.fields import Config as RunConfig
+    from core.artifact.export import export_artifact, format_budget
     from core.runs.package import code_bytes
+    from core.runs.setup import export_setup
     from core.train.loop import calibrate_gptq
 
-    if format not in ("pgolf", "upstream"):
-        raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
-    fixed = sorted(set(overrides or {}) - set(ARTIFACT_FIELDS))
-    if fixed:
-        raise PgolfError(
-            f"export keeps the checkpoint's config; --{fixed[0].replace('_', '-')} cannot change "
-            f"(only the artifact settings: {', '.join(ARTIFACT_FIELDS)})"
-        )
-    ckpt = load_checkpoint(checkpoint)
-    cfg = RunConfig.from_dict(ckpt.config).replace(**(overrides or {})).validate()
-    if format == "upstream" and (cfg.quant_format != "int8" or cfg.compressor != "zlib" or cfg.byte_shuffle):
-        raise PgolfError(
-            "the upstream format is int8 + zlib only: drop the artifact flags, or use --format pgolf"
-        )
-    suffix = ".int8.ptz" if format == "upstream" else f".{quant_label(cfg)}.pgolf"
-    target = out or checkpoint.with_suffix(suffix)
-    if target.resolve() == checkpoint.resolve():
-        raise PgolfError(f"--out {target} is the checkpoint itself: choose another file")
-    params = ckpt.params
-    if cfg.ema_decay > 0:
-        params = {name: ckpt.optimizer[f"ema/{name}"] for name in params}
-    hessians = None
+    job = export_setup(checkpoint, out, format, overrides)
+    cfg, hessians = job.cfg, None
     if cfg.gptq_enabled:
         with opened_backend(backend, cfg.replace(compile="off")) as engine:
-            engine.load_params(params)
+            engine.load_params(job.params)
             engine.set_looping(cfg.num_loops > 0)
             hessians = calibrate_gptq(engine, None if json_out else console.print)
-    report = export_artifact(
-        params, cfg, ckpt.dtypes, target, code_bytes(cfg), hessians, format == "upstream"
-    )
+    report = export_artifact(job.params, cfg, job.dtypes, job.target, code_bytes(cfg), hessians, job.upstream)
     if json_out:
-        console.print_json(json.dumps({"artifact": str(target), **json.loads(report.to_json())}))
+        console.print_json(json.dumps({"artifact": str(job.target), **json.loads(report.to_json())}))
         return
-    console.print(f"wrote {target}")
+    console.print(f"wrote {job.target}")
     for key, value in report.sizes.items():
         console.print(f"{key}: {value:,}")
     for line in format_budget(report):
@@ -702,10 +556,11 @@ def bench(
     import json
 
     from core.common.files import write_atomic
+    from core.config.fields import resolve
     from core.model.backend import check_config
     from core.train.bench import benchmark
 
-    cfg = _resolve(preset, config, overrides or {})
+    cfg = resolve(preset, config, overrides or {})
     check_config(backend, cfg)
     with opened_backend(backend, cfg) as engine:
         result = benchmark(engine, steps=steps, warmup=warmup)
@@ -767,9 +622,6 @@ def runs(
             f"{s.roundtrip_val_bpb:.4f}" if s.finished else "unfinished",
             f"{s.total_bytes:,}" if s.total_bytes is not None else "–",
         )
-    if console.is_terminal:
-        console.print(table)
-        return
     tables = [table]
     groups = run_groups(summaries)
     if groups:
@@ -855,6 +707,7 @@ def info() -> None:
     console.print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}")
     console.print(f"numpy {numpy.__version__}")
     from core.model.backend import BACKENDS, pick
+    from core.runs.setup import DEFAULT_DATA
 
     devices = {}
     for info_ in BACKENDS.values():

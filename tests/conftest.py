@@ -9,9 +9,7 @@ import pytest
 
 from core.config.fields import Config, preset
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-CHALLENGE = SHARED / "fixtures" / "challenge"
+CHALLENGE = Path(__file__).resolve().parent / "fixtures" / "challenge"  # the challenge's sp1024 files
 
 
 @dataclass(frozen=True)
@@ -43,6 +41,5 @@ def sotu_dataset(tmp_path_factory) -> Dataset:
 
 @pytest.fixture(scope="session")
 def challenge_dir() -> Path:
-    if not CHALLENGE.is_dir():
-        pytest.skip(f"challenge fixtures not found at {CHALLENGE} (../shared is absent)")
+    """The challenge's sp1024 tokenizer (fineweb_1024_bpe.model, .vocab) and export manifest.json."""
     return CHALLENGE

@@ -377,18 +377,24 @@ def test_config_show_prints_a_config_file_with_the_source_of_each_value(tmp_path
     )
 
 
-def test_a_challenge_preset_on_the_embedded_corpus_warns():
-    import cli as cli_module
-    from core.config.fields import resolve_sources
+def test_runs_on_a_terminal_shows_the_groups_too(tmp_path, monkeypatch):
+    import io
 
-    cfg, sources = resolve_sources("baseline", environ={})
-    assert any(
-        "made for the challenge's FineWeb data" in n
-        for n in cli_module._train_notes("baseline", cfg, sources)
-    )
-    assert cli_module._train_notes("tiny", cfg, sources) == []
-    fineweb, sources = resolve_sources("baseline", overrides={"data_path": "data/datasets/fineweb10B_sp1024"})
-    assert cli_module._train_notes("baseline", fineweb, sources) == []
+    from rich.console import Console
+
+    import cli as cli_module
+    from tests.test_runs import make_run
+
+    for seed in (1, 2):
+        make_run(tmp_path, f"lr-seed{seed}", seed=seed, run_group="lr")
+    make_run(tmp_path, "alone")
+    screen = io.StringIO()
+    monkeypatch.setattr(cli_module, "console", Console(file=screen, force_terminal=True, width=160))
+    cli_module.runs(out_dir=tmp_path, json_out=False, compare=None)
+    shown = screen.getvalue()
+    assert f"runs in {tmp_path}" in shown and "lr-seed2" in shown and "alone" in shown
+    assert "groups (finished runs" in shown
+    assert re.search(r"lr +│ +2 │ 1,2 ", shown), shown
 
 
 @needs("cuda")

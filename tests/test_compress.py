@@ -21,29 +21,41 @@ from tests.golden_data import goldens
 SAMPLE = np.random.default_rng(0).normal(0, 0.02, 5000).astype(np.float16).tobytes() + b"tail"
 
 
+# What old artifacts hold: each compressor's id byte (0-3 from the int8-only days), and how each
+# body was made, with the library's own call at pgolf's levels.
+IDS = {"none": 0, "zlib": 1, "lzma": 2, "bz2": 3, "brotli": 4, "zstd": 5}
+STANDARD = {
+    "none": lambda d: d,
+    "zlib": lambda d: zlib.compress(d, 9),
+    "lzma": lambda d: lzma.compress(d, preset=9),
+    "bz2": lambda d: bz2.compress(d, 9),
+    "brotli": lambda d: brotli.compress(d, quality=11),
+    "zstd": lambda d: zstandard.ZstdCompressor(level=22).compress(d),
+}
+
+
 def test_ids_never_change_meaning():
-    """Old artifacts name their compressor by these bytes: 0-3 are from the int8-only days."""
-    assert {n: c.id for n, c in compress.COMPRESSORS.items()} == {
-        "none": 0, "zlib": 1, "lzma": 2, "bz2": 3, "brotli": 4, "zstd": 5
-    }  # fmt: skip
-    assert {n: c.id for n, c in compress.COMPRESSORS.items()} == quant.COMPRESSORS
-    assert all(c.id < compress.SHUFFLE_FLAG for c in compress.COMPRESSORS.values())
+    """The id bytes are fixed, distinct and below the shuffle flag, in the codec and the container."""
+    assert {n: c.id for n, c in compress.COMPRESSORS.items()} == IDS
+    assert quant.COMPRESSORS == IDS
+    assert len(set(IDS.values())) == len(IDS)
+    assert compress.SHUFFLE_FLAG == 0x80 and max(IDS.values()) < compress.SHUFFLE_FLAG
+    assert {i: compress.compressor_by_id(i).name for i in IDS.values()} == {i: n for n, i in IDS.items()}
 
 
-@pytest.mark.parametrize(
-    ("name", "standard"),
-    [
-        ("zlib", lambda d: zlib.compress(d, 9)),
-        ("lzma", lambda d: lzma.compress(d, preset=9)),
-        ("bz2", lambda d: bz2.compress(d, 9)),
-        ("brotli", lambda d: brotli.compress(d, quality=11)),
-        ("zstd", lambda d: zstandard.ZstdCompressor(level=22).compress(d)),
-    ],
-)
-def test_defaults_are_the_records_settings(name, standard):
+@pytest.mark.parametrize("name", list(IDS))
+def test_a_body_made_without_pgolf_is_read_by_its_id(name):
+    """A body as an old artifact holds it (its id byte, then the library's own output) comes back."""
+    assert compress.unpack(bytes([IDS[name]]) + STANDARD[name](SAMPLE)) == (SAMPLE, name, 0)
+    shuffled = bytes([IDS[name] | 0x80]) + STANDARD[name](compress.byte_shuffle(SAMPLE, 2))
+    assert compress.unpack(shuffled) == (SAMPLE, name, 2)
+
+
+@pytest.mark.parametrize("name", [n for n in STANDARD if n != "none"])
+def test_defaults_are_the_records_settings(name):
     """brotli at quality 11 and zstd at level 22 (the records'); the others at 9, as pgolf always did."""
-    assert compress.compress(SAMPLE, name) == standard(SAMPLE)
-    assert compress.decompress(standard(SAMPLE), name) == SAMPLE
+    assert compress.compress(SAMPLE, name) == STANDARD[name](SAMPLE)
+    assert compress.decompress(STANDARD[name](SAMPLE), name) == SAMPLE
 
 
 @pytest.mark.parametrize("name", list(compress.COMPRESSORS))

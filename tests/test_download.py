@@ -18,7 +18,6 @@ from core.data.shards import read_shard, write_shard
 from core.datasets.fineweb import download_fineweb, hub_fetcher
 
 ROOT = Path(__file__).resolve().parent.parent
-CHALLENGE = ROOT.parent / "shared" / "fixtures" / "challenge"
 DATASET = "datasets/fineweb10B_sp1024"
 TRAIN_SHARDS = 3
 
@@ -56,7 +55,7 @@ def fake_manifest() -> dict:
 
 
 @pytest.fixture
-def remote(tmp_path) -> Path:
+def remote(tmp_path, challenge_dir) -> Path:
     """A fake repo tree: everything under `datasets/`, as on the Hub."""
     top = tmp_path / "remote" / "datasets"
     (top / DATASET).mkdir(parents=True)
@@ -68,10 +67,7 @@ def remote(tmp_path) -> Path:
         write_shard(top / DATASET / f"fineweb_train_{i:06d}.bin", rng.integers(0, 1024, size=50 + i))
     (top / "tokenizers").mkdir()
     model = top / "tokenizers" / "fineweb_1024_bpe.model"
-    if CHALLENGE.is_dir():
-        shutil.copy(CHALLENGE / "fineweb_1024_bpe.model", model)
-    else:
-        model.write_bytes(b"stand-in tokenizer model")
+    shutil.copy(challenge_dir / "fineweb_1024_bpe.model", model)
     (top / "tokenizers" / "fineweb_1024_bpe.vocab").write_text("<pad>\t0\n")
     return top.parent
 
@@ -275,11 +271,9 @@ def test_core_download_does_not_import_the_hub():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 
-def test_stand_in_manifest_has_the_challenge_shape():
-    """The stand-in's entries use only keys the real manifest has (when ../shared is present)."""
-    if not CHALLENGE.is_dir():
-        pytest.skip(f"challenge fixtures not found at {CHALLENGE}")
-    real = json.loads((CHALLENGE / "manifest.json").read_text())
+def test_stand_in_manifest_has_the_challenge_shape(challenge_dir):
+    """The stand-in's entries use only keys the real manifest has."""
+    real = json.loads((challenge_dir / "manifest.json").read_text())
     ours = fake_manifest()
     assert set(ours["datasets"][0]) <= set(real["datasets"][0])
     assert set(ours["tokenizers"][0]) <= set(real["tokenizers"][0])

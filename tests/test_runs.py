@@ -12,9 +12,9 @@ from core.runs.summary import find_runs, read_metrics, summarize
 from core.train.rundir import RunDir
 
 
-def make_run(root, name, steps=4, finished=True):
+def make_run(root, name, steps=4, finished=True, **config):
     run = RunDir(root, name)
-    run.write_config({"num_layers": 2, "model_dim": 64, "vocab_size": 1024})
+    run.write_config({"num_layers": 2, "model_dim": 64, "vocab_size": 1024, **config})
     for step in range(1, steps + 1):
         run.metric({"kind": "train", "step": step, "train_loss": 6.0 - step, "train_time_ms": 100.0 * step})
         if step % 2 == 0:

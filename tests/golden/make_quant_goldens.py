@@ -5,7 +5,7 @@
     python tests/golden/make_quant_goldens.py
 
 (RECORD_0405 is optional: without it the SDClip+GPTQ golden is left out.) Needs torch,
-brotli and the challenge tokenizer (../shared/fixtures/challenge/fineweb_1024_bpe.model,
+brotli and the challenge tokenizer (tests/fixtures/challenge/fineweb_1024_bpe.model,
 or TOKENIZER=...). Runs on CPU in fp32, in seconds. Not run by CI: the tests read what
 it writes:
 - quant_goldens.safetensors: fixed weights, a fixed Hessian, a fixed byte string, a tiny
@@ -36,11 +36,7 @@ import torch.nn.functional as F
 from safetensors.numpy import save_file
 
 HERE = Path(__file__).resolve().parent
-TOKENIZER = Path(
-    os.environ.get(
-        "TOKENIZER", HERE.parent.parent.parent / "shared/fixtures/challenge/fineweb_1024_bpe.model"
-    )
-)
+TOKENIZER = Path(os.environ.get("TOKENIZER", HERE.parent / "fixtures/challenge/fineweb_1024_bpe.model"))
 
 # Our own text for the evaluation tokens (two documents; "é" and "ü" are not in the
 # sp1024 tokenizer and become <unk>, which counts 0 bytes).

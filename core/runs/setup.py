@@ -1,0 +1,224 @@
+"""What a command needs before it runs: the configs of its runs, the weights it is given and the
+config they are scored with, a checkpoint's export settings, the default data in place.
+
+cli.py shows the results; nothing here prints. Each function refuses bad input with a PgolfError
+before any work starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.artifact.checkpoint import checkpoint_config, load_checkpoint
+from core.artifact.export import quant_label, saved_config
+from core.common.errors import PgolfError
+from core.config.fields import (
+    CHALLENGE_DATA_PRESETS,
+    Config,
+    given_values,
+    resolve_sources,
+    resumed_config,
+)
+from core.data.manifest import dataset_settings
+from core.data.tokenizer import check_vocab, load_tokenizer
+from core.eval.score import EvalData, load_eval_data, load_weights
+from core.model.backend import check_config, create, installed
+from core.runs.summary import newest_checkpoint, run_of_checkpoint, weights_in
+
+DEFAULT_DATA = Config().data_path
+DEFAULT_DATA_ROOT = Path("data")  # where the default dataset is prepared on first use
+DATA_WAIT_S = 1800.0  # how long torchrun's other ranks wait for local rank 0 to prepare the default data
+
+# The settings `export` may change: how the artifact is written, and what GPTQ calibrates on.
+ARTIFACT_FIELDS = (
+    "quant_format", "compressor", "byte_shuffle", "embed_bits", "matrix_bits", "attn_bits", "mlp_bits",
+    "other_bits", "embed_clip_sigmas", "matrix_clip_sigmas", "attn_clip_sigmas", "mlp_clip_sigmas",
+    "gptq_enabled", "gptq_calibration_batches", "data_path", "train_loader", "compute_dtype",
+)  # fmt: skip
+
+
+# ------------------------------------------------------------------------ train
+def training_runs(
+    backend: str,
+    preset: str,
+    config: Path | None,
+    overrides: dict[str, Any],
+    resume: Path | None = None,
+    seeds: str = "",
+) -> tuple[list[Config], Path | None, list[str]]:
+    """The runs `train` starts: their configs (one, or one per seed of `seeds`), each checked against
+    the backend; the checkpoint the one run resumes from (a run directory means its newest); and
+    the lines every run logs after its header (`train_notes`).
+
+    With `resume`, the checkpoint's config is used, changed only where it may be (resumed_config),
+    and the run goes on in the checkpoint's own directory unless --run-id or --out-dir names another.
+    """
+    cfg, sources = resolve_sources(preset, config, overrides)
+    notes = train_notes(preset if resume is None else None, cfg, sources)
+    if seeds:
+        if resume is not None:
+            raise PgolfError("--seeds starts new runs: it cannot go with --resume")
+        configs = seed_configs(cfg, seeds)
+    else:
+        if resume is not None:
+            resume = newest_checkpoint(resume)
+            cfg = resumed_config(checkpoint_config(resume), cfg, sources)
+            run = run_of_checkpoint(resume)
+            if run is not None and sources["run_id"] == sources["out_dir"] == "default":
+                cfg = cfg.replace(out_dir=str(run.parent), run_id=run.name)  # its own directory
+        configs = [cfg]
+    for run_cfg in configs:  # every run refused before the first one starts, and before any data is prepared
+        check_config(backend, run_cfg)
+    return configs, resume, notes
+
+
+def seed_configs(cfg: Config, seeds: str) -> list[Config]:
+    """One config per seed of `--seeds`, in one group named by --run-group, else --run-id, else the time."""
+    try:
+        values = [int(part) for part in seeds.split(",") if part.strip()]
+    except ValueError:
+        raise PgolfError(f"--seeds must be comma-separated whole numbers, got {seeds!r}") from None
+    if not values or len(set(values)) != len(values):
+        raise PgolfError(f"--seeds must name distinct seeds, got {seeds!r}")
+    group = cfg.run_group or cfg.run_id or time.strftime("%Y%m%d-%H%M%S")
+    return [cfg.replace(seed=s, run_group=group, run_id=f"{group}-seed{s}").validate() for s in values]
+
+
+def train_notes(preset: str | None, cfg: Config, sources: dict[str, str]) -> list[str]:
+    """The lines a run logs after its header: the settings the environment gave, and a warning when a
+    preset made for the challenge's data (`preset`, None on resume) trains on the embedded corpus."""
+    notes = [f"from the environment: {name}={getattr(cfg, name)!r} ({source.removeprefix('env ')})"
+             for name, source in sources.items() if source.startswith("env ")]  # fmt: skip
+    if preset in CHALLENGE_DATA_PRESETS and cfg.data_path == DEFAULT_DATA:
+        notes.append(
+            f"warning: preset {preset} is made for the challenge's FineWeb data, but this run trains on the "
+            "embedded State of the Union corpus (cli.py data download, then --dataset fineweb10B_sp1024)"
+        )
+    return notes
+
+
+def default_data_to_prepare(cfg: Config) -> Path | None:
+    """The folder this process must prepare the embedded corpus in before `cfg` can train on it:
+    when the default dataset is asked for and is not there yet; else None.
+
+    Under torchrun only local rank 0 prepares it; the other ranks of the machine wait here until
+    its folder is in place (the last step of preparing it), or until torchrun stops them because
+    rank 0 failed. Several machines sharing one disk would each prepare it: prepare it first.
+    """
+    if cfg.data_path != DEFAULT_DATA:
+        return None
+    data = Path(cfg.data_path)
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        deadline = time.monotonic() + DATA_WAIT_S
+        while not data.exists():
+            if time.monotonic() > deadline:
+                raise PgolfError(
+                    f"local rank 0 has not prepared {data} in {DATA_WAIT_S:.0f} s: "
+                    "run `cli.py data prepare` before torchrun"
+                )
+            time.sleep(0.5)
+        return None
+    return None if data.exists() else DEFAULT_DATA_ROOT
+
+
+# ----------------------------------------------------------- eval, sample, verify
+def scoring_config(
+    path: Path, preset: str | None, config: Path | None, overrides: dict[str, Any] | None
+) -> tuple[Path, Config]:
+    """The weights a path means (a run directory: its artifact, else its newest checkpoint) and the
+    config to use them with: the run's own when no preset is named (core.artifact.export.saved_config),
+    with whatever a file, the environment or a flag gives on top; else the preset's."""
+    cfg, sources = resolve_sources(preset or "baseline", config, overrides or {})
+    cfg.validate()  # a bad flag is refused before any file is read
+    path = weights_in(path)
+    saved = saved_config(path) if preset is None else None
+    if saved is not None:
+        found = saved[0]
+        if "dataset" in found and "data_path" not in found:  # an artifact's own settings name the data
+            with contextlib.suppress(PgolfError):  # not in data/manifest.json: the given paths stay
+                found = dataset_settings(str(found["dataset"])) | found
+        cfg = Config.from_dict({**Config().to_dict(), **found}).replace(**given_values(cfg, sources))
+    return path, cfg
+
+
+def weights_and_data(
+    path: Path, preset: str | None, config: Path | None, overrides: dict[str, Any] | None, allow_pickle: bool
+) -> tuple[dict[str, np.ndarray], Config, EvalData]:
+    """(weights, the one config they are scored with, validation data) for the eval and verify commands.
+
+    Evaluation runs once: unless asked for, nothing is compiled.
+    """
+    path, cfg = scoring_config(path, preset, config, overrides)
+    params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
+    if cfg.compile == "auto":
+        cfg = cfg.replace(compile="off")
+    return params, cfg, load_eval_data(cfg)
+
+
+def weights_and_tokenizer(
+    path: Path, preset: str | None, config: Path | None, overrides: dict[str, Any] | None, allow_pickle: bool
+) -> tuple[dict[str, np.ndarray], Config, Any]:
+    """(weights, their config, the tokenizer checked against it) for the sample command; nothing compiled."""
+    path, cfg = scoring_config(path, preset, config, overrides)
+    params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
+    sp = load_tokenizer(cfg.tokenizer_path)
+    check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
+    return params, cfg, sp
+
+
+def installed_backends() -> dict[str, Callable[[Config], Any]]:
+    """A maker of each installed backend, by name: what verify scores an artifact with."""
+    names = [info.name for info in installed()]
+    if not names:
+        raise PgolfError("no backend installed: pip install 'pgolf[torch]' or 'pgolf[mlx]'")
+    return {name: functools.partial(create, name) for name in names}
+
+
+# ----------------------------------------------------------------------- export
+@dataclass(frozen=True)
+class Export:
+    """What `export` writes: the weights of a checkpoint, their config and where they go."""
+
+    params: dict[str, np.ndarray]  # the moving average of the weights when the run kept one
+    dtypes: dict[str, str]
+    cfg: Config  # the checkpoint's, with the artifact settings given
+    target: Path
+    upstream: bool  # the challenge's torch.save + zlib file rather than pgolf's container
+
+
+def export_setup(checkpoint: Path, out: Path | None, format: str, overrides: dict[str, Any] | None) -> Export:
+    """The export of `checkpoint` in `format` (pgolf or upstream) to `out` (default: beside the
+    checkpoint), with only the ARTIFACT_FIELDS of the checkpoint's config changed by `overrides`."""
+    overrides = overrides or {}
+    if format not in ("pgolf", "upstream"):
+        raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
+    fixed = sorted(set(overrides) - set(ARTIFACT_FIELDS))
+    if fixed:
+        raise PgolfError(
+            f"export keeps the checkpoint's config; --{fixed[0].replace('_', '-')} cannot change "
+            f"(only the artifact settings: {', '.join(ARTIFACT_FIELDS)})"
+        )
+    ckpt = load_checkpoint(checkpoint)
+    cfg = Config.from_dict(ckpt.config).replace(**overrides).validate()
+    upstream = format == "upstream"
+    if upstream and (cfg.quant_format != "int8" or cfg.compressor != "zlib" or cfg.byte_shuffle):
+        raise PgolfError(
+            "the upstream format is int8 + zlib only: drop the artifact flags, or use --format pgolf"
+        )
+    suffix = ".int8.ptz" if upstream else f".{quant_label(cfg)}.pgolf"
+    target = out or checkpoint.with_suffix(suffix)
+    if target.resolve() == checkpoint.resolve():
+        raise PgolfError(f"--out {target} is the checkpoint itself: choose another file")
+    params = ckpt.params
+    if cfg.ema_decay > 0:
+        params = {name: ckpt.optimizer[f"ema/{name}"] for name in params}
+    return Export(params, ckpt.dtypes, cfg, target, upstream)

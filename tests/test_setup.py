@@ -1,0 +1,92 @@
+"""core/runs/setup.py: what a command works out before it runs (no framework, no training)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from core.artifact.checkpoint import Checkpoint, save_checkpoint
+from core.common.errors import PgolfError
+from core.config.fields import Config, preset, resolve_sources
+from core.runs import setup
+
+
+def test_a_challenge_preset_on_the_embedded_corpus_warns():
+    cfg, sources = resolve_sources("baseline", environ={})
+    assert any(
+        "made for the challenge's FineWeb data" in n for n in setup.train_notes("baseline", cfg, sources)
+    )
+    assert setup.train_notes("tiny", cfg, sources) == []
+    assert setup.train_notes(None, cfg, sources) == []  # a resumed run: its preset is not known
+    fineweb, sources = resolve_sources("baseline", overrides={"data_path": "data/datasets/fineweb10B_sp1024"})
+    assert setup.train_notes("baseline", fineweb, sources) == []
+
+
+def test_the_environment_is_noted():
+    cfg, sources = resolve_sources("tiny", environ={"ITERATIONS": "12"})
+    assert setup.train_notes("tiny", cfg, sources) == ["from the environment: iterations=12 (ITERATIONS)"]
+
+
+def test_seeds_make_one_group_of_runs():
+    cfg = preset("tiny").replace(run_group="lr")
+    runs = setup.seed_configs(cfg, "3, 1,")
+    assert [(c.seed, c.run_group, c.run_id) for c in runs] == [(3, "lr", "lr-seed3"), (1, "lr", "lr-seed1")]
+    assert setup.seed_configs(preset("tiny").replace(run_id="x"), "5")[0].run_id == "x-seed5"
+    for bad in ("1,1", ",", "1,a", "1.5"):
+        with pytest.raises(PgolfError, match="--seeds must"):
+            setup.seed_configs(cfg, bad)
+
+
+def test_seeds_and_resume_do_not_go_together(tmp_path):
+    with pytest.raises(PgolfError, match="--seeds starts new runs: it cannot go with --resume"):
+        setup.training_runs("cuda", "tiny", None, {}, resume=tmp_path, seeds="1,2")
+
+
+def test_the_default_data_is_prepared_by_local_rank_0_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    cfg = Config()
+    assert setup.default_data_to_prepare(cfg) == setup.DEFAULT_DATA_ROOT
+    assert setup.default_data_to_prepare(cfg.replace(data_path=str(tmp_path / "other"))) is None
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(setup, "DATA_WAIT_S", 0.0)
+    with pytest.raises(PgolfError, match=r"local rank 0 has not prepared .* run `cli.py data prepare`"):
+        setup.default_data_to_prepare(cfg)
+    (tmp_path / cfg.data_path).mkdir(parents=True)  # in place: nothing to do, on any rank
+    assert setup.default_data_to_prepare(cfg) is None
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert setup.default_data_to_prepare(cfg) is None
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    cfg = preset("tiny").replace(ema_decay=0.5)
+    params = {"w": np.ones((2, 3), np.float32)}
+    ckpt = Checkpoint(params, {"ema/w": np.full((2, 3), 2, np.float32)}, cfg.to_dict(), dtypes={"w": "bf16"})
+    return save_checkpoint(tmp_path / "step_000004.safetensors", ckpt)
+
+
+def test_export_changes_only_the_artifact_settings(checkpoint, tmp_path):
+    job = setup.export_setup(checkpoint, None, "pgolf", {"matrix_bits": 6, "quant_format": "mixed"})
+    assert (job.cfg.matrix_bits, job.cfg.model_dim, job.upstream) == (6, preset("tiny").model_dim, False)
+    assert job.target == checkpoint.with_suffix(".int6.pgolf")  # named by its matrices' bits
+    assert job.params["w"].tolist() == [[2.0] * 3] * 2  # the moving average, as train exports
+    assert job.dtypes == {"w": "bf16"}
+    upstream = setup.export_setup(checkpoint, tmp_path / "a.ptz", "upstream", None)
+    assert (upstream.target, upstream.upstream) == (tmp_path / "a.ptz", True)
+    refused = (
+        ("zip", {}, "unknown export format 'zip' (choose pgolf or upstream)"),
+        ("pgolf", {"model_dim": 64}, "--model-dim cannot change (only the artifact settings"),
+        ("upstream", {"matrix_bits": 6, "quant_format": "mixed"}, "int8 + zlib only"),
+    )
+    for format, overrides, message in refused:
+        with pytest.raises(PgolfError, match=re.escape(message)):
+            setup.export_setup(checkpoint, None, format, overrides)
+    with pytest.raises(PgolfError, match="is the checkpoint itself"):
+        setup.export_setup(checkpoint, checkpoint, "pgolf", {})
+
+
+def test_the_artifact_fields_are_config_fields():
+    assert set(setup.ARTIFACT_FIELDS) <= set(Config().to_dict())
