@@ -37,12 +37,16 @@ class RunDir:
         self.lock: WriterLock | None = None
         if not enabled:
             return
-        self.fresh = not self.path.exists()  # removed again if its first write fails
-        make_dir(self.path / "checkpoints", "run directory")
-        self.lock = WriterLock(self.path, "run directory")  # before anything is written
+        taken = f"run directory {self.path} already holds a run: choose another --run-id"
         if not reuse and (self.path / "config.json").exists():
+            raise PgolfError(taken)
+        self.fresh = not self.path.exists()  # removed again if its first write fails
+        make_dir(self.path, "run directory")
+        self.lock = WriterLock(self.path, "run directory")  # before anything is written
+        if not reuse and (self.path / "config.json").exists():  # written meanwhile by another run
             self.close()
-            raise PgolfError(f"run directory {self.path} already holds a run: choose another --run-id")
+            raise PgolfError(taken)
+        make_dir(self.path / "checkpoints", "run directory")
         for folder in (self.path, self.path / "checkpoints"):  # a killed run's temp files, when resuming it
             remove_stale_temps(folder)
 
