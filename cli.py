@@ -50,7 +50,8 @@ import typer
 from rich.console import Console
 
 from core.common.errors import PgolfError
-from core.config.fields import PRESETS, Config
+from core.config.fields import EXPORT_FIELDS, Config
+from core.config.presets import PRESETS
 
 try:  # recent typer releases carry their own copy of click
     from typer._click import exceptions as click_errors
@@ -140,7 +141,7 @@ def _scoring_config(
     config to use them with: the run's own when no preset is named (core.artifact.export.saved_config),
     with whatever a file, the environment or a flag gives on top; else the preset's."""
     from core.artifact.export import saved_config
-    from core.config.fields import given_values, resolve_sources
+    from core.config.sources import given_values, resolve_sources
     from core.runs.summary import weights_in
 
     cfg, sources = resolve_sources(preset or "baseline", config, overrides or {})
@@ -175,7 +176,7 @@ def _weights_and_data(
 
 
 def _resolve(preset: str, config: Path | None, overrides: dict[str, Any]) -> Config:
-    from core.config.fields import resolve
+    from core.config.sources import resolve
 
     return resolve(preset, config, overrides)
 
@@ -359,7 +360,7 @@ def train(
     writes a checkpoint after the current step; a second Ctrl-C quits at once.
     """
     from core.artifact.checkpoint import checkpoint_config
-    from core.config.fields import resolve_sources, resumed_config
+    from core.config.sources import resolve_sources, resumed_config
     from core.model.backend import check_config
     from core.runs.summary import newest_checkpoint, run_of_checkpoint
 
@@ -428,7 +429,7 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
 def _train_notes(preset: str | None, cfg: Config, sources: dict[str, str]) -> list[str]:
     """The lines a run logs after its header: the settings the environment gave, and a warning when a
     preset made for the challenge's data (`preset`, None on resume) trains on the embedded corpus."""
-    from core.config.fields import CHALLENGE_DATA_PRESETS
+    from core.config.presets import CHALLENGE_DATA_PRESETS
 
     notes = [f"from the environment: {name}={getattr(cfg, name)!r} ({source.removeprefix('env ')})"
              for name, source in sources.items() if source.startswith("env ")]  # fmt: skip
@@ -450,7 +451,7 @@ def config_show(
     """Print the resolved config as TOML (usable as --config), each value with where it came from."""
     import json
 
-    from core.config.fields import resolve_sources
+    from core.config.sources import resolve_sources
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
     for name, value in cfg.to_dict().items():
@@ -570,13 +571,6 @@ def verify(
     console.print("[bold green]backends agree[/]")
 
 
-ARTIFACT_FIELDS = (
-    "quant_format", "compressor", "byte_shuffle", "embed_bits", "matrix_bits", "attn_bits", "mlp_bits",
-    "other_bits", "embed_clip_sigmas", "matrix_clip_sigmas", "attn_clip_sigmas", "mlp_clip_sigmas",
-    "gptq_enabled", "gptq_calibration_batches", "data_path", "train_loader", "compute_dtype",
-)  # fmt: skip
-
-
 @app.command("export")
 @config_flags
 def export_command(
@@ -606,11 +600,11 @@ def export_command(
 
     if format not in ("pgolf", "upstream"):
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
-    fixed = sorted(set(overrides or {}) - set(ARTIFACT_FIELDS))
+    fixed = sorted(set(overrides or {}) - set(EXPORT_FIELDS))
     if fixed:
         raise PgolfError(
             f"export keeps the checkpoint's config; --{fixed[0].replace('_', '-')} cannot change "
-            f"(only the artifact settings: {', '.join(ARTIFACT_FIELDS)})"
+            f"(only the artifact, data and execution settings: {', '.join(EXPORT_FIELDS)})"
         )
     ckpt = load_checkpoint(checkpoint)
     cfg = RunConfig.from_dict(ckpt.config).replace(**(overrides or {})).validate()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config.fields import Config, preset
+from core.config.fields import Config
+from core.config.presets import preset
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from core.common.errors import PgolfError
-from core.config.fields import Config, preset
+from core.config.fields import Config
+from core.config.presets import preset
 from core.runs.package import bundled_modules, code_bytes, minify, script, write_record
 from tests.test_backends import needs
 from tests.test_cli import cli, data_flags
