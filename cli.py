@@ -50,7 +50,8 @@ import typer
 from rich.console import Console
 
 from core.common.errors import PgolfError
-from core.config.fields import PRESETS, Config
+from core.config.fields import Config
+from core.config.presets import PRESETS
 
 try:  # recent typer releases carry their own copy of click
     from typer._click import exceptions as click_errors
@@ -357,7 +358,7 @@ def config_show(
     """Print the resolved config as TOML (usable as --config), each value with where it came from."""
     import json
 
-    from core.config.fields import resolve_sources
+    from core.config.sources import resolve_sources
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
     for name, value in cfg.to_dict().items():
@@ -556,7 +557,7 @@ def bench(
     import json
 
     from core.common.files import write_atomic
-    from core.config.fields import resolve
+    from core.config.sources import resolve
     from core.model.backend import check_config
     from core.train.bench import benchmark
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config.fields import Config, preset
+from core.config.fields import Config
+from core.config.presets import preset
 
 CHALLENGE = Path(__file__).resolve().parent / "fixtures" / "challenge"  # the challenge's sp1024 files
 

@@ -12,7 +12,7 @@ from core.artifact.export import class_bits, class_clips, export_artifact, mixed
 from core.artifact.records import load_record_artifact
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError
-from core.config.fields import preset
+from core.config.presets import preset
 from core.data.tokenizer import byte_tables, load_tokenizer
 from core.eval.score import EvalData, evaluate, evaluate_sliding, evaluators, load_eval_data
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes

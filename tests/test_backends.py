@@ -12,7 +12,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from core.config.fields import preset
+from core.config.presets import preset
 from core.model import backend as backends
 from core.model.optim import GROUPS, base_lr, weight_decay
 from core.model.params import init_params, param_shapes, param_specs

@@ -17,7 +17,8 @@ from core.artifact.checkpoint import (
 )
 from core.common.errors import PgolfError
 from core.common.files import make_dir, write_atomic
-from core.config.fields import Config, preset
+from core.config.fields import Config
+from core.config.presets import preset
 from core.model.params import init_params
 from core.runs.summary import read_metrics
 from core.train.loop import _shared_run_id

@@ -370,7 +370,8 @@ def test_config_show_prints_a_config_file_with_the_source_of_each_value(tmp_path
     assert "seed = 7  # flag" in lines and "iterations = 12  # env ITERATIONS" in lines
     assert "model_dim = 128  # preset tiny" in lines and "matrix_lr = 0.04  # default" in lines
     (tmp_path / "shown.toml").write_text(shown.stdout)
-    from core.config.fields import load_file, preset
+    from core.config.presets import preset
+    from core.config.sources import load_file
 
     assert Config.from_dict(load_file(tmp_path / "shown.toml")) == preset("tiny").replace(
         seed=7, iterations=12, dataset="sotu_sp1024"

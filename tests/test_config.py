@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from core.artifact import int8
+from core.artifact.export import saved_config, scoring_config
 from core.common.errors import PgolfError
 from core.config.fields import (
-    PRESETS,
+    EXPORT_FIELDS,
+    RESUMABLE_FIELDS,
+    SCORING_FIELDS,
+    SECTIONS,
+    Check,
     Config,
     field_names,
-    from_env,
-    load_file,
-    parse_overrides,
-    preset,
-    resolve,
-    resolve_sources,
 )
+from core.config.presets import PRESETS, preset
+from core.config.sources import from_env, load_file, parse_overrides, resolve, resolve_sources
+from core.model.params import artifact_classes, config_for_params, param_shapes, storage_dtypes
+from tests.reference import reference_logits
+from tests.test_backends import FEATURES, LOOPS_LANES, busy_params
+from tests.test_fuzz import run_within
 
 
 def test_baseline_defaults_match_the_upstream_scripts():
@@ -278,3 +287,157 @@ def test_near_misses_are_suggested(tmp_path):
     (tmp_path / "r.toml").write_text("matrx_lr = 1\n")
     with pytest.raises(PgolfError, match="did you mean 'matrix_lr'"):
         load_file(tmp_path / "r.toml")
+
+
+# ------------------------------------------------------------- each field's declaration
+def test_every_field_declares_all_of_it():
+    for f in fields(Config):
+        info = f.metadata
+        assert info.get("help") and info.get("section") in SECTIONS, f.name
+        assert info.get("checks") and all(isinstance(c, Check) for c in info["checks"]), f.name
+        assert isinstance(info.get("resume"), bool) and isinstance(info.get("scoring"), bool), f.name
+    assert set(RESUMABLE_FIELDS) | set(SCORING_FIELDS) | set(EXPORT_FIELDS) <= field_names()
+    assert not set(EXPORT_FIELDS) & set(
+        SCORING_FIELDS
+    )  # export never changes what an artifact is scored with
+
+
+def other_values(cfg: Config, name: str) -> list:
+    """Values of field `name` other than cfg's that pass the field's own checks, nearest first."""
+    value, info = getattr(cfg, name), Config.__dataclass_fields__[name].metadata
+    choices = [c for check in info["checks"] for c in check.choices]
+    if isinstance(value, bool):
+        candidates = [not value]
+    elif choices:
+        candidates = choices
+    elif isinstance(value, int):
+        candidates = [value + 2, value + 1, value - 1, value * 2]
+    elif isinstance(value, float):
+        candidates = [value * 2 + 1, value / 2]
+    else:  # a list keeps its first items; a name gets longer
+        candidates = [value.rsplit(",", 1)[0], value + "0"]
+    return [c for c in candidates if c != value and all(check.ok(c) for check in info["checks"])]
+
+
+def changed_config(base: Config, name: str) -> Config:
+    """`base` with field `name` set to the first other value that passes validation."""
+    for value in other_values(base, name):
+        try:
+            return base.replace(**{name: value}).validate()
+        except PgolfError:
+            continue
+    raise AssertionError(f"{name}: no other valid value found to try")
+
+
+# Every model feature on at once (looping, parallel lanes, value embeddings, XSA, ...), so that each
+# model setting has something to change.
+ALL_FEATURES = dict(FEATURES, **LOOPS_LANES, ve_layers="2,4")
+
+
+def test_a_model_setting_the_shapes_do_not_tell_is_kept_for_scoring():
+    """A model field changes the model (its weights' shapes, or its output on the same weights) and
+    the shapes do not tell its value exactly when it is declared scoring=True: otherwise an artifact
+    scored alone would run with it at its default."""
+    base = preset("smoke").replace(**ALL_FEATURES).validate()
+    params = busy_params(base)
+    x = np.random.default_rng(0).integers(0, base.vocab_size, (1, 8))
+    logits = reference_logits(params, base, x, looping=True)
+    for f in fields(Config):
+        if f.metadata["section"] != "model":
+            continue
+        changed = changed_config(base, f.name)
+        shapes = param_shapes(changed)
+        if shapes != param_shapes(base):
+            try:
+                told = getattr(config_for_params(base, shapes), f.name) == getattr(changed, f.name)
+            except PgolfError:  # the weights do not fit the base config's other settings
+                told = False
+            matters = not told
+        else:
+            out = reference_logits(params, changed, x, looping=changed.num_loops > 0)
+            matters = bool(np.abs(out - logits).max() > 1e-9)
+        assert f.metadata["scoring"] == matters, (
+            f"{f.name}: {'changes the model and the shapes do not tell it' if matters else 'changes nothing the scoring sees'}"
+            f", but it is declared scoring={f.metadata['scoring']}"
+        )
+
+
+def test_each_scoring_setting_comes_back_from_an_artifact(tmp_path):
+    small = preset("smoke")
+    model = int8.quantize_int8(busy_params(small), storage_dtypes(small, False), artifact_classes(small))
+    for name in SCORING_FIELDS:
+        cfg = Config().replace(**{name: other_values(Config(), name)[0]})
+        path = tmp_path / f"{name}.pgolf"
+        int8.save_artifact(path, model, "zlib", config=scoring_config(cfg))
+        kept, where = saved_config(path)
+        assert where == f"artifact {path}" and Config.from_dict(kept) == cfg, name
+
+
+# ------------------------------------------------- files and ranges a user can get wrong
+def test_a_key_given_twice_is_refused_by_name(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text('{"seed": 1, "matrix_lr": 0.1, "seed": 2}')
+    with pytest.raises(PgolfError, match="run.json sets 'seed' twice"):
+        load_file(path)
+    toml = tmp_path / "run.toml"  # TOML's own parser refuses it, naming the line
+    toml.write_text("seed = 1\nseed = 2\n")
+    with pytest.raises(PgolfError, match=r"not valid TOML \(Cannot overwrite a value \(at line 2"):
+        load_file(toml)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("deep.json", "[" * 200_000),
+        ("deep_object.json", '{"a": ' * 50_000),
+        ("deep.toml", "seed = " + "[" * 200_000),
+        ("deep_table.toml", "seed = " + "{a = " * 40_000),
+    ],
+)
+def test_deeply_nested_brackets_are_one_error_line(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(PgolfError, match="nests values too deeply: it must be a flat table"):
+        load_file(path)
+
+
+def test_a_nested_value_is_refused_by_name(tmp_path):
+    for name, text in (
+        ("a.toml", "seed = [[1]]\n"),
+        ("b.toml", "[seed]\nx = 1\n"),
+        ("c.json", '{"seed": {"x": 1}}'),
+    ):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(PgolfError, match=f"seed in .*{name} must be one value, not a table or a list"):
+            load_file(tmp_path / name)
+
+
+def test_a_fifo_or_a_device_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "config.toml"
+    os.mkfifo(fifo)  # nobody writes it: opening it to read would wait forever
+    for path in (fifo, Path("/dev/zero")):
+        _, error = run_within(
+            10, lambda p=path: load_file(p), unblock=lambda: os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        )
+        assert isinstance(error, PgolfError) and "not a regular file" in str(error), error
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"muon_backend_steps": 10**6}, "muon_backend_steps must be at most 100"),
+        ({"muon_backend_steps": -1}, "muon_backend_steps must be >= 0"),
+        ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
+        ({"muon_momentum_warmup_steps": -1}, "muon_momentum_warmup_steps must be >= 0"),
+        ({"mlx_max_microbatch_tokens": -1}, "mlx_max_microbatch_tokens must be >= 0"),
+        ({"ve_layers": "1,,2"}, "ve_layers must be comma-separated layer numbers"),
+        ({"ve_layers": ""}, "ve_layers must be comma-separated layer numbers"),
+        ({"ve_layers": "1,"}, "ve_layers must be comma-separated layer numbers"),
+        ({"report_to": "tensorboard,,wandb"}, "report_to must be empty or comma-separated names"),
+        ({"report_to": ","}, "report_to must be empty or comma-separated names"),
+    ],
+)
+def test_ranges_and_lists_are_checked_by_their_declaration(change, message):
+    with pytest.raises(PgolfError, match=message):
+        preset("smoke").replace(**change).validate()
+    preset("smoke").replace(ve_layers=" 0, 1", report_to="tensorboard, wandb").validate()

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from core.config.fields import preset  # noqa: E402
+from core.config.presets import preset  # noqa: E402
 from cuda_train import model as torch_model  # noqa: E402
 from cuda_train.backend import peak_bf16_flops  # noqa: E402
 from cuda_train.optim import orthogonaliser  # noqa: E402

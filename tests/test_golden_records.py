@@ -9,7 +9,7 @@ parameter names, so the weights load as they are.
 Tolerances: logits 2e-5 absolute, losses 1e-5 relative, one optimizer step 2e-5
 absolute (fp32 round-off, the same bounds as the numpy reference tests). Where a
 golden file keeps a record's environment variables, pgolf reads them with
-`core.config.fields.from_env`, the same mapping a user's environment gets.
+`core.config.sources.from_env`, the same mapping a user's environment gets.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from core.config.fields import from_env, preset
+from core.config.presets import preset
+from core.config.sources import from_env
 from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
 from core.model.params import ParamSpec, num_skip_weights, param_shapes, param_specs
 from core.model.schedule import lr_multiplier

@@ -15,7 +15,7 @@ mx = pytest.importorskip("mlx.core", reason="mlx not installed")
 nn = pytest.importorskip("mlx.nn")
 from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
-from core.config.fields import preset  # noqa: E402
+from core.config.presets import preset  # noqa: E402
 from core.model.params import round_to_bfloat16  # noqa: E402
 from mlx_train import ops  # noqa: E402
 from mlx_train.model import GPT  # noqa: E402

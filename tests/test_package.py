@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from core.common.errors import PgolfError
-from core.config.fields import Config, preset
+from core.config.fields import Config
+from core.config.presets import preset
 from core.runs.package import bundled_modules, code_bytes, minify, script, write_record
 from tests.test_backends import needs
 from tests.test_cli import cli, data_flags
@@ -50,7 +51,7 @@ def test_minify_drops_docstrings_and_comments_and_keeps_the_code():
 
     from core.model import schedule
 
-    source = (ROOT / "core" / "schedule.py").read_text()
+    source = (ROOT / "core" / "model" / "schedule.py").read_text()
     small = minify(source)
     assert len(small) < 0.6 * len(source) and "#" not in small
     tree = ast.parse(small)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from core.common.errors import PgolfError
-from core.config.fields import preset
+from core.config.presets import preset
 from core.model.optim import GROUPS
 from core.model.params import (
     KINDS,

@@ -21,7 +21,7 @@ from safetensors.numpy import save as st_save
 
 from core.artifact import int8 as quant
 from core.common.errors import PgolfError
-from core.config.fields import preset
+from core.config.presets import preset
 from core.model.params import artifact_classes, init_params, storage_dtypes
 
 try:

@@ -22,7 +22,9 @@ from core.artifact.mixed import load_mixed_artifact
 from core.common import compress
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
-from core.config.fields import MAX_LAYERS, SEED_MAX, load_file, preset, resolve
+from core.config.fields import MAX_LAYERS, SEED_MAX
+from core.config.presets import preset
+from core.config.sources import load_file, resolve
 from core.data.manifest import read_manifest
 from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
@@ -58,9 +60,13 @@ def test_seeds_out_of_range_are_refused_from_flags_env_and_toml(tmp_path, seed):
     assert load_file(toml)["seed"] == int(seed)
 
 
-def test_a_config_file_that_never_ends_is_refused():
-    with pytest.raises(PgolfError, match="/dev/zero holds more than 1,048,576 bytes: not a config file"):
+def test_a_config_file_that_never_ends_is_refused(tmp_path):
+    with pytest.raises(PgolfError, match="cannot read /dev/zero: not a regular file"):
         load_file("/dev/zero")
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * 2**20)
+    with pytest.raises(PgolfError, match="big.toml holds more than 1,048,576 bytes: not a config file"):
+        load_file(big)
 
 
 def test_the_ends_of_the_seed_range_are_accepted():

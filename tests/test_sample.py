@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from core.common.errors import PgolfError
-from core.config.fields import preset
+from core.config.presets import preset
 from core.eval.sample import generate, pick_token
 from tests.test_backends import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.config.fields import preset
+from core.config.presets import preset
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, training_progress
 
 

@@ -9,7 +9,9 @@ import pytest
 
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.common.errors import PgolfError
-from core.config.fields import Config, preset, resolve_sources
+from core.config.fields import Config
+from core.config.presets import preset
+from core.config.sources import resolve_sources
 from core.runs import setup
 
 
@@ -78,7 +80,7 @@ def test_export_changes_only_the_artifact_settings(checkpoint, tmp_path):
     assert (upstream.target, upstream.upstream) == (tmp_path / "a.ptz", True)
     refused = (
         ("zip", {}, "unknown export format 'zip' (choose pgolf or upstream)"),
-        ("pgolf", {"model_dim": 64}, "--model-dim cannot change (only the artifact settings"),
+        ("pgolf", {"model_dim": 64}, "--model-dim cannot change (only the artifact, data and execution settings"),
         ("upstream", {"matrix_bits": 6, "quant_format": "mixed"}, "int8 + zlib only"),
     )
     for format, overrides, message in refused:
@@ -86,7 +88,3 @@ def test_export_changes_only_the_artifact_settings(checkpoint, tmp_path):
             setup.export_setup(checkpoint, None, format, overrides)
     with pytest.raises(PgolfError, match="is the checkpoint itself"):
         setup.export_setup(checkpoint, checkpoint, "pgolf", {})
-
-
-def test_the_artifact_fields_are_config_fields():
-    assert set(setup.ARTIFACT_FIELDS) <= set(Config().to_dict())

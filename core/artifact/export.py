@@ -11,9 +11,9 @@ Either goes into pgolf's container, compressed with `compressor` after an option
 `byte_shuffle`. The report says where the bytes went, per tensor class.
 
 pgolf's containers also keep the settings the weights are scored with that their shapes
-do not tell (`SCORING_FIELDS` where they differ from the defaults: the model's switches,
-the sequence lengths, the evaluation, the dataset's name), so an artifact can be scored
-alone (`saved_config`).
+do not tell (the fields declared `scoring=True` in core/config/fields.py, where they differ
+from the defaults: the model's switches, the sequence lengths, the evaluation, the dataset's
+name), so an artifact can be scored alone (`saved_config`).
 
 Reading (`read_artifact`, then `dequantize`): pgolf's container in either format, the
 challenge's torch int8 container (zlib), its MLX pickle when allowed, and the
@@ -36,7 +36,8 @@ from core.artifact.mixed import MixedModel
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError, first_line
 from core.common.files import read_file
-from core.config.fields import MAX_CONFIG_BYTES, Config
+from core.config.fields import SCORING_FIELDS, Config
+from core.config.sources import MAX_CONFIG_BYTES
 from core.model.params import artifact_classes
 
 __all__ = [
@@ -51,12 +52,6 @@ __all__ = [
 ]
 
 FP16_BITS = 16  # a bits setting that keeps the class in fp16
-SCORING_FIELDS = (
-    "mlp_activation", "rope_base", "logit_softcap", "rope_dims", "ln_scale", "xsa_last_n", "ve_enabled",
-    "ve_dim", "ve_layers", "skip_gates_enabled", "num_loops", "loop_start", "loop_end",
-    "parallel_start_layer", "parallel_final_lane", "train_seq_len", "eval_seq_len", "eval_stride",
-    "eval_batch_seqs", "val_max_tokens", "dataset",
-)  # fmt: skip
 
 
 def scoring_config(cfg: Config) -> dict[str, Any]:

@@ -32,7 +32,8 @@ from core.runs.stats import mean_std
 __all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY = ("core.train.loop", "cuda_train.backend")  # what main() imports; the rest follows from their imports
+# What main() imports; the rest follows from their imports.
+ENTRY = ("core.train.loop", "core.config.sources", "cuda_train.backend")
 PACKAGES = ("core", "cuda_train")
 # Imported by the modules above only on paths a packaged run never takes: its size (it knows it),
 # `--dataset` lookups (it reads its settings from the environment), the records' artifacts.
@@ -78,11 +79,11 @@ def bundled_modules() -> dict[str, str]:
 
 def minify(source: str) -> str:
     """The same code without docstrings, comments or formatting, nor the help texts of Config's
-    fields (`opt(default, help)`: only the CLI shows them)."""
+    fields (`opt(default, help, ...)`: only the CLI shows them)."""
     tree = ast.parse(source)
     for node in ast.walk(tree):
         is_opt = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "opt"
-        if is_opt and len(node.args) == 2:
+        if is_opt and len(node.args) >= 2:
             node.args[1] = ast.Constant("")
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             first = node.body[0] if node.body else None
@@ -131,7 +132,8 @@ class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def main():
     sys.meta_path.insert(0, BundledModules())
     from core.model.backend import create
-    from core.config.fields import Config, from_env
+    from core.config.fields import Config
+    from core.config.sources import from_env
     from core.train.loop import train
 
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()

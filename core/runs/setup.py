@@ -21,13 +21,9 @@ import numpy as np
 from core.artifact.checkpoint import checkpoint_config, load_checkpoint
 from core.artifact.export import quant_label, saved_config
 from core.common.errors import PgolfError
-from core.config.fields import (
-    CHALLENGE_DATA_PRESETS,
-    Config,
-    given_values,
-    resolve_sources,
-    resumed_config,
-)
+from core.config.fields import EXPORT_FIELDS, Config
+from core.config.presets import CHALLENGE_DATA_PRESETS
+from core.config.sources import given_values, resolve_sources, resumed_config
 from core.data.manifest import dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.score import EvalData, load_eval_data, load_weights
@@ -38,12 +34,6 @@ DEFAULT_DATA = Config().data_path
 DEFAULT_DATA_ROOT = Path("data")  # where the default dataset is prepared on first use
 DATA_WAIT_S = 1800.0  # how long torchrun's other ranks wait for local rank 0 to prepare the default data
 
-# The settings `export` may change: how the artifact is written, and what GPTQ calibrates on.
-ARTIFACT_FIELDS = (
-    "quant_format", "compressor", "byte_shuffle", "embed_bits", "matrix_bits", "attn_bits", "mlp_bits",
-    "other_bits", "embed_clip_sigmas", "matrix_clip_sigmas", "attn_clip_sigmas", "mlp_clip_sigmas",
-    "gptq_enabled", "gptq_calibration_batches", "data_path", "train_loader", "compute_dtype",
-)  # fmt: skip
 
 
 # ------------------------------------------------------------------------ train
@@ -197,15 +187,15 @@ class Export:
 
 def export_setup(checkpoint: Path, out: Path | None, format: str, overrides: dict[str, Any] | None) -> Export:
     """The export of `checkpoint` in `format` (pgolf or upstream) to `out` (default: beside the
-    checkpoint), with only the ARTIFACT_FIELDS of the checkpoint's config changed by `overrides`."""
+    checkpoint), with only the EXPORT_FIELDS of the checkpoint's config changed by `overrides`."""
     overrides = overrides or {}
     if format not in ("pgolf", "upstream"):
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
-    fixed = sorted(set(overrides) - set(ARTIFACT_FIELDS))
+    fixed = sorted(set(overrides) - set(EXPORT_FIELDS))
     if fixed:
         raise PgolfError(
             f"export keeps the checkpoint's config; --{fixed[0].replace('_', '-')} cannot change "
-            f"(only the artifact settings: {', '.join(ARTIFACT_FIELDS)})"
+            f"(only the artifact, data and execution settings: {', '.join(EXPORT_FIELDS)})"
         )
     ckpt = load_checkpoint(checkpoint)
     cfg = Config.from_dict(ckpt.config).replace(**overrides).validate()

@@ -1,0 +1,185 @@
+"""Where a config's values come from, layered: preset < config file (TOML or JSON) < environment < flags.
+
+Field names are the upstream scripts' hyperparameter names in lower case, so the upstream
+environment variables (`ITERATIONS`, `MATRIX_LR`, ...) map onto them by upper-casing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from core.common.errors import PgolfError, did_you_mean
+from core.common.files import read_file
+from core.config.fields import RESUMABLE_FIELDS, Config, field_names
+from core.config.presets import preset_values
+
+# Upstream spellings that are not simply FIELD.upper().
+ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
+MAX_CONFIG_BYTES = 2**20  # a TOML file of every field is a few KB
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a flat table of config fields: TOML, or JSON when the name ends in .json (a run's
+    config.json). Unknown keys, a key given twice, and a value that is a table or a list are errors.
+
+    Regular files only, up to MAX_CONFIG_BYTES: a FIFO (`--config <(...)` too), a device or a
+    folder is refused before anything is read."""
+    p = Path(path)
+    as_json = p.suffix.lower() == ".json"
+    try:
+        info = os.stat(p)
+    except FileNotFoundError:
+        raise PgolfError(f"config: file not found: {p}") from None
+    except OSError as exc:
+        raise PgolfError(f"config: cannot read {p}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise PgolfError(f"config: cannot read {p}: not a regular file (a folder, a FIFO or a device)")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise PgolfError(f"config: {p} holds more than {MAX_CONFIG_BYTES:,} bytes: not a config file")
+
+    def once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        """A JSON object whose keys are all different."""
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise PgolfError(f"config: {p} sets {key!r} twice")
+            out[key] = value
+        return out
+
+    try:
+        text = read_file(p, "config", MAX_CONFIG_BYTES).decode("utf-8")
+        data = json.loads(text, object_pairs_hook=once) if as_json else tomllib.loads(text)
+    except UnicodeDecodeError:
+        raise PgolfError(f"config: {p} is not UTF-8 text") from None
+    except RecursionError:  # brackets nested a thousand deep: a flat table never nests
+        raise PgolfError(f"config: {p} nests values too deeply: it must be a flat table of fields") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise PgolfError(f"config: {p} is not valid {'JSON' if as_json else 'TOML'} ({exc})") from None
+    if not isinstance(data, dict):
+        raise PgolfError(f"config: {p} must hold one object of config fields")
+    unknown = sorted(set(data) - field_names())
+    if unknown:
+        raise PgolfError(
+            f"config: unknown key {unknown[0]!r} in {p}{did_you_mean(unknown[0], field_names())}"
+        )
+    for key, value in data.items():
+        if value is None:
+            raise PgolfError(f"config: {key} in {p} has no value (null)")
+        if isinstance(value, dict | list):
+            raise PgolfError(f"config: {key} in {p} must be one value, not a table or a list")
+    return data
+
+
+def env_names(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR)."""
+    env = os.environ if environ is None else environ
+    out = {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
+    for alias, name in ENV_ALIASES.items():
+        if alias in env and name not in out:
+            out[name] = alias
+    return out
+
+
+def from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The upstream environment variables that name a config field (e.g. MATRIX_LR)."""
+    env = os.environ if environ is None else environ
+    return {name: env[var] for name, var in env_names(env).items()}
+
+
+DEFAULT_SOURCE = "default"
+
+
+def resolve_sources(
+    preset_name: str = "baseline",
+    file_path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> tuple[Config, dict[str, str]]:
+    """The config of preset, then file, then upstream env vars, then explicit overrides (flags), and
+    where each field's value came from: 'default', 'preset P', 'file F', 'env VAR', 'flag', or
+    'dataset D' for the paths a `dataset` looked up in the manifest.
+
+    A layer that names a dataset sets data_path, tokenizer_path and vocab_size from the manifest,
+    except those the same layer sets itself (a run's config.json holds all four).
+    """
+    env_vars = env_names(environ)
+    layers = [
+        {k: (v, f"preset {preset_name}") for k, v in preset_values(preset_name).items()},
+        {k: (v, f"file {file_path}") for k, v in load_file(file_path).items()} if file_path else {},
+        {k: (v, f"env {env_vars[k]}") for k, v in from_env(environ).items()},
+        {k: (v, "flag") for k, v in (overrides or {}).items()},
+    ]
+    cfg, sources = Config(), dict.fromkeys(field_names(), DEFAULT_SOURCE)
+    for layer in layers:
+        name = layer.get("dataset", ("", ""))[0]
+        if name and not {"data_path", "tokenizer_path", "vocab_size"} <= set(layer):
+            from core.data.manifest import dataset_settings
+
+            found = dataset_settings(str(name))
+            layer = {**{k: (v, f"dataset {name}") for k, v in found.items()}, **layer}
+        cfg = cfg.replace(**{k: value for k, (value, _) in layer.items()})
+        sources.update({k: source for k, (_, source) in layer.items()})
+    if not cfg.dataset:
+        cfg = cfg.replace(dataset=Path(cfg.data_path).name)
+        sources["dataset"] = "data_path"
+    return cfg, sources
+
+
+def resolve(
+    preset_name: str = "baseline",
+    file_path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Preset, then config file, then upstream env vars, then explicit overrides (flags)."""
+    return resolve_sources(preset_name, file_path, overrides, environ)[0]
+
+
+def given_values(cfg: Config, sources: dict[str, str]) -> dict[str, Any]:
+    """The fields of `cfg` that were asked for (by a preset, a file, the environment or a flag)."""
+    return {
+        name: getattr(cfg, name)
+        for name, source in sources.items()
+        if source not in (DEFAULT_SOURCE, "data_path")
+    }
+
+
+def resumed_config(saved: dict[str, Any], cfg: Config, sources: dict[str, str]) -> Config:
+    """The config a checkpoint was trained with, plus what was given now (by a preset named on the
+    command line, a file, the environment or a flag) of RESUMABLE_FIELDS; anything else that differs
+    from the checkpoint is refused by name."""
+    base = Config.from_dict(saved)
+    changes, refused = {}, []
+    for name, value in given_values(cfg, sources).items():
+        old = getattr(base, name)
+        if value == old:
+            continue
+        if name in RESUMABLE_FIELDS:
+            changes[name] = value
+        else:
+            refused.append(f"{name} (the checkpoint has {old!r}, {sources[name]} gives {value!r})")
+    if refused:
+        raise PgolfError(
+            f"config: cannot change when resuming: {', '.join(refused)}; only {', '.join(RESUMABLE_FIELDS)} can"
+        )
+    resumed = base.replace(**changes)
+    return resumed if resumed.dataset else resumed.replace(dataset=Path(resumed.data_path).name)
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Turn ['matrix_lr=0.02', 'iterations=100'] into a dict, checking each key."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_").lower()
+        if not sep:
+            raise PgolfError(f"config: override {pair!r} must look like key=value")
+        if key not in field_names():
+            raise PgolfError(f"config: unknown key {key!r}")
+        out[key] = value
+    return out
