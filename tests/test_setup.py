@@ -80,7 +80,11 @@ def test_export_changes_only_the_artifact_settings(checkpoint, tmp_path):
     assert (upstream.target, upstream.upstream) == (tmp_path / "a.ptz", True)
     refused = (
         ("zip", {}, "unknown export format 'zip' (choose pgolf or upstream)"),
-        ("pgolf", {"model_dim": 64}, "--model-dim cannot change (only the artifact, data and execution settings"),
+        (
+            "pgolf",
+            {"model_dim": 64},
+            "--model-dim cannot change (only the artifact, data and execution settings",
+        ),
         ("upstream", {"matrix_bits": 6, "quant_format": "mixed"}, "int8 + zlib only"),
     )
     for format, overrides, message in refused:
