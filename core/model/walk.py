@@ -117,7 +117,7 @@ class Walk:
 
     def apply_rope(self, x: Array, rope: Rope) -> Array:
         """Rotate the two halves of the first R dims of each head by -theta: [x1 cos + x2 sin, -x1 sin + x2 cos]."""
-        cos, sin = self.cast(rope[0], x), self.cast(rope[1], x)
+        cos, sin = rope
         half = cos.shape[-1]
         x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
         return self.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin, rest], -1)
@@ -149,6 +149,7 @@ class Walk:
         q = self.heads(attn.c_q(x), cfg.num_heads)  # (B, H, T, D)
         k = self.heads(attn.c_k(x), cfg.num_kv_heads)  # (B, KV, T, D)
         v = self.heads(v, cfg.num_kv_heads)
+        rope = (self.cast(rope[0], q), self.cast(rope[1], q))
         q = self.apply_rope(self.rms_norm(q), rope) * self.cast(attn.q_gain, q)[None, :, None, None]
         k = self.apply_rope(self.rms_norm(k), rope)
         keys, values = k, v
