@@ -20,17 +20,17 @@ def test_block_output_stays_bf16_when_autocast_returns_fp32_norms(monkeypatch):
     """CUDA autocast (PyTorch >= 2.12) runs rms_norm in fp32 and returns fp32; the CPU's does not,
     so the norm is made to here. The residual stream must stay in the compute dtype regardless."""
     cfg = preset("smoke")
-    block = torch_model.Block(cfg, 0)
+    model = torch_model.GPT(cfg)
     with torch.no_grad():
-        for p in block.parameters():
+        for p in model.parameters():
             p.normal_(0.0, 0.1)
     fp32_norm = F.rms_norm
     monkeypatch.setattr(F, "rms_norm", lambda x, shape, *a, **k: fp32_norm(x.float(), shape, *a, **k))
     x = torch.randn(2, cfg.train_seq_len, cfg.model_dim, dtype=torch.bfloat16)
-    rope = torch_model.rope_tables(cfg.train_seq_len, cfg.head_dim, cfg.rope_base)
+    rope = model.walk.rope(model, cfg.train_seq_len)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch_model.rms_norm(x).dtype == torch.bfloat16
-        assert block(x, x, rope).dtype == torch.bfloat16
+        assert model.walk.block(model, 0, x, x, rope, None, None).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

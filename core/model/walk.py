@@ -1,0 +1,269 @@
+"""The model's forward pass, written once for every backend: what runs in which order.
+
+A backend's model holds the parameters (with the names of core.model.params) in its
+framework's modules, and subclasses `Walk` with the few operations its framework writes
+its own way (the methods that raise NotImplementedError below). Everything else here is
+indexing, `reshape`, `swapaxes`, `+` and `*`, which torch and MLX arrays spell alike; the
+flow depends only on the config and on Python ints and bools, so torch.compile traces it
+into one graph and mx.compile into one trace per `looping` value.
+
+The model (`model`, below) is a tree of modules holding:
+- `tok_emb` (an embedding), `skip_weights`, `skip_gates` (with skip_gates_enabled);
+- `blocks[i]`, each with `attn` (`c_q`, `c_k`, `c_v`, `proj`: linear layers; `q_gain`),
+  `mlp` (the MLP as one call), `attn_scale`, `mlp_scale`, `resid_mix`;
+- `ve_shared` (`embed`, `proj` when ve_dim is not the kv width, `scale`) and
+  `ve_layer_scales` (with ve_enabled);
+- `parallel_resid_lambdas`, `parallel_post_lambdas` (with parallel_start_layer);
+- `rope_table()`: the RoPE tables made by `rope_tables` for the training length, on the
+  model's device.
+
+What it computes:
+- token embedding -> RMSNorm -> x0;
+- a U-Net of blocks: the encoder's outputs are kept, and the decoder takes them back in
+  reverse, added scaled by `skip_weights` (or blended in through a sigmoid gate per channel,
+  `skip_gates_enabled`);
+- each block mixes the residual with x0 (`resid_mix`), then adds scaled attention and MLP
+  outputs (`attn_scale`, `mlp_scale`); `ln_scale` scales the normed block inputs by
+  1/sqrt(layer + 1);
+- attention: RMSNorm on q and k, RoPE on all or the first `rope_dims` dimensions of each
+  head (rotating by -theta), a per-head query gain, grouped-query causal attention; the value
+  embedding (`ve_enabled`) added to v in `ve_layers`; XSA on the last `xsa_last_n` layers
+  removes from each output its component along the token's own value;
+- depth recurrence (`num_loops`): once looping is on, layers loop_start..loop_end run
+  1 + num_loops times with shared weights; the U-Net halves are cut from that visit list
+  (`Config.layer_layout`);
+- parallel residual lanes (`parallel_start_layer`): from the first decoder layer with that
+  index on, attention reads lane 0 (mixed with x0) and the MLP lane 1, and each lane keeps
+  `parallel_resid_lambdas` of itself plus `parallel_post_lambdas` of both outputs; the head
+  reads their mean (or one lane, `parallel_final_lane`);
+- decoding with a KV cache (`cache`): the new tokens only, each visit of a block appending
+  their keys and values to those it kept from the tokens before.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from core.config.fields import Config
+from core.model.params import num_skip_weights
+
+Array = Any  # a torch tensor or an MLX array
+Rope = tuple[Array, Array]  # cos, sin: (T, rope_dims / 2)
+Lanes = tuple[Array, Array]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
+# {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward}
+KVCache = dict
+
+
+class Walk:
+    """The forward pass over a backend's modules; a subclass supplies the framework operations."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.layouts = {looping: cfg.layer_layout(looping) for looping in (False, True)}
+        self.num_skips = num_skip_weights(cfg)
+        self.ve_layers = cfg.ve_layer_indices
+        self.head_dim = cfg.head_dim
+        self.rope_dims = cfg.rope_dims or cfg.head_dim
+        self.norm_scales = [1.0 / math.sqrt(i + 1) if cfg.ln_scale else 1.0 for i in range(cfg.num_layers)]
+
+    # --------------------------------------------------- the framework's operations
+    def cast(self, a: Array, like: Array) -> Array:
+        """`a` in the dtype (and on the device) of `like`."""
+        raise NotImplementedError
+
+    def cat(self, arrays: list[Array], axis: int) -> Array:
+        raise NotImplementedError
+
+    def sigmoid(self, a: Array) -> Array:
+        raise NotImplementedError
+
+    def rms_norm(self, x: Array) -> Array:
+        """RMSNorm over the last axis, epsilon the fp32 machine epsilon, in x's dtype."""
+        raise NotImplementedError
+
+    def unit(self, v: Array) -> Array:
+        """v / max(|v|, 1e-12) over the last axis."""
+        raise NotImplementedError
+
+    def arange(self, start: int, stop: int, step: int) -> Array:
+        """float32 start, start + step, ... < stop."""
+        raise NotImplementedError
+
+    def embed(self, table: Any, idx: Array) -> Array:
+        """The rows of the embedding module `table` for token ids idx, in the compute dtype."""
+        raise NotImplementedError
+
+    def attention(self, q: Array, k: Array, v: Array) -> Array:
+        """Causal attention of q (B, H, T, D) over k, v (B, KV, S, D), S >= T, scaled by 1/sqrt(D): query
+        head h reads kv head h // (H / KV), and query t sits at position S - T + t."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------- RoPE
+    def rope_tables(self, length: int) -> Rope:
+        """cos and sin (length, R/2) in fp32 of the angles position * base^(-2i/R)."""
+        inv_freq = 1.0 / (self.cfg.rope_base ** (self.arange(0, self.rope_dims, 2) / self.rope_dims))
+        angles = self.arange(0, length, 1)[:, None] * inv_freq[None, :]
+        return angles.cos(), angles.sin()
+
+    def rope(self, model: Any, length: int) -> Rope:
+        """The tables for positions 0..length-1: the model's own (made for the training length), or for a
+        longer input new ones, not kept."""
+        cos, sin = model.rope_table()
+        if length > cos.shape[0]:
+            longer = self.rope_tables(length)
+            cos, sin = self.cast(longer[0], cos), self.cast(longer[1], sin)
+        return cos[:length], sin[:length]
+
+    def apply_rope(self, x: Array, rope: Rope) -> Array:
+        """Rotate the two halves of the first R dims of each head by -theta: [x1 cos + x2 sin, -x1 sin + x2 cos]."""
+        cos, sin = rope
+        half = cos.shape[-1]
+        x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+        return self.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin, rest], -1)
+
+    # -------------------------------------------------------------- attention
+    def heads(self, y: Array, n: int) -> Array:
+        """(B, T, n * D) -> (B, n, T, D)."""
+        b, t, _ = y.shape
+        return y.reshape(b, t, n, self.head_dim).swapaxes(1, 2)
+
+    def remove_self_value(self, y: Array, v: Array) -> Array:
+        """XSA: y (B, H, T, D) minus its projection on the unit value vector of its own token (B, KV, T, D)."""
+        b, h, t, d = y.shape
+        kv = v.shape[1]
+        y = y.reshape(b, kv, h // kv, t, d)  # query head h = kv_head * G + g
+        unit = self.unit(v)[:, :, None]  # (B, KV, 1, T, D)
+        return (y - (y * unit).sum(-1, keepdims=True) * unit).reshape(b, h, t, d)
+
+    def attend(
+        self, i: int, attn: Any, x: Array, rope: Rope, v_embed: Array | None, kv: list | None
+    ) -> Array:
+        """Layer i's attention on x (B, T, d). With `kv` (a block visit's cache, empty at first) the
+        tokens attend to the keys and values kept there too, and theirs are appended."""
+        cfg = self.cfg
+        b, t, d = x.shape
+        v = attn.c_v(x)
+        if v_embed is not None:
+            v = v + v_embed
+        q = self.heads(attn.c_q(x), cfg.num_heads)  # (B, H, T, D)
+        k = self.heads(attn.c_k(x), cfg.num_kv_heads)  # (B, KV, T, D)
+        v = self.heads(v, cfg.num_kv_heads)
+        rope = (self.cast(rope[0], q), self.cast(rope[1], q))
+        q = self.apply_rope(self.rms_norm(q), rope) * self.cast(attn.q_gain, q)[None, :, None, None]
+        k = self.apply_rope(self.rms_norm(k), rope)
+        keys, values = k, v
+        if kv is not None:
+            if kv:
+                keys, values = self.cat([kv[0], k], 2), self.cat([kv[1], v], 2)
+            kv[:] = [keys, values]
+        y = self.attention(q, keys, values)  # (B, H, T, D)
+        if i >= cfg.num_layers - cfg.xsa_last_n:
+            y = self.remove_self_value(y, v)
+        return attn.proj(y.swapaxes(1, 2).reshape(b, t, d))
+
+    # ----------------------------------------------------------------- blocks
+    def norm(self, i: int, x: Array) -> Array:
+        scale = self.norm_scales[i]
+        return self.rms_norm(x) * scale if scale != 1.0 else self.rms_norm(x)
+
+    def mix(self, block: Any, x: Array, x0: Array) -> Array:
+        """The residual stream blended with the embedding x0 (`resid_mix`)."""
+        mix = self.cast(block.resid_mix, x)
+        return mix[0] * x + mix[1] * x0
+
+    def attn_branch(
+        self, i: int, block: Any, x: Array, rope: Rope, v_embed: Array | None, kv: list | None
+    ) -> Array:
+        return self.cast(block.attn_scale, x) * self.attend(i, block.attn, self.norm(i, x), rope, v_embed, kv)
+
+    def mlp_branch(self, i: int, block: Any, x: Array) -> Array:
+        return self.cast(block.mlp_scale, x) * block.mlp(self.norm(i, x))
+
+    def block(
+        self, model: Any, i: int, x: Array, x0: Array, rope: Rope, v_embed: Array | None, kv: list | None
+    ) -> Array:
+        """Block i: mixed with x0, then the attention and the MLP branch, one after the other."""
+        block = model.blocks[i]
+        x = self.mix(block, x, x0)
+        x = x + self.attn_branch(i, block, x, rope, v_embed, kv)
+        return x + self.mlp_branch(i, block, x)
+
+    def parallel_block(
+        self, model: Any, i: int, lanes: Lanes, x0: Array, rope: Rope, v_embed: Array | None, kv: list | None
+    ) -> Lanes:
+        """Block i's branches side by side: both read the incoming lanes, and lane j becomes
+        resid[j] * lane_j + post[0, j] * attention + post[1, j] * MLP."""
+        block, (lane0, lane1) = model.blocks[i], lanes
+        a = self.attn_branch(i, block, self.mix(block, lane0, x0), rope, v_embed, kv)
+        m = self.mlp_branch(i, block, lane1)
+        resid = self.cast(model.parallel_resid_lambdas[i], a)
+        post = self.cast(model.parallel_post_lambdas[i], a)
+        return (
+            resid[0] * lane0 + post[0, 0] * a + post[1, 0] * m,
+            resid[1] * lane1 + post[0, 1] * a + post[1, 1] * m,
+        )
+
+    # ------------------------------------------------------------------ model
+    def value_embeds(self, model: Any, idx: Array) -> dict[int, Array]:
+        """The value embedding each ve layer adds to its values (B, T, kv_dim)."""
+        if not self.ve_layers:
+            return {}
+        ve = model.ve_shared
+        shared = self.embed(ve.embed, idx)  # (B, T, ve_dim)
+        if self.cfg.ve_dim != self.cfg.num_kv_heads * self.head_dim:
+            shared = ve.proj(shared)
+        shared = shared * self.cast(ve.scale, shared)
+        scales = zip(self.ve_layers, model.ve_layer_scales, strict=True)
+        return {layer: shared * self.cast(scale, shared) for layer, scale in scales}
+
+    def skip(self, model: Any, j: int, x: Array, skipped: Array) -> Array:
+        """Decoder position j takes back the encoder output `skipped`: added, or blended through a gate."""
+        scaled = self.cast(model.skip_weights[j], x) * skipped
+        if not self.cfg.skip_gates_enabled:
+            return x + scaled
+        gate = self.sigmoid(self.cast(model.skip_gates[j], x))
+        return scaled + gate * (x - scaled)  # lerp(scaled, x, gate)
+
+    def final_lane(self, lanes: Lanes) -> Array:
+        """What the head reads of the two lanes."""
+        if self.cfg.parallel_final_lane == "attn":
+            return lanes[0]
+        if self.cfg.parallel_final_lane == "mlp":
+            return lanes[1]
+        return 0.5 * (lanes[0] + lanes[1])
+
+    def hidden(self, model: Any, idx: Array, looping: bool = False, cache: KVCache | None = None) -> Array:
+        """Token ids (B, T) -> the final normed hidden states (B, T, d). With `cache` (empty at first) the
+        tokens follow those decoded before, whose keys and values it keeps; theirs are added."""
+        start = 0 if cache is None else cache.get("length", 0)
+        cos, sin = self.rope(model, start + idx.shape[1])
+        rope = (cos[start:], sin[start:])
+        x = self.rms_norm(self.embed(model.tok_emb, idx))  # (B, T, d)
+        ve = self.value_embeds(model, idx)
+        encoder, decoder = self.layouts[looping]
+        visits = len(encoder) + len(decoder)
+        kvs = [None] * visits if cache is None else [cache.setdefault(n, []) for n in range(visits)]
+        x0, skips = x, []
+        for n, i in enumerate(encoder):
+            x = self.block(model, i, x, x0, rope, ve.get(i), kvs[n])
+            skips.append(x)
+        lanes: Lanes | None = None
+        for j, i in enumerate(decoder):
+            if lanes is None and 0 < self.cfg.parallel_start_layer <= i:
+                lanes = (x, x)  # the split; Config.validate keeps every later layer parallel too
+            if skips and j < self.num_skips:
+                if lanes is None:
+                    x = self.skip(model, j, x, skips.pop())
+                else:  # after the split the skips feed lane 0 only
+                    lanes = (self.skip(model, j, lanes[0], skips.pop()), lanes[1])
+            kv = kvs[len(encoder) + j]
+            if lanes is None:
+                x = self.block(model, i, x, x0, rope, ve.get(i), kv)
+            else:
+                lanes = self.parallel_block(model, i, lanes, x0, rope, ve.get(i), kv)
+        if lanes is not None:
+            x = self.final_lane(lanes)
+        if cache is not None:
+            cache["length"] = start + idx.shape[1]
+        return self.rms_norm(x)
