@@ -137,6 +137,9 @@ class GPT(nn.Module):
         self.skip_weights = nn.Parameter(torch.zeros(num_skip_weights(cfg), cfg.model_dim))
         if cfg.skip_gates_enabled:
             self.skip_gates = nn.Parameter(torch.zeros(num_skip_weights(cfg), cfg.model_dim))
+        if cfg.smear_gate_enabled:
+            self.smear_gate = CastedLinear(cfg.gate_window, 1)
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         if cfg.ve_enabled:
             self.ve_shared = ValueEmbedding(cfg)

@@ -143,6 +143,9 @@ class GPT(nn.Module):
         self.skip_weights = mx.zeros((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
         if cfg.skip_gates_enabled:
             self.skip_gates = mx.zeros((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
+        if cfg.smear_gate_enabled:
+            self.smear_gate = CastedLinear(cfg.gate_window, 1, self.ops)
+            self.smear_lambda = mx.zeros((1,), dtype=mx.float32)
         self.blocks = [Block(cfg, self.ops) for _ in range(cfg.num_layers)]
         if cfg.ve_enabled:
             self.ve_shared = ValueEmbedding(cfg, self.ops)

@@ -136,6 +136,20 @@ def take_skip(p: dict, cfg: Config, j: int, h: np.ndarray, skipped: np.ndarray) 
     return (1.0 - gate) * skip + gate * h
 
 
+def smear(p: dict, cfg: Config, emb: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """SmearGate: e_t + lambda * sigmoid(W e_t[:gate_window]) * e_(t-1) for t >= 1 where x_t is not BOS."""
+    if not cfg.smear_gate_enabled:
+        return emb
+    out = emb.copy()
+    for t in range(1, emb.shape[1]):
+        gate = p["smear_lambda"][0] / (
+            1.0 + np.exp(-(emb[:, t, : cfg.gate_window] @ p["smear_gate.weight"][0]))
+        )
+        keep = (x[:, t] != cfg.bos_id).astype(np.float64)
+        out[:, t] += (gate * keep)[:, None] * emb[:, t - 1]
+    return out
+
+
 def reference_logits(
     params: dict[str, np.ndarray], cfg: Config, x: np.ndarray, looping: bool = False
 ) -> np.ndarray:
@@ -150,7 +164,7 @@ def reference_logits(
     """
     p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     ve = value_embeddings(p, cfg, x)
-    h = rms_norm(p["tok_emb.weight"][x])
+    h = rms_norm(smear(p, cfg, p["tok_emb.weight"][x], x))
     x0, skips = h, []
     order = visit_order(cfg, looping)
     half = len(order) // 2

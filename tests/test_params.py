@@ -26,6 +26,7 @@ from core.model.params import (
 ALL_FEATURES = dict(
     num_layers=5, skip_gates_enabled=True, ve_enabled=True, ve_dim=24, ve_layers="3,4", mlp_mult=2.5,
     tie_embeddings=False, ema_decay=0.9, num_loops=1, loop_start=1, loop_end=2, parallel_start_layer=3,
+    smear_gate_enabled=True, gate_window=8,
 )  # fmt: skip
 
 

@@ -50,6 +50,7 @@ def test_cached_decoding_gives_the_logits_of_the_whole_sequence(backend_name, mo
     backend = make_backend(backend_name, cfg)
     backend.load_params(busy_params(cfg))
     tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, 12).astype(np.int32)
+    tokens[[2, 5, 8]] = cfg.bos_id  # document starts: in the prompt, and in the first decoded step
     full = backend.logits(tokens[None])[0]  # (T, V), no cache
     step = backend.decoder()
     got = [step(tokens[:5])]  # a prompt of 5, then one token at a time

@@ -199,6 +199,10 @@ class Config:
     )  # fmt: skip
 
     # --- model shape ---
+    bos_id: int = opt(
+        1, "the token that starts every document (the tokenizer's BOS): SmearGate never smears across it",
+        "data", NON_NEGATIVE, scoring=True,
+    )  # fmt: skip
     vocab_size: int = opt(
         1024, "must equal the tokenizer's vocabulary", "model",
         (POSITIVE, at_most(MAX_VOCAB, f"must fit uint16 shards (<= {MAX_VOCAB})")),
@@ -244,6 +248,14 @@ class Config:
     skip_gates_enabled: bool = opt(
         False, "U-Net skips blended in through a sigmoid gate per channel", "model", ANY, scoring=True
     )
+    smear_gate_enabled: bool = opt(
+        False, "SmearGate: each token embedding x_t gains lambda * sigmoid(W x_t[:gate_window]) * x_(t-1), "
+        "except at a document start (bos_id)", "model", ANY, scoring=True,
+    )  # fmt: skip
+    gate_window: int = opt(
+        12, "how many leading channels of a token's embedding drive its SmearGate", "model", POSITIVE,
+        scoring=True,
+    )  # fmt: skip
     num_loops: int = opt(
         0,
         "depth recurrence: once looping is on, layers loop_start..loop_end run 1 + num_loops times; 0 = off",
@@ -474,6 +486,14 @@ class Config:
         require(
             self.xsa_last_n <= self.num_layers,
             f"xsa_last_n={self.xsa_last_n} exceeds num_layers={self.num_layers}",
+        )
+        require(
+            not self.smear_gate_enabled or self.gate_window <= self.model_dim,
+            f"gate_window={self.gate_window} exceeds model_dim={self.model_dim}",
+        )
+        require(
+            self.bos_id < self.vocab_size,
+            f"bos_id={self.bos_id} is not a token of vocab_size={self.vocab_size}",
         )
         if self.ve_enabled:
             layers = self.ve_layer_indices

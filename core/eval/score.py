@@ -15,6 +15,7 @@ import numpy as np
 
 from core.artifact.checkpoint import is_checkpoint, load_checkpoint
 from core.artifact.export import dequantize, read_artifact
+from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import find_shards, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
@@ -37,6 +38,11 @@ class EvalData:
 def load_eval_data(cfg: Config) -> EvalData:
     sp = load_tokenizer(cfg.tokenizer_path)
     check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
+    if cfg.smear_gate_enabled and sp.bos_id() != cfg.bos_id:
+        raise PgolfError(
+            f"bos_id={cfg.bos_id}, but the tokenizer {cfg.tokenizer_path} starts documents with {sp.bos_id()}: "
+            "SmearGate would smear across document starts (set --bos-id)"
+        )
     tokens = load_val_tokens(
         find_shards(cfg.data_path, "val"), cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size
     )

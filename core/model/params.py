@@ -79,6 +79,9 @@ def param_specs(cfg: Config) -> dict[str, ParamSpec]:
     }
     if cfg.skip_gates_enabled:  # sigmoid(0) = 1/2: each skip starts half blended in
         specs["skip_gates"] = _control((num_skip_weights(cfg), d), 0.0)
+    if cfg.smear_gate_enabled:  # lambda = 0: no smear at the start
+        specs["smear_gate.weight"] = _control((1, cfg.gate_window), 0.0)
+        specs["smear_lambda"] = _control((1,), 0.0)
     for i in range(cfg.num_layers):
         b = f"blocks.{i}."
         specs[b + "attn.c_q.weight"] = _matrix(d, d, "attention")

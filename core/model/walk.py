@@ -9,6 +9,7 @@ into one graph and mx.compile into one trace per `looping` value.
 
 The model (`model`, below) is a tree of modules holding:
 - `tok_emb` (an embedding), `skip_weights`, `skip_gates` (with skip_gates_enabled);
+- `smear_gate` (a linear layer, gate_window -> 1) and `smear_lambda` (with smear_gate_enabled);
 - `blocks[i]`, each with `attn` (`c_q`, `c_k`, `c_v`, `proj`: linear layers; `q_gain`),
   `mlp` (the MLP as one call), `attn_scale`, `mlp_scale`, `resid_mix`;
 - `ve_shared` (`embed`, `proj` when ve_dim is not the kv width, `scale`) and
@@ -18,7 +19,8 @@ The model (`model`, below) is a tree of modules holding:
   model's device.
 
 What it computes:
-- token embedding -> RMSNorm -> x0;
+- token embedding (SmearGate, `smear_gate_enabled`: plus lambda * sigmoid(W x_t[:gate_window]) times
+  the token before's embedding, except where the token is a document's BOS) -> RMSNorm -> x0;
 - a U-Net of blocks: the encoder's outputs are kept, and the decoder takes them back in
   reverse, added scaled by `skip_weights` (or blended in through a sigmoid gate per channel,
   `skip_gates_enabled`);
@@ -51,7 +53,8 @@ from core.model.params import num_skip_weights
 Array = Any  # a torch tensor or an MLX array
 Rope = tuple[Array, Array]  # cos, sin: (T, rope_dims / 2)
 Lanes = tuple[Array, Array]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
-# {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward}
+# {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward,
+#  "smear": the last token's embedding (with smear_gate_enabled)}
 KVCache = dict
 
 
@@ -217,6 +220,21 @@ class Walk:
         scales = zip(self.ve_layers, model.ve_layer_scales, strict=True)
         return {layer: shared * self.cast(scale, shared) for layer, scale in scales}
 
+    def smear(self, model: Any, x: Array, idx: Array, before: Array | None) -> Array:
+        """SmearGate on the token embeddings x (B, T, d): x_t + lambda * sigmoid(W x_t[:gate_window]) * x_(t-1),
+        where token t is not a BOS (a document start takes nothing from the document before). `before`
+        is the embedding of the token before x's first one (decoding), else the first token is kept."""
+        if before is None:
+            first, x_t, x_prev, ids = x[:, :1], x[:, 1:], x[:, :-1], idx[:, 1:]
+        else:
+            first, x_t, x_prev, ids = None, x, self.cat([before, x[:, :-1]], 1), idx
+        gate = self.cast(model.smear_lambda, x) * self.sigmoid(
+            model.smear_gate(x_t[..., : self.cfg.gate_window])
+        )
+        not_bos = self.cast(ids != self.cfg.bos_id, x)[..., None]
+        x_t = x_t + gate * x_prev * not_bos
+        return x_t if first is None else self.cat([first, x_t], 1)
+
     def skip(self, model: Any, j: int, x: Array, skipped: Array) -> Array:
         """Decoder position j takes back the encoder output `skipped`: added, or blended through a gate."""
         scaled = self.cast(model.skip_weights[j], x) * skipped
@@ -239,7 +257,13 @@ class Walk:
         start = 0 if cache is None else cache.get("length", 0)
         cos, sin = self.rope(model, start + idx.shape[1])
         rope = (cos[start:], sin[start:])
-        x = self.rms_norm(self.embed(model.tok_emb, idx))  # (B, T, d)
+        x = self.embed(model.tok_emb, idx)  # (B, T, d)
+        if self.cfg.smear_gate_enabled:
+            before = None if cache is None else cache.get("smear")
+            if cache is not None:
+                cache["smear"] = x[:, -1:]  # the next call's token before
+            x = self.smear(model, x, idx, before)
+        x = self.rms_norm(x)
         ve = self.value_embeds(model, idx)
         encoder, decoder = self.layouts[looping]
         visits = len(encoder) + len(decoder)

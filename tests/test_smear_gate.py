@@ -1,0 +1,61 @@
+"""SmearGate: each token embedding takes a gated share of the one before, never across a document start."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.common.errors import PgolfError
+from core.config.presets import preset
+from core.eval.score import load_eval_data
+from core.model.params import init_params
+from tests.reference import reference_logits, smear
+from tests.test_backends import BACKENDS, busy_params, make_backend, needs
+
+CFG = preset("smoke").replace(smear_gate_enabled=True, gate_window=8)
+# Documents start with BOS (id 1): at positions 0, 3, 4 (an empty document) and 9.
+TOKENS = np.array([[1, 17, 250, 1, 1, 999, 64, 3, 77, 1, 12, 5]], dtype=np.int32)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_both_backends_match_the_reference_across_document_starts(backend_name):
+    params = busy_params(CFG, seed=2)
+    backend = make_backend(backend_name, CFG)
+    backend.load_params(params)
+    got = backend.logits(TOKENS)
+    np.testing.assert_allclose(got, reference_logits(params, CFG, TOKENS), atol=2e-5)
+    # The mask matters: the same weights without it give other logits at the starts that follow a token.
+    unmasked = reference_logits(params, CFG.replace(bos_id=CFG.vocab_size - 1), TOKENS)
+    assert np.abs(unmasked[0, [3, 4, 9]] - got[0, [3, 4, 9]]).max() > 1e-3
+
+
+def test_a_document_start_takes_nothing_from_the_token_before():
+    params = {k: v.astype(np.float64) for k, v in busy_params(CFG, seed=5).items()}
+    emb = params["tok_emb.weight"][TOKENS]
+    out = smear(params, CFG, emb, TOKENS)
+    changed = emb.copy()
+    changed[0, [2, 8]] += 1.0  # the tokens before the starts at 3 and 9
+    again = smear(params, CFG, changed, TOKENS)
+    np.testing.assert_array_equal(again[0, [3, 9]], out[0, [3, 9]])  # starts: untouched
+    assert np.abs(again[0, 2] - out[0, 2]).max() > 0  # the changed token itself
+    np.testing.assert_array_equal(out[0, 0], emb[0, 0])  # the first token has no token before
+    lam = params["smear_lambda"][0]
+    gate = lam / (1 + np.exp(-(emb[0, 6, :8] @ params["smear_gate.weight"][0])))
+    np.testing.assert_allclose(out[0, 6], emb[0, 6] + gate * emb[0, 5], rtol=1e-12)
+
+
+@needs("cuda")
+def test_fresh_weights_leave_the_embeddings_as_they_are():
+    weights = init_params(CFG)
+    assert not weights["smear_lambda"].any() and not weights["smear_gate.weight"].any()
+    backend, plain = make_backend("cuda", CFG), make_backend("cuda", CFG.replace(smear_gate_enabled=False))
+    backend.load_params(weights)
+    plain.load_params({k: v for k, v in weights.items() if not k.startswith("smear")})
+    np.testing.assert_array_equal(backend.logits(TOKENS), plain.logits(TOKENS))
+
+
+def test_a_bos_id_the_tokenizer_does_not_use_is_refused(sotu_dataset):
+    cfg = sotu_dataset.config(smear_gate_enabled=True, gate_window=8)
+    assert load_eval_data(cfg).tokens[0] == cfg.bos_id  # the data's documents start with it
+    with pytest.raises(PgolfError, match="bos_id=2, but the tokenizer .* starts documents with 1"):
+        load_eval_data(cfg.replace(bos_id=2))
