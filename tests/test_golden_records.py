@@ -283,3 +283,50 @@ def test_loop0423_logits_and_loss(golden, backend_name, looping):
     np.testing.assert_allclose(backend.logits(x), tensors[f"loop0423/logits_{state}"], rtol=0, atol=2e-5)
     loss = float(backend.eval_nll(x, y)) / y.size
     assert loss == pytest.approx(float(tensors[f"loop0423/loss_{state}"]), rel=1e-5)
+
+
+# ------------------------------------------------- 2026-04-27: SmearGate with its BOS mask
+RECORD_0427 = GOLDEN / "record_0427.safetensors"
+
+
+@pytest.fixture(scope="module")
+def smear0427():
+    meta, tensors = read_golden(RECORD_0427, "")
+    case = json.loads(meta["cases"])
+    cfg = record_config(case["env"]).replace(bos_id=case["bos_id"])
+    params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
+    return cfg, case, params, tensors
+
+
+def test_smear0427_model_is_the_records(smear0427):
+    cfg, case, params, _ = smear0427
+    assert cfg.smear_gate_enabled and cfg.gate_window == 8
+    assert cfg.layer_layout(looping=True) == (case["encoder_on"], case["decoder_on"])
+    assert {k: v.shape for k, v in params.items()} == param_shapes(cfg)
+
+
+@pytest.mark.parametrize("looping", [True, False], ids=["on", "off"])
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_smear0427_logits_and_loss(smear0427, backend_name, looping):
+    """SmearGate (GATE_WINDOW=8) masked at BOS, with depth recurrence and parallel lanes, 04-27 form."""
+    cfg, _, params, tensors = smear0427
+    state = "on" if looping else "off"
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    backend.set_looping(looping)
+    x, y = tensors["x"], tensors["y"]
+    np.testing.assert_allclose(backend.logits(x), tensors[f"logits_{state}"], rtol=0, atol=2e-5)
+    assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(float(tensors[f"loss_{state}"]), rel=1e-5)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_smear0427_without_the_mask(smear0427, backend_name):
+    """The record's model with its BOS_ID absent from the tokens smears everywhere; pgolf with such a
+    bos_id does the same, and the mask moves the logits well beyond the tolerance."""
+    cfg, _, params, tensors = smear0427
+    backend = make_backend(backend_name, cfg.replace(bos_id=0))
+    backend.load_params(params)
+    backend.set_looping(True)
+    got = backend.logits(tensors["x"])
+    np.testing.assert_allclose(got, tensors["logits_nomask_on"], rtol=0, atol=2e-5)
+    assert np.abs(tensors["logits_nomask_on"] - tensors["logits_on"]).max() > 1e-2

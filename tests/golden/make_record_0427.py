@@ -1,0 +1,113 @@
+"""Golden numbers for SmearGate with its BOS mask, computed by record 2026-04-27's own model.
+
+The record's ``train_gpt.py`` is not part of pgolf and is never copied here: this script imports
+it from the path in $RECORD_0427, through the loader and stubs of make_record_features.py (see
+its docstring: FlashAttention as PyTorch SDPA, triton a stub, CPU, float32). From a clone of
+openai/parameter-golf at commit 4908dc46f21ed3fdd08d2fdca285deb2194b9599:
+
+    M=<clone>; C=4908dc46f21ed3fdd08d2fdca285deb2194b9599; R=records/track_10min_16mb
+    git -C $M show $C:$R/2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611/train_gpt.py \
+        > /tmp/rec0427.py
+    RECORD_0427=/tmp/rec0427.py .venv/bin/python tests/golden/make_record_0427.py
+
+It writes ``tests/golden/record_0427.safetensors`` next to itself. The model is the record's GPT at
+small shapes (6 layers, dim 64, 4 heads / 2 kv, MLP 2x, vocab 96, T 32, batch 2) with
+SMEAR_GATE_ENABLED=1, GATE_WINDOW=8, depth recurrence (NUM_LOOPS=2, layers 1..2), parallel lanes
+from layer 4, and every other feature off where the record lets it be; the record's BOS_ID is 1 (its
+loader's default). The tokens hold BOS at fixed positions (documents of different lengths, an empty
+one, and one start at position 0), so that the mask decides several positions.
+
+Keys (hyperparameters in the metadata as JSON):
+    param/<pgolf name>   every parameter, the record's banks split into pgolf's per-layer matrices:
+                         qo_bank[i] = blocks.i.attn.c_q.weight, qo_bank[n+i] = blocks.i.attn.proj.weight,
+                         kv_bank[i] = c_k, kv_bank[n+i] = c_v, mlp_up_bank[i] = mlp.fc,
+                         mlp_down_bank[i] = mlp.proj; the other names are the same in both
+    x, y                 token ids (2, 32), BOS = 1 at the positions in the metadata
+    logits_on, loss_on   the record's forward_logits and loss with looping active
+    logits_off, loss_off the same before the loop switch
+    logits_nomask_on     the same weights, BOS_ID set to an id absent from x: the mask's effect
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_record_features as base  # noqa: E402
+
+base.RECORDS["0427"] = (
+    "2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611",
+    "9979400ef9f10da2fa908d9e7ce3556b82165b2a",
+)
+ENV_0427 = {
+    **base.MODEL_ENV, "NUM_LOOPS": "2", "LOOP_START": "1", "LOOP_END": "2", "FUSED_CE_ENABLED": "0",
+    "SMEAR_GATE_ENABLED": "1", "GATE_WINDOW": "8",
+}  # fmt: skip
+BOS = 1
+BOS_POSITIONS = {0: [0, 7, 8, 20], 1: [5, 6, 31]}  # row -> positions holding BOS
+SEED = 20260427
+
+
+def main(out_path: Path) -> None:
+    torch.set_num_threads(1)
+    base.install_stubs()
+    rec = base.load_record("0427", ENV_0427)
+    rec.BOS_ID = BOS
+    rng = np.random.default_rng(SEED)
+    h, model = base._model(rec)
+    params = base.fill_busy(rec, model, rng)
+    for block in model.blocks:
+        block.mlp.use_fused = False
+    model.eval()
+
+    x = rng.integers(2, h.vocab_size, size=(2, h.train_seq_len)).astype(np.int64)
+    for row, positions in BOS_POSITIONS.items():
+        x[row, positions] = BOS
+    y = rng.integers(0, h.vocab_size, size=(2, h.train_seq_len)).astype(np.int64)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    out = {"x": x.astype(np.int32), "y": y.astype(np.int32)}
+    for state in ("off", "on"):
+        model.looping_active = state == "on"
+        with torch.no_grad():
+            out[f"logits_{state}"] = base.f32(model.forward_logits(xt))
+            out[f"loss_{state}"] = base.f32(model(xt, yt).reshape(()))
+    rec.BOS_ID = 0  # absent from x (its ids start at 2): no position is masked
+    model.looping_active = True
+    with torch.no_grad():
+        out["logits_nomask_on"] = base.f32(model.forward_logits(xt))
+
+    n = h.num_layers
+    banks = {
+        "qo_bank": [f"blocks.{i}.attn.c_q.weight" for i in range(n)] + [f"blocks.{i}.attn.proj.weight" for i in range(n)],
+        "kv_bank": [f"blocks.{i}.attn.c_k.weight" for i in range(n)] + [f"blocks.{i}.attn.c_v.weight" for i in range(n)],
+        "mlp_up_bank": [f"blocks.{i}.mlp.fc.weight" for i in range(n)],
+        "mlp_down_bank": [f"blocks.{i}.mlp.proj.weight" for i in range(n)],
+    }  # fmt: skip
+    for name, value in params.items():
+        if name in banks:
+            for j, pgolf_name in enumerate(banks[name]):
+                out[f"param/{pgolf_name}"] = np.ascontiguousarray(value[j])
+        else:
+            out[f"param/{name}"] = value
+    meta = {
+        "record": "0427",
+        "env": ENV_0427,
+        "bos_id": BOS,
+        "bos_positions": BOS_POSITIONS,
+        "encoder_on": model.encoder_indices,
+        "decoder_on": model.decoder_indices,
+        "turned_off": "XSA_LAST_N=0, SKIP_GATES_ENABLED=0, LN_SCALE=0, ROPE_DIMS=0; attention gates off by "
+        "default; FUSED_CE_ENABLED=0 and mlp.use_fused=False (the non-Triton paths)",
+        "busy": f"default_rng({SEED}); matrices N(0,{base.MATRIX_STD}); others init + N(0,{base.CONTROL_NOISE})",
+    }
+    base.save_file(out, str(out_path), metadata={"cases": json.dumps(meta)})
+    print(f"wrote {out_path}: {len(out)} tensors")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_name("record_0427.safetensors"))
