@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_record_features as base  # noqa: E402
+import make_record_features as base
 
 base.RECORDS["0427"] = (
     "2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611",
