@@ -139,7 +139,7 @@ def _scoring_config(
     """The weights a path means (a run directory: its artifact, else its newest checkpoint) and the
     config to use them with: the run's own when no preset is named (core.artifact.export.saved_config),
     with whatever a file, the environment or a flag gives on top; else the preset's."""
-    from core.artifact.export import saved_config
+    from core.artifact.load import saved_config
     from core.config.fields import given_values, resolve_sources
     from core.runs.summary import weights_in
 
@@ -165,7 +165,8 @@ def _weights_and_data(
 
     Evaluation runs once: unless asked for, nothing is compiled.
     """
-    from core.eval.score import load_eval_data, load_weights
+    from core.artifact.load import load_weights
+    from core.eval.score import load_eval_data
 
     path, cfg = _scoring_config(path, preset, config, overrides)
     params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
@@ -358,7 +359,7 @@ def train(
     variables (ITERATIONS, MATRIX_LR, ...), then the flags below. Ctrl-C (or SIGTERM)
     writes a checkpoint after the current step; a second Ctrl-C quits at once.
     """
-    from core.artifact.checkpoint import checkpoint_config
+    from core.artifact.load import checkpoint_config
     from core.config.fields import resolve_sources, resumed_config
     from core.model.backend import check_config
     from core.runs.summary import newest_checkpoint, run_of_checkpoint
@@ -503,9 +504,9 @@ def sample(
     overrides: dict | None = None,
 ) -> None:
     """Generate text from an artifact or a checkpoint (--seed seeds the draws)."""
+    from core.artifact.load import load_weights
     from core.data.tokenizer import check_vocab, load_tokenizer
     from core.eval.sample import generate
-    from core.eval.score import load_weights
 
     path, cfg = _scoring_config(path, preset, config, overrides)
     params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
@@ -598,8 +599,8 @@ def export_command(
     """
     import json
 
-    from core.artifact.checkpoint import load_checkpoint
     from core.artifact.export import export_artifact, format_budget, quant_label
+    from core.artifact.load import load_checkpoint
     from core.config.fields import Config as RunConfig
     from core.runs.package import code_bytes
     from core.train.loop import calibrate_gptq

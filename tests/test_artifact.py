@@ -8,7 +8,9 @@ import pytest
 
 from core.artifact import export as artifact
 from core.artifact import int8 as quant
-from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label, read_artifact
+from core.artifact import upstream
+from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label
+from core.artifact.load import read_artifact
 from core.artifact.records import load_record_artifact
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError
@@ -93,7 +95,7 @@ def test_every_format_is_read_back(tmp_path):
     }
     paths = {"a.pgolf": tmp_path / "a.pgolf", "m.pgolf": tmp_path / "m.pgolf", RECORD_PTZ.name: RECORD_PTZ}
     pytest.importorskip("torch")
-    quant.save_upstream_torch(tmp_path / "u.ptz", int8)
+    upstream.save_upstream_torch(tmp_path / "u.ptz", int8)
     expected["u.ptz"], paths["u.ptz"] = quant.dequantize_int8(int8), tmp_path / "u.ptz"
     for name, path in paths.items():
         got = artifact.dequantize(read_artifact(path))

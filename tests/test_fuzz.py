@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.artifact import int8 as quant
-from core.artifact import mixed
-from core.artifact.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from core.artifact import mixed, upstream
+from core.artifact.checkpoint import Checkpoint, save_checkpoint
+from core.artifact.load import load_checkpoint
 from core.common import compress
 from core.common.errors import PgolfError
 from core.data.shards import read_shard, write_shard
@@ -105,7 +106,7 @@ def int8_blobs() -> dict[str, bytes]:
 
 
 def check_int8(path: Path, blob: bytes, original: bytes, kind: str) -> None:
-    model = read_back(quant.load_artifact, path, blob)
+    model = read_back(upstream.load_artifact, path, blob)
     if model is not None:  # accepted: it must be exactly what was written
         compressor, shuffle = INT8_KINDS[kind]
         assert quant.artifact_bytes(model, compressor=compressor, shuffle=shuffle) == original
@@ -177,8 +178,8 @@ def test_truncated_mixed_artifacts(tmp_path, mixed_blobs, kind):
 def test_upstream_int8_artifacts(tmp_path_factory, data):
     path = tmp_path_factory.getbasetemp() / "upstream.ptz"
     if not path.exists():
-        quant.save_upstream_torch(path, quantize(*golden_state()))
-    model = read_back(quant.load_artifact, path.with_name("fuzz.ptz"), fuzz(data, path.read_bytes(), 2000))
+        upstream.save_upstream_torch(path, quantize(*golden_state()))
+    model = read_back(upstream.load_artifact, path.with_name("fuzz.ptz"), fuzz(data, path.read_bytes(), 2000))
     if model is not None:  # no checksum of its own: it must at least dequantize
         quant.dequantize_int8(model)
 

@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load as st_load
 
 from core.artifact import int8 as quant
-from core.artifact import mixed
+from core.artifact import mixed, upstream
 from core.artifact.gptq import hessian
 from core.artifact.mixed import dequantize_mixed, load_mixed_artifact, mixed_artifact_bytes, quantize_mixed
 from core.artifact.records import load_record_artifact
@@ -220,7 +220,7 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
     brotli_blob = mixed_artifact_bytes(mixed_model)
     code = (
         "import hashlib, numpy as np\n"
-        "from core import mixed, gptq\n"
+        "from core.artifact import gptq, mixed\n"
         "from core.artifact.rowquant import Clip\n"
         "from tests.test_mixed import model_state, ramp\n"
         "state, classes, dtypes = model_state()\n"
@@ -239,7 +239,7 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
     path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model).path
     code = (
         "import numpy as np\n"
-        "from core import mixed\n"
+        "from core.artifact import mixed\n"
         f"m = mixed.load_mixed_artifact({str(path)!r})\n"
         "w = mixed.dequantize_mixed(m)\n"
         "print(len(w), float(np.abs(w['blocks.0.mlp.fc.weight']).max()))"
@@ -263,7 +263,7 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
 def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
     path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model).path
     with pytest.raises(PgolfError, match="format 'pgolf-mixed', not the int8 format"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
     int8 = quant.save_artifact(tmp_path / "i.pgolf", quant.quantize_int8({"w": ramp((300, 300), 1, 7)})).path
     with pytest.raises(PgolfError, match="format 'pgolf-int8', not the mixed-precision format"):
         load_mixed_artifact(int8)

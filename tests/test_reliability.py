@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from core.artifact import int8 as quant
-from core.artifact.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint, tensors_digest
+from core.artifact import upstream
+from core.artifact.checkpoint import save_checkpoint, tensors_digest
+from core.artifact.load import config_for_params, is_checkpoint, load_checkpoint, load_weights
 from core.artifact.mixed import load_mixed_artifact
 from core.common import compress
 from core.common.errors import PgolfError
@@ -27,11 +29,11 @@ from core.data.manifest import read_manifest
 from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
 from core.datasets.embedded import prepare_sotu
-from core.eval.score import evaluate, load_eval_data, load_weights
+from core.eval.score import evaluate, load_eval_data
 from core.eval.verify import verify
 from core.model import backend as backends
 from core.model.backend import DeviceMemory, check_memory
-from core.model.params import config_for_params, count_params, init_params, memory_estimate
+from core.model.params import count_params, init_params, memory_estimate
 from core.train import loop
 from core.train.loop import DIVERGENCE_AFTER_STEPS, WEIGHT_RMS_LIMIT, divergence
 from core.train.rundir import RunDir
@@ -126,7 +128,7 @@ def small_artifact(path: Path, **renames: str) -> Path:
 
 
 READERS = {
-    "artifact": quant.load_artifact,
+    "artifact": upstream.load_artifact,
     "mixed artifact": load_mixed_artifact,
     "checkpoint": load_checkpoint,
     "shard": read_shard,
@@ -154,7 +156,7 @@ def test_files_beyond_the_size_limits_are_refused_before_reading(tmp_path, monke
     path = small_artifact(tmp_path / "a.pgolf")
     monkeypatch.setattr(quant, "MAX_ARTIFACT_BYTES", 1000)
     with pytest.raises(PgolfError, match=r"a.pgolf is [\d,]+ bytes, over the limit of 1,000"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
 
 
 def test_decompression_stops_at_its_limit(monkeypatch):
@@ -197,7 +199,7 @@ def test_weights_changed_inside_the_payload_are_refused(tmp_path):
 
     path.write_bytes(repacked(blob, flip_last_byte))
     with pytest.raises(PgolfError, match="does not match its checksum"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
 
 
 def test_a_nan_scale_is_refused_when_read(tmp_path):
@@ -206,7 +208,7 @@ def test_a_nan_scale_is_refused_when_read(tmp_path):
     model.scales[name] = np.full_like(model.scales[name], np.nan)
     quant.save_artifact(tmp_path / "nan.pgolf", model)
     with pytest.raises(PgolfError, match=f"{re.escape(name)} holds NaN or infinite values"):
-        quant.load_artifact(tmp_path / "nan.pgolf")
+        upstream.load_artifact(tmp_path / "nan.pgolf")
 
 
 class NanBackend:

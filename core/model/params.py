@@ -7,6 +7,7 @@ group, storage dtype and artifact class.
 - the canonical optimizer state and checkpoint layout (`optimizer_state_shapes`);
 - the dtype each parameter is kept in (`storage_dtypes`);
 - the class the quantizer treats it as (`artifact_classes`).
+(The reverse, a config read off a set of weights, is core/artifact/load.py's `config_for_params`.)
 
 A backend builds its modules with these names and shapes, and a test checks that
 each backend's model and this table cover each other exactly, for every feature.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.common.errors import PgolfError
-from core.config.fields import MAX_LAYERS, Config
+from core.config.fields import Config
 
 KINDS = ("embedding", "attention", "mlp", "other", "control")  # artifact classes
 
@@ -232,49 +233,3 @@ def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> 
     for name, shape in expected.items():
         if tuple(shapes[name]) != shape:
             raise PgolfError(f"{what}: {name} is shape {tuple(shapes[name])}, but the config expects {shape}")
-
-
-def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config:
-    """`cfg` with the model shape read off a set of weights (e.g. an upstream artifact).
-
-    Everything the shapes determine is taken from them: vocabulary, width, depth,
-    heads (q_gain has one entry per head), KV heads, MLP width and head tying.
-    Settings that leave no trace in the shapes (softcap, RoPE) stay as in `cfg`.
-    """
-    try:
-        vocab, dim = shapes["tok_emb.weight"]
-        # A name's layer index is checked before anything is sized by it (a damaged one reads
-        # blocks.999999999): at most MAX_LAYERS, and no more layers than there are tensors.
-        layers = 1 + max(_layer_index(n) for n in shapes if n.startswith("blocks."))
-        if layers > min(len(shapes), MAX_LAYERS):
-            raise PgolfError(
-                f"weights: a block index up to {layers - 1} among {len(shapes)} tensors "
-                f"(a model has at most {MAX_LAYERS} layers, each of several tensors)"
-            )
-        heads = shapes["blocks.0.attn.q_gain"][0]
-        kv_heads = shapes["blocks.0.attn.c_k.weight"][0] // (dim // heads)
-        hidden = shapes["blocks.0.mlp.fc.weight"][0]
-    except (KeyError, ValueError, IndexError, ZeroDivisionError, TypeError):
-        raise PgolfError(
-            "weights do not have the layout of pgolf's GPT (missing or malformed tensors)"
-        ) from None
-    mlp_mult = hidden / dim
-    out = cfg.replace(
-        vocab_size=vocab,
-        model_dim=dim,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        mlp_mult=int(mlp_mult) if float(mlp_mult).is_integer() else mlp_mult,
-        tie_embeddings="lm_head.weight" not in shapes,
-    )
-    check_layout(out, shapes, "weights")
-    return out
-
-
-def _layer_index(name: str) -> int:
-    """The N of "blocks.N.…"; ValueError when it is not a plain decimal number."""
-    part = name.split(".")[1] if name.count(".") >= 2 else ""
-    if not (part.isascii() and part.isdigit()):
-        raise ValueError(f"layer index of {name!r}")
-    return int(part)

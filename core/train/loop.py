@@ -32,24 +32,16 @@ from pathlib import Path
 
 import numpy as np
 
-from core.artifact.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from core.artifact.export import dequantize, export_artifact, format_budget, quant_label, read_artifact
+from core.artifact.checkpoint import Checkpoint, save_checkpoint
+from core.artifact.export import dequantize, export_artifact, format_budget, quant_label, read_pgolf_artifact
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
 from core.eval.score import Progress, evaluate, evaluators, load_eval_data
 from core.model.backend import Backend
-from core.model.params import (
-    check_layout,
-    count_params,
-    flops_per_token,
-    init_params,
-    optimizer_state_shapes,
-    storage_dtypes,
-)
+from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum
-from core.train.report import report_targets
 from core.train.rundir import RunDir
 
 Log = Callable[[str], None]
@@ -212,20 +204,10 @@ class Training:
             backend.world_size,
             cfg.vocab_size,
         )
-        trackers = report_targets(cfg.report_to)
+        trackers = _trackers(cfg.report_to)
         start_ms = 0.0
         if self.resume is not None:
-            ckpt = load_checkpoint(self.resume)
-            _check_same_model(cfg, ckpt, self.resume)
-            if ckpt.step > cfg.iterations:
-                raise PgolfError(
-                    f"checkpoint {self.resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
-                    "raise --iterations to train on"
-                )
-            backend.load_params(ckpt.params)
-            backend.load_optimizer_state(ckpt.optimizer)
-            self.loader.load_state(ckpt.data_state)
-            self.step, start_ms = ckpt.step, ckpt.train_time_ms
+            start_ms = self._resume()
         else:
             backend.load_params(init_params(cfg, bf16=backend.bf16))
         # Derived from the step and the clock, so a resumed run needs nothing saved for it.
@@ -243,6 +225,25 @@ class Training:
         self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
                     world_size=backend.world_size)  # fmt: skip
         self._log_header()
+
+    def _resume(self) -> float:
+        """Load the checkpoint to resume from (the CLI's path: a packaged run never resumes); return
+        its training clock."""
+        from core.artifact.load import check_resumable, load_checkpoint
+
+        cfg, backend = self.cfg, self.backend
+        ckpt = load_checkpoint(self.resume)
+        check_resumable(cfg, ckpt, self.resume)
+        if ckpt.step > cfg.iterations:
+            raise PgolfError(
+                f"checkpoint {self.resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
+                "raise --iterations to train on"
+            )
+        backend.load_params(ckpt.params)
+        backend.load_optimizer_state(ckpt.optimizer)
+        self.loader.load_state(ckpt.data_state)
+        self.step = ckpt.step
+        return ckpt.train_time_ms
 
     def warm_up(self) -> None:
         """Prime the compiled paths with real steps (once more looped, with depth recurrence, so the
@@ -379,7 +380,7 @@ class Training:
             for line in format_budget(report):
                 self.say(line)
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
-        backend.load_params(dequantize(read_artifact(artifact)))
+        backend.load_params(dequantize(read_pgolf_artifact(artifact)))
         scores: dict[str, BPBMeter] = {}
         # The challenge's log names: final_int8_zlib_roundtrip (its baseline); final_int6_roundtrip and
         # final_int6_sliding_window (the records).
@@ -577,6 +578,16 @@ def divergence(
     return None
 
 
+def _trackers(report_to: str) -> list[str]:
+    """The trackers the metrics also go to, checked before the run starts (core/train/report.py; a
+    packaged run reports to none)."""
+    if not report_to:
+        return []
+    from core.train.report import report_targets
+
+    return report_targets(report_to)
+
+
 def train(
     backend: Backend,
     *,
@@ -604,18 +615,3 @@ def train(
         run_dir = training.run  # the RunDir once `start` has made it (until then, the method)
         if isinstance(run_dir, RunDir):
             run_dir.close()
-
-
-def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:
-    """The checkpoint holds every parameter and optimizer tensor this config needs, in its shape."""
-    check_layout(cfg, {k: tuple(v.shape) for k, v in ckpt.params.items()}, f"checkpoint {path}")
-    for name, shape in optimizer_state_shapes(cfg).items():
-        got = ckpt.optimizer.get(name)
-        if got is None or tuple(got.shape) != shape:
-            found = "missing" if got is None else f"shape {tuple(got.shape)}"
-            raise PgolfError(
-                f"checkpoint {path}: optimizer state {name} is {found}, but the config expects {shape}"
-            )
-    step = ckpt.optimizer["step"]
-    if step.dtype.kind not in "iu" or int(step) < 0:
-        raise PgolfError(f"checkpoint {path}: optimizer step must be a whole number >= 0, got {step}")
