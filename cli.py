@@ -361,7 +361,7 @@ def train(
     """
     from core.artifact.load import checkpoint_config
     from core.config.fields import resolve_sources, resumed_config
-    from core.model.backend import check_config
+    from core.model.memory import check_config
     from core.runs.summary import newest_checkpoint, run_of_checkpoint
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
@@ -687,7 +687,7 @@ def bench(
     import json
 
     from core.common.files import write_atomic
-    from core.model.backend import check_config
+    from core.model.memory import check_config
     from core.train.bench import benchmark
 
     cfg = _resolve(preset, config, overrides or {})

@@ -269,7 +269,7 @@ def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_
     # ...and shards whose ids exceed the tokenizer's vocabulary.
     wide = tmp_path / "wide"
     wide.mkdir()
-    from core.data.shards import write_shard
+    from core.datasets.writers import write_shard
 
     write_shard(wide / "fineweb_val_000000.bin", np.arange(2000) % 2000)
     write_shard(wide / "fineweb_train_000000.bin", np.arange(2000) % 2000)

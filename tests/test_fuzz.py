@@ -30,7 +30,8 @@ from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.load import load_checkpoint
 from core.common import compress
 from core.common.errors import PgolfError
-from core.data.shards import read_shard, write_shard
+from core.data.shards import read_shard
+from core.datasets.writers import write_shard
 from tests.test_quant import golden_state, quantize, requires_torch
 
 FUZZ_EXAMPLES = int(os.environ.get("PGOLF_FUZZ_EXAMPLES", "60"))

@@ -16,8 +16,8 @@ from core.data.shards import (
     CoprimeLoader,
     make_train_loader,
     shard_names_seed,
-    write_shard,
 )
+from core.datasets.writers import write_shard
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "record_features.safetensors"
 # As tests/golden/make_record_features.py writes them: token i of shard k is OFFSETS[k] + i.

@@ -32,8 +32,8 @@ from core.datasets.embedded import prepare_sotu
 from core.eval.score import evaluate, load_eval_data
 from core.eval.verify import verify
 from core.model import backend as backends
-from core.model.backend import DeviceMemory, check_memory
-from core.model.params import count_params, init_params, memory_estimate
+from core.model.memory import DeviceMemory, check_config, check_memory, memory_estimate
+from core.model.params import count_params, init_params
 from core.train import loop
 from core.train.loop import DIVERGENCE_AFTER_STEPS, WEIGHT_RMS_LIMIT, divergence
 from core.train.rundir import RunDir
@@ -99,7 +99,7 @@ def test_each_backend_says_how_much_memory_its_device_has(name):
     module = importlib.import_module(f"{backends.BACKENDS[name].package}.backend")
     device = module.device_memory(preset("smoke"))
     assert device.bytes > 2**28 and device.what
-    backends.check_config(name, preset("smoke"))  # what train and bench call
+    check_config(name, preset("smoke"))  # what train and bench call
 
 
 def test_the_estimate_by_part():

@@ -19,8 +19,8 @@ from core.data.shards import (
     read_shard,
     read_shard_header,
     val_spans,
-    write_shard,
 )
+from core.datasets.writers import write_shard
 
 
 def shards(tmp_path, sizes, split="train", seed=0, vocab=1024):

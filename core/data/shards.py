@@ -5,7 +5,8 @@ Two training loaders with one interface (`next_batch`, `state`, `load_state`), p
 records' coprime-stride sampler over many shards at once.
 
 A shard is a header of 256 little-endian int32 (magic 20240520, version 1, token
-count, zeros) followed by that many little-endian uint16 token ids.
+count, zeros) followed by that many little-endian uint16 token ids (written by
+core/datasets/writers.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from core.common.files import open_regular, write_atomic
 from core.common.errors import PgolfError
+from core.common.files import open_regular
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -28,19 +29,6 @@ HEADER_BYTES = HEADER_INTS * 4
 MAX_VOCAB = 2**16  # token ids are stored as uint16
 
 log = logging.getLogger("pgolf")
-
-
-def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
-    """Write a shard atomically; the ids must be integers that fit uint16."""
-    tokens = np.asarray(tokens)
-    if not np.issubdtype(tokens.dtype, np.integer):
-        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {tokens.dtype}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() > 65_535):
-        bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
-        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {bad}")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
-    return write_atomic(path, header.tobytes() + tokens.astype("<u2").tobytes())
 
 
 def read_shard_header(path: str | Path) -> int:

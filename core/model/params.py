@@ -6,7 +6,8 @@ group, storage dtype and artifact class.
 - the optimizer groups: Muon or Adam, base learning rate and weight decay (`core.model.optim.GROUPS`);
 - the canonical optimizer state and checkpoint layout (`optimizer_state_shapes`);
 - the dtype each parameter is kept in (`storage_dtypes`);
-- the class the quantizer treats it as (`artifact_classes`).
+- the class the quantizer treats it as (`artifact_classes`);
+- the memory a training run needs (core/model/memory.py).
 (The reverse, a config read off a set of weights, is core/artifact/load.py's `config_for_params`.)
 
 A backend builds its modules with these names and shapes, and a test checks that
@@ -194,31 +195,6 @@ def flops_per_token(cfg: Config) -> float:
     """
     matmul = sum(s.numel for s in param_specs(cfg).values() if len(s.shape) == 2 and s.kind != "control")
     return 6.0 * matmul + 6.0 * cfg.num_layers * cfg.model_dim * cfg.train_seq_len
-
-
-def memory_estimate(cfg: Config, bf16: bool, forward_tokens: int | None = None) -> dict[str, int]:
-    """Bytes one device needs to train `cfg`, a rough lower estimate, by part:
-
-    - "params": the parameters and their gradients, fp32 (4 + 4 bytes each);
-    - "optimizer": the optimizer state of `optimizer_state_shapes`, fp32;
-    - "activations": what one micro-batch keeps for its backward pass. `forward_tokens` tokens
-      (at most a micro-batch, train_batch_tokens // grad_accum_steps) times, per layer visited,
-      12 x model_dim + 3 x MLP width values in the compute dtype (2 bytes in bf16, else 4),
-      plus 3 x vocab_size fp32 values for the logits, their softmax and its gradient.
-    Workspaces, compile caches and fragmentation come on top: a run refused by this estimate
-    cannot fit, one that passes may still not.
-    """
-    params = count_params(cfg)
-    optimizer = sum(math.prod(shape) for shape in optimizer_state_shapes(cfg).values())
-    tokens = cfg.train_batch_tokens // cfg.grad_accum_steps
-    tokens = min(tokens, forward_tokens) if forward_tokens else tokens
-    visits = cfg.num_layers + (
-        cfg.num_loops * (cfg.loop_end - cfg.loop_start + 1) if cfg.num_loops > 0 else 0
-    )
-    per_token = visits * (12 * cfg.model_dim + 3 * mlp_hidden(cfg)) * (2 if bf16 else 4)
-    per_token += 3 * cfg.vocab_size * 4
-    parts = {"params": 8 * params, "optimizer": 4 * optimizer, "activations": tokens * per_token}
-    return parts | {"total": sum(parts.values())}
 
 
 def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> None:

@@ -59,13 +59,18 @@ def _file(module: str) -> Path | None:
 
 
 def _top_level(tree: ast.AST) -> list[ast.AST]:
-    """The nodes of a module that run when it is imported: everything but the insides of functions."""
+    """The nodes of a module that run when it is imported: everything but the insides of functions
+    and of `if TYPE_CHECKING:` blocks (imports for annotations alone)."""
     found, todo = [], [tree]
     while todo:
         node = todo.pop()
         found.append(node)
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            todo += ast.iter_child_nodes(node)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            todo += node.orelse
+            continue
+        todo += ast.iter_child_nodes(node)
     return found
 
 
