@@ -599,7 +599,8 @@ def export_command(
     """
     import json
 
-    from core.artifact.export import export_artifact, format_budget, quant_label
+    from core.artifact.budget import format_budget
+    from core.artifact.export import export_artifact, quant_label
     from core.artifact.load import load_checkpoint
     from core.config.fields import Config as RunConfig
     from core.runs.package import code_bytes

@@ -9,6 +9,7 @@ import pytest
 from core.artifact import export as artifact
 from core.artifact import int8 as quant
 from core.artifact import upstream
+from core.artifact.budget import from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label
 from core.artifact.load import read_artifact
 from core.artifact.records import load_record_artifact
@@ -108,7 +109,7 @@ def test_the_int8_model_described_as_mixed_dequantizes_the_same():
     cfg = preset("smoke").replace(**WIDE)
     params = busy_params(cfg)
     int8 = quant.quantize_int8(params, storage_dtypes(cfg, True), artifact_classes(cfg))
-    view = mixed.from_int8(int8, artifact_classes(cfg))
+    view = from_int8(int8, artifact_classes(cfg))
     a, b = quant.dequantize_int8(int8), mixed.dequantize_mixed(view)
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 

@@ -17,6 +17,7 @@ from safetensors.numpy import load as st_load
 
 from core.artifact import int8 as quant
 from core.artifact import mixed, upstream
+from core.artifact.budget import budget_table
 from core.artifact.gptq import hessian
 from core.artifact.mixed import dequantize_mixed, load_mixed_artifact, mixed_artifact_bytes, quantize_mixed
 from core.artifact.records import load_record_artifact
@@ -272,7 +273,7 @@ def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
 # ------------------------------------------------------------ the budget table
 def test_budget_table(mixed_model):
     state, _, _ = model_state()
-    rows = mixed.budget_table(mixed_model, "zlib", shuffle=2, weights=state)
+    rows = budget_table(mixed_model, "zlib", shuffle=2, weights=state)
     by_class = {r["class"]: r for r in rows}
     assert list(by_class) == ["embedding", "attention", "mlp", "other", "control", "total"]
     assert by_class["mlp"]["params"] == 2 * 264 * 256 and by_class["mlp"]["bits"] == "int5"
@@ -288,7 +289,7 @@ def test_budget_table(mixed_model):
     assert by_class["embedding"]["rms"] == pytest.approx(np.sqrt(np.mean(w**2)), rel=1e-12)
     assert by_class["mlp"]["bytes_compressed"] < 0.8 * by_class["mlp"]["bytes_raw"]  # 5 of 8 bits used
     assert json.loads(json.dumps(rows)) == rows  # plain data
-    rows_deq = mixed.budget_table(mixed_model, "none", shuffle=0)  # without weights: the dequantized ones
+    rows_deq = budget_table(mixed_model, "none", shuffle=0)  # without weights: the dequantized ones
     assert rows_deq[0]["rms"] == pytest.approx(by_class["embedding"]["rms"], rel=1e-2)
 
 

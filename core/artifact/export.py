@@ -8,7 +8,7 @@ Writing (`export_artifact`):
   the search over five percentiles, and GPTQ for every matrix whose input Hessian
   is given (core/artifact/mixed.py, core/artifact/gptq.py).
 Either goes into pgolf's container, compressed with `compressor` after an optional
-`byte_shuffle`. The report says where the bytes went, per tensor class.
+`byte_shuffle`. The report says where the bytes went, per tensor class (core/artifact/budget.py).
 
 pgolf's containers also keep the settings the weights are scored with that their shapes
 do not tell (`SCORING_FIELDS` where they differ from the defaults: the model's switches,
@@ -21,6 +21,7 @@ a run reads back what it wrote; core/artifact/load.py reads every format pgolf k
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,6 @@ __all__ = [
     "class_clips",
     "dequantize",
     "export_artifact",
-    "format_budget",
     "open_artifact",
     "quant_label",
     "read_pgolf_artifact",
@@ -106,8 +106,19 @@ def quant_label(cfg: Config) -> str:
 @dataclass
 class ExportReport:
     sizes: dict[str, int]  # int8.size_report: payload, model, code, total, budget, headroom bytes
-    budget: list[dict[str, Any]]  # core.artifact.mixed.budget_table: one row per tensor class, then the total
     gptq_tensors: int  # matrices rounded by GPTQ
+    model: Int8Model | MixedModel  # what was written
+    classes: dict[str, str]  # the artifact class of each tensor
+    weights: dict[str, np.ndarray]  # the float weights it holds, before quantization
+    compressor: str
+    shuffle: int
+
+    @functools.cached_property
+    def budget(self) -> list[dict[str, Any]]:
+        """The budget table: one row per tensor class, then the total (core/artifact/budget.py)."""
+        from core.artifact.budget import export_budget
+
+        return export_budget(self)
 
     def to_json(self) -> str:
         return json.dumps({"sizes": self.sizes, "classes": self.budget, "gptq_tensors": self.gptq_tensors})
@@ -122,7 +133,8 @@ def export_artifact(
     hessians: dict[str, np.ndarray] | None = None,
     upstream: bool = False,
 ) -> ExportReport:
-    """Quantize `params` as `cfg` says, write the artifact to `path`, and report where the bytes went.
+    """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (and, when
+    asked, where its bytes went: `ExportReport.budget`).
 
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
@@ -142,34 +154,20 @@ def export_artifact(
             info = int8.save_artifact(
                 path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
             )
-        view = mixed.from_int8(model, classes)
+        gptq = 0
     else:
-        view = mixed.quantize_mixed(
+        model = mixed.quantize_mixed(
             params, classes, class_bits(cfg), class_clips(cfg), hessians if cfg.gptq_enabled else None, dtypes
         )
         info = mixed.save_mixed_artifact(
-            path, view, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+            path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
         )
-    payload = sum(a.nbytes for part in (view.quantized, view.scales, view.passthrough) for a in part.values())
-    sizes = int8.size_report(payload, info.file_bytes, code_bytes)
-    budget = mixed.budget_table(
-        view, cfg.compressor, shuffle=cfg.byte_shuffle, weights=params, total_bytes=info.file_bytes
+        gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
+    payload = sum(
+        a.nbytes for part in (model.quantized, model.scales, model.passthrough) for a in part.values()
     )
-    gptq = sum(1 for i in view.info.values() if i.get("method") == "gptq")
-    return ExportReport(sizes, budget, gptq)
-
-
-def format_budget(report: ExportReport) -> list[str]:
-    """The budget table as aligned text lines (the train log and `export`)."""
-    header = f"{'class':<10} {'tensors':>7} {'params':>11} {'bits':>10} {'raw B':>11} {'packed B':>11} {'share':>7} {'rms':>8}"
-    lines = [header]
-    for r in report.budget:
-        lines.append(
-            f"{r['class']:<10} {r['tensors']:>7} {r['params']:>11,} {'' if r['class'] == 'total' else r['bits']:>10} "
-            f"{r['bytes_raw']:>11,} "
-            f"{r['bytes_compressed']:>11,} {100 * r['share']:>6.2f}% {r['rms']:>8.5f}"
-        )
-    return lines
+    sizes = int8.size_report(payload, info.file_bytes, code_bytes)
+    return ExportReport(sizes, gptq, model, classes, params, cfg.compressor, cfg.byte_shuffle)
 
 
 # ------------------------------------------------------------------- reading

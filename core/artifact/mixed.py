@@ -21,7 +21,6 @@ same weights and settings give the same bytes; numpy alone reads it back.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +29,11 @@ import numpy as np
 
 from core.artifact.gptq import gptq_quantize
 from core.artifact.int8 import (
-    BUDGET_BYTES,
     FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
     MAX_ARTIFACT_BYTES,
     ArtifactInfo,
     Container,
-    Int8Model,
     _check_float16_range,
     _in_dtype,
     check_finite,
@@ -54,9 +51,8 @@ __all__ = [
     "CLASSES",
     "DEFAULT_BITS",
     "MixedModel",
-    "budget_table",
+    "check_mixed",
     "dequantize_mixed",
-    "from_int8",
     "load_mixed_artifact",
     "mixed_artifact_bytes",
     "mixed_from_container",
@@ -170,23 +166,6 @@ def quantize_mixed(
             info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
         out.info[name] = info
     return out
-
-
-def from_int8(model: Int8Model, classes: dict[str, str]) -> MixedModel:
-    """The int8 format's model described as a mixed one (int8 everywhere): for budget tables."""
-    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough))
-    for name in model.quantized:
-        info = {"dtype": model.dtypes[name], "store": "int", "bits": 8, "clip": None, "method": "rows"}
-        out.info[name] = {"class": classes.get(name, "other"), **info}
-    for name, t in model.passthrough.items():
-        if t.dtype.kind in "biu":
-            info = {"dtype": t.dtype.name, "store": "raw"}
-        elif t.dtype == np.float16:
-            info = {"dtype": model.passthrough_orig_dtypes.get(name, "float16"), "store": "fp16"}
-        else:
-            info = {"dtype": "float32", "store": "fp32"}
-        out.info[name] = {"class": classes.get(name, "other"), **info}
-    return check_mixed(out)
 
 
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
@@ -331,70 +310,3 @@ def load_mixed_artifact(path: str | Path) -> MixedModel:
         raise PgolfError(
             f"artifact {path} is damaged or not a mixed-precision artifact: {first_line(exc)}"
         ) from None
-
-
-# ------------------------------------------------------------- the byte budget
-def _label(info: dict[str, Any]) -> str:
-    return f"int{info['bits']}" if info["store"] == "int" else info["store"]
-
-
-def budget_table(
-    model: MixedModel,
-    compressor: str = "brotli",
-    level: int | None = None,
-    shuffle: int = 2,
-    weights: dict[str, np.ndarray] | None = None,
-    total_bytes: int | None = None,
-) -> list[dict[str, Any]]:
-    """Where the bytes go: one row per class present (in CLASSES order), then a "total" row.
-
-    Per row: class, tensors, params, bits (e.g. "int6" or "int6+fp16"), bytes_raw (the
-    class's values, scales and passed-through tensors as stored), bytes_compressed
-    (those bytes compressed on their own with the artifact's compressor and shuffle;
-    the total row has the whole artifact's size instead, so the rows need not add up),
-    share (bytes_compressed / 16,000,000) and rms (root mean square of the weights:
-    those in `weights` where given, e.g. the float ones before quantization, else the
-    dequantized ones). `total_bytes`: the size of the file written, when known (else the
-    mixed container's size is computed).
-    """
-    weights = dequantize_mixed(model) | dict(weights or {})
-    rows = []
-    for cls in CLASSES:
-        names = sorted(n for n, i in model.info.items() if i["class"] == cls)
-        if not names:
-            continue
-        raw = b"".join(
-            part.tobytes()
-            for n in names
-            for part in (
-                (model.quantized[n], model.scales[n]) if n in model.quantized else (model.passthrough[n],)
-            )
-        )
-        packed = len(compress.pack(raw, compressor, level, shuffle if len(raw) >= shuffle else 0)) - 1
-        rows.append(_budget_row(cls, names, model, weights, len(raw), packed))
-    total = (
-        total_bytes
-        if total_bytes is not None
-        else len(mixed_artifact_bytes(model, compressor, level, shuffle))
-    )
-    raw_total = sum(r["bytes_raw"] for r in rows)
-    rows.append(_budget_row("total", sorted(model.info), model, weights, raw_total, total))
-    return rows
-
-
-def _budget_row(
-    cls: str, names: list[str], model: MixedModel, weights: dict[str, np.ndarray], raw: int, packed: int
-) -> dict[str, Any]:
-    floats = [np.asarray(weights[n], dtype=np.float64) for n in names if model.info[n]["store"] != "raw"]
-    count = sum(a.size for a in floats)
-    rms = math.sqrt(sum(float(np.square(a).sum()) for a in floats) / count) if count else 0.0
-    return {
-        "class": cls,
-        "tensors": len(names),
-        "params": int(sum(np.asarray(weights[n]).size for n in names)),
-        "bits": "+".join(sorted({_label(model.info[n]) for n in names})),
-        "bytes_raw": raw,
-        "bytes_compressed": packed,
-        "share": packed / BUDGET_BYTES,
-        "rms": rms,
-    }

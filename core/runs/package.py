@@ -195,7 +195,12 @@ def main():
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()
     backend = create("cuda", cfg)
     try:
-        train(backend, log=lambda line: print(line, flush=True), code_bytes=os.path.getsize(__file__))
+        train(
+            backend,
+            log=lambda line: print(line, flush=True),
+            code_bytes=os.path.getsize(__file__),
+            budget_table=False,
+        )
     except BaseException:
         backend.close(failed=True)
         raise

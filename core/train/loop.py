@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
-from core.artifact.export import dequantize, export_artifact, format_budget, quant_label, read_pgolf_artifact
+from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import find_shards, make_train_loader
@@ -172,6 +172,7 @@ class Training:
         notes: Sequence[str] = (),
         stop: StopPoll | None = None,
         code_bytes: int | Callable[[Config], int] | None = None,
+        budget_table: bool = True,
     ):
         self.backend, self.cfg = backend, backend.cfg
         self.resume, self.log = resume, log
@@ -179,6 +180,7 @@ class Training:
         # The run's code bytes: a number (a packaged run knows its own size), or how to measure them
         # from the config (the CLI passes core.runs.package.code_bytes); None counts none.
         self.code_bytes = code_bytes
+        self.budget_table = budget_table  # log where the artifact's bytes go, class by class
         self.notes, self.stop = notes, stop
         self.saved_step: int | None = None  # the step of the last checkpoint written
         self.saved_ms = 0.0  # and the training clock then
@@ -377,8 +379,11 @@ class Training:
                 f"budget:{sizes['budget_bytes']} headroom:{sizes['headroom_bytes']}"
                 + (f" gptq_tensors:{report.gptq_tensors}" if cfg.gptq_enabled else "")
             )
-            for line in format_budget(report):
-                self.say(line)
+            if self.budget_table:
+                from core.artifact.budget import format_budget
+
+                for line in format_budget(report):
+                    self.say(line)
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
         backend.load_params(dequantize(read_pgolf_artifact(artifact)))
         scores: dict[str, BPBMeter] = {}
@@ -598,6 +603,7 @@ def train(
     notes: Sequence[str] = (),
     stop: StopPoll | None = None,
     code_bytes: int | Callable[[Config], int] | None = None,
+    budget_table: bool = True,
 ) -> RunResult:
     """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
 
@@ -607,8 +613,10 @@ def train(
     came from, warnings); `stop` is polled between steps (see `Training.stop_if_asked`).
     `code_bytes`: what counts as the run's code: a number, or a function of the config that measures
     it (the CLI passes the size of the run's packaged train_gpt.py, core/runs/package.py); None, none.
+    `budget_table`: log the artifact's bytes class by class (core/artifact/budget.py) after its size;
+    a packaged run does not.
     """
-    training = Training(backend, resume, log, progress, step_progress, notes, stop, code_bytes)
+    training = Training(backend, resume, log, progress, step_progress, notes, stop, code_bytes, budget_table)
     try:
         return training.run()
     finally:
