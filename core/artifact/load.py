@@ -4,7 +4,8 @@ its own artifact alone, core/artifact/export.py; resuming one is the CLI's.)
 
 - Checkpoints (core/artifact/checkpoint.py's format): checked against their sha256 and the types
   the loop relies on (`load_checkpoint`), or only their config read from the header
-  (`checkpoint_config`); `check_resumable` says whether a config can go on from one.
+  (`checkpoint_config`); `check_resumable` says whether a config can go on from one, and
+  `restore_data_position` puts a training loader back where the checkpoint's was.
 - Artifacts (`read_artifact`): pgolf's container in either format, the challenge's torch int8
   container (zlib), its MLX pickle when allowed, and the records' int6 `final_model.int6.ptz`.
 - `saved_config`: the settings a file of weights was trained and scored with, where it keeps them;
@@ -40,6 +41,7 @@ from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line
 from core.common.files import open_regular, read_file
 from core.config.fields import MAX_CONFIG_BYTES, MAX_LAYERS, Config
+from core.data.shards import BatchLoader, CoprimeLoader, TokenStream, read_shard
 from core.model.params import check_layout, optimizer_state_shapes
 
 MAX_CHECKPOINT_BYTES = 2**36  # 64 GiB: a checkpoint is read whole into memory
@@ -171,6 +173,88 @@ def check_resumable(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:
     step = ckpt.optimizer["step"]
     if step.dtype.kind not in "iu" or int(step) < 0:
         raise PgolfError(f"checkpoint {path}: optimizer step must be a whole number >= 0, got {step}")
+
+
+def restore_data_position(loader: BatchLoader | CoprimeLoader | TokenStream, state: Any) -> None:
+    """Put a training loader back where `loader.state()` was taken (a checkpoint's `data_state`),
+    after checking that the saved position fits these shards; PgolfError naming the first problem."""
+    if isinstance(loader, CoprimeLoader):
+        _restore_coprime(loader, state)
+    else:
+        _restore_stream(loader.stream if isinstance(loader, BatchLoader) else loader, state)
+
+
+def _restore_stream(stream: TokenStream, state: Any) -> None:
+    """A `TokenStream.state()` back into `stream`."""
+    try:
+        index, position, epoch = int(state["file_index"]), int(state["position"]), int(state["epoch"])
+    except (KeyError, TypeError, ValueError):
+        raise PgolfError(f"data position {state!r} needs integer file_index, position, epoch") from None
+    if not 0 <= index < len(stream.files):
+        raise PgolfError(f"data position refers to shard #{index}, but there are {len(stream.files)} shards")
+    tokens = (
+        stream.tokens if index == stream.file_index else read_shard(stream.files[index], stream.vocab_size)
+    )
+    if not 0 <= position <= len(tokens) or epoch < 1:
+        raise PgolfError(
+            f"data position {position} (epoch {epoch}) does not fit shard {stream.files[index]} "
+            f"of {len(tokens)} tokens"
+        )
+    stream.tokens, stream.file_index, stream.position, stream.epoch = tokens, index, position, epoch
+
+
+def _restore_coprime(loader: CoprimeLoader, state: Any) -> None:
+    """A `CoprimeLoader.state()` back into `loader`."""
+    if not isinstance(state, dict) or state.get("loader") != "coprime":
+        keys = sorted(state) if isinstance(state, dict) else state
+        raise PgolfError(
+            f"data position {keys!r} was not written by the coprime loader (train_loader=coprime); "
+            "resume with the train_loader the run started with"
+        )
+    n = len(loader.files)
+    try:
+        seed, shards = int(state["seed"]), int(state["shards"])
+        seq_len, calls = int(state["seq_len"]), int(state["calls"])
+        rng = state["rng"]
+        bit_state = {
+            "bit_generator": "PCG64",
+            "state": {"state": int(rng["state"]), "inc": int(rng["inc"])},
+            "has_uint32": int(rng["has_uint32"]),
+            "uinteger": int(rng["uinteger"]),
+        }
+        cursors = {
+            key: np.array(state["cursors"][key], dtype=np.bool_ if key == "active" else np.int64)
+            for key in ("phase", "blocks", "next", "start", "stride", "active")
+        }
+    except (KeyError, TypeError, ValueError):
+        raise PgolfError(
+            "the coprime loader's data position needs seed, shards, seq_len, calls, rng and cursors"
+        ) from None
+    if seed != loader.seed or shards != n:
+        raise PgolfError(
+            f"the data position was saved over {shards} shards (names hash {seed}), but these are "
+            f"{n} shards (names hash {loader.seed}) in {loader.files[0].parent}"
+        )
+    if any(c.shape != (n,) for c in cursors.values()) or seq_len < 0 or calls < 0:
+        raise PgolfError(f"the coprime loader's data position does not describe {n} shards")
+    on = cursors["active"]
+    if seq_len and on.any():
+        expected = (loader.num_tokens[on] - 1 - cursors["phase"][on]) // seq_len
+        if not (
+            np.array_equal(cursors["blocks"][on], expected)
+            and np.all((cursors["next"][on] >= 0) & (cursors["next"][on] <= expected))
+        ):
+            raise PgolfError(
+                f"the coprime loader's data position does not fit the shards in {loader.files[0].parent} "
+                "(a shard changed size since it was saved)"
+            )
+    try:
+        loader.rng.bit_generator.state = bit_state
+    except (TypeError, ValueError) as exc:
+        raise PgolfError(f"the coprime loader's RNG state is not valid: {exc}") from None
+    loader.seq_len, loader.calls = seq_len, calls
+    loader.phase, loader.blocks, loader.next = cursors["phase"], cursors["blocks"], cursors["next"]
+    loader.start, loader.stride, loader.active = cursors["start"], cursors["stride"], cursors["active"]
 
 
 # ------------------------------------------------------------------- artifacts

@@ -214,8 +214,11 @@ if __name__ == "__main__":
 
 def _run_config(cfg: Config) -> dict:
     """The config a packaged run starts from: the run's, writing a freshly named run directory
-    under `runs/` beside wherever it is started."""
-    return cfg.replace(run_id="", out_dir=Config().out_dir).to_dict()
+    under `runs/` beside wherever it is started. Only the fields that differ from the defaults are
+    kept: the bundled Config supplies the rest, the same values."""
+    defaults = Config().to_dict()
+    run = cfg.replace(run_id="", out_dir=defaults["out_dir"]).to_dict()
+    return {name: value for name, value in run.items() if value != defaults[name]}
 
 
 def script(cfg: Config, compressed: bool = True) -> str:

@@ -36,7 +36,7 @@ from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.data.shards import find_shards, make_train_loader
+from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
 from core.eval.score import Progress, evaluate, evaluators, load_eval_data
 from core.model.backend import Backend
@@ -199,13 +199,7 @@ class Training:
         cfg, backend = self.cfg, self.backend
         cfg.validate(backend.world_size)
         self.data = load_eval_data(cfg)
-        self.loader = make_train_loader(
-            cfg.train_loader,
-            find_shards(cfg.data_path, "train"),
-            backend.rank,
-            backend.world_size,
-            cfg.vocab_size,
-        )
+        self.loader = self._new_loader()
         trackers = _trackers(cfg.report_to)
         start_ms = 0.0
         if self.resume is not None:
@@ -231,7 +225,7 @@ class Training:
     def _resume(self) -> float:
         """Load the checkpoint to resume from (the CLI's path: a packaged run never resumes); return
         its training clock."""
-        from core.artifact.load import check_resumable, load_checkpoint
+        from core.artifact.load import check_resumable, load_checkpoint, restore_data_position
 
         cfg, backend = self.cfg, self.backend
         ckpt = load_checkpoint(self.resume)
@@ -243,16 +237,16 @@ class Training:
             )
         backend.load_params(ckpt.params)
         backend.load_optimizer_state(ckpt.optimizer)
-        self.loader.load_state(ckpt.data_state)
+        restore_data_position(self.loader, ckpt.data_state)
         self.step = ckpt.step
         return ckpt.train_time_ms
 
     def warm_up(self) -> None:
         """Prime the compiled paths with real steps (once more looped, with depth recurrence, so the
-        switch compiles nothing inside the timed run), then restore the true initial state and rewind
-        the data."""
+        switch compiles nothing inside the timed run), then restore the true initial state and start
+        the data again (a fresh run's: a new loader)."""
         backend, cfg = self.backend, self.cfg
-        params0, opt0, data0 = backend.params(), backend.optimizer_state(), self.loader.state()
+        params0, opt0 = backend.params(), backend.optimizer_state()
         for looping in (False, True) if cfg.num_loops > 0 else (False,):
             backend.set_looping(looping)
             name = "loop_warmup_step" if looping else "warmup_step"
@@ -263,7 +257,7 @@ class Training:
         backend.set_looping(self.looping)
         backend.load_params(params0)
         backend.load_optimizer_state(opt0)
-        self.loader.load_state(data0)
+        self.loader = self._new_loader()
 
     def validate(self) -> None:
         with self.clock.paused():
@@ -454,6 +448,12 @@ class Training:
         return result
 
     # ---------------------------------------------------------------- helpers
+    def _new_loader(self) -> BatchLoader | CoprimeLoader:
+        """The training data from its start."""
+        cfg, backend = self.cfg, self.backend
+        files = find_shards(cfg.data_path, "train")
+        return make_train_loader(cfg.train_loader, files, backend.rank, backend.world_size, cfg.vocab_size)
+
     def set_looping(self, active: bool) -> None:
         """Tell the backend which layer layout to run (depth recurrence); log a switch."""
         self.backend.set_looping(active)
