@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,7 +17,9 @@ from core.data.shards import find_shards, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter
 from core.eval.sliding import SlidingEval, score_sliding, sliding_enabled
-from core.model.backend import Backend
+
+if TYPE_CHECKING:  # only annotations name the backend's interface
+    from core.model.backend import Backend
 
 Progress = Callable[[int, int], None]  # (done, total) of something long
 
@@ -67,7 +70,7 @@ def evaluate_sliding(backend: Backend, data: EvalData, progress: Progress | None
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 
-Evaluator = Callable[[Backend, EvalData, Progress | None], BPBMeter]
+Evaluator = Callable[["Backend", EvalData, Progress | None], BPBMeter]
 
 
 def evaluators(cfg: Config) -> dict[str, Evaluator]:

@@ -38,15 +38,13 @@ from core.runs.stats import mean_std
 __all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
 ROOT = Path(__file__).resolve().parents[2]
-# What the script's main() imports, (module, names); with the backend, which core.model.backend.create
-# imports by its name, they are where the bundle starts.
+# What the script's main() imports, (module, names): where the bundle starts.
 MAIN_IMPORTS = (
     ("core.config.fields", "Config, from_env"),
-    ("core.model.backend", "create"),
     ("core.train.loop", "train"),
+    ("cuda_train.backend", "check_config, create_backend"),
 )
-BACKEND = "cuda_train.backend"
-ENTRY = (*(module for module, _ in MAIN_IMPORTS), BACKEND)
+ENTRY = tuple(module for module, _ in MAIN_IMPORTS)
 PACKAGES = ("core", "cuda_train")
 
 
@@ -193,7 +191,8 @@ def main():
 {imports}
 
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()
-    backend = create("cuda", cfg)
+    check_config(cfg)
+    backend = create_backend(cfg)
     try:
         train(
             backend,

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,10 +40,12 @@ from core.config.fields import Config
 from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
 from core.eval.score import Progress, evaluate, evaluators, load_eval_data
-from core.model.backend import Backend
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum
 from core.train.rundir import RunDir
+
+if TYPE_CHECKING:  # only annotations name the backend's interface
+    from core.model.backend import Backend
 
 Log = Callable[[str], None]
 # Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written.
