@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from core.artifact.checks import check_mixed
 from core.artifact.export import ExportReport
 from core.artifact.int8 import BUDGET_BYTES, Int8Model
-from core.artifact.mixed import CLASSES, MixedModel, check_mixed, dequantize_mixed, mixed_artifact_bytes
+from core.artifact.mixed import CLASSES, MixedModel, dequantize_mixed, mixed_artifact_bytes
 from core.common import compress
 
 __all__ = ["budget_table", "export_budget", "format_budget", "from_int8"]

@@ -33,6 +33,7 @@ from core.artifact.checkpoint import (
     checkpoint_digest,
     tensors_digest,
 )
+from core.artifact.checks import check_model
 from core.artifact.export import dequantize, open_artifact
 from core.artifact.int8 import Int8Model, check_finite
 from core.artifact.mixed import MixedModel
@@ -264,7 +265,11 @@ def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | M
     path = Path(path)
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     if int8.is_container(blob):
-        return open_artifact(blob, path)
+        model = open_artifact(blob, path)
+        try:
+            return check_model(model)
+        except Exception as exc:  # anything wrong in what it holds is a problem with the input
+            raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
     if not _is_zlib(blob):  # brotli, lzma or zstd: a record's
         return load_record_artifact(path)
     try:  # the challenge's own int8 containers

@@ -36,12 +36,11 @@ from core.artifact.int8 import (
     Container,
     _check_float16_range,
     _in_dtype,
-    check_finite,
     container_bytes,
     open_container,
     write_artifact,
 )
-from core.artifact.rowquant import BITS, Clip, clip_range, dequantize_rows, quantize_tensor
+from core.artifact.rowquant import BITS, Clip, dequantize_rows, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError, first_line
 from core.common.files import read_file
@@ -51,7 +50,6 @@ __all__ = [
     "CLASSES",
     "DEFAULT_BITS",
     "MixedModel",
-    "check_mixed",
     "dequantize_mixed",
     "load_mixed_artifact",
     "mixed_artifact_bytes",
@@ -220,7 +218,8 @@ def save_mixed_artifact(
 
 
 def mixed_from_container(box: Container) -> MixedModel:
-    """The mixed-precision model of an opened pgolf container; ValueError naming the first problem."""
+    """The mixed-precision model of an opened pgolf container; ValueError naming the first problem with
+    its layout. What the model holds is checked by core/artifact/checks.py."""
     meta = box.meta
     if meta["format"] != MIXED_FORMAT:
         raise ValueError(f"format {meta['format']!r}, not the mixed-precision format {MIXED_FORMAT!r}")
@@ -241,69 +240,17 @@ def mixed_from_container(box: Container) -> MixedModel:
         if role not in roles:
             raise ValueError(f"unexpected tensor {key!r}")
         roles[role][name] = value
-    return check_mixed(model)
-
-
-def check_mixed(model: MixedModel) -> MixedModel:
-    """Everything dequantization relies on; ValueError naming the first problem."""
-    described = set(model.info)
-    stored = set(model.quantized) | set(model.scales) | set(model.passthrough)
-    if stored - described:
-        raise ValueError(f"{sorted(stored - described)[0]} is stored but not described")
-    for name, info in model.info.items():
-        store, cls, dtype = info.get("store"), info.get("class"), info.get("dtype")
-        if store not in STORES:
-            raise ValueError(f"{name}: unknown storage {store!r}")
-        if cls not in CLASSES:
-            raise ValueError(f"{name}: unknown class {cls!r}")
-        if store == "int":
-            _check_quantized(name, info, model)
-            continue
-        if name in model.quantized or name in model.scales:
-            raise ValueError(f"{name} is passed through but has quantized values or scales")
-        t = model.passthrough.get(name)
-        if not isinstance(t, np.ndarray):
-            raise ValueError(f"{name} is missing")
-        if store == "raw":
-            if t.dtype.kind not in "biu" or dtype != t.dtype.name:
-                raise ValueError(f"{name}: stored as {t.dtype}, described as raw {dtype!r}")
-        elif t.dtype != np.dtype(np.float16 if store == "fp16" else np.float32) or dtype not in FLOAT_BYTES:
-            raise ValueError(f"{name}: stored as {t.dtype}, described as {store} of {dtype!r}")
-    check_finite(model.passthrough)
     return model
-
-
-def _check_quantized(name: str, info: dict[str, Any], model: MixedModel) -> None:
-    q, s, bits = model.quantized.get(name), model.scales.get(name), info.get("bits")
-    if q is None or s is None:
-        raise ValueError(f"{name} has no {'values' if q is None else 'scales'}")
-    if name in model.passthrough:
-        raise ValueError(f"{name} is both quantized and passed through")
-    if info.get("dtype") not in FLOAT_BYTES:
-        raise ValueError(f"{name} has unknown dtype {info.get('dtype')!r}")
-    if isinstance(bits, bool) or bits not in BITS:
-        raise ValueError(f"{name}: bits {bits!r}")
-    if info.get("method") not in METHODS:
-        raise ValueError(f"{name}: unknown method {info.get('method')!r}")
-    if info.get("clip") is not None:  # None: not known (an artifact converted from a record's)
-        Clip.from_json(info["clip"])
-    if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
-        raise ValueError(f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16")
-    if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
-        raise ValueError(f"{name}: scales of shape {s.shape} do not fit values of shape {q.shape}")
-    if not np.isfinite(s).all():
-        raise ValueError(f"{name}: scales hold NaN or infinite values")
-    r = clip_range(bits)
-    if q.size and int(np.abs(q.astype(np.int16)).max()) > r:
-        raise ValueError(f"{name}: values beyond the int{bits} range [-{r}, {r}]")
 
 
 def load_mixed_artifact(path: str | Path) -> MixedModel:
     """Read a mixed-precision artifact; any damage is one PgolfError line naming the file."""
     path = Path(path)
     blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
+    from core.artifact.checks import check_mixed
+
     try:
-        return mixed_from_container(open_container(blob, path))
+        return check_mixed(mixed_from_container(open_container(blob, path)))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input

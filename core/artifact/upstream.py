@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from core.artifact import int8
+from core.artifact.checks import check_int8
 from core.artifact.int8 import (
     QUANT_FORMAT,
     ArtifactInfo,
     Int8Model,
     _names_to,
-    check_int8,
     int8_from_container,
     is_container,
     open_container,
@@ -82,7 +82,7 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     try:
         if is_container(blob):
-            return int8_from_container(open_container(blob, path))
+            return check_int8(int8_from_container(open_container(blob, path)))
         raw = compress.decompress(blob, "zlib")
         if raw.startswith(b"PK"):  # a zip: what torch.save writes
             return check_int8(_parse_upstream_torch(raw, path))
