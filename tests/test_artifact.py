@@ -11,7 +11,7 @@ from core.artifact import int8 as quant
 from core.artifact import upstream
 from core.artifact.budget import from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label
-from core.artifact.load import read_artifact
+from core.artifact.load import load_mixed_artifact, read_artifact
 from core.artifact.records import load_record_artifact
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError
@@ -91,7 +91,7 @@ def test_every_format_is_read_back(tmp_path):
     mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed.quantize_mixed(params, classes))
     expected = {
         "a.pgolf": quant.dequantize_int8(int8),
-        "m.pgolf": mixed.dequantize_mixed(mixed.load_mixed_artifact(tmp_path / "m.pgolf")),
+        "m.pgolf": mixed.dequantize_mixed(load_mixed_artifact(tmp_path / "m.pgolf")),
         RECORD_PTZ.name: mixed.dequantize_mixed(load_record_artifact(RECORD_PTZ)),
     }
     paths = {"a.pgolf": tmp_path / "a.pgolf", "m.pgolf": tmp_path / "m.pgolf", RECORD_PTZ.name: RECORD_PTZ}

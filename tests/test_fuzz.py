@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from core.artifact import int8 as quant
 from core.artifact import mixed, upstream
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
-from core.artifact.load import load_checkpoint
+from core.artifact.load import load_checkpoint, load_mixed_artifact
 from core.common import compress
 from core.common.errors import PgolfError
 from core.data.shards import read_shard
@@ -142,7 +142,7 @@ def mixed_blobs() -> dict[str, bytes]:
 
 
 def check_mixed(path: Path, blob: bytes, original: bytes, kind: str) -> None:
-    model = read_back(mixed.load_mixed_artifact, path, blob)
+    model = read_back(load_mixed_artifact, path, blob)
     if model is not None:
         compressor, shuffle = MIXED_KINDS[kind]
         assert mixed.mixed_artifact_bytes(model, compressor, shuffle=shuffle) == original
@@ -168,7 +168,7 @@ def test_mixed_artifacts_changed_inside_their_payload(tmp_path, mixed_blobs, dat
 def test_truncated_mixed_artifacts(tmp_path, mixed_blobs, kind):
     blob = mixed_blobs[kind]
     for cut in (0, len(quant.MAGIC), len(quant.MAGIC) + 1, 40, len(blob) // 2, len(blob) - 1):
-        assert read_back(mixed.load_mixed_artifact, tmp_path / "a.pgolf", blob[:cut]) is None
+        assert read_back(load_mixed_artifact, tmp_path / "a.pgolf", blob[:cut]) is None
 
 
 # ------------------------------------------- the challenge's and the records' artifacts

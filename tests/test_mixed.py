@@ -19,7 +19,8 @@ from core.artifact import int8 as quant
 from core.artifact import mixed, upstream
 from core.artifact.budget import budget_table
 from core.artifact.gptq import hessian
-from core.artifact.mixed import dequantize_mixed, load_mixed_artifact, mixed_artifact_bytes, quantize_mixed
+from core.artifact.load import load_mixed_artifact
+from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
 from core.artifact.records import load_record_artifact
 from core.artifact.rowquant import Clip, dequantize_rows, quantize_rows
 from core.common import compress
@@ -241,7 +242,8 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
     code = (
         "import numpy as np\n"
         "from core.artifact import mixed\n"
-        f"m = mixed.load_mixed_artifact({str(path)!r})\n"
+        "from core.artifact.load import load_mixed_artifact\n"
+        f"m = load_mixed_artifact({str(path)!r})\n"
         "w = mixed.dequantize_mixed(m)\n"
         "print(len(w), float(np.abs(w['blocks.0.mlp.fc.weight']).max()))"
     )

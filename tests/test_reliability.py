@@ -19,8 +19,13 @@ import pytest
 from core.artifact import int8 as quant
 from core.artifact import upstream
 from core.artifact.checkpoint import save_checkpoint, tensors_digest
-from core.artifact.load import config_for_params, is_checkpoint, load_checkpoint, load_weights
-from core.artifact.mixed import load_mixed_artifact
+from core.artifact.load import (
+    config_for_params,
+    is_checkpoint,
+    load_checkpoint,
+    load_mixed_artifact,
+    load_weights,
+)
 from core.common import compress
 from core.common.errors import PgolfError
 from core.common.files import write_atomic

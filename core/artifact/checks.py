@@ -14,8 +14,9 @@ import numpy as np
 from core.artifact.int8 import FLOAT_BYTES, Int8Model, check_finite
 from core.artifact.mixed import CLASSES, METHODS, STORES, MixedModel
 from core.artifact.rowquant import BITS, Clip, clip_range
+from core.common.errors import PgolfError
 
-__all__ = ["check_int8", "check_mixed", "check_model"]
+__all__ = ["check_int8", "check_mixed", "check_model", "clip_from_json"]
 
 
 def check_model(model: Int8Model | MixedModel) -> Int8Model | MixedModel:
@@ -91,7 +92,7 @@ def _check_quantized(name: str, info: dict[str, Any], model: MixedModel) -> None
     if info.get("method") not in METHODS:
         raise ValueError(f"{name}: unknown method {info.get('method')!r}")
     if info.get("clip") is not None:  # None: not known (an artifact converted from a record's)
-        Clip.from_json(info["clip"])
+        clip_from_json(info["clip"])
     if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
         raise ValueError(f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16")
     if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
@@ -101,3 +102,18 @@ def _check_quantized(name: str, info: dict[str, Any], model: MixedModel) -> None
     r = clip_range(bits)
     if q.size and int(np.abs(q.astype(np.int16)).max()) > r:
         raise ValueError(f"{name}: values beyond the int{bits} range [-{r}, {r}]")
+
+
+def clip_from_json(obj: Any) -> Clip:
+    """The Clip an artifact records (`Clip.to_json`); ValueError when it is not one."""
+    if not isinstance(obj, dict) or set(obj) - {"kind", "q", "candidates", "per_row", "k"}:
+        raise ValueError(f"clip {obj!r} is not a clip description")
+    fields = dict(obj)
+    if "candidates" in fields:
+        if not isinstance(fields["candidates"], list):
+            raise ValueError("clip candidates are not a list")
+        fields["candidates"] = tuple(fields["candidates"])
+    try:
+        return Clip(**fields)
+    except (PgolfError, TypeError) as exc:
+        raise ValueError(str(exc)) from None

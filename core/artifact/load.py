@@ -6,7 +6,7 @@ its own artifact alone, core/artifact/export.py; resuming one is the CLI's.)
   the loop relies on (`load_checkpoint`), or only their config read from the header
   (`checkpoint_config`); `check_resumable` says whether a config can go on from one, and
   `restore_data_position` puts a training loader back where the checkpoint's was.
-- Artifacts (`read_artifact`): pgolf's container in either format, the challenge's torch int8
+- Artifacts (`read_artifact`; `load_mixed_artifact` for the mixed format alone): pgolf's container in either format, the challenge's torch int8
   container (zlib), its MLX pickle when allowed, and the records' int6 `final_model.int6.ptz`.
 - `saved_config`: the settings a file of weights was trained and scored with, where it keeps them;
   `config_for_params`: a config with the model shape read off the tensors; `load_weights`: either
@@ -33,10 +33,10 @@ from core.artifact.checkpoint import (
     checkpoint_digest,
     tensors_digest,
 )
-from core.artifact.checks import check_model
+from core.artifact.checks import check_mixed, check_model
 from core.artifact.export import dequantize, open_artifact
-from core.artifact.int8 import Int8Model, check_finite
-from core.artifact.mixed import MixedModel
+from core.artifact.int8 import Int8Model, check_finite, open_container
+from core.artifact.mixed import MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact
 from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line
@@ -290,6 +290,20 @@ def _is_zlib(blob: bytes) -> bool:
     except zlib.error:
         return False
     return True
+
+
+def load_mixed_artifact(path: str | Path) -> MixedModel:
+    """Read a mixed-precision artifact; any damage is one PgolfError line naming the file."""
+    path = Path(path)
+    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    try:
+        return check_mixed(mixed_from_container(open_container(blob, path)))
+    except PgolfError as exc:  # e.g. a compressor package that is not installed
+        raise PgolfError(f"artifact {path}: {exc}") from None
+    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
+        raise PgolfError(
+            f"artifact {path} is damaged or not a mixed-precision artifact: {first_line(exc)}"
+        ) from None
 
 
 def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:

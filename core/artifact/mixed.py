@@ -31,19 +31,16 @@ from core.artifact.gptq import gptq_quantize
 from core.artifact.int8 import (
     FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
-    MAX_ARTIFACT_BYTES,
     ArtifactInfo,
     Container,
     _check_float16_range,
     _in_dtype,
     container_bytes,
-    open_container,
     write_artifact,
 )
 from core.artifact.rowquant import BITS, Clip, dequantize_rows, quantize_tensor
 from core.common import compress
-from core.common.errors import PgolfError, first_line
-from core.common.files import read_file
+from core.common.errors import PgolfError
 from core.model.params import KINDS
 
 __all__ = [
@@ -51,7 +48,6 @@ __all__ = [
     "DEFAULT_BITS",
     "MixedModel",
     "dequantize_mixed",
-    "load_mixed_artifact",
     "mixed_artifact_bytes",
     "mixed_from_container",
     "quantize_mixed",
@@ -241,19 +237,3 @@ def mixed_from_container(box: Container) -> MixedModel:
             raise ValueError(f"unexpected tensor {key!r}")
         roles[role][name] = value
     return model
-
-
-def load_mixed_artifact(path: str | Path) -> MixedModel:
-    """Read a mixed-precision artifact; any damage is one PgolfError line naming the file."""
-    path = Path(path)
-    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
-    from core.artifact.checks import check_mixed
-
-    try:
-        return check_mixed(mixed_from_container(open_container(blob, path)))
-    except PgolfError as exc:  # e.g. a compressor package that is not installed
-        raise PgolfError(f"artifact {path}: {exc}") from None
-    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
-        raise PgolfError(
-            f"artifact {path} is damaged or not a mixed-precision artifact: {first_line(exc)}"
-        ) from None
