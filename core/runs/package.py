@@ -6,8 +6,8 @@ config as its defaults, and a `main` that trains with it. It runs with `torchrun
 file itself. Upstream environment variables (`DATA_PATH`, `TOKENIZER_PATH`, `SEED`,
 `RUN_ID`, `ITERATIONS`, `MATRIX_LR`, ...) override the defaults, as in pgolf.
 
-Which modules: those `main` imports (`MAIN_IMPORTS`) and the backend, then every module they
-import at their top level, and so on. An import inside a function is not followed: it marks
+Which modules: those `main` imports (`MAIN_IMPORTS`: the config, the loop, the PyTorch backend),
+then every module they import at their top level, and so on. An import inside a function is not followed: it marks
 a path a training run never takes (the CLI's commands, resuming, reading other files than
 the run's own, downloads, trackers), so code a run does not need lives in modules that only
 such paths import. A packaged run that took one would stop at that import.
@@ -108,40 +108,44 @@ class _Minifier(ast.NodeTransformer):
     of assignments outside class bodies (under `from __future__ import annotations` nothing evaluates
     them; a class body's are kept, as dataclasses read them)."""
 
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        body = getattr(node, "body", None)
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body:
-            first = body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                if isinstance(first.value.value, str):
-                    node.body = body[1:] or [ast.Pass()]
-        in_class, self.in_class = getattr(self, "in_class", False), isinstance(node, ast.ClassDef)
-        super().generic_visit(node)
-        self.in_class = in_class
+    def __init__(self) -> None:
+        self.in_class = False  # whether the statements being visited are a class body's
+
+    def _scope(self, node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
+        first = node.body[0] if node.body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            if isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+        outer, self.in_class = self.in_class, isinstance(node, ast.ClassDef)
+        self.generic_visit(node)
+        self.in_class = outer
         return node
 
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        if isinstance(node.func, ast.Name) and node.func.id == "opt" and len(node.args) == 2:
-            node.args[1] = ast.Constant("")
-        return self.generic_visit(node)
+    visit_Module = visit_ClassDef = _scope
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
         node.returns = None
         for arg in ast.walk(node.args):
             if isinstance(arg, ast.arg):
                 arg.annotation = None
-        return self.generic_visit(node)
+        return self._scope(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if isinstance(node.func, ast.Name) and node.func.id == "opt" and len(node.args) == 2:
+            node.args[1] = ast.Constant("")
+        return self.generic_visit(node)
+
     def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
         names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-        return None if names == ["__all__"] else node
+        return None if names == ["__all__"] else self.generic_visit(node)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        self.generic_visit(node)
         if self.in_class or node.value is None or not node.simple:
-            return self.generic_visit(node)
-        return ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno)
+            return node
+        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
 
 
 def minify(source: str) -> str:
