@@ -492,7 +492,8 @@ def export_command(
     """
     import json
 
-    from core.artifact.export import export_artifact, format_budget
+    from core.artifact.budget import format_budget
+    from core.artifact.export import export_artifact
     from core.runs.package import code_bytes
     from core.runs.setup import export_setup
     from core.train.loop import calibrate_gptq
@@ -558,7 +559,7 @@ def bench(
 
     from core.common.files import write_atomic
     from core.config.sources import resolve
-    from core.model.backend import check_config
+    from core.model.memory import check_config
     from core.train.bench import benchmark
 
     cfg = resolve(preset, config, overrides or {})

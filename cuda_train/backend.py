@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,10 +23,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.model.backend import DeviceMemory, physical_ram
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear
 from cuda_train.optim import Muon, build_optimizers
+
+if TYPE_CHECKING:
+    from core.model.memory import DeviceMemory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:
@@ -56,6 +59,8 @@ def check_config(cfg: Config) -> None:
 def device_memory(cfg: Config) -> DeviceMemory | None:
     """What this process's device has free: its CUDA device's, else its share of the machine's RAM
     (torchrun's processes on one machine share it)."""
+    from core.model.memory import DeviceMemory, physical_ram  # (the CLI's check: not a packaged run's)
+
     if torch.cuda.is_available():
         index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         free, _total = torch.cuda.mem_get_info(index)

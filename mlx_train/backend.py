@@ -27,7 +27,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.model.backend import DeviceMemory, physical_ram
+from core.model.memory import DeviceMemory, physical_ram
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from mlx_train.model import GPT, CastedLinear
 from mlx_train.optim import Optimizers

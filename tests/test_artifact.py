@@ -8,7 +8,10 @@ import pytest
 
 from core.artifact import export as artifact
 from core.artifact import int8 as quant
-from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label, read_artifact
+from core.artifact import upstream
+from core.artifact.budget import from_int8
+from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label
+from core.artifact.load import load_mixed_artifact, read_artifact
 from core.artifact.records import load_record_artifact
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError
@@ -88,12 +91,12 @@ def test_every_format_is_read_back(tmp_path):
     mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed.quantize_mixed(params, classes))
     expected = {
         "a.pgolf": quant.dequantize_int8(int8),
-        "m.pgolf": mixed.dequantize_mixed(mixed.load_mixed_artifact(tmp_path / "m.pgolf")),
+        "m.pgolf": mixed.dequantize_mixed(load_mixed_artifact(tmp_path / "m.pgolf")),
         RECORD_PTZ.name: mixed.dequantize_mixed(load_record_artifact(RECORD_PTZ)),
     }
     paths = {"a.pgolf": tmp_path / "a.pgolf", "m.pgolf": tmp_path / "m.pgolf", RECORD_PTZ.name: RECORD_PTZ}
     pytest.importorskip("torch")
-    quant.save_upstream_torch(tmp_path / "u.ptz", int8)
+    upstream.save_upstream_torch(tmp_path / "u.ptz", int8)
     expected["u.ptz"], paths["u.ptz"] = quant.dequantize_int8(int8), tmp_path / "u.ptz"
     for name, path in paths.items():
         got = artifact.dequantize(read_artifact(path))
@@ -106,7 +109,7 @@ def test_the_int8_model_described_as_mixed_dequantizes_the_same():
     cfg = preset("smoke").replace(**WIDE)
     params = busy_params(cfg)
     int8 = quant.quantize_int8(params, storage_dtypes(cfg, True), artifact_classes(cfg))
-    view = mixed.from_int8(int8, artifact_classes(cfg))
+    view = from_int8(int8, artifact_classes(cfg))
     a, b = quant.dequantize_int8(int8), mixed.dequantize_mixed(view)
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 

@@ -14,6 +14,7 @@ import pytest
 
 from core.config.presets import preset
 from core.model import backend as backends
+from core.model import memory
 from core.model.optim import GROUPS, base_lr, weight_decay
 from core.model.params import init_params, param_shapes, param_specs
 from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
@@ -412,9 +413,9 @@ def test_backend_options_are_checked_by_their_backend():
         train_seq_len=16_384, train_batch_tokens=32_768, val_batch_size=32_768, mlx_max_microbatch_tokens=128
     )
     for info in backends.installed():
-        backends.check_config(info.name, cfg)  # a sub-batch holds one whole sequence at least
+        memory.check_config(info.name, cfg)  # a sub-batch holds one whole sequence at least
     if backends.BACKENDS["mlx"].installed:
         with pytest.raises(PgolfError, match="mlx_max_microbatch_tokens must be positive"):
-            backends.check_config("mlx", cfg.replace(mlx_max_microbatch_tokens=0))
+            memory.check_config("mlx", cfg.replace(mlx_max_microbatch_tokens=0))
     if backends.BACKENDS["cuda"].installed:
-        backends.check_config("torch", cfg.replace(mlx_max_microbatch_tokens=0))  # not PyTorch's option
+        memory.check_config("torch", cfg.replace(mlx_max_microbatch_tokens=0))  # not PyTorch's option

@@ -8,13 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from core.artifact.checkpoint import (
-    Checkpoint,
-    checkpoint_digest,
-    is_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from core.artifact.checkpoint import Checkpoint, checkpoint_digest, save_checkpoint
+from core.artifact.load import is_checkpoint, load_checkpoint
 from core.common.errors import PgolfError
 from core.common.files import make_dir, write_atomic
 from core.config.fields import Config

@@ -173,7 +173,8 @@ def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
 
     import torch
 
-    from core.artifact.export import dequantize, read_artifact
+    from core.artifact.export import dequantize
+    from core.artifact.load import read_artifact
     from core.artifact.rowquant import quantize_rows
     from core.common import compress
     from core.eval.score import evaluate, load_eval_data
@@ -268,7 +269,7 @@ def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_
     # ...and shards whose ids exceed the tokenizer's vocabulary.
     wide = tmp_path / "wide"
     wide.mkdir()
-    from core.data.shards import write_shard
+    from core.datasets.writers import write_shard
 
     write_shard(wide / "fineweb_val_000000.bin", np.arange(2000) % 2000)
     write_shard(wide / "fineweb_train_000000.bin", np.arange(2000) % 2000)
@@ -445,7 +446,8 @@ def test_resume_is_refused_past_its_iterations_and_into_another_run(sotu_dataset
 
 @needs("cuda")
 def test_resume_refuses_optimizer_state_of_the_wrong_shape(sotu_dataset, trained, tmp_path):
-    from core.artifact.checkpoint import load_checkpoint, save_checkpoint
+    from core.artifact.checkpoint import save_checkpoint
+    from core.artifact.load import load_checkpoint
 
     run_dir, _ = trained
     ckpt = load_checkpoint(sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1])

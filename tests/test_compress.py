@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.artifact import int8 as quant
+from core.artifact import upstream
 from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import goldens
@@ -146,4 +147,4 @@ def test_the_int8_container_takes_every_compressor(tmp_path, name, shuffle):
     info = quant.save_artifact(tmp_path / "m.pgolf", model, compressor=name, shuffle=shuffle)
     blob = info.path.read_bytes()
     assert blob[len(quant.MAGIC)] == quant.COMPRESSORS[name] | (0x80 if shuffle else 0)
-    assert equal_weights(model, quant.load_artifact(info.path))
+    assert equal_weights(model, upstream.load_artifact(info.path))

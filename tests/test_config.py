@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from core.artifact import int8
-from core.artifact.export import saved_config, scoring_config
+from core.artifact.export import scoring_config
+from core.artifact.load import config_for_params, saved_config
 from core.common.errors import PgolfError
 from core.config.fields import (
     EXPORT_FIELDS,
@@ -21,10 +22,11 @@ from core.config.fields import (
     Check,
     Config,
     field_names,
+    from_env,
 )
 from core.config.presets import PRESETS, preset
-from core.config.sources import from_env, load_file, parse_overrides, resolve, resolve_sources
-from core.model.params import artifact_classes, config_for_params, param_shapes, storage_dtypes
+from core.config.sources import load_file, parse_overrides, resolve, resolve_sources
+from core.model.params import artifact_classes, param_shapes, storage_dtypes
 from tests.reference import reference_logits
 from tests.test_backends import FEATURES, LOOPS_LANES, busy_params
 from tests.test_fuzz import run_within

@@ -14,8 +14,9 @@ import pytest
 
 from core.common.errors import PgolfError
 from core.data.manifest import file_sha256, read_manifest
-from core.data.shards import read_shard, write_shard
+from core.data.shards import read_shard
 from core.datasets.fineweb import download_fineweb, hub_fetcher
+from core.datasets.writers import write_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = "datasets/fineweb10B_sp1024"

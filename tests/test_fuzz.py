@@ -25,11 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.artifact import int8 as quant
-from core.artifact import mixed
-from core.artifact.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from core.artifact import mixed, upstream
+from core.artifact.checkpoint import Checkpoint, save_checkpoint
+from core.artifact.load import load_checkpoint, load_mixed_artifact
 from core.common import compress
 from core.common.errors import PgolfError
-from core.data.shards import read_shard, write_shard
+from core.data.shards import read_shard
+from core.datasets.writers import write_shard
 from tests.test_quant import golden_state, quantize, requires_torch
 
 FUZZ_EXAMPLES = int(os.environ.get("PGOLF_FUZZ_EXAMPLES", "60"))
@@ -105,7 +107,7 @@ def int8_blobs() -> dict[str, bytes]:
 
 
 def check_int8(path: Path, blob: bytes, original: bytes, kind: str) -> None:
-    model = read_back(quant.load_artifact, path, blob)
+    model = read_back(upstream.load_artifact, path, blob)
     if model is not None:  # accepted: it must be exactly what was written
         compressor, shuffle = INT8_KINDS[kind]
         assert quant.artifact_bytes(model, compressor=compressor, shuffle=shuffle) == original
@@ -140,7 +142,7 @@ def mixed_blobs() -> dict[str, bytes]:
 
 
 def check_mixed(path: Path, blob: bytes, original: bytes, kind: str) -> None:
-    model = read_back(mixed.load_mixed_artifact, path, blob)
+    model = read_back(load_mixed_artifact, path, blob)
     if model is not None:
         compressor, shuffle = MIXED_KINDS[kind]
         assert mixed.mixed_artifact_bytes(model, compressor, shuffle=shuffle) == original
@@ -166,7 +168,7 @@ def test_mixed_artifacts_changed_inside_their_payload(tmp_path, mixed_blobs, dat
 def test_truncated_mixed_artifacts(tmp_path, mixed_blobs, kind):
     blob = mixed_blobs[kind]
     for cut in (0, len(quant.MAGIC), len(quant.MAGIC) + 1, 40, len(blob) // 2, len(blob) - 1):
-        assert read_back(mixed.load_mixed_artifact, tmp_path / "a.pgolf", blob[:cut]) is None
+        assert read_back(load_mixed_artifact, tmp_path / "a.pgolf", blob[:cut]) is None
 
 
 # ------------------------------------------- the challenge's and the records' artifacts
@@ -177,8 +179,8 @@ def test_truncated_mixed_artifacts(tmp_path, mixed_blobs, kind):
 def test_upstream_int8_artifacts(tmp_path_factory, data):
     path = tmp_path_factory.getbasetemp() / "upstream.ptz"
     if not path.exists():
-        quant.save_upstream_torch(path, quantize(*golden_state()))
-    model = read_back(quant.load_artifact, path.with_name("fuzz.ptz"), fuzz(data, path.read_bytes(), 2000))
+        upstream.save_upstream_torch(path, quantize(*golden_state()))
+    model = read_back(upstream.load_artifact, path.with_name("fuzz.ptz"), fuzz(data, path.read_bytes(), 2000))
     if model is not None:  # no checksum of its own: it must at least dequantize
         quant.dequantize_int8(model)
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from core.config.fields import from_env
 from core.config.presets import preset
-from core.config.sources import from_env
 from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
 from core.model.params import ParamSpec, num_skip_weights, param_shapes, param_specs
 from core.model.schedule import lr_multiplier

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from core.artifact.load import restore_data_position
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import (
@@ -16,8 +17,8 @@ from core.data.shards import (
     CoprimeLoader,
     make_train_loader,
     shard_names_seed,
-    write_shard,
 )
+from core.datasets.writers import write_shard
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "record_features.safetensors"
 # As tests/golden/make_record_features.py writes them: token i of shard k is OFFSETS[k] + i.
@@ -73,12 +74,12 @@ def test_resume_from_state_is_exact(tmp_path, world, rank):
     state = json.loads(json.dumps(loader.state()))  # as a checkpoint stores it
     expected = take(loader, 5, world)
     resumed = CoprimeLoader(files, rank, world)
-    resumed.load_state(state)
+    restore_data_position(resumed, state)
     for (x, y), (ex, ey) in zip(take(resumed, 5, world), expected, strict=True):
         np.testing.assert_array_equal(x, ex)
         np.testing.assert_array_equal(y, ey)
     # The same loader rewinds too (the compile warmup restores the state it started from).
-    loader.load_state(state)
+    restore_data_position(loader, state)
     np.testing.assert_array_equal(take(loader, 1, world)[0][0], expected[0][0])
 
 
@@ -146,13 +147,13 @@ def test_a_state_from_other_shards_or_the_sequential_loader_is_refused(tmp_path)
     loader = CoprimeLoader(files)
     take(loader, 2)
     with pytest.raises(PgolfError, match="not written by the coprime loader"):
-        loader.load_state(BatchLoader(files).state())
+        restore_data_position(loader, BatchLoader(files).state())
     with pytest.raises(PgolfError, match="saved over 3 shards .* but these are 2 shards"):
-        CoprimeLoader(files[:2]).load_state(loader.state())
+        restore_data_position(CoprimeLoader(files[:2]), loader.state())
     state = loader.state()
     state["cursors"]["blocks"][2] += 1
     with pytest.raises(PgolfError, match="a shard changed size"):
-        CoprimeLoader(files).load_state(state)
+        restore_data_position(CoprimeLoader(files), state)
 
 
 def test_the_config_picks_the_loader(tmp_path):

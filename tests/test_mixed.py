@@ -16,9 +16,11 @@ import pytest
 from safetensors.numpy import load as st_load
 
 from core.artifact import int8 as quant
-from core.artifact import mixed
+from core.artifact import mixed, upstream
+from core.artifact.budget import budget_table
 from core.artifact.gptq import hessian
-from core.artifact.mixed import dequantize_mixed, load_mixed_artifact, mixed_artifact_bytes, quantize_mixed
+from core.artifact.load import load_mixed_artifact
+from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
 from core.artifact.records import load_record_artifact
 from core.artifact.rowquant import Clip, dequantize_rows, quantize_rows
 from core.common import compress
@@ -220,7 +222,7 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
     brotli_blob = mixed_artifact_bytes(mixed_model)
     code = (
         "import hashlib, numpy as np\n"
-        "from core import mixed, gptq\n"
+        "from core.artifact import gptq, mixed\n"
         "from core.artifact.rowquant import Clip\n"
         "from tests.test_mixed import model_state, ramp\n"
         "state, classes, dtypes = model_state()\n"
@@ -239,8 +241,9 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
     path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model).path
     code = (
         "import numpy as np\n"
-        "from core import mixed\n"
-        f"m = mixed.load_mixed_artifact({str(path)!r})\n"
+        "from core.artifact import mixed\n"
+        "from core.artifact.load import load_mixed_artifact\n"
+        f"m = load_mixed_artifact({str(path)!r})\n"
         "w = mixed.dequantize_mixed(m)\n"
         "print(len(w), float(np.abs(w['blocks.0.mlp.fc.weight']).max()))"
     )
@@ -263,7 +266,7 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
 def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
     path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model).path
     with pytest.raises(PgolfError, match="format 'pgolf-mixed', not the int8 format"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
     int8 = quant.save_artifact(tmp_path / "i.pgolf", quant.quantize_int8({"w": ramp((300, 300), 1, 7)})).path
     with pytest.raises(PgolfError, match="format 'pgolf-int8', not the mixed-precision format"):
         load_mixed_artifact(int8)
@@ -272,7 +275,7 @@ def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
 # ------------------------------------------------------------ the budget table
 def test_budget_table(mixed_model):
     state, _, _ = model_state()
-    rows = mixed.budget_table(mixed_model, "zlib", shuffle=2, weights=state)
+    rows = budget_table(mixed_model, "zlib", shuffle=2, weights=state)
     by_class = {r["class"]: r for r in rows}
     assert list(by_class) == ["embedding", "attention", "mlp", "other", "control", "total"]
     assert by_class["mlp"]["params"] == 2 * 264 * 256 and by_class["mlp"]["bits"] == "int5"
@@ -288,7 +291,7 @@ def test_budget_table(mixed_model):
     assert by_class["embedding"]["rms"] == pytest.approx(np.sqrt(np.mean(w**2)), rel=1e-12)
     assert by_class["mlp"]["bytes_compressed"] < 0.8 * by_class["mlp"]["bytes_raw"]  # 5 of 8 bits used
     assert json.loads(json.dumps(rows)) == rows  # plain data
-    rows_deq = mixed.budget_table(mixed_model, "none", shuffle=0)  # without weights: the dequantized ones
+    rows_deq = budget_table(mixed_model, "none", shuffle=0)  # without weights: the dequantized ones
     assert rows_deq[0]["rms"] == pytest.approx(by_class["embedding"]["rms"], rel=1e-2)
 
 

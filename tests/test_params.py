@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.artifact.load import config_for_params
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.optim import GROUPS
 from core.model.params import (
     KINDS,
     artifact_classes,
-    config_for_params,
     count_params,
     flops_per_token,
     init_params,

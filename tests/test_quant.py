@@ -20,6 +20,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from core.artifact import int8 as quant
+from core.artifact import upstream
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.params import artifact_classes, init_params, storage_dtypes
@@ -341,7 +342,7 @@ def test_artifacts_written_before_the_checksum_still_load_with_a_warning(tmp_pat
     path = tmp_path / "old.pgolf"
     path.write_bytes(quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
     with pytest.warns(UserWarning, match="before pgolf's containers carried a checksum"):
-        assert equal_weights(model, quant.load_artifact(path))
+        assert equal_weights(model, upstream.load_artifact(path))
 
 
 def test_same_bytes_in_other_processes_and_any_order(tmp_path):
@@ -350,7 +351,7 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
     code = (
         "import hashlib, sys, numpy as np\n"
         "from tests.test_quant import quantize\n"
-        "from core import quant\n"
+        "from core.artifact import int8 as quant\n"
         f"state = dict(np.load({str(tmp_path / 'state.npz')!r}))\n"
         f"print(hashlib.sha256(quant.artifact_bytes(quantize(state, {dtypes!r}))).hexdigest())"
     )
@@ -380,7 +381,7 @@ def test_round_trip_through_every_compressor(tmp_path, compressor, level):
     blob = info.path.read_bytes()
     assert (info.file_bytes, info.sha256) == (len(blob), hashlib.sha256(blob).hexdigest())
     assert blob[len(quant.MAGIC)] == quant.COMPRESSORS[compressor]
-    back = quant.load_artifact(info.path)
+    back = upstream.load_artifact(info.path)
     assert equal_weights(model, back)
     assert back.dtypes == model.dtypes and back.qmeta == model.qmeta
     assert back.passthrough_orig_dtypes == model.passthrough_orig_dtypes
@@ -440,7 +441,7 @@ def torch_dequantize(obj: dict) -> dict:
 def test_upstream_torch_container_round_trip(tmp_path):
     state, dtypes = baseline_like_state()
     model = quantize(state, dtypes)
-    info = quant.save_upstream_torch(tmp_path / "final_model.int8.ptz", model)
+    info = upstream.save_upstream_torch(tmp_path / "final_model.int8.ptz", model)
     obj = torch.load(io.BytesIO(zlib.decompress(info.path.read_bytes())), weights_only=True)
     assert set(obj) == {"__quant_format__", "quantized", "scales", "dtypes", "passthrough", "qmeta",
                         "passthrough_orig_dtypes"}  # fmt: skip
@@ -462,7 +463,7 @@ def test_upstream_torch_container_round_trip(tmp_path):
     ours = quant.dequantize_int8(model)
     for name, t in torch_dequantize(obj).items():
         assert np.array_equal(ours[name], as_numpy(t)), name
-    assert equal_weights(model, quant.load_artifact(info.path))
+    assert equal_weights(model, upstream.load_artifact(info.path))
 
 
 @pytest.mark.torch
@@ -476,7 +477,7 @@ def test_a_torch_container_missing_a_key_is_one_clear_error(tmp_path):
     path = tmp_path / "a.ptz"
     path.write_bytes(zlib.compress(buffer.getvalue()))
     with pytest.raises(PgolfError, match="a.ptz is damaged.*'dtypes' is missing"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
 
 
 def test_upstream_torch_container_without_torch(tmp_path, monkeypatch):
@@ -484,9 +485,9 @@ def test_upstream_torch_container_without_torch(tmp_path, monkeypatch):
     path.write_bytes(zlib.compress(b"PK\x03\x04 a torch.save zip", 9))
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(PgolfError, match=r"needs PyTorch: pip install 'pgolf\[torch\]'"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
     with pytest.raises(PgolfError, match="needs PyTorch"):
-        quant.save_upstream_torch(tmp_path / "out.ptz", quantize(*golden_state()))
+        upstream.save_upstream_torch(tmp_path / "out.ptz", quantize(*golden_state()))
 
 
 def mlx_style_blob(model: quant.Int8Model) -> bytes:
@@ -510,9 +511,9 @@ def test_mlx_pickle_needs_explicit_consent(tmp_path):
     path = tmp_path / "run_mlx_model.int8.ptz"
     path.write_bytes(mlx_style_blob(model))
     with pytest.raises(PgolfError, match="is a pickle.*can run code.*allow_pickle=True"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
     with pytest.warns(UserWarning, match="unpickling"):
-        back = quant.load_artifact(path, allow_pickle=True)
+        back = upstream.load_artifact(path, allow_pickle=True)
     assert equal_weights(model, back)
 
 
@@ -531,7 +532,7 @@ def test_a_damaged_mlx_pickle_is_one_clear_error(tmp_path, change, reason):
     path = tmp_path / "a.ptz"
     path.write_bytes(zlib.compress(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
     with pytest.warns(UserWarning), pytest.raises(PgolfError, match=f"a.ptz is damaged.*{reason}"):
-        quant.load_artifact(path, allow_pickle=True)
+        upstream.load_artifact(path, allow_pickle=True)
 
 
 class RunsCode:
@@ -548,7 +549,7 @@ def test_a_refused_pickle_is_never_unpickled(tmp_path):
     path = tmp_path / "evil.ptz"
     path.write_bytes(zlib.compress(pickle.dumps(RunsCode(tmp_path / "pwned"), protocol=4)))
     with pytest.raises(PgolfError, match="pickle"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
     assert not (tmp_path / "pwned").exists()
 
 
@@ -611,10 +612,10 @@ def test_damaged_artifacts_are_one_clear_error(tmp_path, blob, reason):
     path = tmp_path / "a.pgolf"
     path.write_bytes(blob)
     if reason is None:
-        assert quant.load_artifact(path).quantized["w"].shape == (4, 3)
+        assert upstream.load_artifact(path).quantized["w"].shape == (4, 3)
         return
     with pytest.raises(PgolfError, match=f"artifact {re.escape(str(path))}.*{reason}") as err:
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
     assert "\n" not in str(err.value)
 
 
@@ -624,12 +625,12 @@ def test_a_broken_torch_zip_is_one_clear_error(tmp_path):
     path = tmp_path / "a.ptz"
     path.write_bytes(zlib.compress(b"PK\x03\x04 not really a zip"))
     with pytest.raises(PgolfError, match=f"artifact {re.escape(str(path))} is damaged"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
 
 
 def test_missing_file_is_one_clear_error(tmp_path):
     with pytest.raises(PgolfError, match="nope.pgolf: cannot read"):
-        quant.load_artifact(tmp_path / "nope.pgolf")
+        upstream.load_artifact(tmp_path / "nope.pgolf")
 
 
 @pytest.mark.parametrize("compressor", ["zlib", "none"])
@@ -639,12 +640,12 @@ def test_truncated_and_flipped_files(tmp_path, compressor):
     for cut in (5, len(quant.MAGIC) + 1, 100, len(blob) // 2, len(blob) - 1):
         path.write_bytes(blob[:cut])
         with pytest.raises(PgolfError, match="a.pgolf"):
-            quant.load_artifact(path)
+            upstream.load_artifact(path)
     # The container's checksum catches a flipped byte, whatever the compressor (tests/test_fuzz.py: many more).
     for i in (len(quant.MAGIC) + 5, len(blob) // 2, len(blob) - 2):
         path.write_bytes(blob[:i] + bytes([blob[i] ^ 0x10]) + blob[i + 1 :])
         with pytest.raises(PgolfError, match="a.pgolf"):
-            quant.load_artifact(path)
+            upstream.load_artifact(path)
 
 
 # ------------------------------------------------------------------ the budget

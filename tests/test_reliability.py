@@ -17,8 +17,15 @@ import numpy as np
 import pytest
 
 from core.artifact import int8 as quant
-from core.artifact.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint, tensors_digest
-from core.artifact.mixed import load_mixed_artifact
+from core.artifact import upstream
+from core.artifact.checkpoint import save_checkpoint, tensors_digest
+from core.artifact.load import (
+    config_for_params,
+    is_checkpoint,
+    load_checkpoint,
+    load_mixed_artifact,
+    load_weights,
+)
 from core.common import compress
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
@@ -29,11 +36,11 @@ from core.data.manifest import read_manifest
 from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
 from core.datasets.embedded import prepare_sotu
-from core.eval.score import evaluate, load_eval_data, load_weights
+from core.eval.score import evaluate, load_eval_data
 from core.eval.verify import verify
 from core.model import backend as backends
-from core.model.backend import DeviceMemory, check_memory
-from core.model.params import config_for_params, count_params, init_params, memory_estimate
+from core.model.memory import DeviceMemory, check_config, check_memory, memory_estimate
+from core.model.params import count_params, init_params
 from core.train import loop
 from core.train.loop import DIVERGENCE_AFTER_STEPS, WEIGHT_RMS_LIMIT, divergence
 from core.train.rundir import RunDir
@@ -103,7 +110,7 @@ def test_each_backend_says_how_much_memory_its_device_has(name):
     module = importlib.import_module(f"{backends.BACKENDS[name].package}.backend")
     device = module.device_memory(preset("smoke"))
     assert device.bytes > 2**28 and device.what
-    backends.check_config(name, preset("smoke"))  # what train and bench call
+    check_config(name, preset("smoke"))  # what train and bench call
 
 
 def test_the_estimate_by_part():
@@ -132,7 +139,7 @@ def small_artifact(path: Path, **renames: str) -> Path:
 
 
 READERS = {
-    "artifact": quant.load_artifact,
+    "artifact": upstream.load_artifact,
     "mixed artifact": load_mixed_artifact,
     "checkpoint": load_checkpoint,
     "shard": read_shard,
@@ -160,7 +167,7 @@ def test_files_beyond_the_size_limits_are_refused_before_reading(tmp_path, monke
     path = small_artifact(tmp_path / "a.pgolf")
     monkeypatch.setattr(quant, "MAX_ARTIFACT_BYTES", 1000)
     with pytest.raises(PgolfError, match=r"a.pgolf is [\d,]+ bytes, over the limit of 1,000"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
 
 
 def test_decompression_stops_at_its_limit(monkeypatch):
@@ -203,7 +210,7 @@ def test_weights_changed_inside_the_payload_are_refused(tmp_path):
 
     path.write_bytes(repacked(blob, flip_last_byte))
     with pytest.raises(PgolfError, match="does not match its checksum"):
-        quant.load_artifact(path)
+        upstream.load_artifact(path)
 
 
 def test_a_nan_scale_is_refused_when_read(tmp_path):
@@ -212,7 +219,7 @@ def test_a_nan_scale_is_refused_when_read(tmp_path):
     model.scales[name] = np.full_like(model.scales[name], np.nan)
     quant.save_artifact(tmp_path / "nan.pgolf", model)
     with pytest.raises(PgolfError, match=f"{re.escape(name)} holds NaN or infinite values"):
-        quant.load_artifact(tmp_path / "nan.pgolf")
+        upstream.load_artifact(tmp_path / "nan.pgolf")
 
 
 class NanBackend:

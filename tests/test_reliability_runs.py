@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.artifact.checkpoint import load_checkpoint, save_checkpoint
+from core.artifact.checkpoint import save_checkpoint
+from core.artifact.load import load_checkpoint
 from core.common.errors import PgolfError
 from core.common.files import WriterLock
 from core.datasets.embedded import prepare_sotu

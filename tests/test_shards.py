@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.artifact.load import restore_data_position
 from core.common.errors import PgolfError
 from core.data.shards import (
     HEADER_BYTES,
@@ -19,8 +20,8 @@ from core.data.shards import (
     read_shard,
     read_shard_header,
     val_spans,
-    write_shard,
 )
+from core.datasets.writers import write_shard
 
 
 def shards(tmp_path, sizes, split="train", seed=0, vocab=1024):
@@ -119,7 +120,7 @@ def test_state_resumes_the_stream(tmp_path):
     saved = loader.state()
     expected = [loader.next_batch(128, 32, 1) for _ in range(4)]
     fresh = BatchLoader(files)
-    fresh.load_state(saved)
+    restore_data_position(fresh, saved)
     for (x1, y1), (x2, y2) in zip(expected, [fresh.next_batch(128, 32, 1) for _ in range(4)], strict=True):
         assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
 
@@ -170,9 +171,9 @@ def test_edge_cases_fail_clearly(tmp_path):
     with pytest.raises(PgolfError, match="got float64"):
         write_shard(tmp_path / "x.bin", np.zeros(3))
     with pytest.raises(PgolfError, match="does not fit shard"):
-        stream.load_state({"file_index": 0, "position": 41, "epoch": 1})
+        restore_data_position(stream, {"file_index": 0, "position": 41, "epoch": 1})
     with pytest.raises(PgolfError, match="needs integer file_index"):
-        stream.load_state({"file_index": 0})
+        restore_data_position(stream, {"file_index": 0})
     with pytest.raises(PgolfError, match="rank 2 is outside a world of 2"):
         BatchLoader(files, rank=2, world_size=2)
 

@@ -10,8 +10,9 @@ import pytest
 
 from core.common.errors import PgolfError
 from core.data.shards import find_shards, read_shard
-from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer, train_tokenizer
+from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 from core.datasets.embedded import read_text, speech_files
+from core.datasets.writers import train_tokenizer
 from core.eval.bpb import BPBMeter, token_bytes
 
 MULTILINGUAL = [

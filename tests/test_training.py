@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.artifact.checkpoint import load_checkpoint
-from core.artifact.int8 import dequantize_int8, load_artifact
+from core.artifact.int8 import dequantize_int8
+from core.artifact.load import load_checkpoint
+from core.artifact.upstream import load_artifact
 from core.data.shards import find_shards, read_shard
 from core.eval.score import evaluate, load_eval_data
 from core.runs.summary import read_metrics

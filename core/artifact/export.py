@@ -1,4 +1,4 @@
-"""A run's artifact: written in the format its config names, read back from any format pgolf knows.
+"""A run's artifact: written in the format its config names, and read back.
 
 Writing (`export_artifact`):
 - `quant_format = "int8"`: the challenge's per-row int8 format (core/artifact/int8.py);
@@ -8,22 +8,21 @@ Writing (`export_artifact`):
   the search over five percentiles, and GPTQ for every matrix whose input Hessian
   is given (core/artifact/mixed.py, core/artifact/gptq.py).
 Either goes into pgolf's container, compressed with `compressor` after an optional
-`byte_shuffle`. The report says where the bytes went, per tensor class.
+`byte_shuffle`. The report says where the bytes went, per tensor class (core/artifact/budget.py).
 
 pgolf's containers also keep the settings the weights are scored with that their shapes
 do not tell (the fields declared `scoring=True` in core/config/fields.py, where they differ
 from the defaults: the model's switches, the sequence lengths, the evaluation, the dataset's
-name), so an artifact can be scored alone (`saved_config`).
+name), so an artifact can be scored alone (core/artifact/load.py: `saved_config`).
 
-Reading (`read_artifact`, then `dequantize`): pgolf's container in either format, the
-challenge's torch int8 container (zlib), its MLX pickle when allowed, and the
-records' int6 `final_model.int6.ptz` (core/artifact/records.py).
+Reading (`read_pgolf_artifact`, then `dequantize`): pgolf's container in either format, as
+a run reads back what it wrote; core/artifact/load.py reads every format pgolf knows.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,6 @@ from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError, first_line
 from core.common.files import read_file
 from core.config.fields import SCORING_FIELDS, Config
-from core.config.sources import MAX_CONFIG_BYTES
 from core.model.params import artifact_classes
 
 __all__ = [
@@ -46,9 +44,9 @@ __all__ = [
     "class_clips",
     "dequantize",
     "export_artifact",
-    "format_budget",
+    "open_artifact",
     "quant_label",
-    "read_artifact",
+    "read_pgolf_artifact",
 ]
 
 FP16_BITS = 16  # a bits setting that keeps the class in fp16
@@ -102,8 +100,19 @@ def quant_label(cfg: Config) -> str:
 @dataclass
 class ExportReport:
     sizes: dict[str, int]  # int8.size_report: payload, model, code, total, budget, headroom bytes
-    budget: list[dict[str, Any]]  # core.artifact.mixed.budget_table: one row per tensor class, then the total
     gptq_tensors: int  # matrices rounded by GPTQ
+    model: Int8Model | MixedModel  # what was written
+    classes: dict[str, str]  # the artifact class of each tensor
+    weights: dict[str, np.ndarray]  # the float weights it holds, before quantization
+    compressor: str
+    shuffle: int
+
+    @functools.cached_property
+    def budget(self) -> list[dict[str, Any]]:
+        """The budget table: one row per tensor class, then the total (core/artifact/budget.py)."""
+        from core.artifact.budget import export_budget
+
+        return export_budget(self)
 
     def to_json(self) -> str:
         return json.dumps({"sizes": self.sizes, "classes": self.budget, "gptq_tensors": self.gptq_tensors})
@@ -118,7 +127,8 @@ def export_artifact(
     hessians: dict[str, np.ndarray] | None = None,
     upstream: bool = False,
 ) -> ExportReport:
-    """Quantize `params` as `cfg` says, write the artifact to `path`, and report where the bytes went.
+    """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (and, when
+    asked, where its bytes went: `ExportReport.budget`).
 
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
@@ -131,78 +141,48 @@ def export_artifact(
     if cfg.quant_format == "int8":
         model = int8.quantize_int8(params, dtypes, classes)
         if upstream:
-            info = int8.save_upstream_torch(path, model)
+            from core.artifact.upstream import save_upstream_torch  # (not a training run's)
+
+            info = save_upstream_torch(path, model)
         else:
             info = int8.save_artifact(
                 path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
             )
-        view = mixed.from_int8(model, classes)
+        gptq = 0
     else:
-        view = mixed.quantize_mixed(
+        model = mixed.quantize_mixed(
             params, classes, class_bits(cfg), class_clips(cfg), hessians if cfg.gptq_enabled else None, dtypes
         )
         info = mixed.save_mixed_artifact(
-            path, view, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+            path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
         )
-    payload = sum(a.nbytes for part in (view.quantized, view.scales, view.passthrough) for a in part.values())
-    sizes = int8.size_report(payload, info.file_bytes, code_bytes)
-    budget = mixed.budget_table(
-        view, cfg.compressor, shuffle=cfg.byte_shuffle, weights=params, total_bytes=info.file_bytes
+        gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
+    payload = sum(
+        a.nbytes for part in (model.quantized, model.scales, model.passthrough) for a in part.values()
     )
-    gptq = sum(1 for i in view.info.values() if i.get("method") == "gptq")
-    return ExportReport(sizes, budget, gptq)
-
-
-def format_budget(report: ExportReport) -> list[str]:
-    """The budget table as aligned text lines (the train log and `export`)."""
-    header = f"{'class':<10} {'tensors':>7} {'params':>11} {'bits':>10} {'raw B':>11} {'packed B':>11} {'share':>7} {'rms':>8}"
-    lines = [header]
-    for r in report.budget:
-        lines.append(
-            f"{r['class']:<10} {r['tensors']:>7} {r['params']:>11,} {'' if r['class'] == 'total' else r['bits']:>10} "
-            f"{r['bytes_raw']:>11,} "
-            f"{r['bytes_compressed']:>11,} {100 * r['share']:>6.2f}% {r['rms']:>8.5f}"
-        )
-    return lines
+    sizes = int8.size_report(payload, info.file_bytes, code_bytes)
+    return ExportReport(sizes, gptq, model, classes, params, cfg.compressor, cfg.byte_shuffle)
 
 
 # ------------------------------------------------------------------- reading
-def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | MixedModel:
-    """Any artifact pgolf reads (see the module docstring); damage is one PgolfError line."""
-    path = Path(path)
-    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
-    if int8.is_container(blob):
-        try:
-            box = int8.open_container(blob, path)
-            if box.meta["format"] == mixed.MIXED_FORMAT:
-                return mixed.mixed_from_container(box)
-            return int8.int8_from_container(box)
-        except PgolfError as exc:  # e.g. a compressor package that is not installed
-            raise PgolfError(f"artifact {path}: {exc}") from None
-        except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
-            raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
-    from core.artifact.records import load_record_artifact  # (not needed by a packaged run)
-
-    if not _is_zlib(blob):  # brotli, lzma or zstd: a record's
-        return load_record_artifact(path)
-    try:  # the challenge's own int8 containers
-        return int8.load_artifact(path, allow_pickle=allow_pickle)
-    except PgolfError as not_int8:
-        try:  # a record's artifact may be zlib-compressed too
-            return load_record_artifact(path)
-        except PgolfError:
-            raise not_int8 from None
-
-
-def _is_zlib(blob: bytes) -> bool:
-    """A zlib stream: its two-byte header (deflate; a multiple of 31), and a start that inflates."""
-    if len(blob) < 2 or blob[0] & 0x0F != 8 or (blob[0] << 8 | blob[1]) % 31:
-        return False
+def open_artifact(blob: bytes, path: str | Path) -> Int8Model | MixedModel:
+    """The model in the bytes of a pgolf artifact (its container, either format), read from `path`;
+    damage is one PgolfError line naming it."""
     try:
-        zlib.decompressobj().decompress(blob[:4096], 1)
-    except zlib.error:
-        return False
-    return True
+        box = int8.open_container(blob, path)
+        if box.meta["format"] == mixed.MIXED_FORMAT:
+            return mixed.mixed_from_container(box)
+        return int8.int8_from_container(box)
+    except PgolfError as exc:  # e.g. a compressor package that is not installed
+        raise PgolfError(f"artifact {path}: {exc}") from None
+    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
+        raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
+
+
+def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
+    """A pgolf artifact, as `export_artifact` wrote it (core/artifact/load.py reads any format)."""
+    path = Path(path)
+    return open_artifact(read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES), path)
 
 
 def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:
@@ -210,31 +190,3 @@ def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:
     if isinstance(model, MixedModel):
         return mixed.dequantize_mixed(model)
     return int8.dequantize_int8(model)
-
-
-def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
-    """The settings a set of weights was trained and scored with, and where they were found: a
-    checkpoint's own config, the run's `config.json` beside an artifact, or the settings a pgolf
-    artifact keeps (`scoring_config`); None for an artifact without any (the challenge's, a record's)."""
-    from core.artifact.checkpoint import checkpoint_config, is_checkpoint
-
-    path = Path(path)
-    if is_checkpoint(path):
-        return checkpoint_config(path), f"checkpoint {path}"
-    beside = path.parent / "config.json"
-    if beside.is_file():
-        try:
-            data = json.loads(read_file(beside, "run config", MAX_CONFIG_BYTES))
-        except ValueError:
-            raise PgolfError(f"run config {beside} is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise PgolfError(f"run config {beside} must hold one object of config fields")
-        return data, str(beside)
-    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
-    if not int8.is_container(blob):
-        return None
-    try:
-        kept = int8.open_container(blob, path).meta.get("config")
-    except Exception as exc:  # a damaged file: its reader names the problem when the weights are read
-        raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
-    return (kept, f"artifact {path}") if isinstance(kept, dict) and kept else None

@@ -27,18 +27,14 @@ Containers written before the checksum (MAGIC_V1, b"PGOLF-INT8\\x00", the same l
 without the trailing digest) are still read, with a warning. A file may be at most
 MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES.
 
-The challenge's torch container (`torch.save` + zlib) is read and written too; its
-MLX container (a pickle) is read only when explicitly allowed: unpickling can run code.
+The challenge's own containers (its torch file, its MLX pickle) are core/artifact/upstream.py's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import pickle
 import warnings
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +44,8 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from core.common import compress
-from core.common.errors import PgolfError, first_line
-from core.common.files import read_file, write_atomic
+from core.common.errors import PgolfError
+from core.common.files import write_atomic
 from core.model.params import round_to_bfloat16
 
 __all__ = [
@@ -61,12 +57,10 @@ __all__ = [
     "container_bytes",
     "dequantize_int8",
     "int8_from_container",
-    "load_artifact",
     "open_container",
     "quantize_int8",
     "round_to_bfloat16",
     "save_artifact",
-    "save_upstream_torch",
     "size_report",
 ]
 
@@ -349,7 +343,9 @@ def write_artifact(path: str | Path, blob: bytes, compressor: str) -> ArtifactIn
 
 
 def int8_from_container(box: Container) -> Int8Model:
-    """The int8 model of an opened pgolf container; ValueError naming the first problem."""
+    """The int8 model of an opened pgolf container; ValueError naming the first problem with its
+    layout. What the model holds is checked by core/artifact/checks.py (the readers of other files
+    than a run's own artifact)."""
     meta = box.meta
     if meta["format"] != CONTAINER_FORMAT:
         raise ValueError(f"format {meta['format']!r}, not the int8 format {CONTAINER_FORMAT!r}")
@@ -368,7 +364,7 @@ def int8_from_container(box: Container) -> Int8Model:
         if role not in roles:
             raise ValueError(f"unexpected tensor {key!r}")
         roles[role][name] = value
-    return _check(model)
+    return model
 
 
 def _names_to(obj: dict, key: str, kind: type, required: bool = True) -> dict:
@@ -385,130 +381,11 @@ def _names_to(obj: dict, key: str, kind: type, required: bool = True) -> dict:
     return dict(value)
 
 
-def _from_upstream_dict(obj: Any, to_numpy: Any) -> Int8Model:
-    if not isinstance(obj, dict) or obj.get("__quant_format__") != QUANT_FORMAT:
-        raise ValueError(f"not a {QUANT_FORMAT} object")
-
-    def arrays(key: str) -> dict[str, np.ndarray]:
-        return {k: to_numpy(v) for k, v in _names_to(obj, key, object).items()}
-
-    return Int8Model(
-        quantized=arrays("quantized"),
-        scales=arrays("scales"),
-        dtypes=_names_to(obj, "dtypes", str),
-        passthrough=arrays("passthrough"),
-        passthrough_orig_dtypes=_names_to(obj, "passthrough_orig_dtypes", str, required=False),
-        qmeta=_names_to(obj, "qmeta", dict, required=False),
-    )
-
-
-def _torch_to_numpy(t: Any) -> np.ndarray:
-    import torch
-
-    if t.dtype == torch.bfloat16:  # numpy has no bf16; float32 holds its values exactly
-        t = t.float()
-    return t.detach().cpu().contiguous().numpy()
-
-
-def _parse_upstream_torch(raw: bytes, path: Path) -> Int8Model:
-    try:
-        import torch
-    except ImportError:
-        raise PgolfError(
-            f"artifact {path}: reading the upstream torch artifact needs PyTorch: pip install 'pgolf[torch]'"
-        ) from None
-    obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    return _from_upstream_dict(obj, _torch_to_numpy)
-
-
-def _check(model: Int8Model) -> Int8Model:
-    """Everything dequantization relies on: int8 values, fitting float scales, known dtypes."""
-    for name, q in model.quantized.items():
-        s, dtype = model.scales.get(name), model.dtypes.get(name)
-        if s is None:
-            raise ValueError(f"{name} has no scales")
-        if dtype not in FLOAT_BYTES:
-            raise ValueError(f"{name} has unknown dtype {dtype!r}")
-        if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
-            raise ValueError(
-                f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16/fp32"
-            )
-        if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
-            raise ValueError(f"{name}: scales of shape {s.shape} do not fit values of shape {q.shape}")
-        if name in model.passthrough:
-            raise ValueError(f"{name} is both quantized and passed through")
-    for name, t in model.passthrough.items():
-        if not isinstance(t, np.ndarray) or t.dtype.kind not in "biuf":
-            raise ValueError(f"{name}: passed-through value is not a numeric array")
-    check_finite({**model.scales, **model.passthrough})
-    for name, dtype in model.passthrough_orig_dtypes.items():
-        if dtype not in FLOAT_BYTES:
-            raise ValueError(f"{name} has unknown dtype {dtype!r}")
-    return model
-
-
 def check_finite(arrays: dict[str, np.ndarray]) -> None:
     """ValueError naming the first float array holding a NaN or an infinity (weights never do)."""
     for name, a in arrays.items():
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise ValueError(f"{name} holds NaN or infinite values")
-
-
-def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
-    """Read pgolf's container, or the challenge's torch (or, if allowed, MLX pickle) container."""
-    path = Path(path)
-    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
-    try:
-        if is_container(blob):
-            return int8_from_container(open_container(blob, path))
-        raw = compress.decompress(blob, "zlib")
-        if raw.startswith(b"PK"):  # a zip: what torch.save writes
-            return _check(_parse_upstream_torch(raw, path))
-        if raw[:1] == b"\x80":  # a pickle's protocol opcode: the upstream MLX script's container
-            if not allow_pickle:
-                raise PgolfError(
-                    f"artifact {path} is a pickle (the upstream MLX format); unpickling can run code, "
-                    "so it is read only if you trust it and allow it (allow_pickle=True, --allow-pickle)"
-                )
-            warnings.warn(f"unpickling {path}: only do this for files you trust", stacklevel=2)
-            return _check(_from_upstream_dict(pickle.loads(raw), np.asarray))
-    except PgolfError:
-        raise
-    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
-        raise PgolfError(f"artifact {path} is damaged or not an int8 artifact: {first_line(exc)}") from None
-    raise PgolfError(f"artifact {path} is not an int8 artifact (unknown container)")
-
-
-def save_upstream_torch(path: str | Path, model: Int8Model) -> ArtifactInfo:
-    """Write the challenge's own container (torch.save + zlib 9), loadable by its train_gpt.py."""
-    try:
-        import torch
-    except ImportError:
-        raise PgolfError(
-            f"artifact {path}: writing the upstream torch artifact needs PyTorch: pip install 'pgolf[torch]'"
-        ) from None
-
-    def tensors(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-        # Scales and passthrough already have upstream's dtypes (fp16, fp32 control, int).
-        return {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
-
-    obj: dict[str, Any] = {
-        "__quant_format__": QUANT_FORMAT,
-        "quantized": tensors(model.quantized),
-        "scales": tensors(model.scales),
-        "dtypes": dict(model.dtypes),
-        "passthrough": tensors(model.passthrough),
-    }
-    if model.qmeta:
-        obj["qmeta"] = dict(model.qmeta)
-    if model.passthrough_orig_dtypes:
-        obj["passthrough_orig_dtypes"] = dict(model.passthrough_orig_dtypes)
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    blob = zlib.compress(buffer.getvalue(), level=9)
-    return ArtifactInfo(
-        write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), "upstream-torch"
-    )
 
 
 # ------------------------------------------------------------------ the budget

@@ -21,7 +21,6 @@ same weights and settings give the same bytes; numpy alone reads it back.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,34 +29,25 @@ import numpy as np
 
 from core.artifact.gptq import gptq_quantize
 from core.artifact.int8 import (
-    BUDGET_BYTES,
     FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
-    MAX_ARTIFACT_BYTES,
     ArtifactInfo,
     Container,
-    Int8Model,
     _check_float16_range,
     _in_dtype,
-    check_finite,
     container_bytes,
-    open_container,
     write_artifact,
 )
-from core.artifact.rowquant import BITS, Clip, clip_range, dequantize_rows, quantize_tensor
+from core.artifact.rowquant import BITS, Clip, dequantize_rows, quantize_tensor
 from core.common import compress
-from core.common.errors import PgolfError, first_line
-from core.common.files import read_file
+from core.common.errors import PgolfError
 from core.model.params import KINDS
 
 __all__ = [
     "CLASSES",
     "DEFAULT_BITS",
     "MixedModel",
-    "budget_table",
     "dequantize_mixed",
-    "from_int8",
-    "load_mixed_artifact",
     "mixed_artifact_bytes",
     "mixed_from_container",
     "quantize_mixed",
@@ -172,23 +162,6 @@ def quantize_mixed(
     return out
 
 
-def from_int8(model: Int8Model, classes: dict[str, str]) -> MixedModel:
-    """The int8 format's model described as a mixed one (int8 everywhere): for budget tables."""
-    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough))
-    for name in model.quantized:
-        info = {"dtype": model.dtypes[name], "store": "int", "bits": 8, "clip": None, "method": "rows"}
-        out.info[name] = {"class": classes.get(name, "other"), **info}
-    for name, t in model.passthrough.items():
-        if t.dtype.kind in "biu":
-            info = {"dtype": t.dtype.name, "store": "raw"}
-        elif t.dtype == np.float16:
-            info = {"dtype": model.passthrough_orig_dtypes.get(name, "float16"), "store": "fp16"}
-        else:
-            info = {"dtype": "float32", "store": "fp32"}
-        out.info[name] = {"class": classes.get(name, "other"), **info}
-    return check_mixed(out)
-
-
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
     """float32 weights (in their model dtype's precision); non-float tensors as stored."""
     out: dict[str, np.ndarray] = {}
@@ -241,7 +214,8 @@ def save_mixed_artifact(
 
 
 def mixed_from_container(box: Container) -> MixedModel:
-    """The mixed-precision model of an opened pgolf container; ValueError naming the first problem."""
+    """The mixed-precision model of an opened pgolf container; ValueError naming the first problem with
+    its layout. What the model holds is checked by core/artifact/checks.py."""
     meta = box.meta
     if meta["format"] != MIXED_FORMAT:
         raise ValueError(f"format {meta['format']!r}, not the mixed-precision format {MIXED_FORMAT!r}")
@@ -262,139 +236,4 @@ def mixed_from_container(box: Container) -> MixedModel:
         if role not in roles:
             raise ValueError(f"unexpected tensor {key!r}")
         roles[role][name] = value
-    return check_mixed(model)
-
-
-def check_mixed(model: MixedModel) -> MixedModel:
-    """Everything dequantization relies on; ValueError naming the first problem."""
-    described = set(model.info)
-    stored = set(model.quantized) | set(model.scales) | set(model.passthrough)
-    if stored - described:
-        raise ValueError(f"{sorted(stored - described)[0]} is stored but not described")
-    for name, info in model.info.items():
-        store, cls, dtype = info.get("store"), info.get("class"), info.get("dtype")
-        if store not in STORES:
-            raise ValueError(f"{name}: unknown storage {store!r}")
-        if cls not in CLASSES:
-            raise ValueError(f"{name}: unknown class {cls!r}")
-        if store == "int":
-            _check_quantized(name, info, model)
-            continue
-        if name in model.quantized or name in model.scales:
-            raise ValueError(f"{name} is passed through but has quantized values or scales")
-        t = model.passthrough.get(name)
-        if not isinstance(t, np.ndarray):
-            raise ValueError(f"{name} is missing")
-        if store == "raw":
-            if t.dtype.kind not in "biu" or dtype != t.dtype.name:
-                raise ValueError(f"{name}: stored as {t.dtype}, described as raw {dtype!r}")
-        elif t.dtype != np.dtype(np.float16 if store == "fp16" else np.float32) or dtype not in FLOAT_BYTES:
-            raise ValueError(f"{name}: stored as {t.dtype}, described as {store} of {dtype!r}")
-    check_finite(model.passthrough)
     return model
-
-
-def _check_quantized(name: str, info: dict[str, Any], model: MixedModel) -> None:
-    q, s, bits = model.quantized.get(name), model.scales.get(name), info.get("bits")
-    if q is None or s is None:
-        raise ValueError(f"{name} has no {'values' if q is None else 'scales'}")
-    if name in model.passthrough:
-        raise ValueError(f"{name} is both quantized and passed through")
-    if info.get("dtype") not in FLOAT_BYTES:
-        raise ValueError(f"{name} has unknown dtype {info.get('dtype')!r}")
-    if isinstance(bits, bool) or bits not in BITS:
-        raise ValueError(f"{name}: bits {bits!r}")
-    if info.get("method") not in METHODS:
-        raise ValueError(f"{name}: unknown method {info.get('method')!r}")
-    if info.get("clip") is not None:  # None: not known (an artifact converted from a record's)
-        Clip.from_json(info["clip"])
-    if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
-        raise ValueError(f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16")
-    if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
-        raise ValueError(f"{name}: scales of shape {s.shape} do not fit values of shape {q.shape}")
-    if not np.isfinite(s).all():
-        raise ValueError(f"{name}: scales hold NaN or infinite values")
-    r = clip_range(bits)
-    if q.size and int(np.abs(q.astype(np.int16)).max()) > r:
-        raise ValueError(f"{name}: values beyond the int{bits} range [-{r}, {r}]")
-
-
-def load_mixed_artifact(path: str | Path) -> MixedModel:
-    """Read a mixed-precision artifact; any damage is one PgolfError line naming the file."""
-    path = Path(path)
-    blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
-    try:
-        return mixed_from_container(open_container(blob, path))
-    except PgolfError as exc:  # e.g. a compressor package that is not installed
-        raise PgolfError(f"artifact {path}: {exc}") from None
-    except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
-        raise PgolfError(
-            f"artifact {path} is damaged or not a mixed-precision artifact: {first_line(exc)}"
-        ) from None
-
-
-# ------------------------------------------------------------- the byte budget
-def _label(info: dict[str, Any]) -> str:
-    return f"int{info['bits']}" if info["store"] == "int" else info["store"]
-
-
-def budget_table(
-    model: MixedModel,
-    compressor: str = "brotli",
-    level: int | None = None,
-    shuffle: int = 2,
-    weights: dict[str, np.ndarray] | None = None,
-    total_bytes: int | None = None,
-) -> list[dict[str, Any]]:
-    """Where the bytes go: one row per class present (in CLASSES order), then a "total" row.
-
-    Per row: class, tensors, params, bits (e.g. "int6" or "int6+fp16"), bytes_raw (the
-    class's values, scales and passed-through tensors as stored), bytes_compressed
-    (those bytes compressed on their own with the artifact's compressor and shuffle;
-    the total row has the whole artifact's size instead, so the rows need not add up),
-    share (bytes_compressed / 16,000,000) and rms (root mean square of the weights:
-    those in `weights` where given, e.g. the float ones before quantization, else the
-    dequantized ones). `total_bytes`: the size of the file written, when known (else the
-    mixed container's size is computed).
-    """
-    weights = dequantize_mixed(model) | dict(weights or {})
-    rows = []
-    for cls in CLASSES:
-        names = sorted(n for n, i in model.info.items() if i["class"] == cls)
-        if not names:
-            continue
-        raw = b"".join(
-            part.tobytes()
-            for n in names
-            for part in (
-                (model.quantized[n], model.scales[n]) if n in model.quantized else (model.passthrough[n],)
-            )
-        )
-        packed = len(compress.pack(raw, compressor, level, shuffle if len(raw) >= shuffle else 0)) - 1
-        rows.append(_budget_row(cls, names, model, weights, len(raw), packed))
-    total = (
-        total_bytes
-        if total_bytes is not None
-        else len(mixed_artifact_bytes(model, compressor, level, shuffle))
-    )
-    raw_total = sum(r["bytes_raw"] for r in rows)
-    rows.append(_budget_row("total", sorted(model.info), model, weights, raw_total, total))
-    return rows
-
-
-def _budget_row(
-    cls: str, names: list[str], model: MixedModel, weights: dict[str, np.ndarray], raw: int, packed: int
-) -> dict[str, Any]:
-    floats = [np.asarray(weights[n], dtype=np.float64) for n in names if model.info[n]["store"] != "raw"]
-    count = sum(a.size for a in floats)
-    rms = math.sqrt(sum(float(np.square(a).sum()) for a in floats) / count) if count else 0.0
-    return {
-        "class": cls,
-        "tensors": len(names),
-        "params": int(sum(np.asarray(weights[n]).size for n in names)),
-        "bits": "+".join(sorted({_label(model.info[n]) for n in names})),
-        "bytes_raw": raw,
-        "bytes_compressed": packed,
-        "share": packed / BUDGET_BYTES,
-        "rms": rms,
-    }

@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from core.artifact.checks import check_mixed
 from core.artifact.int8 import CLIP_QUANTILE, FLOAT_BYTES, MAX_ARTIFACT_BYTES
-from core.artifact.mixed import CLASSES, MixedModel, check_mixed
+from core.artifact.mixed import CLASSES, MixedModel
 from core.artifact.rowquant import Clip
 from core.common import compress
 from core.common.errors import PgolfError, first_line

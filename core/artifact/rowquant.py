@@ -95,20 +95,6 @@ class Clip:
         d = asdict(self)
         return {"kind": self.kind} | {f: list(d[f]) if f == "candidates" else d[f] for f in keep}
 
-    @classmethod
-    def from_json(cls, obj: Any) -> Clip:
-        if not isinstance(obj, dict) or set(obj) - {"kind", "q", "candidates", "per_row", "k"}:
-            raise ValueError(f"clip {obj!r} is not a clip description")
-        fields = dict(obj)
-        if "candidates" in fields:
-            if not isinstance(fields["candidates"], list):
-                raise ValueError("clip candidates are not a list")
-            fields["candidates"] = tuple(fields["candidates"])
-        try:
-            return cls(**fields)
-        except (PgolfError, TypeError) as exc:
-            raise ValueError(str(exc)) from None
-
 
 def _fp16_scales(clip: np.ndarray, r: int, floor: float) -> np.ndarray:
     """fp16(max(clip / R, floor)), computed in float32 as torch does."""

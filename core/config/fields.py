@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -626,3 +627,23 @@ SCORING_FIELDS = _names(lambda m: m["scoring"])
 # What `export` may change: how the artifact is written, where GPTQ's calibration data is and how it
 # runs; never what the artifact is scored with.
 EXPORT_FIELDS = _names(lambda m: m["section"] in ("artifact", "data", "execution") and not m["scoring"])
+
+
+# The records' environment names are the fields' names upper-cased; older scripts' aliases besides.
+ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
+
+
+def env_names(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR)."""
+    env = os.environ if environ is None else environ
+    out = {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
+    for alias, name in ENV_ALIASES.items():
+        if alias in env and name not in out:
+            out[name] = alias
+    return out
+
+
+def from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The upstream environment variables that name a config field (e.g. MATRIX_LR)."""
+    env = os.environ if environ is None else environ
+    return {name: env[var] for name, var in env_names(env).items()}

@@ -15,11 +15,10 @@ from typing import Any
 
 from core.common.errors import PgolfError, did_you_mean
 from core.common.files import read_file
-from core.config.fields import RESUMABLE_FIELDS, Config, field_names
+from core.config.fields import RESUMABLE_FIELDS, Config, env_names, field_names, from_env
 from core.config.presets import preset_values
 
 # Upstream spellings that are not simply FIELD.upper().
-ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
 MAX_CONFIG_BYTES = 2**20  # a TOML file of every field is a few KB
 
 
@@ -73,22 +72,6 @@ def load_file(path: str | Path) -> dict[str, Any]:
         if isinstance(value, dict | list):
             raise PgolfError(f"config: {key} in {p} must be one value, not a table or a list")
     return data
-
-
-def env_names(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR)."""
-    env = os.environ if environ is None else environ
-    out = {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
-    for alias, name in ENV_ALIASES.items():
-        if alias in env and name not in out:
-            out[name] = alias
-    return out
-
-
-def from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """The upstream environment variables that name a config field (e.g. MATRIX_LR)."""
-    env = os.environ if environ is None else environ
-    return {name: env[var] for name, var in env_names(env).items()}
 
 
 DEFAULT_SOURCE = "default"

@@ -1,11 +1,12 @@
 """The challenge's token shard format, the training loaders and the validation split.
 
-Two training loaders with one interface (`next_batch`, `state`, `load_state`), picked by
-`Config.train_loader`: `BatchLoader`, upstream's sequential stream, and `CoprimeLoader`, the
-records' coprime-stride sampler over many shards at once.
+Two training loaders with one interface (`next_batch`, and `state`, which a checkpoint keeps and
+core/artifact/load.py restores), picked by `Config.train_loader`: `BatchLoader`, upstream's
+sequential stream, and `CoprimeLoader`, the records' coprime-stride sampler over many shards at once.
 
 A shard is a header of 256 little-endian int32 (magic 20240520, version 1, token
-count, zeros) followed by that many little-endian uint16 token ids.
+count, zeros) followed by that many little-endian uint16 token ids (written by
+core/datasets/writers.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from core.common.files import open_regular, write_atomic
 from core.common.errors import PgolfError
+from core.common.files import open_regular
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -28,19 +29,6 @@ HEADER_BYTES = HEADER_INTS * 4
 MAX_VOCAB = 2**16  # token ids are stored as uint16
 
 log = logging.getLogger("pgolf")
-
-
-def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
-    """Write a shard atomically; the ids must be integers that fit uint16."""
-    tokens = np.asarray(tokens)
-    if not np.issubdtype(tokens.dtype, np.integer):
-        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {tokens.dtype}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() > 65_535):
-        bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
-        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {bad}")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
-    return write_atomic(path, header.tobytes() + tokens.astype("<u2").tobytes())
 
 
 def read_shard_header(path: str | Path) -> int:
@@ -138,23 +126,6 @@ class TokenStream:
     def state(self) -> dict[str, Any]:
         return {"file_index": self.file_index, "position": self.position, "epoch": self.epoch}
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        try:
-            index, position, epoch = int(state["file_index"]), int(state["position"]), int(state["epoch"])
-        except (KeyError, TypeError, ValueError):
-            raise PgolfError(f"data position {state!r} needs integer file_index, position, epoch") from None
-        if not 0 <= index < len(self.files):
-            raise PgolfError(
-                f"data position refers to shard #{index}, but there are {len(self.files)} shards"
-            )
-        tokens = self.tokens if index == self.file_index else read_shard(self.files[index], self.vocab_size)
-        if not 0 <= position <= len(tokens) or epoch < 1:
-            raise PgolfError(
-                f"data position {position} (epoch {epoch}) does not fit shard {self.files[index]} "
-                f"of {len(tokens)} tokens"
-            )
-        self.tokens, self.file_index, self.position, self.epoch = tokens, index, position, epoch
-
 
 def local_tokens(global_tokens: int, seq_len: int, world_size: int, accum_steps: int) -> int:
     """Tokens of one micro-batch on one rank: a whole number of sequences, or an error."""
@@ -189,9 +160,6 @@ class BatchLoader:
 
     def state(self) -> dict[str, Any]:
         return self.stream.state()
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.stream.load_state(state)
 
 
 FNV_PRIME = 1_099_511_628_211
@@ -425,58 +393,6 @@ class CoprimeLoader:
                 "active": self.active.tolist(),
             },
         }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("loader") != "coprime":
-            keys = sorted(state) if isinstance(state, dict) else state
-            raise PgolfError(
-                f"data position {keys!r} was not written by the coprime loader (train_loader=coprime); "
-                "resume with the train_loader the run started with"
-            )
-        n = len(self.files)
-        try:
-            seed, shards = int(state["seed"]), int(state["shards"])
-            seq_len, calls = int(state["seq_len"]), int(state["calls"])
-            rng = state["rng"]
-            bit_state = {
-                "bit_generator": "PCG64",
-                "state": {"state": int(rng["state"]), "inc": int(rng["inc"])},
-                "has_uint32": int(rng["has_uint32"]),
-                "uinteger": int(rng["uinteger"]),
-            }
-            cursors = {
-                key: np.array(state["cursors"][key], dtype=np.bool_ if key == "active" else np.int64)
-                for key in ("phase", "blocks", "next", "start", "stride", "active")
-            }
-        except (KeyError, TypeError, ValueError):
-            raise PgolfError(
-                "the coprime loader's data position needs seed, shards, seq_len, calls, rng and cursors"
-            ) from None
-        if seed != self.seed or shards != n:
-            raise PgolfError(
-                f"the data position was saved over {shards} shards (names hash {seed}), but these are "
-                f"{n} shards (names hash {self.seed}) in {self.files[0].parent}"
-            )
-        if any(c.shape != (n,) for c in cursors.values()) or seq_len < 0 or calls < 0:
-            raise PgolfError(f"the coprime loader's data position does not describe {n} shards")
-        on = cursors["active"]
-        if seq_len and on.any():
-            expected = (self.num_tokens[on] - 1 - cursors["phase"][on]) // seq_len
-            if not (
-                np.array_equal(cursors["blocks"][on], expected)
-                and np.all((cursors["next"][on] >= 0) & (cursors["next"][on] <= expected))
-            ):
-                raise PgolfError(
-                    f"the coprime loader's data position does not fit the shards in {self.files[0].parent} "
-                    "(a shard changed size since it was saved)"
-                )
-        try:
-            self.rng.bit_generator.state = bit_state
-        except (TypeError, ValueError) as exc:
-            raise PgolfError(f"the coprime loader's RNG state is not valid: {exc}") from None
-        self.seq_len, self.calls = seq_len, calls
-        self.phase, self.blocks, self.next = cursors["phase"], cursors["blocks"], cursors["next"]
-        self.start, self.stride, self.active = cursors["start"], cursors["stride"], cursors["active"]
 
 
 TRAIN_LOADERS = {"sequential": BatchLoader, "coprime": CoprimeLoader}  # Config.train_loader's choices

@@ -1,4 +1,5 @@
-"""SentencePiece tokenizers: loading, training, and the byte tables behind bits per byte.
+"""SentencePiece tokenizers: loading, and the byte tables behind bits per byte (training one is
+core/datasets/writers.py's).
 
 The byte tables count how many UTF-8 bytes of text each target token stands for,
 so that BPB does not depend on the tokenizer: `base_bytes[t]` for the piece
@@ -8,16 +9,14 @@ is a boundary (control, unknown or unused), i.e. the start of a document.
 
 from __future__ import annotations
 
-import io
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
-from core.common.files import read_file, write_atomic
 from core.common.errors import PgolfError
+from core.common.files import read_file
 
 SPACE = "\u2581"  # the "▁" SentencePiece writes for a space
 MAX_TOKENIZER_BYTES = 2**28  # 256 MiB; a 65,536-piece model is a few MB
@@ -71,43 +70,3 @@ def byte_tables(sp: spm.SentencePieceProcessor, vocab_size: int) -> ByteTables:
             piece = piece[1:]
         base[i] = len(piece.encode("utf-8"))
     return ByteTables(base, space, boundary)
-
-
-def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, model_prefix: str | Path, byte_fallback: bool = True
-) -> Path:
-    """Train a BPE model with the challenge's trainer options; deterministic for the same texts.
-
-    Writes `<prefix>.model` and `<prefix>.vocab` and returns the .model path.
-    """
-    prefix = Path(model_prefix)
-    model = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.Train(
-            sentence_iterator=iter(texts),
-            model_writer=model,
-            model_type="bpe",
-            vocab_size=vocab_size,
-            character_coverage=0.999,
-            byte_fallback=byte_fallback,
-            split_digits=True,
-            normalization_rule_name="nmt_nfkc",
-            add_dummy_prefix=False,
-            pad_id=0,
-            bos_id=1,
-            eos_id=2,
-            unk_id=3,
-            hard_vocab_limit=False,
-            num_threads=1,  # multi-threaded training may order merges differently run to run
-            shuffle_input_sentence=False,
-            max_sentence_length=1 << 20,
-            minloglevel=2,
-        )
-    except RuntimeError as exc:
-        raise PgolfError(f"tokenizer {prefix}.model: training failed ({exc})") from None
-    # Appended, not with_suffix: a prefix such as "tok.v2" keeps its dot.
-    path = write_atomic(prefix.parent / f"{prefix.name}.model", model.getvalue())
-    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
-    vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.vocab_size()))
-    write_atomic(prefix.parent / f"{prefix.name}.vocab", vocab.encode("utf-8"))
-    return path

@@ -33,8 +33,9 @@ import sentencepiece as spm
 from core.common.errors import PgolfError
 from core.common.files import WriterLock, make_dir, sync
 from core.data.manifest import merge_manifest, shard_digests
-from core.data.shards import MAX_VOCAB, write_shard
-from core.data.tokenizer import load_tokenizer, train_tokenizer
+from core.data.shards import MAX_VOCAB
+from core.data.tokenizer import load_tokenizer
+from core.datasets.writers import train_tokenizer, write_shard
 
 VAL_EVERY = 10  # every 10th speech (sorted by file name) is validation
 SHARD_TOKENS = 10**8  # tokens per shard, as in the challenge export

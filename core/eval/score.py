@@ -1,28 +1,26 @@
 """Scoring weights on the validation tokens: over non-overlapping sequences, or sliding windows.
 
 Each backend scores a span (`eval_nll`) or gives per-token losses (`token_losses`); this module
-cuts the validation tokens, counts their bytes and sums over ranks. `load_weights` turns any
-file of weights (a checkpoint, an artifact of any format) into float32 arrays and their config.
+cuts the validation tokens, counts their bytes and sums over ranks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.artifact.checkpoint import is_checkpoint, load_checkpoint
-from core.artifact.export import dequantize, read_artifact
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import find_shards, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter
 from core.eval.sliding import SlidingEval, score_sliding, sliding_enabled
-from core.model.backend import Backend
-from core.model.params import config_for_params
+
+if TYPE_CHECKING:  # only annotations name the backend's interface
+    from core.model.backend import Backend
 
 Progress = Callable[[int, int], None]  # (done, total) of something long
 
@@ -78,7 +76,7 @@ def evaluate_sliding(backend: Backend, data: EvalData, progress: Progress | None
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 
-Evaluator = Callable[[Backend, EvalData, Progress | None], BPBMeter]
+Evaluator = Callable[["Backend", EvalData, Progress | None], BPBMeter]
 
 
 def evaluators(cfg: Config) -> dict[str, Evaluator]:
@@ -88,20 +86,3 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
     if sliding_enabled(cfg.eval_stride, cfg.eval_window):
         out["sliding_window"] = evaluate_sliding
     return out
-
-
-def load_weights(
-    path: str | Path, cfg: Config, allow_pickle: bool = False
-) -> tuple[dict[str, np.ndarray], Config]:
-    """Float32 weights from a checkpoint or an artifact (any format core.artifact.export reads), and the
-    config they fit.
-
-    A checkpoint brings its own model config; for an artifact the shape is read
-    off the tensors. Data paths and evaluation settings always come from `cfg`.
-    """
-    cfg.validate()
-    if is_checkpoint(path):
-        params = load_checkpoint(path).params
-    else:
-        params = dequantize(read_artifact(path, allow_pickle=allow_pickle))
-    return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()}).validate()

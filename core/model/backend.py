@@ -12,14 +12,14 @@ layout of `core.model.params`:
   all float32.
 
 A backend is the module `<package>.backend` of its entry in BACKENDS, with a
-function `create_backend(cfg)`; it checks the config options that only it reads.
+function `create_backend(cfg)`; it checks the config options that only it reads, and says how
+much memory its device has (core/model/memory.py checks a run against it).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import platform
 import sys
 from collections.abc import Callable
@@ -30,7 +30,6 @@ import numpy as np
 
 from core.common.errors import PgolfError, did_you_mean
 from core.config.fields import Config
-from core.model.params import memory_estimate
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ def installed() -> list[BackendInfo]:
     return [info for info in BACKENDS.values() if info.installed]
 
 
-def _module(info: BackendInfo) -> Any:
+def backend_module(info: BackendInfo) -> Any:
     if not info.installed:
         raise PgolfError(
             f"the {info.name} backend needs {info.framework}: pip install 'pgolf[{info.framework}]'"
@@ -82,55 +81,9 @@ def _module(info: BackendInfo) -> Any:
     return importlib.import_module(f"{info.package}.backend")
 
 
-@dataclass(frozen=True)
-class DeviceMemory:
-    """The memory one training process may fill, as its backend reports it."""
-
-    bytes: int
-    what: str  # e.g. "free memory of cuda:0", "physical RAM"
-    gpu: bool  # the compute dtype follows (bf16 by default on a GPU)
-    forward_tokens: int | None = None  # the largest batch one forward holds, when below a micro-batch
-
-
-def physical_ram() -> int | None:
-    """Bytes of RAM in this machine, if the system says."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def check_memory(cfg: Config, device: DeviceMemory | None) -> None:
-    """Refuse a training config whose estimated memory (core.model.params.memory_estimate) exceeds the device's."""
-    if not cfg.memory_check or device is None:
-        return
-    need = memory_estimate(cfg, cfg.uses_bf16(device.gpu), device.forward_tokens)
-    if need["total"] > device.bytes:
-
-        def gib(n: int) -> str:
-            return f"{n / 2**30:,.1f} GiB"
-
-        raise PgolfError(
-            f"config: training needs about {gib(need['total'])} per device (parameters and gradients "
-            f"{gib(need['params'])}, optimizer state {gib(need['optimizer'])}, activations "
-            f"{gib(need['activations'])}) but the {device.what} is {gib(device.bytes)}: lower model_dim, "
-            "num_layers or train_batch_tokens, or raise grad_accum_steps (--no-memory-check to try anyway)"
-        )
-
-
-def check_config(name: str, cfg: Config) -> None:
-    """The shared checks, those of the backend's own options, then the memory a training run needs
-    against the device's (before any data is prepared or anything is allocated)."""
-    info = pick(name)
-    cfg.validate()
-    module = _module(info)
-    module.check_config(cfg)
-    check_memory(cfg, module.device_memory(cfg))
-
-
 def create(name: str, cfg: Config) -> Backend:
     info = pick(name)
-    module = _module(info)
+    module = backend_module(info)
     module.check_config(cfg)
     return module.create_backend(cfg)
 

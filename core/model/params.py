@@ -6,7 +6,9 @@ group, storage dtype and artifact class.
 - the optimizer groups: Muon or Adam, base learning rate and weight decay (`core.model.optim.GROUPS`);
 - the canonical optimizer state and checkpoint layout (`optimizer_state_shapes`);
 - the dtype each parameter is kept in (`storage_dtypes`);
-- the class the quantizer treats it as (`artifact_classes`).
+- the class the quantizer treats it as (`artifact_classes`);
+- the memory a training run needs (core/model/memory.py).
+(The reverse, a config read off a set of weights, is core/artifact/load.py's `config_for_params`.)
 
 A backend builds its modules with these names and shapes, and a test checks that
 each backend's model and this table cover each other exactly, for every feature.
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.common.errors import PgolfError
-from core.config.fields import MAX_LAYERS, Config
+from core.config.fields import Config
 
 KINDS = ("embedding", "attention", "mlp", "other", "control")  # artifact classes
 
@@ -198,31 +200,6 @@ def flops_per_token(cfg: Config) -> float:
     return 6.0 * matmul + 6.0 * cfg.num_layers * cfg.model_dim * cfg.train_seq_len
 
 
-def memory_estimate(cfg: Config, bf16: bool, forward_tokens: int | None = None) -> dict[str, int]:
-    """Bytes one device needs to train `cfg`, a rough lower estimate, by part:
-
-    - "params": the parameters and their gradients, fp32 (4 + 4 bytes each);
-    - "optimizer": the optimizer state of `optimizer_state_shapes`, fp32;
-    - "activations": what one micro-batch keeps for its backward pass. `forward_tokens` tokens
-      (at most a micro-batch, train_batch_tokens // grad_accum_steps) times, per layer visited,
-      12 x model_dim + 3 x MLP width values in the compute dtype (2 bytes in bf16, else 4),
-      plus 3 x vocab_size fp32 values for the logits, their softmax and its gradient.
-    Workspaces, compile caches and fragmentation come on top: a run refused by this estimate
-    cannot fit, one that passes may still not.
-    """
-    params = count_params(cfg)
-    optimizer = sum(math.prod(shape) for shape in optimizer_state_shapes(cfg).values())
-    tokens = cfg.train_batch_tokens // cfg.grad_accum_steps
-    tokens = min(tokens, forward_tokens) if forward_tokens else tokens
-    visits = cfg.num_layers + (
-        cfg.num_loops * (cfg.loop_end - cfg.loop_start + 1) if cfg.num_loops > 0 else 0
-    )
-    per_token = visits * (12 * cfg.model_dim + 3 * mlp_hidden(cfg)) * (2 if bf16 else 4)
-    per_token += 3 * cfg.vocab_size * 4
-    parts = {"params": 8 * params, "optimizer": 4 * optimizer, "activations": tokens * per_token}
-    return parts | {"total": sum(parts.values())}
-
-
 def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> None:
     """Refuse tensors that are not exactly the configured model's parameters, naming the first mismatch."""
     expected = param_shapes(cfg)
@@ -235,49 +212,3 @@ def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> 
     for name, shape in expected.items():
         if tuple(shapes[name]) != shape:
             raise PgolfError(f"{what}: {name} is shape {tuple(shapes[name])}, but the config expects {shape}")
-
-
-def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config:
-    """`cfg` with the model shape read off a set of weights (e.g. an upstream artifact).
-
-    Everything the shapes determine is taken from them: vocabulary, width, depth,
-    heads (q_gain has one entry per head), KV heads, MLP width and head tying.
-    Settings that leave no trace in the shapes (softcap, RoPE) stay as in `cfg`.
-    """
-    try:
-        vocab, dim = shapes["tok_emb.weight"]
-        # A name's layer index is checked before anything is sized by it (a damaged one reads
-        # blocks.999999999): at most MAX_LAYERS, and no more layers than there are tensors.
-        layers = 1 + max(_layer_index(n) for n in shapes if n.startswith("blocks."))
-        if layers > min(len(shapes), MAX_LAYERS):
-            raise PgolfError(
-                f"weights: a block index up to {layers - 1} among {len(shapes)} tensors "
-                f"(a model has at most {MAX_LAYERS} layers, each of several tensors)"
-            )
-        heads = shapes["blocks.0.attn.q_gain"][0]
-        kv_heads = shapes["blocks.0.attn.c_k.weight"][0] // (dim // heads)
-        hidden = shapes["blocks.0.mlp.fc.weight"][0]
-    except (KeyError, ValueError, IndexError, ZeroDivisionError, TypeError):
-        raise PgolfError(
-            "weights do not have the layout of pgolf's GPT (missing or malformed tensors)"
-        ) from None
-    mlp_mult = hidden / dim
-    out = cfg.replace(
-        vocab_size=vocab,
-        model_dim=dim,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        mlp_mult=int(mlp_mult) if float(mlp_mult).is_integer() else mlp_mult,
-        tie_embeddings="lm_head.weight" not in shapes,
-    )
-    check_layout(out, shapes, "weights")
-    return out
-
-
-def _layer_index(name: str) -> int:
-    """The N of "blocks.N.…"; ValueError when it is not a plain decimal number."""
-    part = name.split(".")[1] if name.count(".") >= 2 else ""
-    if not (part.isascii() and part.isdigit()):
-        raise ValueError(f"layer index of {name!r}")
-    return int(part)

@@ -1,25 +1,31 @@
 """One self-contained `train_gpt.py` for a run: the code the challenge counts, and what `package` writes.
 
-The file holds the source of every pgolf module a PyTorch training run imports (found
-by following the imports from `ENTRY`: no CLI, corpus, download, plots or MLX), the
-run's config as its defaults, and a `main` that trains with it. It runs with `torchrun`
-or plain `python` from any folder, pgolf not installed: the modules are served to
-`import` from the file itself. Upstream environment variables (`DATA_PATH`,
-`TOKENIZER_PATH`, `SEED`, `RUN_ID`, `ITERATIONS`, `MATRIX_LR`, ...) override the
-defaults, as in pgolf.
+The file holds the source of every pgolf module a PyTorch training run imports, the run's
+config as its defaults, and a `main` that trains with it. It runs with `torchrun` or plain
+`python` from any folder, pgolf not installed: the modules are served to `import` from the
+file itself. Upstream environment variables (`DATA_PATH`, `TOKENIZER_PATH`, `SEED`,
+`RUN_ID`, `ITERATIONS`, `MATRIX_LR`, ...) override the defaults, as in pgolf.
+
+Which modules: those `main` imports (`MAIN_IMPORTS`: the config, the loop, the PyTorch backend),
+then every module they import at their top level, and so on. An import inside a function is not followed: it marks
+a path a training run never takes (the CLI's commands, resuming, reading other files than
+the run's own, downloads, trackers), so code a run does not need lives in modules that only
+such paths import. A packaged run that took one would stop at that import.
 
 Two forms:
 - plain: the modules' sources as they are, readable;
 - compressed (the default, and the size every report calls the run's code bytes):
-  each module minified (docstrings, comments and the config fields' help texts dropped
-  by a round trip through `ast`), the whole script lzma-compressed and base85-encoded
-  in a two-line script that decompresses and runs it.
+  each module minified (docstrings, comments, the config fields' help texts, the
+  annotations of functions and `__all__` dropped by a round trip through `ast`), the
+  whole script compressed (lzma or bz2, whichever is smaller) and base85-encoded in a
+  two-line script that decompresses and runs it.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import bz2
 import json
 import lzma
 from pathlib import Path
@@ -32,12 +38,14 @@ from core.runs.stats import mean_std
 __all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
 ROOT = Path(__file__).resolve().parents[2]
-# What main() imports; the rest follows from their imports.
-ENTRY = ("core.train.loop", "core.config.sources", "cuda_train.backend")
+# What the script's main() imports, (module, names): where the bundle starts.
+MAIN_IMPORTS = (
+    ("core.config.fields", "Config, from_env"),
+    ("core.train.loop", "train"),
+    ("cuda_train.backend", "check_config, create_backend"),
+)
+ENTRY = tuple(module for module, _ in MAIN_IMPORTS)
 PACKAGES = ("core", "cuda_train")
-# Imported by the modules above only on paths a packaged run never takes: its size (it knows it),
-# `--dataset` lookups (it reads its settings from the environment), the records' artifacts.
-LEAVE_OUT = ("core.runs.package", "core.datasets.embedded", "core.artifact.records")
 
 
 def _file(module: str) -> Path | None:
@@ -48,16 +56,33 @@ def _file(module: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def _top_level(tree: ast.AST) -> list[ast.AST]:
+    """The nodes of a module that run when it is imported: everything but the insides of functions
+    and of `if TYPE_CHECKING:` blocks (imports for annotations alone)."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            todo += node.orelse
+            continue
+        todo += ast.iter_child_nodes(node)
+    return found
+
+
 def _imports(tree: ast.AST) -> set[str]:
-    """pgolf modules named by the imports of a module (at the top or inside functions)."""
+    """pgolf modules named by the imports a module runs when it is imported (not those in functions)."""
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _top_level(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    found |= {m.rsplit(".", 1)[0] for m in found if "." in m}  # a module's package comes with it
+    # A module's packages come with it.
+    found |= {m.rsplit(".", n)[0] for m in found for n in range(1, m.count(".") + 1)}
     return {m for m in found if m.split(".")[0] in PACKAGES and _file(m) is not None}
 
 
@@ -67,7 +92,7 @@ def bundled_modules() -> dict[str, str]:
     todo = list(ENTRY)
     while todo:
         name = todo.pop()
-        if name in sources or name in LEAVE_OUT:
+        if name in sources:
             continue
         path = _file(name)
         if path is None:
@@ -77,25 +102,61 @@ def bundled_modules() -> dict[str, str]:
     return dict(sorted(sources.items()))
 
 
-def minify(source: str) -> str:
-    """The same code without docstrings, comments or formatting, nor the help texts of Config's
-    fields (`opt(default, help, ...)`: only the CLI shows them)."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        is_opt = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "opt"
-        if is_opt and len(node.args) >= 2:
-            node.args[1] = ast.Constant("")
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            first = node.body[0] if node.body else None
-            value = first.value if isinstance(first, ast.Expr) else None
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+class _Minifier(ast.NodeTransformer):
+    """Drops what running the code does not read: docstrings, the help texts of Config's fields
+    (`opt(default, help)`: only the CLI shows them), `__all__`, and the annotations of functions and
+    of assignments outside class bodies (under `from __future__ import annotations` nothing evaluates
+    them; a class body's are kept, as dataclasses read them)."""
+
+    def __init__(self) -> None:
+        self.in_class = False  # whether the statements being visited are a class body's
+
+    def _scope(self, node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
+        first = node.body[0] if node.body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            if isinstance(first.value.value, str):
                 node.body = node.body[1:] or [ast.Pass()]
+        outer, self.in_class = self.in_class, isinstance(node, ast.ClassDef)
+        self.generic_visit(node)
+        self.in_class = outer
+        return node
+
+    visit_Module = visit_ClassDef = _scope
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
+        node.returns = None
+        for arg in ast.walk(node.args):
+            if isinstance(arg, ast.arg):
+                arg.annotation = None
+        return self._scope(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if isinstance(node.func, ast.Name) and node.func.id == "opt" and len(node.args) >= 2:
+            node.args[1] = ast.Constant("")
+        return self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        return None if names == ["__all__"] else self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        self.generic_visit(node)
+        if self.in_class or node.value is None or not node.simple:
+            return node
+        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
+
+
+def minify(source: str) -> str:
+    """The same code without docstrings, comments or formatting, nor what `_Minifier` drops."""
+    tree = _Minifier().visit(ast.parse(source))
     return ast.unparse(tree) + "\n"
 
 
-def _literal(source: str, readable: bool) -> str:
+def _literal(source: str) -> str:
     """A Python literal of `source`: a raw triple-quoted string where that is exact, else repr."""
-    if readable and "'''" not in source and not source.endswith("\\"):
+    if "'''" not in source and not source.endswith("\\"):
         return "r'''" + source + "'''"
     return repr(source)
 
@@ -131,15 +192,18 @@ class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def main():
     sys.meta_path.insert(0, BundledModules())
-    from core.model.backend import create
-    from core.config.fields import Config
-    from core.config.sources import from_env
-    from core.train.loop import train
+{imports}
 
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()
-    backend = create("cuda", cfg)
+    check_config(cfg)
+    backend = create_backend(cfg)
     try:
-        train(backend, log=lambda line: print(line, flush=True), code_bytes=os.path.getsize(__file__))
+        train(
+            backend,
+            log=lambda line: print(line, flush=True),
+            code_bytes=os.path.getsize(__file__),
+            budget_table=False,
+        )
     except BaseException:
         backend.close(failed=True)
         raise
@@ -153,8 +217,11 @@ if __name__ == "__main__":
 
 def _run_config(cfg: Config) -> dict:
     """The config a packaged run starts from: the run's, writing a freshly named run directory
-    under `runs/` beside wherever it is started."""
-    return cfg.replace(run_id="", out_dir=Config().out_dir).to_dict()
+    under `runs/` beside wherever it is started. Only the fields that differ from the defaults are
+    kept: the bundled Config supplies the rest, the same values."""
+    defaults = Config().to_dict()
+    run = cfg.replace(run_id="", out_dir=defaults["out_dir"]).to_dict()
+    return {name: value for name, value in run.items() if value != defaults[name]}
 
 
 def script(cfg: Config, compressed: bool = True) -> str:
@@ -167,15 +234,26 @@ def script(cfg: Config, compressed: bool = True) -> str:
         "--nproc_per_node=8 train_gpt.py, or python train_gpt.py; DATA_PATH, TOKENIZER_PATH, SEED, ... override.",
         "SOURCES = {}",
     ]
-    lines += [f"SOURCES[{name!r}] = {_literal(src, not compressed)}" for name, src in modules.items()]
-    config = json.dumps(_run_config(cfg), sort_keys=True)
-    text = "\n".join(lines) + "\n" + RUNNER.format(packages=tuple(n for n in modules if _file(n).name == "__init__.py"), config=config)
+    lines += [f"SOURCES[{name!r}] = {_literal(src)}" for name, src in modules.items()]
+    runner = RUNNER.format(
+        packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
+        config=json.dumps(_run_config(cfg), sort_keys=True),
+        imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS),
+    )
+    text = "\n".join(lines) + "\n" + runner
     if not compressed:
         return text
-    blob = base64.b85encode(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)).decode(
-        "ascii"
-    )
-    return f'import lzma,base64\nexec(lzma.decompress(base64.b85decode("{blob}")))\n'
+    return min((_packed(text, "lzma"), _packed(text, "bz2")), key=len)
+
+
+def _packed(text: str, codec: str) -> str:
+    """`text` compressed by `codec` (lzma or bz2) and base85-encoded, in a script that runs it."""
+    data = text.encode("utf-8")
+    if codec == "lzma":
+        blob = lzma.compress(data, format=lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME)
+    else:
+        blob = bz2.compress(data, 9)
+    return f'import {codec},base64\nexec({codec}.decompress(base64.b85decode("{base64.b85encode(blob).decode()}")))\n'
 
 
 def code_bytes(cfg: Config) -> int:

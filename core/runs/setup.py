@@ -18,16 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact.checkpoint import checkpoint_config, load_checkpoint
-from core.artifact.export import quant_label, saved_config
+from core.artifact.load import checkpoint_config, load_checkpoint
+from core.artifact.export import quant_label
+from core.artifact.load import saved_config
 from core.common.errors import PgolfError
 from core.config.fields import EXPORT_FIELDS, Config
 from core.config.presets import CHALLENGE_DATA_PRESETS
 from core.config.sources import given_values, resolve_sources, resumed_config
 from core.data.manifest import dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
-from core.eval.score import EvalData, load_eval_data, load_weights
-from core.model.backend import check_config, create, installed
+from core.eval.score import EvalData, load_eval_data
+from core.artifact.load import load_weights
+from core.model.memory import check_config
+from core.model.backend import create, installed
 from core.runs.summary import newest_checkpoint, run_of_checkpoint, weights_in
 
 DEFAULT_DATA = Config().data_path

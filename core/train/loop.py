@@ -29,28 +29,23 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.artifact.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from core.artifact.export import dequantize, export_artifact, format_budget, quant_label, read_artifact
+from core.artifact.checkpoint import Checkpoint, save_checkpoint
+from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.data.shards import find_shards, make_train_loader
+from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
 from core.eval.score import Progress, evaluate, evaluators, load_eval_data
-from core.model.backend import Backend
-from core.model.params import (
-    check_layout,
-    count_params,
-    flops_per_token,
-    init_params,
-    optimizer_state_shapes,
-    storage_dtypes,
-)
+from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum
-from core.train.report import report_targets
 from core.train.rundir import RunDir
+
+if TYPE_CHECKING:  # only annotations name the backend's interface
+    from core.model.backend import Backend
 
 Log = Callable[[str], None]
 # Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written.
@@ -183,6 +178,7 @@ class Training:
         notes: Sequence[str] = (),
         stop: StopPoll | None = None,
         code_bytes: int | Callable[[Config], int] | None = None,
+        budget_table: bool = True,
     ):
         self.backend, self.cfg = backend, backend.cfg
         self.resume, self.log = resume, log
@@ -190,6 +186,7 @@ class Training:
         # The run's code bytes: a number (a packaged run knows its own size), or how to measure them
         # from the config (the CLI passes core.runs.package.code_bytes); None counts none.
         self.code_bytes = code_bytes
+        self.budget_table = budget_table  # log where the artifact's bytes go, class by class
         self.notes, self.stop = notes, stop
         self.saved_step: int | None = None  # the step of the last checkpoint written
         self.saved_ms = 0.0  # and the training clock then
@@ -208,33 +205,11 @@ class Training:
         cfg, backend = self.cfg, self.backend
         cfg.validate(backend.world_size)
         self.data = load_eval_data(cfg)
-        self.loader = make_train_loader(
-            cfg.train_loader,
-            find_shards(cfg.data_path, "train"),
-            backend.rank,
-            backend.world_size,
-            cfg.vocab_size,
-        )
-        trackers = report_targets(cfg.report_to)
+        self.loader = self._new_loader()
+        trackers = _trackers(cfg.report_to)
         start_ms = 0.0
         if self.resume is not None:
-            ckpt = load_checkpoint(self.resume)
-            rms = weights_rms(ckpt.params)
-            if not rms <= WEIGHT_RMS_LIMIT:
-                raise PgolfError(
-                    f"checkpoint {self.resume}: the weights' RMS is {rms:.3g} (the limit is "
-                    f"{WEIGHT_RMS_LIMIT:g}): the run had diverged; resume from an earlier checkpoint"
-                )
-            _check_same_model(cfg, ckpt, self.resume)
-            if ckpt.step > cfg.iterations:
-                raise PgolfError(
-                    f"checkpoint {self.resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
-                    "raise --iterations to train on"
-                )
-            backend.load_params(ckpt.params)
-            backend.load_optimizer_state(ckpt.optimizer)
-            self.loader.load_state(ckpt.data_state)
-            self.step, start_ms = ckpt.step, ckpt.train_time_ms
+            start_ms = self._resume()
         else:
             backend.load_params(init_params(cfg, bf16=backend.bf16))
         # Derived from the step and the clock, so a resumed run needs nothing saved for it.
@@ -253,12 +228,37 @@ class Training:
                     world_size=backend.world_size)  # fmt: skip
         self._log_header()
 
+    def _resume(self) -> float:
+        """Load the checkpoint to resume from (the CLI's path: a packaged run never resumes); return
+        its training clock."""
+        from core.artifact.load import check_resumable, load_checkpoint, restore_data_position
+
+        cfg, backend = self.cfg, self.backend
+        ckpt = load_checkpoint(self.resume)
+        rms = weights_rms(ckpt.params)
+        if not rms <= WEIGHT_RMS_LIMIT:
+            raise PgolfError(
+                f"checkpoint {self.resume}: the weights' RMS is {rms:.3g} (the limit is "
+                f"{WEIGHT_RMS_LIMIT:g}): the run had diverged; resume from an earlier checkpoint"
+            )
+        check_resumable(cfg, ckpt, self.resume)
+        if ckpt.step > cfg.iterations:
+            raise PgolfError(
+                f"checkpoint {self.resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
+                "raise --iterations to train on"
+            )
+        backend.load_params(ckpt.params)
+        backend.load_optimizer_state(ckpt.optimizer)
+        restore_data_position(self.loader, ckpt.data_state)
+        self.step = ckpt.step
+        return ckpt.train_time_ms
+
     def warm_up(self) -> None:
         """Prime the compiled paths with real steps (once more looped, with depth recurrence, so the
-        switch compiles nothing inside the timed run), then restore the true initial state and rewind
-        the data."""
+        switch compiles nothing inside the timed run), then restore the true initial state and start
+        the data again (a fresh run's: a new loader)."""
         backend, cfg = self.backend, self.cfg
-        params0, opt0, data0 = backend.params(), backend.optimizer_state(), self.loader.state()
+        params0, opt0 = backend.params(), backend.optimizer_state()
         for looping in (False, True) if cfg.num_loops > 0 else (False,):
             backend.set_looping(looping)
             name = "loop_warmup_step" if looping else "warmup_step"
@@ -269,7 +269,7 @@ class Training:
         backend.set_looping(self.looping)
         backend.load_params(params0)
         backend.load_optimizer_state(opt0)
-        self.loader.load_state(data0)
+        self.loader = self._new_loader()
 
     def validate(self) -> None:
         with self.clock.paused():
@@ -413,10 +413,13 @@ class Training:
                 f"budget:{sizes['budget_bytes']} headroom:{sizes['headroom_bytes']}"
                 + (f" gptq_tensors:{report.gptq_tensors}" if cfg.gptq_enabled else "")
             )
-            for line in format_budget(report):
-                self.say(line)
+            if self.budget_table:
+                from core.artifact.budget import format_budget
+
+                for line in format_budget(report):
+                    self.say(line)
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
-        backend.load_params(dequantize(read_artifact(artifact)))
+        backend.load_params(dequantize(read_pgolf_artifact(artifact)))
         scores: dict[str, BPBMeter] = {}
         # The challenge's log names: final_int8_zlib_roundtrip (its baseline); final_int6_roundtrip and
         # final_int6_sliding_window (the records).
@@ -486,6 +489,12 @@ class Training:
         return result
 
     # ---------------------------------------------------------------- helpers
+    def _new_loader(self) -> BatchLoader | CoprimeLoader:
+        """The training data from its start."""
+        cfg, backend = self.cfg, self.backend
+        files = find_shards(cfg.data_path, "train")
+        return make_train_loader(cfg.train_loader, files, backend.rank, backend.world_size, cfg.vocab_size)
+
     def set_looping(self, active: bool) -> None:
         """Tell the backend which layer layout to run (depth recurrence); log a switch."""
         self.backend.set_looping(active)
@@ -619,6 +628,16 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
     return math.sqrt(total / max(sum(w.size for w in weights), 1))
 
 
+def _trackers(report_to: str) -> list[str]:
+    """The trackers the metrics also go to, checked before the run starts (core/train/report.py; a
+    packaged run reports to none)."""
+    if not report_to:
+        return []
+    from core.train.report import report_targets
+
+    return report_targets(report_to)
+
+
 def train(
     backend: Backend,
     *,
@@ -629,6 +648,7 @@ def train(
     notes: Sequence[str] = (),
     stop: StopPoll | None = None,
     code_bytes: int | Callable[[Config], int] | None = None,
+    budget_table: bool = True,
 ) -> RunResult:
     """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
 
@@ -638,26 +658,13 @@ def train(
     came from, warnings); `stop` is polled between steps (see `Training.stop_if_asked`).
     `code_bytes`: what counts as the run's code: a number, or a function of the config that measures
     it (the CLI passes the size of the run's packaged train_gpt.py, core/runs/package.py); None, none.
+    `budget_table`: log the artifact's bytes class by class (core/artifact/budget.py) after its size;
+    a packaged run does not.
     """
-    training = Training(backend, resume, log, progress, step_progress, notes, stop, code_bytes)
+    training = Training(backend, resume, log, progress, step_progress, notes, stop, code_bytes, budget_table)
     try:
         return training.run()
     finally:
         run_dir = training.run  # the RunDir once `start` has made it (until then, the method)
         if isinstance(run_dir, RunDir):
             run_dir.close()
-
-
-def _check_same_model(cfg: Config, ckpt: Checkpoint, path: str | Path) -> None:
-    """The checkpoint holds every parameter and optimizer tensor this config needs, in its shape."""
-    check_layout(cfg, {k: tuple(v.shape) for k, v in ckpt.params.items()}, f"checkpoint {path}")
-    for name, shape in optimizer_state_shapes(cfg).items():
-        got = ckpt.optimizer.get(name)
-        if got is None or tuple(got.shape) != shape:
-            found = "missing" if got is None else f"shape {tuple(got.shape)}"
-            raise PgolfError(
-                f"checkpoint {path}: optimizer state {name} is {found}, but the config expects {shape}"
-            )
-    step = ckpt.optimizer["step"]
-    if step.dtype.kind not in "iu" or int(step) < 0:
-        raise PgolfError(f"checkpoint {path}: optimizer step must be a whole number >= 0, got {step}")

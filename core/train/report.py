@@ -4,7 +4,8 @@
 the run directory (`tensorboard --logdir runs` shows every run; no account), `wandb` and
 `trackio` log to their own services through their shared `init` / `log` / `finish` API.
 Each is an optional package, imported only when asked for. A record becomes scalars named
-`<kind>/<field>` (e.g. `train/train_loss`, `val/val_bpb`) at its step.
+`<kind>/<field>` (e.g. `train/train_loss`, `val/val_bpb`) at its step. A run imports this module
+only when `report_to` names a tracker (a packaged run reports to none).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib.util
 import json
 import math
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from core.common.errors import PgolfError, did_you_mean
 
@@ -27,10 +28,19 @@ TRACKERS = {
 PROJECT = "pgolf"  # the wandb / trackio project the runs go to
 
 
-class Reporter(Protocol):
-    def log(self, step: int, scalars: dict[str, float]) -> None: ...
+class Reporter:
+    """A tracker the metrics records go to (core.train.rundir.RunDir.metric)."""
 
-    def close(self) -> None: ...
+    def record(self, record: dict[str, Any]) -> None:
+        found = scalars(record)
+        if found is not None:
+            self.log(*found)
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 def report_targets(report_to: str) -> list[str]:
@@ -63,7 +73,7 @@ def scalars(record: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
     return step, {k: v for k, v in values.items() if math.isfinite(v)}
 
 
-class TensorBoard:
+class TensorBoard(Reporter):
     def __init__(self, run_path: Path, name: str, config: dict[str, Any]):
         from tensorboardX import SummaryWriter
 
@@ -79,7 +89,7 @@ class TensorBoard:
         self.writer.close()
 
 
-class WandbLike:
+class WandbLike(Reporter):
     """wandb, or trackio (which follows wandb's API)."""
 
     def __init__(self, module_name: str, name: str, config: dict[str, Any]):

@@ -22,7 +22,6 @@ from typing import Any
 
 from core.common.errors import PgolfError
 from core.common.files import WriterLock, append_line, make_dir, remove_stale_temps, write_atomic
-from core.train.report import open_reporters, scalars
 
 
 class RunDir:
@@ -71,13 +70,14 @@ class RunDir:
     def metric(self, record: dict[str, Any]) -> None:
         if self.enabled:
             append_line(self.path / "metrics.jsonl", json.dumps(record))
-            found = scalars(record) if self.reporters else None
-            for reporter in self.reporters if found else ():
-                reporter.log(*found)
+            for reporter in self.reporters:
+                reporter.record(record)
 
     def report_to(self, targets: list[str], config: dict[str, Any]) -> None:
-        """Mirror the metrics to these trackers from now on (rank 0 only)."""
-        if self.enabled:
+        """Mirror the metrics to these trackers from now on (rank 0 only; core/train/report.py)."""
+        if self.enabled and targets:
+            from core.train.report import open_reporters
+
             self.reporters = open_reporters(targets, self.path, self.run_id, config)
 
     def close(self) -> None:

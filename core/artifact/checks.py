@@ -1,0 +1,119 @@
+"""What a reader checks in a quantized model before using it: everything dequantization relies on.
+
+Readers of files pgolf did not just write (core/artifact/load.py, upstream.py, records.py,
+`mixed.load_mixed_artifact`) check what they read; a run reading back the artifact it has
+just written does not (the container's sha256 says the payload is the one written).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from core.artifact.int8 import FLOAT_BYTES, Int8Model, check_finite
+from core.artifact.mixed import CLASSES, METHODS, STORES, MixedModel
+from core.artifact.rowquant import BITS, Clip, clip_range
+from core.common.errors import PgolfError
+
+__all__ = ["check_int8", "check_mixed", "check_model", "clip_from_json"]
+
+
+def check_model(model: Int8Model | MixedModel) -> Int8Model | MixedModel:
+    """`check_int8` or `check_mixed`, by the model's format."""
+    return check_mixed(model) if isinstance(model, MixedModel) else check_int8(model)
+
+
+def check_int8(model: Int8Model) -> Int8Model:
+    """Everything dequantization relies on: int8 values, fitting float scales, known dtypes."""
+    for name, q in model.quantized.items():
+        s, dtype = model.scales.get(name), model.dtypes.get(name)
+        if s is None:
+            raise ValueError(f"{name} has no scales")
+        if dtype not in FLOAT_BYTES:
+            raise ValueError(f"{name} has unknown dtype {dtype!r}")
+        if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
+            raise ValueError(
+                f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16/fp32"
+            )
+        if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
+            raise ValueError(f"{name}: scales of shape {s.shape} do not fit values of shape {q.shape}")
+        if name in model.passthrough:
+            raise ValueError(f"{name} is both quantized and passed through")
+    for name, t in model.passthrough.items():
+        if not isinstance(t, np.ndarray) or t.dtype.kind not in "biuf":
+            raise ValueError(f"{name}: passed-through value is not a numeric array")
+    check_finite({**model.scales, **model.passthrough})
+    for name, dtype in model.passthrough_orig_dtypes.items():
+        if dtype not in FLOAT_BYTES:
+            raise ValueError(f"{name} has unknown dtype {dtype!r}")
+    return model
+
+
+def check_mixed(model: MixedModel) -> MixedModel:
+    """Everything dequantization relies on; ValueError naming the first problem."""
+    described = set(model.info)
+    stored = set(model.quantized) | set(model.scales) | set(model.passthrough)
+    if stored - described:
+        raise ValueError(f"{sorted(stored - described)[0]} is stored but not described")
+    for name, info in model.info.items():
+        store, cls, dtype = info.get("store"), info.get("class"), info.get("dtype")
+        if store not in STORES:
+            raise ValueError(f"{name}: unknown storage {store!r}")
+        if cls not in CLASSES:
+            raise ValueError(f"{name}: unknown class {cls!r}")
+        if store == "int":
+            _check_quantized(name, info, model)
+            continue
+        if name in model.quantized or name in model.scales:
+            raise ValueError(f"{name} is passed through but has quantized values or scales")
+        t = model.passthrough.get(name)
+        if not isinstance(t, np.ndarray):
+            raise ValueError(f"{name} is missing")
+        if store == "raw":
+            if t.dtype.kind not in "biu" or dtype != t.dtype.name:
+                raise ValueError(f"{name}: stored as {t.dtype}, described as raw {dtype!r}")
+        elif t.dtype != np.dtype(np.float16 if store == "fp16" else np.float32) or dtype not in FLOAT_BYTES:
+            raise ValueError(f"{name}: stored as {t.dtype}, described as {store} of {dtype!r}")
+    check_finite(model.passthrough)
+    return model
+
+
+def _check_quantized(name: str, info: dict[str, Any], model: MixedModel) -> None:
+    q, s, bits = model.quantized.get(name), model.scales.get(name), info.get("bits")
+    if q is None or s is None:
+        raise ValueError(f"{name} has no {'values' if q is None else 'scales'}")
+    if name in model.passthrough:
+        raise ValueError(f"{name} is both quantized and passed through")
+    if info.get("dtype") not in FLOAT_BYTES:
+        raise ValueError(f"{name} has unknown dtype {info.get('dtype')!r}")
+    if isinstance(bits, bool) or bits not in BITS:
+        raise ValueError(f"{name}: bits {bits!r}")
+    if info.get("method") not in METHODS:
+        raise ValueError(f"{name}: unknown method {info.get('method')!r}")
+    if info.get("clip") is not None:  # None: not known (an artifact converted from a record's)
+        clip_from_json(info["clip"])
+    if q.dtype != np.int8 or s.dtype not in (np.float16, np.float32):
+        raise ValueError(f"{name}: values are {q.dtype} and scales {s.dtype}, expected int8 and fp16")
+    if s.ndim != 0 and (q.ndim == 0 or s.shape != (q.shape[0],)):
+        raise ValueError(f"{name}: scales of shape {s.shape} do not fit values of shape {q.shape}")
+    if not np.isfinite(s).all():
+        raise ValueError(f"{name}: scales hold NaN or infinite values")
+    r = clip_range(bits)
+    if q.size and int(np.abs(q.astype(np.int16)).max()) > r:
+        raise ValueError(f"{name}: values beyond the int{bits} range [-{r}, {r}]")
+
+
+def clip_from_json(obj: Any) -> Clip:
+    """The Clip an artifact records (`Clip.to_json`); ValueError when it is not one."""
+    if not isinstance(obj, dict) or set(obj) - {"kind", "q", "candidates", "per_row", "k"}:
+        raise ValueError(f"clip {obj!r} is not a clip description")
+    fields = dict(obj)
+    if "candidates" in fields:
+        if not isinstance(fields["candidates"], list):
+            raise ValueError("clip candidates are not a list")
+        fields["candidates"] = tuple(fields["candidates"])
+    try:
+        return Clip(**fields)
+    except (PgolfError, TypeError) as exc:
+        raise ValueError(str(exc)) from None

@@ -1,0 +1,69 @@
+"""What making a dataset writes: token shards in the challenge's format (core/data/shards.py reads
+them) and a SentencePiece model trained on the dataset's text (core/data/tokenizer.py loads it).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+from core.common.errors import PgolfError
+from core.common.files import write_atomic
+from core.data.shards import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION
+
+
+def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
+    """Write a shard atomically; the ids must be integers that fit uint16."""
+    tokens = np.asarray(tokens)
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {tokens.dtype}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() > 65_535):
+        bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
+        raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {bad}")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
+    return write_atomic(path, header.tobytes() + tokens.astype("<u2").tobytes())
+
+
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, model_prefix: str | Path, byte_fallback: bool = True
+) -> Path:
+    """Train a BPE model with the challenge's trainer options; deterministic for the same texts.
+
+    Writes `<prefix>.model` and `<prefix>.vocab` and returns the .model path.
+    """
+    prefix = Path(model_prefix)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.Train(
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=0.999,
+            byte_fallback=byte_fallback,
+            split_digits=True,
+            normalization_rule_name="nmt_nfkc",
+            add_dummy_prefix=False,
+            pad_id=0,
+            bos_id=1,
+            eos_id=2,
+            unk_id=3,
+            hard_vocab_limit=False,
+            num_threads=1,  # multi-threaded training may order merges differently run to run
+            shuffle_input_sentence=False,
+            max_sentence_length=1 << 20,
+            minloglevel=2,
+        )
+    except RuntimeError as exc:
+        raise PgolfError(f"tokenizer {prefix}.model: training failed ({exc})") from None
+    # Appended, not with_suffix: a prefix such as "tok.v2" keeps its dot.
+    path = write_atomic(prefix.parent / f"{prefix.name}.model", model.getvalue())
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.vocab_size()))
+    write_atomic(prefix.parent / f"{prefix.name}.vocab", vocab.encode("utf-8"))
+    return path
