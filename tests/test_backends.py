@@ -210,6 +210,7 @@ def test_optimizer_state_round_trip_continues_identically(backend_name):
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.slow  # ~4 s
 def test_compiled_step_equals_eager(backend_name):
     cfg = preset("smoke")
     micro = [batch(cfg, seed=5), batch(cfg, seed=6)]
@@ -366,6 +367,7 @@ def test_torch_compiled_steady_state_has_no_recompiles(dtype):
 
 
 @pytest.mark.torch
+@pytest.mark.slow  # ~3 s
 def test_torch_loop_switch_compiles_each_layout_once():
     """The switch recompiles the step and the evaluation once each; after that, neither layout
     (nor switching back) compiles anything."""

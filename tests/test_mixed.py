@@ -209,6 +209,7 @@ GOLDEN_MIXED_SHA256 = (
 )
 
 
+@pytest.mark.slow  # ~2 s
 def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
     state, classes, dtypes = model_state()
     args = dict(bits={"embedding": 8, "attention": 6, "mlp": 5, "other": 7})

@@ -345,6 +345,7 @@ def test_artifacts_written_before_the_checksum_still_load_with_a_warning(tmp_pat
         assert equal_weights(model, upstream.load_artifact(path))
 
 
+@pytest.mark.slow  # ~4 s
 def test_same_bytes_in_other_processes_and_any_order(tmp_path):
     state, dtypes = golden_state()
     np.savez(tmp_path / "state.npz", **state)

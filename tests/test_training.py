@@ -91,6 +91,7 @@ def test_the_coprime_loader_resumes_exactly_after_a_warmup(sotu_dataset, backend
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.slow  # ~4 s
 def test_depth_recurrence_switches_on_schedule_resumes_and_is_scored_looped(
     sotu_dataset, backend_name, tmp_path
 ):
@@ -210,6 +211,7 @@ def launcher(backend_name: str) -> list[str]:
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.slow  # ~8 s
 def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     args = [
         "cli.py", "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),

@@ -23,7 +23,8 @@ def pick_token(logits: np.ndarray, temperature: float, top_k: int, rng: np.rando
         return int(np.argmax(z))
     if 0 < top_k < z.size:
         z = np.where(z >= np.partition(z, -top_k)[-top_k], z, -np.inf)
-    p = np.exp((z - z.max()) / temperature)
+    with np.errstate(over="ignore"):  # a tiny temperature: the others' -inf, exp 0 (as greedy)
+        p = np.exp((z - z.max()) / temperature)
     return int(rng.choice(z.size, p=p / p.sum()))
 
 
