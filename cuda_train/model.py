@@ -89,6 +89,11 @@ class CausalSelfAttention(nn.Module):
         self.c_v = CastedLinear(cfg.model_dim, kv_dim)
         self.proj = CastedLinear(cfg.model_dim, cfg.model_dim)
         self.q_gain = nn.Parameter(torch.zeros(cfg.num_heads))
+        if cfg.attn_out_gate_enabled:
+            self.attn_gate_proj = CastedLinear(cfg.gate_window, cfg.num_heads)  # read by the walk as a weight
+        elif cfg.gated_attn_enabled or cfg.sparse_attn_gate_enabled:
+            inputs = cfg.model_dim if cfg.gated_attn_enabled else cfg.gate_window
+            self.attn_gate_w = nn.Parameter(torch.zeros(cfg.num_heads, inputs))
 
 
 class MLP(nn.Module):

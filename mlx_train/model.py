@@ -91,6 +91,13 @@ class CausalSelfAttention(nn.Module):
         self.c_v = CastedLinear(cfg.model_dim, kv_dim, ops)
         self.proj = CastedLinear(cfg.model_dim, cfg.model_dim, ops)
         self.q_gain = mx.zeros((cfg.num_heads,), dtype=mx.float32)
+        if cfg.attn_out_gate_enabled:
+            self.attn_gate_proj = CastedLinear(
+                cfg.gate_window, cfg.num_heads, ops
+            )  # read by the walk as a weight
+        elif cfg.gated_attn_enabled or cfg.sparse_attn_gate_enabled:
+            inputs = cfg.model_dim if cfg.gated_attn_enabled else cfg.gate_window
+            self.attn_gate_w = mx.zeros((cfg.num_heads, inputs), dtype=mx.float32)
 
 
 class MLP(nn.Module):

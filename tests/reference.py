@@ -31,6 +31,23 @@ def rope(x: np.ndarray, base: float, dims: int = 0) -> np.ndarray:
     return np.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos, rest], axis=-1)
 
 
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def head_gate(params: dict, prefix: str, cfg: Config, x: np.ndarray, q_raw: np.ndarray) -> np.ndarray:
+    """The per-head gate (B, T, H) on the attention output; ones when no attention gate is on."""
+    w = cfg.gate_window
+    if cfg.attn_out_gate_enabled:
+        src = q_raw if cfg.attn_out_gate_src == "q" else x
+        return 2.0 * sigmoid(src[..., :w] @ params[prefix + "attn_gate_proj.weight"].T)
+    if cfg.gated_attn_enabled:
+        return sigmoid(x @ params[prefix + "attn_gate_w"].T)
+    if cfg.sparse_attn_gate_enabled:
+        return sigmoid(cfg.sparse_attn_gate_scale * (x[..., :w] @ params[prefix + "attn_gate_w"].T))
+    return np.ones((*x.shape[:2], cfg.num_heads))
+
+
 def attention(
     params: dict, prefix: str, cfg: Config, x: np.ndarray, v_embed: np.ndarray | None, xsa: bool
 ) -> np.ndarray:
@@ -64,6 +81,10 @@ def attention(
         if xsa:
             unit = v[:, group] / np.maximum(np.linalg.norm(v[:, group], axis=-1, keepdims=True), 1e-12)
             out[:, head] -= (out[:, head] * unit).sum(axis=-1, keepdims=True) * unit
+    out = (
+        out
+        * head_gate(params, prefix, cfg, x, x @ params[prefix + "c_q.weight"].T).transpose(0, 2, 1)[..., None]
+    )
     y = out.transpose(0, 2, 1, 3).reshape(b, t, d)
     return y @ params[prefix + "proj.weight"].T
 

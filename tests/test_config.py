@@ -336,28 +336,43 @@ def changed_config(base: Config, name: str) -> Config:
 ALL_FEATURES = dict(FEATURES, **LOOPS_LANES, ve_layers="2,4")
 
 
-def test_a_model_setting_the_shapes_do_not_tell_is_kept_for_scoring():
-    """A model field changes the model (its weights' shapes, or its output on the same weights) and
-    the shapes do not tell its value exactly when it is declared scoring=True: otherwise an artifact
-    scored alone would run with it at its default."""
-    base = preset("smoke").replace(**ALL_FEATURES).validate()
+# The attention gates exclude one another: each is on in one of the bases (FEATURES has AttnOutGate).
+GATE_BASES = ({}, {"attn_out_gate_enabled": False, "gated_attn_enabled": True},
+              {"attn_out_gate_enabled": False, "sparse_attn_gate_enabled": True, "sparse_attn_gate_scale": 0.7})  # fmt: skip
+
+
+def changes_the_model(base: Config, name: str) -> bool | None:
+    """Whether changing field `name` of `base` changes the model in a way its weights' shapes do not
+    tell; None when no other value of it is valid with `base`'s other settings."""
+    try:
+        changed = changed_config(base, name)
+    except AssertionError:
+        return None
+    shapes = param_shapes(changed)
+    if shapes != param_shapes(base):
+        try:
+            return getattr(config_for_params(base, shapes), name) != getattr(changed, name)
+        except PgolfError:  # the weights do not fit the base config's other settings
+            return True
     params = busy_params(base)
     x = np.random.default_rng(0).integers(0, base.vocab_size, (1, 8))
     logits = reference_logits(params, base, x, looping=True)
+    out = reference_logits(params, changed, x, looping=changed.num_loops > 0)
+    return bool(np.abs(out - logits).max() > 1e-9)
+
+
+def test_a_model_setting_the_shapes_do_not_tell_is_kept_for_scoring():
+    """A model field changes the model (its weights' shapes, or its output on the same weights) and
+    the shapes do not tell its value exactly when it is declared scoring=True: otherwise an artifact
+    scored alone would run with it at its default. Checked with every feature on, each attention
+    gate in turn."""
+    bases = [preset("smoke").replace(**{**ALL_FEATURES, **gate}).validate() for gate in GATE_BASES]
     for f in fields(Config):
         if f.metadata["section"] != "model":
             continue
-        changed = changed_config(base, f.name)
-        shapes = param_shapes(changed)
-        if shapes != param_shapes(base):
-            try:
-                told = getattr(config_for_params(base, shapes), f.name) == getattr(changed, f.name)
-            except PgolfError:  # the weights do not fit the base config's other settings
-                told = False
-            matters = not told
-        else:
-            out = reference_logits(params, changed, x, looping=changed.num_loops > 0)
-            matters = bool(np.abs(out - logits).max() > 1e-9)
+        seen = [m for m in (changes_the_model(base, f.name) for base in bases) if m is not None]
+        assert seen, f"{f.name}: no other valid value found to try"
+        matters = any(seen)
         assert f.metadata["scoring"] == matters, (
             f"{f.name}: {'changes the model and the shapes do not tell it' if matters else 'changes nothing the scoring sees'}"
             f", but it is declared scoring={f.metadata['scoring']}"

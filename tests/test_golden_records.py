@@ -292,7 +292,7 @@ RECORD_0427 = GOLDEN / "record_0427.safetensors"
 @pytest.fixture(scope="module")
 def smear0427():
     meta, tensors = read_golden(RECORD_0427, "")
-    case = json.loads(meta["cases"])
+    case = json.loads(meta["cases"])["cases"]["smear"]
     cfg = record_config(case["env"]).replace(bos_id=case["bos_id"])
     params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
     return cfg, case, params, tensors
@@ -330,3 +330,20 @@ def test_smear0427_without_the_mask(smear0427, backend_name):
     got = backend.logits(tensors["x"])
     np.testing.assert_allclose(got, tensors["logits_nomask_on"], rtol=0, atol=2e-5)
     assert np.abs(tensors["logits_nomask_on"] - tensors["logits_on"]).max() > 1e-2
+
+
+@pytest.mark.parametrize("gate", ["attn_out_proj", "attn_out_q", "gated", "sparse"])
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_attention_gates_0427(backend_name, gate):
+    """Each attention gate of record 2026-04-27 (AttnOutGate from the input or the raw queries, gated
+    attention, the sparse gate at scale 0.7), with loops and lanes: its own model's logits and loss."""
+    meta, tensors = read_golden(RECORD_0427, f"{gate}/")
+    cfg = record_config(json.loads(meta["cases"])["cases"][gate]["env"])
+    params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    backend.set_looping(True)
+    shared = read_golden(RECORD_0427, "")[1]
+    x, y = shared["x"], shared["y"]
+    np.testing.assert_allclose(backend.logits(x), tensors["logits_on"], rtol=0, atol=2e-5)
+    assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(float(tensors["loss_on"]), rel=1e-5)

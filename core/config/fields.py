@@ -254,9 +254,32 @@ class Config:
         "except at a document start (bos_id)", "model", ANY, scoring=True,
     )  # fmt: skip
     gate_window: int = opt(
-        12, "how many leading channels of a token's embedding drive its SmearGate", "model", POSITIVE,
-        scoring=True,
+        12, "how many leading channels drive SmearGate, AttnOutGate and the sparse attention gate", "model",
+        POSITIVE, scoring=True,
     )  # fmt: skip
+    attn_out_gate_enabled: bool = opt(
+        False, "AttnOutGate: each head's attention output times 2 * sigmoid(W src_t[:gate_window]) (W starts "
+        "at zero: a gate of 1)", "model", ANY, scoring=True,
+    )  # fmt: skip
+    attn_out_gate_src: str = opt(
+        "proj", "what drives AttnOutGate: the attention's input (proj) or its raw query projection (q)",
+        "model", one_of("proj", "q"), scoring=True,
+    )  # fmt: skip
+    gated_attn_enabled: bool = opt(
+        False, "gated attention: each head's attention output times sigmoid(W x_t), W (heads, model_dim)",
+        "model", ANY, scoring=True,
+    )  # fmt: skip
+    gated_attn_init_std: float = opt(0.01, "std of gated attention's initial W", "model", NON_NEGATIVE)
+    sparse_attn_gate_enabled: bool = opt(
+        False, "sparse attention gate: each head's output times sigmoid(scale * W x_t[:gate_window])",
+        "model", ANY, scoring=True,
+    )  # fmt: skip
+    sparse_attn_gate_init_std: float = opt(
+        0.0, "std of the sparse attention gate's initial W; 0 = zeros (a gate of 1/2)", "model", NON_NEGATIVE
+    )
+    sparse_attn_gate_scale: float = opt(
+        1.0, "the sparse attention gate's logit scale", "model", ANY, scoring=True
+    )
     num_loops: int = opt(
         0,
         "depth recurrence: once looping is on, layers loop_start..loop_end run 1 + num_loops times; 0 = off",
@@ -488,8 +511,15 @@ class Config:
             self.xsa_last_n <= self.num_layers,
             f"xsa_last_n={self.xsa_last_n} exceeds num_layers={self.num_layers}",
         )
+        gates = [
+            n
+            for n in ("attn_out_gate_enabled", "gated_attn_enabled", "sparse_attn_gate_enabled")
+            if getattr(self, n)
+        ]
+        require(len(gates) <= 1, f"{' and '.join(gates)}: one attention gate at a time")
+        windowed = self.smear_gate_enabled or self.attn_out_gate_enabled or self.sparse_attn_gate_enabled
         require(
-            not self.smear_gate_enabled or self.gate_window <= self.model_dim,
+            not windowed or self.gate_window <= self.model_dim,
             f"gate_window={self.gate_window} exceeds model_dim={self.model_dim}",
         )
         require(

@@ -54,6 +54,23 @@ def _control(shape: tuple[int, ...], value: float = 1.0, init: str = "const") ->
     return ParamSpec(shape, init, "scalar", "control", value)
 
 
+def _attention_gate(cfg: Config) -> dict[str, ParamSpec]:
+    """The per-head gate on a layer's attention output, when one is on (its weight, heads x inputs)."""
+    heads, window = cfg.num_heads, cfg.gate_window
+    if cfg.attn_out_gate_enabled:  # 2 * sigmoid(0) = 1: transparent at the start
+        return {"attn.attn_gate_proj.weight": _control((heads, window), 0.0)}
+    if cfg.gated_attn_enabled:
+        return {"attn.attn_gate_w": _control((heads, cfg.model_dim), cfg.gated_attn_init_std, "normal")}
+    if cfg.sparse_attn_gate_enabled:
+        std = cfg.sparse_attn_gate_init_std
+        return {
+            "attn.attn_gate_w": _control((heads, window), std, "normal")
+            if std > 0
+            else _control((heads, window), 0.0)
+        }
+    return {}
+
+
 def num_skip_weights(cfg: Config) -> int:
     """U-Net skip connections: as many as the shorter half, of the looped layout when there is one
     (with looping off the decoder then uses only the first num_layers // 2)."""
@@ -91,6 +108,7 @@ def param_specs(cfg: Config) -> dict[str, ParamSpec]:
         specs[b + "attn.c_v.weight"] = _matrix(kv_dim, d, "attention")
         specs[b + "attn.proj.weight"] = _matrix(d, d, "attention", zero=True)
         specs[b + "attn.q_gain"] = _control((cfg.num_heads,), cfg.qk_gain_init)
+        specs.update({b + name: spec for name, spec in _attention_gate(cfg).items()})
         specs[b + "mlp.fc.weight"] = _matrix(hidden, d, "mlp")
         specs[b + "mlp.proj.weight"] = _matrix(d, hidden, "mlp", zero=True)
         specs[b + "attn_scale"] = _control((d,))

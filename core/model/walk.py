@@ -10,7 +10,8 @@ into one graph and mx.compile into one trace per `looping` value.
 The model (`model`, below) is a tree of modules holding:
 - `tok_emb` (an embedding), `skip_weights`, `skip_gates` (with skip_gates_enabled);
 - `smear_gate` (a linear layer, gate_window -> 1) and `smear_lambda` (with smear_gate_enabled);
-- `blocks[i]`, each with `attn` (`c_q`, `c_k`, `c_v`, `proj`: linear layers; `q_gain`),
+- `blocks[i]`, each with `attn` (`c_q`, `c_k`, `c_v`, `proj`: linear layers; `q_gain`; the gate's
+  `attn_gate_proj.weight` or `attn_gate_w` with an attention gate on),
   `mlp` (the MLP as one call), `attn_scale`, `mlp_scale`, `resid_mix`;
 - `ve_shared` (`embed`, `proj` when ve_dim is not the kv width, `scale`) and
   `ve_layer_scales` (with ve_enabled);
@@ -30,7 +31,8 @@ What it computes:
 - attention: RMSNorm on q and k, RoPE on all or the first `rope_dims` dimensions of each
   head (rotating by -theta), a per-head query gain, grouped-query causal attention; the value
   embedding (`ve_enabled`) added to v in `ve_layers`; XSA on the last `xsa_last_n` layers
-  removes from each output its component along the token's own value;
+  removes from each output its component along the token's own value; then at most one per-head
+  gate on the output (`attn_out_gate_enabled`, `gated_attn_enabled`, `sparse_attn_gate_enabled`);
 - depth recurrence (`num_loops`): once looping is on, layers loop_start..loop_end run
   1 + num_loops times with shared weights; the U-Net halves are cut from that visit list
   (`Config.layer_layout`);
@@ -149,7 +151,8 @@ class Walk:
         v = attn.c_v(x)
         if v_embed is not None:
             v = v + v_embed
-        q = self.heads(attn.c_q(x), cfg.num_heads)  # (B, H, T, D)
+        q_raw = attn.c_q(x)
+        q = self.heads(q_raw, cfg.num_heads)  # (B, H, T, D)
         k = self.heads(attn.c_k(x), cfg.num_kv_heads)  # (B, KV, T, D)
         v = self.heads(v, cfg.num_kv_heads)
         rope = (self.cast(rope[0], q), self.cast(rope[1], q))
@@ -163,7 +166,24 @@ class Walk:
         y = self.attention(q, keys, values)  # (B, H, T, D)
         if i >= cfg.num_layers - cfg.xsa_last_n:
             y = self.remove_self_value(y, v)
+        gate = self.attention_gate(attn, x, q_raw)
+        if gate is not None:
+            y = y * gate.swapaxes(1, 2)[..., None]
         return attn.proj(y.swapaxes(1, 2).reshape(b, t, d))
+
+    def attention_gate(self, attn: Any, x: Array, q_raw: Array) -> Array | None:
+        """The per-head gate (B, T, H) on the attention output of tokens x (the attention's input), or
+        None: AttnOutGate 2 * sigmoid(W src[:gate_window]) (src = x, or the raw queries), gated
+        attention sigmoid(W x), the sparse gate sigmoid(scale * W x[:gate_window])."""
+        cfg, w = self.cfg, self.cfg.gate_window
+        if cfg.attn_out_gate_enabled:
+            src = q_raw if cfg.attn_out_gate_src == "q" else x
+            return 2.0 * self.sigmoid(src[..., :w] @ self.cast(attn.attn_gate_proj.weight, x).T)
+        if cfg.gated_attn_enabled:
+            return self.sigmoid(x @ self.cast(attn.attn_gate_w, x).T)
+        if cfg.sparse_attn_gate_enabled:
+            return self.sigmoid(cfg.sparse_attn_gate_scale * (x[..., :w] @ self.cast(attn.attn_gate_w, x).T))
+        return None
 
     # ----------------------------------------------------------------- blocks
     def norm(self, i: int, x: Array) -> Array:

@@ -17,7 +17,13 @@ from layer 4, and every other feature off where the record lets it be; the recor
 loader's default). The tokens hold BOS at fixed positions (documents of different lengths, an empty
 one, and one start at position 0), so that the mask decides several positions.
 
-Keys (hyperparameters in the metadata as JSON):
+Then each attention gate of the record on its own, the same model without SmearGate (the record
+refuses two gates at once), GATE_WINDOW=8: AttnOutGate driven by the attention's input
+(attn_out_proj/) and by the raw queries (attn_out_q/), gated attention (gated/, GATED_ATTN_INIT_STD
+0.01, then busy values), the sparse gate with SPARSE_ATTN_GATE_SCALE=0.7 (sparse/): each with its
+own param/<name>, logits_on and loss_on (looping active) on the same x and y.
+
+Keys (hyperparameters in the metadata as JSON, "cases" -> smear and each gate):
     param/<pgolf name>   every parameter, the record's banks split into pgolf's per-layer matrices:
                          qo_bank[i] = blocks.i.attn.c_q.weight, qo_bank[n+i] = blocks.i.attn.proj.weight,
                          kv_bank[i] = c_k, kv_bank[n+i] = c_v, mlp_up_bank[i] = mlp.fc,
@@ -51,6 +57,13 @@ ENV_0427 = {
 BOS = 1
 BOS_POSITIONS = {0: [0, 7, 8, 20], 1: [5, 6, 31]}  # row -> positions holding BOS
 SEED = 20260427
+GATE_ENV = {k: v for k, v in ENV_0427.items() if k != "SMEAR_GATE_ENABLED"}
+GATES = {  # each attention gate on its own (the record refuses two at once)
+    "attn_out_proj": {**GATE_ENV, "ATTN_OUT_GATE_ENABLED": "1"},
+    "attn_out_q": {**GATE_ENV, "ATTN_OUT_GATE_ENABLED": "1", "ATTN_OUT_GATE_SRC": "q"},
+    "gated": {**GATE_ENV, "GATED_ATTN_ENABLED": "1"},
+    "sparse": {**GATE_ENV, "SPARSE_ATTN_GATE_ENABLED": "1", "SPARSE_ATTN_GATE_SCALE": "0.7"},
+}
 
 
 def main(out_path: Path) -> None:
@@ -81,7 +94,42 @@ def main(out_path: Path) -> None:
     with torch.no_grad():
         out["logits_nomask_on"] = base.f32(model.forward_logits(xt))
 
-    n = h.num_layers
+    _store_params(out, "param/", params, h.num_layers)
+    cases = {"smear": {"env": ENV_0427, "bos_id": BOS, "bos_positions": BOS_POSITIONS,
+                       "encoder_on": model.encoder_indices, "decoder_on": model.decoder_indices}}  # fmt: skip
+    for k, (name, env) in enumerate(GATES.items()):
+        cases[name] = gate_case(name, env, np.random.default_rng(SEED + 1 + k), x, y, out)
+    meta = {
+        "record": "0427",
+        "cases": cases,
+        "turned_off": "XSA_LAST_N=0, SKIP_GATES_ENABLED=0, LN_SCALE=0, ROPE_DIMS=0; the features a case "
+        "does not name are off (the record's defaults); FUSED_CE_ENABLED=0 and mlp.use_fused=False",
+        "busy": f"matrices N(0,{base.MATRIX_STD}); others init + N(0,{base.CONTROL_NOISE}); default_rng({SEED}) for "
+        "smear, then SEED + 1, + 2, ... for the gates in order",
+    }
+    base.save_file(out, str(out_path), metadata={"cases": json.dumps(meta)})
+    print(f"wrote {out_path}: {len(out)} tensors")
+
+
+def gate_case(name: str, env: dict[str, str], rng, x, y, out) -> dict:
+    """One attention gate: the record's model with it on, logits and loss looped, under `<name>/`."""
+    rec = base.load_record("0427", env)
+    h, model = base._model(rec)
+    params = base.fill_busy(rec, model, rng)
+    for block in model.blocks:
+        block.mlp.use_fused = False
+    model.eval()
+    model.looping_active = True
+    xt, yt = torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
+    with torch.no_grad():
+        out[f"{name}/logits_on"] = base.f32(model.forward_logits(xt))
+        out[f"{name}/loss_on"] = base.f32(model(xt, yt).reshape(()))
+    _store_params(out, f"{name}/param/", params, h.num_layers)
+    return {"env": env}
+
+
+def _store_params(out: dict, prefix: str, params: dict, n: int) -> None:
+    """The record's parameters under pgolf's names: its banks split into per-layer matrices."""
     banks = {
         "qo_bank": [f"blocks.{i}.attn.c_q.weight" for i in range(n)] + [f"blocks.{i}.attn.proj.weight" for i in range(n)],
         "kv_bank": [f"blocks.{i}.attn.c_k.weight" for i in range(n)] + [f"blocks.{i}.attn.c_v.weight" for i in range(n)],
@@ -91,22 +139,9 @@ def main(out_path: Path) -> None:
     for name, value in params.items():
         if name in banks:
             for j, pgolf_name in enumerate(banks[name]):
-                out[f"param/{pgolf_name}"] = np.ascontiguousarray(value[j])
+                out[prefix + pgolf_name] = np.ascontiguousarray(value[j])
         else:
-            out[f"param/{name}"] = value
-    meta = {
-        "record": "0427",
-        "env": ENV_0427,
-        "bos_id": BOS,
-        "bos_positions": BOS_POSITIONS,
-        "encoder_on": model.encoder_indices,
-        "decoder_on": model.decoder_indices,
-        "turned_off": "XSA_LAST_N=0, SKIP_GATES_ENABLED=0, LN_SCALE=0, ROPE_DIMS=0; attention gates off by "
-        "default; FUSED_CE_ENABLED=0 and mlp.use_fused=False (the non-Triton paths)",
-        "busy": f"default_rng({SEED}); matrices N(0,{base.MATRIX_STD}); others init + N(0,{base.CONTROL_NOISE})",
-    }
-    base.save_file(out, str(out_path), metadata={"cases": json.dumps(meta)})
-    print(f"wrote {out_path}: {len(out)} tensors")
+            out[prefix + name] = value
 
 
 if __name__ == "__main__":

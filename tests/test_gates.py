@@ -1,4 +1,6 @@
-"""SmearGate: each token embedding takes a gated share of the one before, never across a document start."""
+"""The gates of the April records: SmearGate (each token embedding takes a gated share of the one before, never
+across a document start) and the per-head gates on attention's output (AttnOutGate, gated attention, the sparse
+gate)."""
 
 from __future__ import annotations
 
@@ -59,3 +61,35 @@ def test_a_bos_id_the_tokenizer_does_not_use_is_refused(sotu_dataset):
     assert load_eval_data(cfg).tokens[0] == cfg.bos_id  # the data's documents start with it
     with pytest.raises(PgolfError, match="bos_id=2, but the tokenizer .* starts documents with 1"):
         load_eval_data(cfg.replace(bos_id=2))
+
+
+ATTENTION_GATES = {
+    "attn_out_proj": dict(attn_out_gate_enabled=True),
+    "gated": dict(gated_attn_enabled=True),
+    "sparse": dict(sparse_attn_gate_enabled=True, sparse_attn_gate_scale=0.7),
+}
+
+
+@pytest.mark.parametrize("gate", list(ATTENTION_GATES))
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_attention_gates_match_the_reference_and_decode_alike(backend_name, gate):
+    cfg = preset("smoke").replace(gate_window=8, **ATTENTION_GATES[gate])
+    params = busy_params(cfg, seed=3)
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    full = backend.logits(TOKENS)
+    np.testing.assert_allclose(full, reference_logits(params, cfg, TOKENS), atol=2e-5)
+    step = backend.decoder()
+    got = [step(TOKENS[0, :4])] + [step(TOKENS[0, i : i + 1]) for i in range(4, TOKENS.shape[1])]
+    np.testing.assert_allclose(np.stack(got), full[0, 3:], atol=1e-4)
+
+
+def test_one_attention_gate_at_a_time():
+    with pytest.raises(
+        PgolfError, match="attn_out_gate_enabled and sparse_attn_gate_enabled: one attention gate"
+    ):
+        preset("smoke").replace(attn_out_gate_enabled=True, sparse_attn_gate_enabled=True).validate()
+    with pytest.raises(PgolfError, match="gate_window=80 exceeds model_dim=64"):
+        preset("smoke").replace(sparse_attn_gate_enabled=True, gate_window=80).validate()
+    shapes = {k: v.shape for k, v in init_params(preset("smoke").replace(gated_attn_enabled=True)).items()}
+    assert shapes["blocks.0.attn.attn_gate_w"] == (4, 64)  # heads x model_dim: gated attention reads all of x
