@@ -202,7 +202,11 @@ class TorchBackend:
         return torch.from_numpy(a).to(self.torch_device, torch.int64, non_blocking=True)
 
     def train_step(
-        self, micro_batches: list[tuple[np.ndarray, np.ndarray]], lr_mult: float, muon_momentum: float
+        self,
+        micro_batches: list[tuple[np.ndarray, np.ndarray]],
+        lr_mult: float,
+        muon_momentum: float,
+        muon_wd_mult: float = 1.0,
     ) -> torch.Tensor:
         self.model.train()
         for opt in self.optimizers:
@@ -223,6 +227,7 @@ class TorchBackend:
             group["lr"] = group["base_lr"] * lr_mult
             if isinstance(opt, Muon):
                 group["momentum"] = muon_momentum
+                group["weight_decay"] = group["base_weight_decay"] * muon_wd_mult
             opt.step()
         if self.ema:
             with torch.no_grad():

@@ -25,7 +25,13 @@ from core.model.params import ParamSpec
 
 class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float, momentum: float, weight_decay: float, orthogonalise: Callable):
-        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "base_weight_decay": weight_decay,
+        }
+        super().__init__(params, defaults)
         self.orthogonalise = orthogonalise
 
     @torch.no_grad()

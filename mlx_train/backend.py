@@ -95,14 +95,14 @@ class MLXBackend:
             partial(mx.compile, inputs=model_state, outputs=model_state)(grad_fn) if compile_on else grad_fn
         )
 
-        def update(grads: dict, lr_mult: mx.array, momentum: mx.array) -> None:
+        def update(grads: dict, lr_mult: mx.array, momentum: mx.array, muon_wd_mult: mx.array) -> None:
             params = dict(tree_flatten(self.model.parameters()))
             if cfg.grad_clip_norm > 0:
                 norm = mx.sqrt(sum(mx.sum(g.astype(mx.float32) ** 2) for g in grads.values()))
                 factor = mx.minimum(cfg.grad_clip_norm / (norm + 1e-6), 1.0)
                 grads = {k: g * factor for k, g in grads.items()}
             self.model.update(
-                tree_unflatten(list(self.optim.apply(params, grads, lr_mult, momentum).items()))
+                tree_unflatten(list(self.optim.apply(params, grads, lr_mult, momentum, muon_wd_mult).items()))
             )
 
         state = [self.model.state, self.optim.state]
@@ -145,7 +145,11 @@ class MLXBackend:
 
     # --------------------------------------------------------------- compute
     def train_step(
-        self, micro_batches: list[tuple[np.ndarray, np.ndarray]], lr_mult: float, muon_momentum: float
+        self,
+        micro_batches: list[tuple[np.ndarray, np.ndarray]],
+        lr_mult: float,
+        muon_momentum: float,
+        muon_wd_mult: float = 1.0,
     ) -> mx.array:
         total = sum(x.size for x, _ in micro_batches)
         grads: dict[str, mx.array] | None = None
@@ -167,7 +171,12 @@ class MLXBackend:
             grads = {
                 k: mx.distributed.all_sum(g, group=self.group) / self.world_size for k, g in grads.items()
             }
-        self._update(grads, mx.array(lr_mult, dtype=mx.float32), mx.array(muon_momentum, dtype=mx.float32))
+        self._update(
+            grads,
+            mx.array(lr_mult, dtype=mx.float32),
+            mx.array(muon_momentum, dtype=mx.float32),
+            mx.array(muon_wd_mult, dtype=mx.float32),
+        )
         mx.eval(self.model.state, self.optim.state, loss)
         return loss
 

@@ -44,7 +44,12 @@ class Optimizers:
                 self.state[f"{key}/{name}"] = mx.zeros(spec.shape, dtype=mx.float32)
 
     def apply(
-        self, params: dict[str, mx.array], grads: dict[str, mx.array], lr_mult: mx.array, momentum: mx.array
+        self,
+        params: dict[str, mx.array],
+        grads: dict[str, mx.array],
+        lr_mult: mx.array,
+        momentum: mx.array,
+        muon_wd_mult: mx.array | float = 1.0,
     ) -> dict[str, mx.array]:
         """New parameters after one step; updates `self.state` in place (compile-friendly)."""
         cfg, s = self.cfg, self.state
@@ -69,7 +74,8 @@ class Optimizers:
                 update = (m / bias1) / (mx.sqrt(v) / mx.sqrt(bias2) + cfg.adam_eps)
             new = p.astype(mx.float32)
             if self.decays[name]:
-                new = new * (1.0 - lr * self.decays[name])
+                decay = self.decays[name] * muon_wd_mult if self.muon[name] else self.decays[name]
+                new = new * (1.0 - lr * decay)
             out[name] = (new - lr * update).astype(p.dtype)
             if cfg.ema_decay > 0:
                 ema = s[f"ema/{name}"]

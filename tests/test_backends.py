@@ -421,3 +421,23 @@ def test_backend_options_are_checked_by_their_backend():
             memory.check_config("mlx", cfg.replace(mlx_max_microbatch_tokens=0))
     if backends.BACKENDS["cuda"].installed:
         memory.check_config("torch", cfg.replace(mlx_max_microbatch_tokens=0))  # not PyTorch's option
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_the_weight_decay_taper_scales_muons_decay_only(backend_name):
+    """A step with Muon's weight decay times 0.3 (the taper) is the step of a config whose muon_wd is
+    0.3 times as large; Adam's decay (embed_wd, adam_wd) is left as it is."""
+    cfg = preset("smoke").replace(muon_wd=0.5, embed_wd=0.2, adam_wd=0.1)
+    params, micro = busy_params(cfg), [batch(cfg)]
+    tapered, plain = make_backend(backend_name, cfg), make_backend(backend_name, cfg.replace(muon_wd=0.15))
+    for backend in (tapered, plain):
+        backend.load_params(params)
+    tapered.train_step(micro, 0.8, 0.9, 0.3)
+    plain.train_step(micro, 0.8, 0.9)
+    got, want = tapered.params(), plain.params()
+    for name in params:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+    untapered = make_backend(backend_name, cfg)
+    untapered.load_params(params)
+    untapered.train_step(micro, 0.8, 0.9)
+    assert np.abs(untapered.params()["blocks.0.attn.c_q.weight"] - got["blocks.0.attn.c_q.weight"]).max() > 1e-6

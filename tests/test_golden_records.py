@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from core.config.fields import from_env
+from core.config.fields import Config, from_env
 from core.config.presets import preset
 from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
 from core.model.params import ParamSpec, num_skip_weights, param_shapes, param_specs
-from core.model.schedule import lr_multiplier
+from core.model.schedule import lr_multiplier, muon_wd_multiplier
 from tests.test_backends import BACKENDS, make_backend
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -347,3 +347,21 @@ def test_attention_gates_0427(backend_name, gate):
     x, y = shared["x"], shared["y"]
     np.testing.assert_allclose(backend.logits(x), tensors["logits_on"], rtol=0, atol=2e-5)
     assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(float(tensors["loss_on"]), rel=1e-5)
+
+
+# ------------------------------------------------- 2026-04-18: the Muon weight-decay taper
+@pytest.mark.parametrize("setting", ["record", "early"])
+def test_wd_taper_0418(setting):
+    meta, tensors = read_golden(GOLDEN / "record_0418.safetensors", f"taper/{setting}/")
+    info = json.loads(meta["cases"])
+    start, final = info["settings"][setting]
+    cfg = Config(iterations=info["iterations"], max_wallclock_seconds=0.0, wd_taper_start_frac=start,
+                 wd_taper_final_mult=final)  # fmt: skip
+    by_step = [muon_wd_multiplier(cfg, int(s), 0.0) for s in tensors["step/step"]]
+    np.testing.assert_allclose(by_step, tensors["step/mul"], rtol=0, atol=1e-12)
+    capped = cfg.replace(
+        max_wallclock_seconds=600.0, gptq_enabled=True, quant_format="mixed", gptq_reserve_seconds=4.0
+    )
+    assert 1000.0 * capped.train_cap_seconds == info["cap_ms"]
+    by_clock = [muon_wd_multiplier(capped, 0, float(ms)) for ms in tensors["wall/elapsed_ms"]]
+    np.testing.assert_allclose(by_clock, tensors["wall/mul"], rtol=0, atol=1e-12)

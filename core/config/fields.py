@@ -334,6 +334,13 @@ class Config:
         0.0, "decoupled weight decay of the Muon matrices (p *= 1 - lr * wd each step)", "optimizer",
         NON_NEGATIVE,
     )  # fmt: skip
+    wd_taper_start_frac: float = opt(
+        1.0, "Muon's weight decay tapers linearly from this fraction of training (steps, or the wallclock "
+        "cap) on; 1 = no taper", "schedule", UNIT,
+    )  # fmt: skip
+    wd_taper_final_mult: float = opt(
+        1.0, "the factor on Muon's weight decay at the end of the taper", "schedule", NON_NEGATIVE
+    )
     embed_wd: float = opt(0.0, "decoupled weight decay of the embeddings (AdamW)", "optimizer", NON_NEGATIVE)
     adam_wd: float = opt(
         0.0, "decoupled weight decay of the scalar/control tensors (AdamW)", "optimizer", NON_NEGATIVE

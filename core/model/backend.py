@@ -110,12 +110,17 @@ class Backend(Protocol):
         """Restore what `optimizer_state` returned (possibly from the other backend)."""
 
     def train_step(
-        self, micro_batches: list[tuple[np.ndarray, np.ndarray]], lr_mult: float, muon_momentum: float
+        self,
+        micro_batches: list[tuple[np.ndarray, np.ndarray]],
+        lr_mult: float,
+        muon_momentum: float,
+        muon_wd_mult: float = 1.0,
     ) -> Any:
         """One optimizer step on this rank's micro-batches (x, y int32 of shape (B, T)).
 
         Gradients are averaged over all micro-batches of all ranks; every base lr
-        is multiplied by `lr_mult`; Muon uses `muon_momentum`; the moving average
+        is multiplied by `lr_mult`; Muon uses `muon_momentum`, and its weight decay times
+        `muon_wd_mult`; the moving average
         of the weights follows. Returns this rank's mean training loss as a 0-d
         array of the framework, left on the device (`float()` it to wait for it).
         """

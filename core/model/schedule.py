@@ -1,4 +1,4 @@
-"""Learning-rate and momentum schedules: pure functions of the step and the clock."""
+"""Learning-rate, weight-decay and momentum schedules: pure functions of the step and the clock."""
 
 from __future__ import annotations
 
@@ -54,3 +54,14 @@ def muon_momentum(cfg: Config, step: int) -> float:
         return cfg.muon_momentum
     frac = min(step / cfg.muon_momentum_warmup_steps, 1.0)
     return (1.0 - frac) * cfg.muon_momentum_warmup_start + frac * cfg.muon_momentum
+
+
+def muon_wd_multiplier(cfg: Config, step: int, elapsed_ms: float) -> float:
+    """Factor on Muon's weight decay (the 2026-04-18 taper): 1 until `wd_taper_start_frac` of training,
+    then linear to `wd_taper_final_mult` at its end (progress as for the lr warmdown)."""
+    start = cfg.wd_taper_start_frac
+    progress = training_progress(cfg, step, elapsed_ms)
+    if start >= 1.0 or progress <= start:
+        return 1.0
+    done = min((progress - start) / (1.0 - start), 1.0)
+    return 1.0 + (cfg.wd_taper_final_mult - 1.0) * done

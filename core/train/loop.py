@@ -41,7 +41,7 @@ from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train
 from core.eval.bpb import BPBMeter
 from core.eval.score import Progress, evaluate, evaluators, load_eval_data
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
-from core.model.schedule import looping_active, lr_multiplier, muon_momentum
+from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
 from core.train.rundir import RunDir
 
 if TYPE_CHECKING:  # only annotations name the backend's interface
@@ -298,7 +298,8 @@ class Training:
         self.set_looping(looping_active(cfg, self.step, self.elapsed_ms))
         lr_mult = lr_multiplier(cfg, self.step, self.elapsed_ms)
         momentum = muon_momentum(cfg, self.step)
-        loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum)
+        wd_mult = muon_wd_multiplier(cfg, self.step, self.elapsed_ms)
+        loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum, wd_mult)
         self.step += 1
         self.elapsed_ms = self.agreed_ms()
         if self.main and self.step_progress is not None:
