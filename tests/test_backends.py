@@ -440,4 +440,6 @@ def test_the_weight_decay_taper_scales_muons_decay_only(backend_name):
     untapered = make_backend(backend_name, cfg)
     untapered.load_params(params)
     untapered.train_step(micro, 0.8, 0.9)
-    assert np.abs(untapered.params()["blocks.0.attn.c_q.weight"] - got["blocks.0.attn.c_q.weight"]).max() > 1e-6
+    assert (
+        np.abs(untapered.params()["blocks.0.attn.c_q.weight"] - got["blocks.0.attn.c_q.weight"]).max() > 1e-6
+    )

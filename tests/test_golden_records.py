@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from core.artifact import lqer
 from core.config.fields import Config, from_env
 from core.config.presets import preset
 from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
@@ -365,3 +366,19 @@ def test_wd_taper_0418(setting):
     assert 1000.0 * capped.train_cap_seconds == info["cap_ms"]
     by_clock = [muon_wd_multiplier(capped, 0, float(ms)) for ms in tensors["wall/elapsed_ms"]]
     np.testing.assert_allclose(by_clock, tensors["wall/mul"], rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------- 2026-04-27: LQER's packing, bit for bit
+def test_lqer_packing_and_dequantization_are_the_records():
+    _, g = read_golden(RECORD_0427, "lqer/")
+    a, b = g["A"], g["B"]
+    packs = {"sym3": lqer.pack_sym(a, b, 3), "sym4": lqer.pack_sym(a, b, 4), "asym": lqer.pack_asym(a, b, 64)}
+    for name, packed in packs.items():
+        for key in ("qA", "sA", "qB", "sB"):
+            want = g[f"{name}/{key}"]
+            assert packed[key].dtype == want.dtype and packed[key].shape == want.shape, (name, key)
+            np.testing.assert_array_equal(packed[key], want, err_msg=f"{name}/{key}")
+    w_q = g["q"].astype(np.float32) * g["s"].astype(np.float32)[:, None]
+    for name, kind in (("sym4", "sym"), ("asym", "asym")):
+        got = w_q + lqer.correction(packs[name], kind)
+        np.testing.assert_allclose(got, g[f"W_{name}"], rtol=0, atol=1e-6)

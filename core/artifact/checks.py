@@ -53,7 +53,7 @@ def check_int8(model: Int8Model) -> Int8Model:
 def check_mixed(model: MixedModel) -> MixedModel:
     """Everything dequantization relies on; ValueError naming the first problem."""
     described = set(model.info)
-    stored = set(model.quantized) | set(model.scales) | set(model.passthrough)
+    stored = set(model.quantized) | set(model.scales) | set(model.passthrough) | set(model.lqer)
     if stored - described:
         raise ValueError(f"{sorted(stored - described)[0]} is stored but not described")
     for name, info in model.info.items():
@@ -76,7 +76,39 @@ def check_mixed(model: MixedModel) -> MixedModel:
         elif t.dtype != np.dtype(np.float16 if store == "fp16" else np.float32) or dtype not in FLOAT_BYTES:
             raise ValueError(f"{name}: stored as {t.dtype}, described as {store} of {dtype!r}")
     check_finite(model.passthrough)
+    for name in set(model.lqer) | {n for n, i in model.info.items() if "lqer" in i}:
+        _check_lqer(name, model)
     return model
+
+
+def _check_lqer(name: str, model: MixedModel) -> None:
+    """An LQER correction: a described int matrix, int8 factors whose product has its shape, fitting scales."""
+    kind, factors, q = model.info.get(name, {}).get("lqer"), model.lqer.get(name), model.quantized.get(name)
+    if kind not in ("sym", "asym") or factors is None or q is None or q.ndim != 2:
+        raise ValueError(f"{name}: an LQER correction without its matrix, its factors or its kind")
+    if set(factors) != {"qA", "sA", "qB", "sB"}:
+        raise ValueError(f"{name}: LQER factors {sorted(factors)}")
+    q_a, s_a, q_b, s_b = (factors[k] for k in ("qA", "sA", "qB", "sB"))
+    rank = q_a.shape[1] if q_a.ndim == 2 else -1
+    if (
+        q_a.dtype != np.int8
+        or q_b.dtype != np.int8
+        or q_a.shape != (q.shape[0], rank)
+        or q_b.shape != (rank, q.shape[1])
+    ):
+        raise ValueError(
+            f"{name}: LQER factors {q_a.shape} and {q_b.shape} do not make a {q.shape} correction"
+        )
+    if s_a.dtype != np.float16 or s_b.dtype != np.float16:
+        raise ValueError(f"{name}: LQER scales are {s_a.dtype} and {s_b.dtype}, expected fp16")
+    fits = (
+        (s_a.shape == (), s_b.ndim == 1 and s_b.size > 0 and q_b.size % s_b.size == 0)
+        if kind == "asym"
+        else (s_a.shape == (q.shape[0],), s_b.shape == (rank,))
+    )
+    if not all(fits):
+        raise ValueError(f"{name}: LQER scales {s_a.shape} and {s_b.shape} do not fit its {kind} factors")
+    check_finite({f"{name} LQER scale A": s_a, f"{name} LQER scale B": s_b})
 
 
 def _check_quantized(name: str, info: dict[str, Any], model: MixedModel) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from core.artifact import int8, mixed
 from core.artifact.int8 import Int8Model
+from core.artifact.lqer import LqerSettings
 from core.artifact.mixed import MixedModel
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError, first_line
@@ -118,6 +119,15 @@ class ExportReport:
         return json.dumps({"sizes": self.sizes, "classes": self.budget, "gptq_tensors": self.gptq_tensors})
 
 
+def lqer_settings(cfg: Config) -> LqerSettings | None:
+    """The LQER corrections `cfg` asks for (mixed format), or None."""
+    if not cfg.lqer_enabled:
+        return None
+    return LqerSettings(
+        cfg.lqer_rank, cfg.lqer_top_k, cfg.lqer_factor_bits, cfg.lqer_asym_enabled, cfg.lqer_asym_group
+    )
+
+
 def export_artifact(
     params: dict[str, np.ndarray],
     cfg: Config,
@@ -151,15 +161,22 @@ def export_artifact(
         gptq = 0
     else:
         model = mixed.quantize_mixed(
-            params, classes, class_bits(cfg), class_clips(cfg), hessians if cfg.gptq_enabled else None, dtypes
+            params,
+            classes,
+            class_bits(cfg),
+            class_clips(cfg),
+            hessians if cfg.gptq_enabled else None,
+            dtypes,
+            lqer=lqer_settings(cfg),
         )
         info = mixed.save_mixed_artifact(
             path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
         )
         gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
+    lqer_factors = [a for f in getattr(model, "lqer", {}).values() for a in f.values()]
     payload = sum(
         a.nbytes for part in (model.quantized, model.scales, model.passthrough) for a in part.values()
-    )
+    ) + sum(a.nbytes for a in lqer_factors)
     sizes = int8.size_report(payload, info.file_bytes, code_bytes)
     return ExportReport(sizes, gptq, model, classes, params, cfg.compressor, cfg.byte_shuffle)
 

@@ -8,14 +8,18 @@ of each class. Then, per tensor:
 - float tensors of at most 65,536 elements, and every tensor of a class set to
   "fp16", pass through in fp16 (their original dtype recorded);
 - the rest are quantized to int-N with one fp16 scale per row (`core.artifact.rowquant`), or
-  by GPTQ (`core.artifact.gptq`) when a Hessian of the layer's inputs is given for them.
+  by GPTQ (`core.artifact.gptq`) when a Hessian of the layer's inputs is given for them;
+- with LQER settings, the quantized matrices whose error is largest also keep a low-rank
+  correction of it (`core.artifact.lqer`), added back when the artifact is read.
 
 Container: pgolf's (`core.artifact.int8.container_bytes`: magic, compressor id byte, the
 compressed safetensors file) with tensors `q/<name>` (int8 holding the int-N
-values), `s/<name>` (scales) and `p/<name>` (passed through), and canonical JSON
+values), `s/<name>` (scales), `p/<name>` (passed through) and `lqer.qA/<name>`, `lqer.sA/...`,
+`lqer.qB/...`, `lqer.sB/...` (LQER factors), and canonical JSON
 metadata: format "pgolf-mixed", version, compressor, level, shuffle stride, and
 per tensor its class, original dtype, storage ("int", "fp16", "fp32" or "raw") and,
-when quantized, bits, clip method and method ("rows" or "gptq"). No pickle; the
+when quantized, bits, clip method and method ("rows" or "gptq"), and "lqer" ("sym" or "asym")
+when it has a correction. No pickle; the
 same weights and settings give the same bytes; numpy alone reads it back.
 """
 
@@ -38,6 +42,7 @@ from core.artifact.int8 import (
     container_bytes,
     write_artifact,
 )
+from core.artifact.lqer import LqerSettings, correction, lqer_corrections
 from core.artifact.rowquant import BITS, Clip, dequantize_rows, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError
@@ -60,6 +65,7 @@ CLASSES = KINDS  # the artifact classes of core.model.params' table
 DEFAULT_BITS: dict[str, int | str] = {"embedding": 8, "attention": 6, "mlp": 6, "other": 8}
 STORES = ("int", "fp16", "fp32", "raw")
 METHODS = ("rows", "gptq")
+LQER_PARTS = ("lqer.qA", "lqer.sA", "lqer.qB", "lqer.sB")
 
 
 @dataclass
@@ -67,8 +73,17 @@ class MixedModel:
     quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8 holding int-N values
     scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 (rows,) or 0-d (fp32 0-d allowed)
     passthrough: dict[str, np.ndarray] = field(default_factory=dict)
-    # Per tensor: class, dtype (the model's), store; for "int": bits, clip (Clip.to_json() or None), method.
+    # Per tensor: class, dtype (the model's), store; for "int": bits, clip (Clip.to_json() or None), method,
+    # and "lqer" (its kind) when it has a correction.
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lqer: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> {qA, sA, qB, sB}
+
+    def arrays(self) -> list[np.ndarray]:
+        """Every array the model stores."""
+        parts = (self.quantized, self.scales, self.passthrough)
+        return [a for part in parts for a in part.values()] + [
+            a for f in self.lqer.values() for a in f.values()
+        ]
 
 
 # ---------------------------------------------------------------- quantization
@@ -100,13 +115,15 @@ def quantize_mixed(
     hessians: dict[str, np.ndarray] | None = None,
     orig_dtypes: dict[str, str] | None = None,
     block_size: int = 128,
+    lqer: LqerSettings | None = None,
 ) -> MixedModel:
     """Quantize `state` class by class (see the module docstring).
 
     `bits` maps classes to 8, 7, 6, 5 or "fp16" (defaults: DEFAULT_BITS); `clip` is one
     Clip or one per class (default: the records' search); `hessians` maps a matrix's
     name to the (cols, cols) Hessian of its inputs, for GPTQ; `orig_dtypes` names the
-    dtype each float tensor had in the model (bf16 ones are rounded to bf16 first).
+    dtype each float tensor had in the model (bf16 ones are rounded to bf16 first); `lqer` adds
+    the low-rank corrections of core/artifact/lqer.py.
     """
     table = _bits_table(bits)
     hessians = hessians or {}
@@ -159,6 +176,14 @@ def quantize_mixed(
             out.quantized[name], out.scales[name] = q, s
             info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
         out.info[name] = info
+    if lqer is not None:
+        matrices = {
+            n: _in_dtype(np.asarray(state[n], dtype=np.float32), out.info[n]["dtype"]) for n in out.quantized
+        }
+        rounded = {n: dequantize_rows(out.quantized[n], out.scales[n]) for n in matrices}
+        for name, (kind, factors) in lqer_corrections(matrices, rounded, lqer).items():
+            out.lqer[name] = factors
+            out.info[name]["lqer"] = kind
     return out
 
 
@@ -167,7 +192,10 @@ def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for name, info in model.info.items():
         if info["store"] == "int":
-            out[name] = _in_dtype(dequantize_rows(model.quantized[name], model.scales[name]), info["dtype"])
+            w = dequantize_rows(model.quantized[name], model.scales[name])
+            if "lqer" in info:
+                w = w + correction(model.lqer[name], info["lqer"])
+            out[name] = _in_dtype(w, info["dtype"])
         elif info["store"] == "raw":
             out[name] = model.passthrough[name]
         else:
@@ -179,6 +207,7 @@ def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
 def _tensors(model: MixedModel) -> dict[str, np.ndarray]:
     tensors = {f"q/{k}": v for k, v in model.quantized.items()}
     tensors |= {f"s/{k}": v for k, v in model.scales.items()}
+    tensors |= {f"lqer.{part}/{k}": a for k, factors in model.lqer.items() for part, a in factors.items()}
     return tensors | {f"p/{k}": v for k, v in model.passthrough.items()}
 
 
@@ -233,7 +262,10 @@ def mixed_from_container(box: Container) -> MixedModel:
     roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
     for key, value in box.tensors.items():
         role, _, name = key.partition("/")
-        if role not in roles:
+        if role in LQER_PARTS:
+            model.lqer.setdefault(name, {})[role.removeprefix("lqer.")] = value
+        elif role in roles:
+            roles[role][name] = value
+        else:
             raise ValueError(f"unexpected tensor {key!r}")
-        roles[role][name] = value
     return model

@@ -390,6 +390,22 @@ class Config:
     mlp_clip_sigmas: float = opt(
         0.0, "mixed: SDClip k of the MLP matrices; 0 = matrix_clip_sigmas", "artifact", NON_NEGATIVE
     )
+    lqer_enabled: bool = opt(
+        False, "LQER: the lqer_top_k quantized matrices with the largest error keep a rank-lqer_rank "
+        "correction of it (mixed format)", "artifact", ANY,
+    )  # fmt: skip
+    lqer_rank: int = opt(4, "rank of each LQER correction", "artifact", POSITIVE)
+    lqer_top_k: int = opt(3, "how many matrices get an LQER correction", "artifact", POSITIVE)
+    lqer_factor_bits: int = opt(
+        4, "bits of the LQER factors in the symmetric packing", "artifact", one_of(2, 3, 4, 5, 6, 7, 8)
+    )
+    lqer_asym_enabled: bool = opt(
+        True, "LQER factors packed asymmetrically: A int2, B int4 in groups (where B's size allows)", "artifact",
+        ANY,
+    )  # fmt: skip
+    lqer_asym_group: int = opt(
+        64, "values of B per fp16 scale in the asymmetric packing", "artifact", POSITIVE
+    )
     gptq_enabled: bool = opt(
         False, "mixed: GPTQ, rounding with error compensation from Hessians of the layers' inputs",
         "artifact", ANY,
@@ -500,6 +516,9 @@ class Config:
             self.eval_stride <= self.eval_window,
             f"eval_stride={self.eval_stride} is longer than the evaluation window ({self.eval_window}): "
             "tokens between windows would never be scored",
+        )
+        require(
+            not self.lqer_enabled or self.quant_format == "mixed", "lqer_enabled needs quant_format=mixed"
         )
         if self.gptq_enabled:
             require(self.quant_format == "mixed", "gptq_enabled needs quant_format=mixed")

@@ -107,8 +107,46 @@ def main(out_path: Path) -> None:
         "busy": f"matrices N(0,{base.MATRIX_STD}); others init + N(0,{base.CONTROL_NOISE}); default_rng({SEED}) for "
         "smear, then SEED + 1, + 2, ... for the gates in order",
     }
+    lqer_case(out)
+    meta["lqer"] = LQER_NOTE
     base.save_file(out, str(out_path), metadata={"cases": json.dumps(meta)})
     print(f"wrote {out_path}: {len(out)} tensors")
+
+
+LQER_NOTE = (
+    "lqer/: A (24x4), B (4x128) float32 N(0,1) from default_rng(SEED + 9); sym{3,4}/{qA,sA,qB,sB} = "
+    "_lqer_pack(A, B, bits); asym/{qA,sA,qB,sB} = _lqer_pack_asym(A, B, 64); w (24x128) int6 rows q, "
+    "fp16 scale s; W_sym4, W_asym = dequantize_mixed(...) of w.q/w.scale with the sym4 (meta "
+    "'gptq (int6)+lqer') or asym ('gptq (int6)+lqer_asym') factors"
+)
+
+
+def lqer_case(out: dict) -> None:
+    """The record's LQER packing and its dequantization, on fixed factors."""
+    rec = base.load_record("0427", GATE_ENV)
+    rng = np.random.default_rng(SEED + 9)
+    a = torch.from_numpy(rng.standard_normal((24, 4)).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal((4, 128)).astype(np.float32))
+    out["lqer/A"], out["lqer/B"] = a.numpy(), b.numpy()
+    packs = {
+        "sym3": rec._lqer_pack(a, b, 3),
+        "sym4": rec._lqer_pack(a, b, 4),
+        "asym": rec._lqer_pack_asym(a, b, 64),
+    }
+    for name, packed in packs.items():
+        for key, value in zip(("qA", "sA", "qB", "sB"), packed, strict=True):
+            out[f"lqer/{name}/{key}"] = value.numpy()
+    q = torch.from_numpy(rng.integers(-31, 32, size=(24, 128)).astype(np.int8))
+    s = torch.from_numpy((rng.uniform(0.01, 0.02, size=24)).astype(np.float16))
+    out["lqer/q"], out["lqer/s"] = q.numpy(), s.numpy()
+    template = {"w": torch.zeros(24, 128)}
+    for name, suffix, tag in (("sym4", "", "+lqer"), ("asym", "_a", "+lqer_asym")):
+        qa, sa, qb, sb = packs[name]
+        result = {"w.q": q, "w.scale": s, f"w.lqA{suffix}": qa, f"w.lqAs{suffix}": sa, f"w.lqB{suffix}": qb,
+                  f"w.lqBs{suffix}": sb}  # fmt: skip
+        out[f"lqer/W_{name}"] = rec.dequantize_mixed(result, {"w": "gptq (int6)" + tag}, template)[
+            "w"
+        ].numpy()
 
 
 def gate_case(name: str, env: dict[str, str], rng, x, y, out) -> dict:
