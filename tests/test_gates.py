@@ -93,3 +93,26 @@ def test_one_attention_gate_at_a_time():
         preset("smoke").replace(sparse_attn_gate_enabled=True, gate_window=80).validate()
     shapes = {k: v.shape for k, v in init_params(preset("smoke").replace(gated_attn_enabled=True)).items()}
     assert shapes["blocks.0.attn.attn_gate_w"] == (4, 64)  # heads x model_dim: gated attention reads all of x
+
+
+def test_the_quant_gate_stores_gate_weights_as_int8_rows(tmp_path):
+    from core.artifact.export import export_artifact
+    from core.artifact.load import load_mixed_artifact
+    from core.artifact.mixed import dequantize_mixed
+    from core.model.params import storage_dtypes
+
+    cfg = preset("smoke").replace(gated_attn_enabled=True, quant_format="mixed", gated_attn_quant_gate=True)
+    params = busy_params(cfg.validate(), seed=6)
+    export_artifact(params, cfg, storage_dtypes(cfg, False), tmp_path / "a.pgolf", 0)
+    model = load_mixed_artifact(tmp_path / "a.pgolf")
+    gates = [n for n in params if n.endswith("attn_gate_w")]
+    assert gates and all(
+        model.info[n]["method"] == "gate" and model.quantized[n].dtype == np.int8 for n in gates
+    )
+    assert model.info["blocks.0.attn.q_gain"]["store"] == "fp32"  # other control tensors stay as they were
+    back = dequantize_mixed(model)
+    for name in gates:  # int8 rows: within half a step of each row's absmax / 127
+        step = np.abs(params[name]).max(axis=1, keepdims=True) / 127
+        assert np.all(np.abs(back[name] - params[name]) <= 0.5 * step * 1.001)
+    with pytest.raises(PgolfError, match="gated_attn_quant_gate needs quant_format=mixed"):
+        cfg.replace(quant_format="int8").validate()

@@ -22,6 +22,7 @@ import pytest
 from safetensors import safe_open
 
 from core.artifact import lqer
+from core.artifact.mixed import quantize_gate_rows
 from core.config.fields import Config, from_env
 from core.config.presets import preset
 from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
@@ -382,3 +383,12 @@ def test_lqer_packing_and_dequantization_are_the_records():
     for name, kind in (("sym4", "sym"), ("asym", "asym")):
         got = w_q + lqer.correction(packs[name], kind)
         np.testing.assert_allclose(got, g[f"W_{name}"], rtol=0, atol=1e-6)
+
+
+def test_attention_gate_int8_rows_are_the_records():
+    _, g = read_golden(RECORD_0427, "gate_int8/")
+    for i in (0, 1):
+        q, s = quantize_gate_rows(g[f"w{i}"])
+        np.testing.assert_array_equal(q, g[f"q{i}"])
+        np.testing.assert_array_equal(s, g[f"s{i}"])
+        assert q.dtype == np.int8 and s.dtype == np.float16

@@ -168,6 +168,7 @@ def export_artifact(
             hessians if cfg.gptq_enabled else None,
             dtypes,
             lqer=lqer_settings(cfg),
+            quant_gate=cfg.gated_attn_quant_gate,
         )
         info = mixed.save_mixed_artifact(
             path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)

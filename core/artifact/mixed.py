@@ -9,6 +9,8 @@ of each class. Then, per tensor:
   "fp16", pass through in fp16 (their original dtype recorded);
 - the rest are quantized to int-N with one fp16 scale per row (`core.artifact.rowquant`), or
   by GPTQ (`core.artifact.gptq`) when a Hessian of the layer's inputs is given for them;
+- with `quant_gate`, the attention gates' weights (`*.attn_gate_w`, 32 to 8,192 values; control
+  tensors otherwise) are int8 rows scaled by absmax / 127, method "gate";
 - with LQER settings, the quantized matrices whose error is largest also keep a low-rank
   correction of it (`core.artifact.lqer`), added back when the artifact is read.
 
@@ -64,7 +66,9 @@ MIXED_VERSION = 1
 CLASSES = KINDS  # the artifact classes of core.model.params' table
 DEFAULT_BITS: dict[str, int | str] = {"embedding": 8, "attention": 6, "mlp": 6, "other": 8}
 STORES = ("int", "fp16", "fp32", "raw")
-METHODS = ("rows", "gptq")
+METHODS = ("rows", "gptq", "gate")
+# The attention gates' weights quantized to int8 rows (GATED_ATTN_QUANT_GATE): the records' size window.
+GATE_SUFFIX, GATE_MIN_NUMEL, GATE_MAX_NUMEL = ".attn_gate_w", 32, 8192
 LQER_PARTS = ("lqer.qA", "lqer.sA", "lqer.qB", "lqer.sB")
 
 
@@ -116,6 +120,7 @@ def quantize_mixed(
     orig_dtypes: dict[str, str] | None = None,
     block_size: int = 128,
     lqer: LqerSettings | None = None,
+    quant_gate: bool = False,
 ) -> MixedModel:
     """Quantize `state` class by class (see the module docstring).
 
@@ -153,7 +158,15 @@ def quantize_mixed(
         if not np.isfinite(w).all():
             raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
         info: dict[str, Any] = {"class": cls, "dtype": dtype}
-        if cls == "control":
+        if (
+            quant_gate
+            and name.endswith(GATE_SUFFIX)
+            and w.ndim == 2
+            and GATE_MIN_NUMEL <= w.size <= GATE_MAX_NUMEL
+        ):
+            out.quantized[name], out.scales[name] = quantize_gate_rows(w)
+            info |= {"store": "int", "bits": 8, "clip": Clip.percentile(1.0).to_json(), "method": "gate"}
+        elif cls == "control":
             out.passthrough[name], info["store"] = w, "fp32"
         elif t.size <= KEEP_FLOAT_MAX_NUMEL or table[cls] == "fp16":
             with np.errstate(over="ignore"):  # an overflow to inf is refused just below
@@ -185,6 +198,12 @@ def quantize_mixed(
             out.lqer[name] = factors
             out.info[name]["lqer"] = kind
     return out
+
+
+def quantize_gate_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 rows of an attention gate's weight, one fp16 scale per row: absmax / 127 (at least 1e-10)."""
+    s = (np.maximum(np.abs(w).max(axis=1), np.float32(1e-10)) / np.float32(127.0)).astype(np.float16)
+    return np.clip(np.rint(w / s.astype(np.float32)[:, None]), -127, 127).astype(np.int8), s
 
 
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:

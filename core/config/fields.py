@@ -390,6 +390,10 @@ class Config:
     mlp_clip_sigmas: float = opt(
         0.0, "mixed: SDClip k of the MLP matrices; 0 = matrix_clip_sigmas", "artifact", NON_NEGATIVE
     )
+    gated_attn_quant_gate: bool = opt(
+        False, "the attention gates' weights (gated or sparse) stored as int8 rows instead of fp32 (mixed format)",
+        "artifact", ANY,
+    )  # fmt: skip
     lqer_enabled: bool = opt(
         False, "LQER: the lqer_top_k quantized matrices with the largest error keep a rank-lqer_rank "
         "correction of it (mixed format)", "artifact", ANY,
@@ -519,6 +523,10 @@ class Config:
         )
         require(
             not self.lqer_enabled or self.quant_format == "mixed", "lqer_enabled needs quant_format=mixed"
+        )
+        require(
+            not self.gated_attn_quant_gate or self.quant_format == "mixed",
+            "gated_attn_quant_gate needs quant_format=mixed",
         )
         if self.gptq_enabled:
             require(self.quant_format == "mixed", "gptq_enabled needs quant_format=mixed")

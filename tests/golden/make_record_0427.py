@@ -109,6 +109,10 @@ def main(out_path: Path) -> None:
     }
     lqer_case(out)
     meta["lqer"] = LQER_NOTE
+    gate_int8_case(out)
+    meta["gate_int8"] = (
+        "gate_int8/w{0,1}: (4, 64) and (4, 8) N(0, 0.3) from default_rng(SEED + 10); q, s = _quantize_gate_int8_row(w)"
+    )
     base.save_file(out, str(out_path), metadata={"cases": json.dumps(meta)})
     print(f"wrote {out_path}: {len(out)} tensors")
 
@@ -147,6 +151,17 @@ def lqer_case(out: dict) -> None:
         out[f"lqer/W_{name}"] = rec.dequantize_mixed(result, {"w": "gptq (int6)" + tag}, template)[
             "w"
         ].numpy()
+
+
+def gate_int8_case(out: dict) -> None:
+    """The record's int8 rows for attention-gate weights (GATED_ATTN_QUANT_GATE)."""
+    rec = base.load_record("0427", GATE_ENV)
+    rng = np.random.default_rng(SEED + 10)
+    for i, shape in enumerate(((4, 64), (4, 8))):
+        w = (rng.standard_normal(shape) * 0.3).astype(np.float32)
+        w[0, 0] = 0.0  # a row's other values decide its scale
+        q, s = rec._quantize_gate_int8_row(torch.from_numpy(w))
+        out[f"gate_int8/w{i}"], out[f"gate_int8/q{i}"], out[f"gate_int8/s{i}"] = w, q.numpy(), s.numpy()
 
 
 def gate_case(name: str, env: dict[str, str], rng, x, y, out) -> dict:
