@@ -186,3 +186,18 @@ def test_a_run_directory_whose_first_write_fails_is_removed(tmp_path, monkeypatc
     with pytest.raises(PgolfError):
         kept.write_config({})
     assert (tmp_path / "kept").is_dir()
+
+
+def test_an_artifact_keeping_settings_of_the_wrong_type_is_refused_by_name(tmp_path):
+    from core.artifact import int8
+    from core.config.presets import preset
+    from core.model.params import artifact_classes, init_params, storage_dtypes
+    from core.runs.setup import scoring_config
+
+    cfg = preset("smoke")
+    model = int8.quantize_int8(init_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg))
+    for kept in ({"num_layers": [1, 2]}, {"rope_dims": "wide"}, {"ln_scale": 3.5}):
+        path = tmp_path / "a.pgolf"
+        int8.save_artifact(path, model, "zlib", config=kept)  # its checksum is valid: written so
+        with pytest.raises(PgolfError, match=rf"artifact {path} keeps settings pgolf refuses: config: "):
+            scoring_config(path, None, None, {})

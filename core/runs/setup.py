@@ -139,7 +139,10 @@ def scoring_config(
         if "dataset" in found and "data_path" not in found:  # an artifact's own settings name the data
             with contextlib.suppress(PgolfError):  # not in data/manifest.json: the given paths stay
                 found = dataset_settings(str(found["dataset"])) | found
-        cfg = Config.from_dict({**Config().to_dict(), **found}).replace(**given_values(cfg, sources))
+        try:
+            cfg = Config.from_dict({**Config().to_dict(), **found}).replace(**given_values(cfg, sources))
+        except PgolfError as exc:  # a damaged or hand-made file's settings: name the file they came from
+            raise PgolfError(f"{saved[1]} keeps settings pgolf refuses: {exc}") from None
     return path, cfg
 
 
