@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +17,7 @@ from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import find_shards, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
-from core.eval.bpb import BPBMeter
+from core.eval.bpb import BPBMeter, token_bytes
 from core.eval.sliding import SlidingEval, score_sliding, sliding_enabled
 
 if TYPE_CHECKING:  # only annotations name the backend's interface
@@ -31,6 +32,16 @@ class EvalData:
 
     tokens: np.ndarray
     tables: ByteTables
+
+    @cached_property
+    def target_bytes(self) -> np.ndarray:
+        """int64 bytes of text each token stands for as a target, by stream position: index i counts
+        tokens[i] after tokens[i - 1]; index 0 (never a target) counts 0. What an evaluation that
+        scores tokens out of stream order (test-time training) adds up."""
+        tokens = np.asarray(self.tokens)
+        out = np.zeros(tokens.size, dtype=np.int64)
+        out[1:] = token_bytes(tokens[:-1], tokens[1:], self.tables)
+        return out
 
 
 def load_eval_data(cfg: Config) -> EvalData:
