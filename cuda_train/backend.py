@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core.common.errors import PgolfError
 from core.config.fields import Config
+from core.model.lora import adapter_shapes
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear
 from cuda_train.optim import Muon, build_optimizers
@@ -117,6 +118,7 @@ class TorchBackend:
             else {}
         )
         self.steps_taken = 0
+        self._counters: dict[str, int] = {}  # counter_add's, in one process
         self.looping = cfg.num_loops > 0  # passed to every forward: an argument compile guards on
         self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model
         self._token_losses = (
@@ -301,6 +303,72 @@ class TorchBackend:
 
         return next_logits
 
+    # ----------------------------------------------------- test-time training
+    def new_adapters(self, a: dict[str, np.ndarray]) -> TorchAdapters:
+        return TorchAdapters(self.cfg, a, self.torch_device)
+
+    def restart_adapters(self, adapters: TorchAdapters, a: dict[str, np.ndarray] | None = None) -> None:
+        adapters.restart(a)
+
+    def score_then_adapt(
+        self,
+        adapters: TorchAdapters,
+        x: np.ndarray,
+        y: np.ndarray,
+        train_rows: np.ndarray,
+        train_from: int,
+        train_len: int,
+    ) -> np.ndarray:
+        self.model.eval()
+        xt, yt = self._to_device(x), self._to_device(y)
+        rows = torch.from_numpy(np.asarray(train_rows, dtype=np.float32)).to(self.torch_device)
+        steps = self.cfg.ttt_grad_steps if train_rows.any() else 0
+        with frozen(self.model):
+            for step in range(max(steps, 1)):
+                with torch.set_grad_enabled(steps > 0), self.autocast:
+                    nll = self.model.token_losses(xt, yt, self.looping, adapters.pairs)
+                if step == 0:
+                    scored = nll.detach().float().cpu().numpy()  # before any step has seen the chunk
+                if steps == 0:
+                    break
+                per_row = nll[:, train_from : train_from + train_len].mean(dim=-1)
+                adapters.optimizer.zero_grad(set_to_none=True)
+                (per_row * rows).sum().backward()
+                adapters.optimizer.step()
+        return scored
+
+    def global_sgd_reset(self) -> None:
+        params = list(self.model.parameters())
+        self._global_sgd = torch.optim.SGD(params, lr=0.0, momentum=self.cfg.global_ttt_momentum)
+
+    def global_sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int) -> None:
+        self.model.train()
+        params = list(self.model.parameters())
+        self._global_sgd.zero_grad(set_to_none=False)
+        if x.shape[0]:
+            with self.autocast:
+                loss = self.model(
+                    self._to_device(x), self._to_device(y), reduction="sum", looping=self.looping
+                )
+            (loss / total_tokens).backward()
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if self.world_size > 1:
+                dist.all_reduce(p.grad)
+        if self.cfg.global_ttt_grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.global_ttt_grad_clip)
+        for group in self._global_sgd.param_groups:
+            group["lr"] = lr
+        self._global_sgd.step()
+        self.model.eval()
+
+    def counter_add(self, key: str, amount: int) -> int:
+        if self.world_size == 1:
+            self._counters[key] = self._counters.get(key, 0) + amount
+            return self._counters[key]
+        return int(dist.distributed_c10d._get_default_store().add(key, amount))
+
     # ------------------------------------------------------------ plumbing
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, dtype=np.float64)
@@ -347,6 +415,58 @@ class TorchBackend:
             return int(store.compare_set(FAILURE_KEY, "", str(self.rank)))
         except Exception:  # the failure being reported matters more than this one
             return None
+
+
+class frozen:
+    """The model's own weights out of autograd for a while (only adapters learn)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def __enter__(self) -> None:
+        for p in self.params:
+            p.requires_grad_(False)
+
+    def __exit__(self, *exc) -> None:
+        for p in self.params:
+            p.requires_grad_(True)
+
+
+class TorchAdapters:
+    """LoRA adapters (core/model/lora.py) as fp32 tensors, and their optimizer."""
+
+    def __init__(self, cfg: Config, a: dict[str, np.ndarray], device: torch.device):
+        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0], cfg.num_loops > 0)
+        self.pairs = {
+            name: (
+                torch.nn.Parameter(torch.tensor(a[name], device=device)),
+                torch.nn.Parameter(torch.zeros(b_shape, device=device)),
+            )
+            for name, (_, b_shape) in shapes.items()
+        }
+        params = [t for pair in self.pairs.values() for t in pair]
+        if cfg.ttt_optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(
+                params, lr=cfg.ttt_lora_lr, momentum=cfg.ttt_beta1, weight_decay=cfg.ttt_weight_decay
+            )
+        else:
+            self.optimizer = torch.optim.AdamW(
+                params,
+                lr=cfg.ttt_lora_lr,
+                betas=(cfg.ttt_beta1, cfg.ttt_beta2),
+                eps=1e-10,
+                weight_decay=cfg.ttt_weight_decay,
+                fused=device.type == "cuda",
+            )
+
+    @torch.no_grad()
+    def restart(self, a: dict[str, np.ndarray] | None) -> None:
+        """B back to zero, A to `a` (or kept), the optimizer's state forgotten."""
+        for name, (a_t, b_t) in self.pairs.items():
+            b_t.zero_()
+            if a is not None:
+                a_t.copy_(torch.from_numpy(a[name]))
+        self.optimizer.state.clear()
 
 
 def create_backend(cfg: Config) -> TorchBackend:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from core.config.fields import Config
 from core.model.params import mlp_hidden, num_skip_weights
-from core.model.walk import KVCache, Rope, Walk
+from core.model.walk import Adapters, KVCache, Rope, Walk
 
 
 def rms_norm(x: Tensor) -> Tensor:
@@ -163,19 +163,35 @@ class GPT(nn.Module):
     def rope_table(self) -> Rope:
         return self.rope_cos, self.rope_sin
 
-    def hidden(self, idx: Tensor, looping: bool = False, cache: KVCache | None = None) -> Tensor:
+    def hidden(
+        self,
+        idx: Tensor,
+        looping: bool = False,
+        cache: KVCache | None = None,
+        adapters: Adapters | None = None,
+    ) -> Tensor:
         """Token ids (B, T) -> the final normed hidden states (B, T, d)."""
-        return self.walk.hidden(self, idx, looping, cache)
+        return self.walk.hidden(self, idx, looping, cache, adapters)
 
-    def logits(self, idx: Tensor, looping: bool = False, cache: KVCache | None = None) -> Tensor:
+    def logits(
+        self,
+        idx: Tensor,
+        looping: bool = False,
+        cache: KVCache | None = None,
+        adapters: Adapters | None = None,
+    ) -> Tensor:
         """Token ids (B, T) -> softcapped logits (B, T, V)."""
-        x = self.hidden(idx, looping, cache)
+        x = self.hidden(idx, looping, cache, adapters)
         z = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.tok_emb.weight.to(x.dtype))
+        if adapters is not None:
+            z = self.walk.adapt(adapters, "head", x, z)
         return self.softcap * torch.tanh(z / self.softcap)
 
-    def token_losses(self, idx: Tensor, targets: Tensor, looping: bool = False) -> Tensor:
+    def token_losses(
+        self, idx: Tensor, targets: Tensor, looping: bool = False, adapters: Adapters | None = None
+    ) -> Tensor:
         """Cross-entropy in nats per token (B, T), computed in fp32."""
-        logits = self.logits(idx, looping).float()
+        logits = self.logits(idx, looping, adapters=adapters).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
 
     def forward(self, idx: Tensor, targets: Tensor, reduction: str = "mean", looping: bool = False) -> Tensor:

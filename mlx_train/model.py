@@ -16,7 +16,7 @@ import mlx.nn as nn
 
 from core.config.fields import Config
 from core.model.params import mlp_hidden, num_skip_weights
-from core.model.walk import KVCache, Rope, Walk
+from core.model.walk import Adapters, KVCache, Rope, Walk
 from mlx_train.ops import Ops, default_ops, softcap_logits
 
 # F.rms_norm(eps=None) uses the fp32 machine epsilon for fp32 and bf16 inputs alike.
@@ -169,9 +169,15 @@ class GPT(nn.Module):
     def rope_table(self) -> Rope:
         return self._rope_table
 
-    def hidden(self, idx: mx.array, looping: bool = False, cache: KVCache | None = None) -> mx.array:
+    def hidden(
+        self,
+        idx: mx.array,
+        looping: bool = False,
+        cache: KVCache | None = None,
+        adapters: Adapters | None = None,
+    ) -> mx.array:
         """Token ids (B, T) -> the final normed hidden states (B, T, d) in the compute dtype."""
-        return self.walk.hidden(self, idx, looping, cache)
+        return self.walk.hidden(self, idx, looping, cache, adapters)
 
     def head_weight(self) -> mx.array:
         return self.lm_head.weight if "lm_head" in self else self.tok_emb.weight
@@ -181,9 +187,16 @@ class GPT(nn.Module):
         x = self.hidden(idx, looping, cache)
         return softcap_logits(x, self.head_weight(), self.softcap, self.ops.linear)
 
-    def token_losses(self, idx: mx.array, targets: mx.array, looping: bool = False) -> mx.array:
+    def token_losses(
+        self, idx: mx.array, targets: mx.array, looping: bool = False, adapters: Adapters | None = None
+    ) -> mx.array:
         """Cross-entropy in nats per token (B, T), computed in fp32."""
-        return self.ops.token_losses(self.hidden(idx, looping), self.head_weight(), targets, self.softcap)
+        x = self.hidden(idx, looping, adapters=adapters)
+        if adapters is None:
+            return self.ops.token_losses(x, self.head_weight(), targets, self.softcap)
+        z = self.walk.adapt(adapters, "head", x, self.ops.linear(x, self.head_weight()))
+        logits = (self.softcap * mx.tanh(z / self.softcap)).astype(mx.float32)
+        return nn.losses.cross_entropy(logits, targets, reduction="none")
 
     def loss(self, idx: mx.array, targets: mx.array, looping: bool = False) -> mx.array:
         """Mean cross-entropy; `looping` is an argument so that mx.compile keys its traces on it."""

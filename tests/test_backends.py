@@ -309,9 +309,9 @@ def test_mlx_loop_switch_traces_each_layout_once():
     traces = []
     original = backend.model.hidden
 
-    def counting(idx, looping=False):
+    def counting(idx, looping=False, **kwargs):
         traces.append(looping)  # runs only while mx.compile traces the model
-        return original(idx, looping)
+        return original(idx, looping, **kwargs)
 
     backend.model.hidden = counting
     micro = [batch(cfg, seed=16), batch(cfg, seed=17)]

@@ -315,7 +315,7 @@ def other_values(cfg: Config, name: str) -> list:
     elif isinstance(value, int):
         candidates = [value + 2, value + 1, value - 1, value * 2]
     elif isinstance(value, float):
-        candidates = [value * 2 + 1, value / 2]
+        candidates = [value * 2 + 1, value / 2, value + 0.25]
     else:  # a list keeps its first items; a name gets longer
         candidates = [value.rsplit(",", 1)[0], value + "0"]
     return [c for c in candidates if c != value and all(check.ok(c) for check in info["checks"])]

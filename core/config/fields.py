@@ -188,6 +188,93 @@ class Config:
     eval_batch_seqs: int = opt(
         32, "sliding windows per forward pass on each rank", "eval", POSITIVE, scoring=True
     )
+    # --- test-time training (core/eval/ttt.py): scored first, then learnt from ---
+    ttt_enabled: bool = opt(
+        False, "also score with test-time training: per-document LoRA adapters, each chunk scored, then learnt",
+        "eval", ANY, scoring=True,
+    )  # fmt: skip
+    ttt_lora_rank: int = opt(
+        96, "rank of each TTT LoRA adapter", "eval", (POSITIVE, at_most(4096)), scoring=True
+    )
+    ttt_lora_alpha: float = opt(
+        144.0,
+        "TTT LoRA scale numerator: adapters add alpha/rank * (x A^T) B^T",
+        "eval",
+        POSITIVE,
+        scoring=True,
+    )
+    ttt_warm_start_a: bool = opt(
+        True, "keep each adapter's A from one document batch to the next (B always restarts at 0)",
+        "eval", ANY, scoring=True,
+    )  # fmt: skip
+    ttt_lora_lr: float = opt(1e-4, "learning rate of the TTT adapters", "eval", NON_NEGATIVE, scoring=True)
+    ttt_chunk_size: int = opt(
+        48, "tokens of a document scored, then learnt from, at a time", "eval", POSITIVE, scoring=True
+    )
+    ttt_eval_seq_len: int = opt(
+        2048, "most tokens of a document a TTT forward sees (the chunk and its context)", "eval", POSITIVE,
+        scoring=True,
+    )  # fmt: skip
+    ttt_batch_size: int = opt(64, "documents adapted side by side", "eval", POSITIVE, scoring=True)
+    ttt_grad_steps: int = opt(
+        1,
+        "optimizer steps on each chunk after scoring it",
+        "eval",
+        (NON_NEGATIVE, at_most(100)),
+        scoring=True,
+    )
+    ttt_beta1: float = opt(0.0, "TTT Adam beta1 (SGD: momentum)", "eval", FRACTION, scoring=True)
+    ttt_beta2: float = opt(0.999, "TTT Adam beta2", "eval", FRACTION, scoring=True)
+    ttt_weight_decay: float = opt(1.0, "TTT decoupled weight decay", "eval", NON_NEGATIVE, scoring=True)
+    ttt_k_lora: bool = opt(True, "an adapter on the keys too", "eval", ANY, scoring=True)
+    ttt_mlp_lora: bool = opt(True, "an adapter on each MLP too", "eval", ANY, scoring=True)
+    ttt_o_lora: bool = opt(True, "an adapter on each attention output too", "eval", ANY, scoring=True)
+    ttt_optimizer: str = opt(
+        "adam", "the adapters' optimizer: adam (AdamW) or sgd", "eval", one_of("adam", "sgd"), scoring=True
+    )
+    phased_ttt_prefix_docs: int = opt(
+        2000, "documents scored before the global phases end (the phases' training data)", "eval",
+        NON_NEGATIVE, scoring=True,
+    )  # fmt: skip
+    phased_ttt_num_phases: int = opt(
+        1, "global SGD phases, at even steps through the prefix documents; 0 = none", "eval",
+        (NON_NEGATIVE, at_most(1000)), scoring=True,
+    )  # fmt: skip
+    global_ttt_lr: float = opt(
+        0.001, "global phase: SGD learning rate of every weight", "eval", NON_NEGATIVE, scoring=True
+    )
+    global_ttt_momentum: float = opt(0.9, "global phase: SGD momentum", "eval", FRACTION, scoring=True)
+    global_ttt_epochs: int = opt(
+        1,
+        "global phase: passes over each chunk of scored tokens",
+        "eval",
+        (NON_NEGATIVE, at_most(100)),
+        scoring=True,
+    )
+    global_ttt_chunk_tokens: int = opt(
+        32768, "global phase: scored tokens per LR step (the last chunk is not trained on)", "eval", POSITIVE,
+        scoring=True,
+    )  # fmt: skip
+    global_ttt_batch_seqs: int = opt(
+        32,
+        "global phase: sequences of eval_seq_len per SGD step, shared out over the ranks",
+        "eval",
+        POSITIVE,
+        scoring=True,
+    )
+    global_ttt_warmup_start_lr: float = opt(
+        0.0, "global phase: LR of the first warm-up chunk", "eval", NON_NEGATIVE, scoring=True
+    )
+    global_ttt_warmup_chunks: int = opt(
+        0,
+        "global phase: chunks of linear LR warm-up before the cosine decay",
+        "eval",
+        NON_NEGATIVE,
+        scoring=True,
+    )
+    global_ttt_grad_clip: float = opt(
+        1.0, "global phase: gradient norm clip; 0 = off", "eval", NON_NEGATIVE, scoring=True
+    )
     checkpoint_minutes: float = opt(
         10.0,
         "also write one every N minutes of training time, replacing the last timed one; 0 = off",

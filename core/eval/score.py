@@ -19,6 +19,7 @@ from core.data.shards import find_shards, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter, token_bytes
 from core.eval.sliding import SlidingEval, score_sliding, sliding_enabled
+from core.eval.ttt import evaluate_ttt
 
 if TYPE_CHECKING:  # only annotations name the backend's interface
     from core.model.backend import Backend
@@ -87,13 +88,26 @@ def evaluate_sliding(backend: Backend, data: EvalData, progress: Progress | None
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 
+def evaluate_with_ttt(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
+    """val_loss and val_bpb with test-time training (core/eval/ttt.py); the backend's weights are
+    the same afterwards."""
+    phases = backend.cfg.phased_ttt_num_phases > 0 and backend.cfg.phased_ttt_prefix_docs > 0
+    before = backend.params() if phases else None
+    meter = evaluate_ttt(backend, data, progress)
+    if before is not None:
+        backend.load_params(before)
+    return meter
+
+
 Evaluator = Callable[["Backend", EvalData, Progress | None], BPBMeter]
 
 
 def evaluators(cfg: Config) -> dict[str, Evaluator]:
-    """The figures a final score reports: "plain" (non-overlapping sequences), and
-    "sliding_window" when `eval_stride` makes the windows overlap."""
+    """The figures a final score reports: "plain" (non-overlapping sequences),
+    "sliding_window" when `eval_stride` makes the windows overlap, and "ttt" with `ttt_enabled`."""
     out: dict[str, Evaluator] = {"plain": evaluate}
     if sliding_enabled(cfg.eval_stride, cfg.eval_window):
         out["sliding_window"] = evaluate_sliding
+    if cfg.ttt_enabled:
+        out["ttt"] = evaluate_with_ttt
     return out

@@ -160,6 +160,39 @@ class Backend(Protocol):
         then one at a time) and returns the float32 logits after the last of them. Keys and values of
         the ids it has seen are kept between calls (a KV cache), so each call costs its own tokens."""
 
+    # Test-time training (core/eval/ttt.py): LoRA adapters (core/model/lora.py) on this rank's documents,
+    # and SGD on every weight in the global phases.
+    def new_adapters(self, a: dict[str, np.ndarray]) -> Any:
+        """Adapters for a batch of documents: A from `a` (float32, the shapes of `adapter_shapes`), B zero,
+        and their optimizer (`ttt_optimizer`) fresh. An opaque handle for the calls below."""
+
+    def restart_adapters(self, adapters: Any, a: dict[str, np.ndarray] | None = None) -> None:
+        """The same adapters for the next batch: B back to zero, A set to `a` or kept; optimizer fresh."""
+
+    def score_then_adapt(
+        self,
+        adapters: Any,
+        x: np.ndarray,
+        y: np.ndarray,
+        train_rows: np.ndarray,
+        train_from: int,
+        train_len: int,
+    ) -> np.ndarray:
+        """The per-token losses (B, T) float32 of x, y with the adapters as they are, which is what is
+        scored; then, if any of `train_rows` (B bools) is set, `ttt_grad_steps` optimizer steps on the sum
+        over those rows of each one's mean loss at positions [train_from, train_from + train_len)."""
+
+    def global_sgd_reset(self) -> None:
+        """Start a global phase: SGD with `global_ttt_momentum` on every weight, momentum at zero."""
+
+    def global_sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int) -> None:
+        """One SGD step at `lr` on the summed loss of every rank's x, y (this rank's may be empty) over
+        `total_tokens`, the gradient clipped to `global_ttt_grad_clip`."""
+
+    def counter_add(self, key: str, amount: int) -> int:
+        """Add `amount` to the counter `key` shared by the ranks (from 0) and return its new value: how the
+        ranks share out work as they get free (one process: a plain counter)."""
+
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over ranks (identity when world_size is 1); also a barrier."""
 

@@ -50,6 +50,7 @@ import math
 from typing import Any
 
 from core.config.fields import Config
+from core.model.lora import lora_scale
 from core.model.params import num_skip_weights
 
 Array = Any  # a torch tensor or an MLX array
@@ -58,6 +59,9 @@ Lanes = tuple[Array, Array]  # the parallel residual lanes: 0 (attention reads i
 # {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward,
 #  "smear": the last token's embedding (with smear_gate_enabled)}
 KVCache = dict
+# LoRA adapters of test-time training (core/model/lora.py): {name: (A, B)} over the whole model, and
+# one block visit's {target: (A, B)}
+Adapters = dict
 
 
 class Walk:
@@ -71,6 +75,7 @@ class Walk:
         self.head_dim = cfg.head_dim
         self.rope_dims = cfg.rope_dims or cfg.head_dim
         self.norm_scales = [1.0 / math.sqrt(i + 1) if cfg.ln_scale else 1.0 for i in range(cfg.num_layers)]
+        self.lora_scale = lora_scale(cfg)
 
     # --------------------------------------------------- the framework's operations
     def cast(self, a: Array, like: Array) -> Array:
@@ -141,19 +146,34 @@ class Walk:
         unit = self.unit(v)[:, :, None]  # (B, KV, 1, T, D)
         return (y - (y * unit).sum(-1, keepdims=True) * unit).reshape(b, h, t, d)
 
+    def adapt(self, lora: Adapters | None, target: str, x: Array, y: Array) -> Array:
+        """y, the output of a layer on x (B, T, in), plus its LoRA adapter's scale * (x A^T) B^T, if it has one."""
+        if lora is None or target not in lora:
+            return y
+        a, b = lora[target]
+        return y + self.lora_scale * ((x @ self.cast(a, x).swapaxes(1, 2)) @ self.cast(b, x).swapaxes(1, 2))
+
     def attend(
-        self, i: int, attn: Any, x: Array, rope: Rope, v_embed: Array | None, kv: list | None
+        self,
+        i: int,
+        attn: Any,
+        x: Array,
+        rope: Rope,
+        v_embed: Array | None,
+        kv: list | None,
+        lora: Adapters | None = None,
     ) -> Array:
         """Layer i's attention on x (B, T, d). With `kv` (a block visit's cache, empty at first) the
-        tokens attend to the keys and values kept there too, and theirs are appended."""
+        tokens attend to the keys and values kept there too, and theirs are appended; `lora` holds
+        the visit's adapters."""
         cfg = self.cfg
         b, t, d = x.shape
-        v = attn.c_v(x)
+        v = self.adapt(lora, "v", x, attn.c_v(x))
         if v_embed is not None:
             v = v + v_embed
-        q_raw = attn.c_q(x)
+        q_raw = self.adapt(lora, "q", x, attn.c_q(x))
         q = self.heads(q_raw, cfg.num_heads)  # (B, H, T, D)
-        k = self.heads(attn.c_k(x), cfg.num_kv_heads)  # (B, KV, T, D)
+        k = self.heads(self.adapt(lora, "k", x, attn.c_k(x)), cfg.num_kv_heads)  # (B, KV, T, D)
         v = self.heads(v, cfg.num_kv_heads)
         rope = (self.cast(rope[0], q), self.cast(rope[1], q))
         q = self.apply_rope(self.rms_norm(q), rope) * self.cast(attn.q_gain, q)[None, :, None, None]
@@ -169,7 +189,7 @@ class Walk:
         gate = self.attention_gate(attn, x, q_raw)
         if gate is not None:
             y = y * gate.swapaxes(1, 2)[..., None]
-        return attn.proj(y.swapaxes(1, 2).reshape(b, t, d))
+        return self.adapt(lora, "o", x, attn.proj(y.swapaxes(1, 2).reshape(b, t, d)))
 
     def attention_gate(self, attn: Any, x: Array, q_raw: Array) -> Array | None:
         """The per-head gate (B, T, H) on the attention output of tokens x (the attention's input), or
@@ -196,30 +216,55 @@ class Walk:
         return mix[0] * x + mix[1] * x0
 
     def attn_branch(
-        self, i: int, block: Any, x: Array, rope: Rope, v_embed: Array | None, kv: list | None
+        self,
+        i: int,
+        block: Any,
+        x: Array,
+        rope: Rope,
+        v_embed: Array | None,
+        kv: list | None,
+        lora: Adapters | None,
     ) -> Array:
-        return self.cast(block.attn_scale, x) * self.attend(i, block.attn, self.norm(i, x), rope, v_embed, kv)
+        attn = self.attend(i, block.attn, self.norm(i, x), rope, v_embed, kv, lora)
+        return self.cast(block.attn_scale, x) * attn
 
-    def mlp_branch(self, i: int, block: Any, x: Array) -> Array:
-        return self.cast(block.mlp_scale, x) * block.mlp(self.norm(i, x))
+    def mlp_branch(self, i: int, block: Any, x: Array, lora: Adapters | None) -> Array:
+        normed = self.norm(i, x)
+        return self.cast(block.mlp_scale, x) * self.adapt(lora, "mlp", normed, block.mlp(normed))
 
     def block(
-        self, model: Any, i: int, x: Array, x0: Array, rope: Rope, v_embed: Array | None, kv: list | None
+        self,
+        model: Any,
+        i: int,
+        x: Array,
+        x0: Array,
+        rope: Rope,
+        v_embed: Array | None,
+        kv: list | None,
+        lora: Adapters | None,
     ) -> Array:
         """Block i: mixed with x0, then the attention and the MLP branch, one after the other."""
         block = model.blocks[i]
         x = self.mix(block, x, x0)
-        x = x + self.attn_branch(i, block, x, rope, v_embed, kv)
-        return x + self.mlp_branch(i, block, x)
+        x = x + self.attn_branch(i, block, x, rope, v_embed, kv, lora)
+        return x + self.mlp_branch(i, block, x, lora)
 
     def parallel_block(
-        self, model: Any, i: int, lanes: Lanes, x0: Array, rope: Rope, v_embed: Array | None, kv: list | None
+        self,
+        model: Any,
+        i: int,
+        lanes: Lanes,
+        x0: Array,
+        rope: Rope,
+        v_embed: Array | None,
+        kv: list | None,
+        lora: Adapters | None,
     ) -> Lanes:
         """Block i's branches side by side: both read the incoming lanes, and lane j becomes
         resid[j] * lane_j + post[0, j] * attention + post[1, j] * MLP."""
         block, (lane0, lane1) = model.blocks[i], lanes
-        a = self.attn_branch(i, block, self.mix(block, lane0, x0), rope, v_embed, kv)
-        m = self.mlp_branch(i, block, lane1)
+        a = self.attn_branch(i, block, self.mix(block, lane0, x0), rope, v_embed, kv, lora)
+        m = self.mlp_branch(i, block, lane1, lora)
         resid = self.cast(model.parallel_resid_lambdas[i], a)
         post = self.cast(model.parallel_post_lambdas[i], a)
         return (
@@ -263,6 +308,14 @@ class Walk:
         gate = self.sigmoid(self.cast(model.skip_gates[j], x))
         return scaled + gate * (x - scaled)  # lerp(scaled, x, gate)
 
+    @staticmethod
+    def visit_adapters(adapters: Adapters | None, n: int) -> Adapters | None:
+        """Block visit n's adapters by target, from the model's {"<target>.<visit>": (A, B)}."""
+        if adapters is None:
+            return None
+        suffix = f".{n}"
+        return {name[: -len(suffix)]: pair for name, pair in adapters.items() if name.endswith(suffix)}
+
     def final_lane(self, lanes: Lanes) -> Array:
         """What the head reads of the two lanes."""
         if self.cfg.parallel_final_lane == "attn":
@@ -271,9 +324,17 @@ class Walk:
             return lanes[1]
         return 0.5 * (lanes[0] + lanes[1])
 
-    def hidden(self, model: Any, idx: Array, looping: bool = False, cache: KVCache | None = None) -> Array:
+    def hidden(
+        self,
+        model: Any,
+        idx: Array,
+        looping: bool = False,
+        cache: KVCache | None = None,
+        adapters: Adapters | None = None,
+    ) -> Array:
         """Token ids (B, T) -> the final normed hidden states (B, T, d). With `cache` (empty at first) the
-        tokens follow those decoded before, whose keys and values it keeps; theirs are added."""
+        tokens follow those decoded before, whose keys and values it keeps; theirs are added. With
+        `adapters` (core/model/lora.py, one row per sequence) each block visit adds its LoRA corrections."""
         start = 0 if cache is None else cache.get("length", 0)
         cos, sin = self.rope(model, start + idx.shape[1])
         rope = (cos[start:], sin[start:])
@@ -288,9 +349,10 @@ class Walk:
         encoder, decoder = self.layouts[looping]
         visits = len(encoder) + len(decoder)
         kvs = [None] * visits if cache is None else [cache.setdefault(n, []) for n in range(visits)]
+        loras = [self.visit_adapters(adapters, n) for n in range(visits)]
         x0, skips = x, []
         for n, i in enumerate(encoder):
-            x = self.block(model, i, x, x0, rope, ve.get(i), kvs[n])
+            x = self.block(model, i, x, x0, rope, ve.get(i), kvs[n], loras[n])
             skips.append(x)
         lanes: Lanes | None = None
         for j, i in enumerate(decoder):
@@ -301,11 +363,11 @@ class Walk:
                     x = self.skip(model, j, x, skips.pop())
                 else:  # after the split the skips feed lane 0 only
                     lanes = (self.skip(model, j, lanes[0], skips.pop()), lanes[1])
-            kv = kvs[len(encoder) + j]
+            kv, lora = kvs[len(encoder) + j], loras[len(encoder) + j]
             if lanes is None:
-                x = self.block(model, i, x, x0, rope, ve.get(i), kv)
+                x = self.block(model, i, x, x0, rope, ve.get(i), kv, lora)
             else:
-                lanes = self.parallel_block(model, i, lanes, x0, rope, ve.get(i), kv)
+                lanes = self.parallel_block(model, i, lanes, x0, rope, ve.get(i), kv, lora)
         if lanes is not None:
             x = self.final_lane(lanes)
         if cache is not None:

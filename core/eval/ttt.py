@@ -1,0 +1,250 @@
+"""Test-time training that scores first: the validation documents scored chunk by chunk, each chunk
+learnt from only after it is scored (the challenge's rule for adapting at evaluation).
+
+The plan, framework-neutral (the backend runs the forward passes and the optimizer steps):
+
+- documents run from a BOS to the next BOS, which each one also predicts (the last one runs to
+  the end of the tokens); they are sorted by length and cut into batches of `ttt_batch_size`,
+  the batches taken longest first;
+- each batch gets LoRA adapters (core/model/lora.py), one row per document: B restarts at zero
+  for every batch, A too unless `ttt_warm_start_a` keeps the last batch's;
+- a document's targets are cut into chunks of `ttt_chunk_size`; chunk c is scored by a forward
+  over at most `ttt_eval_seq_len` tokens ending with it, and then, unless it is the document's
+  last, `ttt_grad_steps` optimizer steps train the adapters on that chunk's mean loss;
+- phases (`phased_ttt_num_phases` > 0): when the first `phased_ttt_prefix_docs` documents in
+  the batches' order are scored (in even steps, one per phase), every weight of the model trains
+  by SGD on the documents scored so far (`global_ttt_*`), and the adapters start afresh.
+
+Legal by construction: the backend returns a chunk's losses from the forward before any step that
+sees it, and every later step only reads tokens already scored; tests/test_ttt.py changes a token
+and checks that no loss scored before it moves. Several ranks take batches from a counter that
+all share (`Backend.counter_add`); a phase waits until every batch before it is scored.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.common.errors import PgolfError
+from core.eval.bpb import BPBMeter
+from core.model.lora import adapter_shapes, initial_a
+
+if TYPE_CHECKING:  # only annotations name these
+    from core.eval.score import EvalData
+    from core.model.backend import Backend
+
+Progress = Callable[[int, int], None]
+Log = Callable[[str], None]
+_evaluations = itertools.count()  # every rank runs the same evaluations: a counter key of its own for each
+
+
+@dataclass(frozen=True)
+class Document:
+    index: int  # in stream order
+    start: int  # position of its BOS
+    length: int  # tokens from its BOS to the next BOS included (the last one: to the end)
+
+    @property
+    def targets(self) -> int:
+        return self.length - 1
+
+
+def find_documents(tokens: np.ndarray, bos_id: int) -> list[Document]:
+    """The documents of a token stream that starts with BOS; each predicts the next one's BOS too."""
+    starts = np.flatnonzero(np.asarray(tokens) == bos_id)
+    if starts.size == 0 or starts[0] != 0:
+        raise PgolfError(
+            f"test-time training: the validation tokens should start with a document's BOS ({bos_id}), "
+            f"but start with {int(tokens[0]) if len(tokens) else 'nothing'} (set --bos-id)"
+        )
+    ends = np.append(starts[1:] + 1, len(tokens))
+    return [
+        Document(i, int(s), int(e - s))
+        for i, (s, e) in enumerate(zip(starts, ends, strict=True))
+        if e - s >= 2
+    ]
+
+
+def plan_batches(docs: list[Document], batch_size: int) -> list[tuple[int, list[Document]]]:
+    """Batches of documents of similar length, (index by length, documents), the longest batch first."""
+    by_length = sorted(docs, key=lambda d: d.length)  # stable: equal lengths stay in stream order
+    batches = [by_length[i : i + batch_size] for i in range(0, len(by_length), batch_size)]
+    order = sorted(range(len(batches)), key=lambda b: -batches[b][-1].length)
+    return [(b, batches[b]) for b in order]
+
+
+@dataclass(frozen=True)
+class ChunkWindow:
+    start: int  # first input position of the forward, from the document's start
+    length: int  # tokens in the forward
+    offset: int  # where the scored chunk starts in the forward
+    scored: int  # targets the chunk scores
+
+
+def chunk_window(c: int, targets: int, chunk_size: int, seq_len: int) -> ChunkWindow:
+    """Chunk c of a document with `targets` targets: the forward that ends with it."""
+    chunks = -(-targets // chunk_size)
+    end = targets if c == chunks - 1 else (c + 1) * chunk_size
+    start = max(0, end - seq_len)
+    return ChunkWindow(start, end - start, c * chunk_size - start, end - c * chunk_size)
+
+
+def phase_boundaries(cfg, num_docs: int) -> list[int]:
+    """Documents scored (in batch order) at the end of each global phase."""
+    prefix = min(num_docs, cfg.phased_ttt_prefix_docs)
+    if cfg.phased_ttt_num_phases == 0 or prefix == 0:
+        return []
+    phases = cfg.phased_ttt_num_phases
+    return [prefix * (p + 1) // phases for p in range(phases)]
+
+
+def global_lr(cfg, chunk: int, chunks: int) -> float:
+    """The global phase's learning rate for chunk `chunk` of `chunks`: linear warm-up, then cosine to 0."""
+    warmup = max(0, min(cfg.global_ttt_warmup_chunks, chunks - 1))
+    if chunk < warmup:
+        t = chunk / max(warmup - 1, 1)
+        return cfg.global_ttt_warmup_start_lr + (cfg.global_ttt_lr - cfg.global_ttt_warmup_start_lr) * t
+    decay = max(chunks - 1 - warmup, 1)
+    return cfg.global_ttt_lr * 0.5 * (1.0 + math.cos(math.pi * max(chunk - warmup, 0) / decay))
+
+
+def train_global(backend: Backend, tokens: np.ndarray, log: Log | None = None) -> None:
+    """A global phase: SGD with momentum on every weight over `tokens` (the documents scored so far),
+    chunk by chunk under `global_lr`; the last chunk is not trained on. Sequences of the evaluation
+    length, `global_ttt_batch_seqs` per step shared out over the ranks."""
+    cfg = backend.cfg
+    seq, chunk_tokens = cfg.eval_window, cfg.global_ttt_chunk_tokens
+    total = len(tokens) - 1
+    chunks = -(-total // chunk_tokens)
+    backend.global_sgd_reset()
+    for c in range(chunks - 1):
+        start = c * chunk_tokens
+        seqs = (min(start + chunk_tokens, total) - start) // seq
+        lr = global_lr(cfg, c, chunks)
+        for _ in range(cfg.global_ttt_epochs):
+            for first in range(0, seqs, cfg.global_ttt_batch_seqs):
+                count = min(cfg.global_ttt_batch_seqs, seqs - first)
+                mine = range(
+                    count * backend.rank // backend.world_size,
+                    count * (backend.rank + 1) // backend.world_size,
+                )
+                at = start + (first + mine.start) * seq
+                run = tokens[at : at + len(mine) * seq + 1].astype(np.int32)
+                x, y = run[:-1].reshape(-1, seq), run[1:].reshape(-1, seq)
+                backend.global_sgd_step(x, y, lr, count * seq)
+        if log is not None:
+            log(f"ttt_global: chunk {c + 1}/{chunks} lr:{lr:.6f}")
+
+
+class _Adapters:
+    """The adapters of the batches of one size: A drawn when made, kept warm if the config says so."""
+
+    def __init__(self, backend: Backend, rng: np.random.Generator, batch: int, looping: bool):
+        self.backend, self.rng, self.looping, self.batch = backend, rng, looping, batch
+        self.handle = backend.new_adapters(self.draw())
+
+    def draw(self) -> dict[str, np.ndarray]:
+        return initial_a(adapter_shapes(self.backend.cfg, self.batch, self.looping), self.rng)
+
+    def restart(self) -> None:
+        self.backend.restart_adapters(self.handle, None if self.backend.cfg.ttt_warm_start_a else self.draw())
+
+
+def evaluate_ttt(
+    backend: Backend,
+    data: EvalData,
+    progress: Progress | None = None,
+    log: Log | None = None,
+    token_losses: np.ndarray | None = None,
+) -> BPBMeter:
+    """This rank's share of the score with test-time training, summed over the ranks. The backend's
+    weights change (the global phases): load them again before scoring anything else.
+    `token_losses` (float32, one per token, NaN at first) receives each scored target's loss at its
+    stream position."""
+    cfg = backend.cfg
+    tokens = np.asarray(data.tokens)
+    docs = find_documents(tokens, cfg.bos_id)
+    queue = plan_batches(docs, cfg.ttt_batch_size)
+    boundaries = phase_boundaries(cfg, len(docs))
+    # The global phase p runs once the batches up to ends[p] (in queue order) are scored.
+    cumulative = np.cumsum([len(batch) for _, batch in queue])
+    ends = [int(np.searchsorted(cumulative, b)) for b in boundaries]
+    ends = [e for e in ends if e < len(queue) - 1]  # a phase after the last batch would change no score
+    looping = cfg.num_loops > 0
+    rng = np.random.default_rng(cfg.seed + 7919 * backend.rank)
+    main = _Adapters(backend, rng, cfg.ttt_batch_size, looping)
+    nats, counted, nbytes = 0.0, 0, 0
+    phase = 0
+    key = f"pgolf/ttt/{next(_evaluations)}/next_batch"
+    while True:
+        q = backend.counter_add(key, 1) - 1
+        while phase < len(ends) and q > ends[phase]:
+            _run_phase(backend, tokens, queue, ends[phase], boundaries[phase], log)
+            main = _Adapters(backend, rng, cfg.ttt_batch_size, looping)
+            phase += 1
+        if q >= len(queue):
+            break
+        _, batch = queue[q]
+        if len(batch) == main.batch:
+            main.restart()
+            adapters = main
+        else:
+            adapters = _Adapters(backend, rng, len(batch), looping)
+        for nll, positions in _score_batch(backend, tokens, batch, adapters):
+            nats += float(nll.astype(np.float64).sum())
+            counted += len(positions)
+            nbytes += int(data.target_bytes[positions].sum())
+            if token_losses is not None:
+                token_losses[positions] = nll
+        if progress is not None:
+            progress(min(q + 1, len(queue)), len(queue))
+    sums = backend.all_reduce_sum(np.array([nats, counted, nbytes], dtype=np.float64))
+    return BPBMeter.from_array(data.tables, sums)
+
+
+def _run_phase(
+    backend: Backend, tokens: np.ndarray, queue, last: int, boundary: int, log: Log | None
+) -> None:
+    """Wait for every batch up to `last` to be scored, then train globally on the first `boundary` of
+    their documents (by length order, as the batches were cut)."""
+    backend.all_reduce_sum(np.zeros(1))  # a barrier: every rank has scored what it took before `last`
+    scored = sorted(
+        ((b, i, doc) for b, batch in queue[: last + 1] for i, doc in enumerate(batch)), key=lambda t: t[:2]
+    )
+    docs = [doc for _, _, doc in scored[:boundary]]
+    if log is not None:
+        log(f"ttt_phase: training on {len(docs)} scored documents")
+    if docs:
+        train_global(backend, np.concatenate([tokens[d.start : d.start + d.length] for d in docs]), log)
+
+
+def _score_batch(backend: Backend, tokens: np.ndarray, batch: list[Document], adapters: _Adapters):
+    """Score a batch chunk by chunk, training after each chunk; yields (losses, stream positions)."""
+    cfg = backend.cfg
+    size, seq = cfg.ttt_chunk_size, cfg.ttt_eval_seq_len
+    chunks = [-(-doc.targets // size) for doc in batch]
+    for c in range(max(chunks)):
+        windows = [
+            chunk_window(c, doc.targets, size, seq) if c < n else None
+            for doc, n in zip(batch, chunks, strict=True)
+        ]
+        width = chunk_window(c, (c + 1) * size, size, seq).length  # a full chunk's forward: the widest
+        x = np.zeros((len(batch), width), dtype=np.int32)
+        y = np.zeros_like(x)
+        for row, (doc, w) in enumerate(zip(batch, windows, strict=True)):
+            if w is not None:
+                run = tokens[doc.start + w.start : doc.start + w.start + w.length + 1]
+                x[row, : w.length], y[row, : w.length] = run[:-1], run[1:]
+        train_rows = np.array([c < n - 1 for n in chunks])
+        offset = chunk_window(c, (c + 1) * size, size, seq).offset
+        nll = backend.score_then_adapt(adapters.handle, x, y, train_rows, offset, size)
+        for row, (doc, w) in enumerate(zip(batch, windows, strict=True)):
+            if w is not None:
+                first = doc.start + w.start + w.offset + 1  # stream position of the chunk's first target
+                yield nll[row, w.offset : w.offset + w.scored], np.arange(first, first + w.scored)

@@ -1,0 +1,57 @@
+"""LoRA adapters for test-time training: their names, shapes and first values, for any framework.
+
+Each adapter is a pair (A, B) per batch row: A (batch, rank, in), B (batch, out, rank), and adds
+scale * (x @ A^T) @ B^T to the output of the layer it sits on, scale = alpha / rank (so changing
+the rank leaves the learning rate's meaning alone). One set per block visit (a looped layer
+counts once per visit) on the queries (`q`), values (`v`) and, as the config says, keys (`k`),
+the attention output (`o`, read from the attention's input) and the MLP (`mlp`, read from the
+MLP's input); one on the output head (`head`, read from the final hidden state). Rows are
+independent: the documents of a batch never share an adapter.
+
+A starts uniform in +-1/sqrt(in) and B at zero, so a fresh adapter changes nothing. The walk
+(core/model/walk.py) applies them; core/eval/ttt.py trains them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.config.fields import Config
+
+BLOCK_TARGETS = ("q", "v", "k", "mlp", "o")  # the order the adapters are made in, after the head's
+
+
+def block_targets(cfg: Config) -> tuple[str, ...]:
+    """The block layers that carry an adapter under this config."""
+    optional = {"k": cfg.ttt_k_lora, "mlp": cfg.ttt_mlp_lora, "o": cfg.ttt_o_lora}
+    return tuple(t for t in BLOCK_TARGETS if optional.get(t, True))
+
+
+def adapter_shapes(
+    cfg: Config, batch: int, looping: bool
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """{name: (A shape, B shape)}: "head", then "<target>.<visit>" target by target, visit by visit."""
+    d, r, kv = cfg.model_dim, cfg.ttt_lora_rank, cfg.num_kv_heads * cfg.head_dim
+    encoder, decoder = cfg.layer_layout(looping)
+    visits = len(encoder) + len(decoder)
+    outputs = {"q": d, "v": kv, "k": kv, "mlp": d, "o": d}
+    shapes = {"head": ((batch, r, d), (batch, cfg.vocab_size, r))}
+    for target in block_targets(cfg):
+        for n in range(visits):
+            shapes[f"{target}.{n}"] = ((batch, r, d), (batch, outputs[target], r))
+    return shapes
+
+
+def lora_scale(cfg: Config) -> float:
+    return cfg.ttt_lora_alpha / cfg.ttt_lora_rank
+
+
+def initial_a(
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """A of each adapter, float32 uniform in +-1/sqrt(in), drawn in the order of `shapes`."""
+    out = {}
+    for name, (a_shape, _) in shapes.items():
+        bound = 1.0 / np.sqrt(a_shape[-1])
+        out[name] = rng.uniform(-bound, bound, size=a_shape).astype(np.float32)
+    return out

@@ -1,0 +1,195 @@
+"""Test-time training (core/eval/ttt.py): the record's numbers, legality by construction, both backends alike."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from core.common.errors import PgolfError
+from core.config.presets import preset
+from core.data.tokenizer import ByteTables
+from core.eval.score import EvalData, evaluate_with_ttt, evaluators
+from core.eval.ttt import chunk_window, evaluate_ttt, find_documents, global_lr, plan_batches
+from tests.test_backends import BACKENDS, busy_params, make_backend, needs
+from tests.test_golden_records import GOLDEN, read_golden, record_config
+
+# ----------------------------------------------------------- the record's own TTT (make_record_ttt.py)
+RECORD_TTT = GOLDEN / "record_ttt.safetensors"
+
+
+@pytest.fixture(scope="module")
+def record_ttt():
+    meta, tensors = read_golden(RECORD_TTT, "")
+    meta = json.loads(meta["ttt"])
+    params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
+    tables = ByteTables(tensors["base_bytes"], tensors["has_leading_space"], tensors["is_boundary"])
+    return meta, params, EvalData(tensors["tokens"], tables), tensors
+
+
+@pytest.mark.parametrize("case", ["lora", "sgd_cold", "phased"])
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_ttt_scores_what_the_record_scores(record_ttt, backend_name, case):
+    """Record 2026-04-27's eval_val_ttt_phased on a SmearGate model with loops and lanes: LoRA on every
+    target (AdamW, two steps a chunk, A kept warm), SGD with A drawn afresh, and two global phases."""
+    meta, params, data, tensors = record_ttt
+    cfg = record_config(meta["cases"][case]).replace(bos_id=1, seed=meta["case_seed"])
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    meter = evaluate_ttt(backend, data)
+    assert meter.tokens == len(data.tokens) - 1
+    assert meter.val_loss == pytest.approx(float(tensors[f"{case}/val_loss"]), rel=2e-6)
+    assert meter.val_bpb == pytest.approx(float(tensors[f"{case}/val_bpb"]), rel=2e-6)
+
+
+def test_ttt_moves_the_score(record_ttt):
+    """The cases differ from each other and from the plain score by far more than the tolerance above."""
+    _, _, _, tensors = record_ttt
+    losses = [float(tensors[f"{case}/val_loss"]) for case in ("lora", "sgd_cold", "phased")]
+    assert min(abs(a - b) for i, a in enumerate(losses) for b in losses[i + 1 :]) > 1e-4
+
+
+# ------------------------------------------------------------------------------- the plan
+def test_documents_run_from_bos_to_the_next_bos_included():
+    tokens = np.array([1, 5, 6, 1, 7, 1, 1, 8, 9])
+    docs = find_documents(tokens, 1)
+    assert [(d.start, d.length) for d in docs] == [(0, 4), (3, 3), (5, 2), (6, 3)]
+    with pytest.raises(PgolfError, match="start with a document's BOS"):
+        find_documents(np.array([5, 1, 6]), 1)
+
+
+def test_batches_group_similar_lengths_longest_first():
+    docs = find_documents(np.array([1, *[5] * 9, 1, 5, 1, *[5] * 4, 1, *[5] * 6]), 1)
+    queue = plan_batches(docs, 2)
+    assert [[d.index for d in batch] for _, batch in queue] == [[3, 0], [1, 2]]
+    lengths = [[d.length for d in batch] for _, batch in queue]
+    assert lengths == [[7, 11], [3, 6]]  # sorted by length into batches, the longest batch first
+    assert [b for b, _ in queue] == [1, 0]
+
+
+def test_chunk_windows_end_with_their_chunk():
+    # 20 targets, chunks of 8, forwards of at most 12 tokens
+    windows = [chunk_window(c, 20, 8, 12) for c in range(3)]
+    assert [(w.start, w.length, w.offset, w.scored) for w in windows] == [
+        (0, 8, 0, 8),
+        (4, 12, 4, 8),
+        (8, 12, 8, 4),
+    ]
+
+
+def test_the_global_lr_warms_up_then_decays_to_zero():
+    cfg = preset("smoke").replace(
+        global_ttt_lr=0.1, global_ttt_warmup_chunks=2, global_ttt_warmup_start_lr=0.02
+    )
+    lrs = [global_lr(cfg, c, 6) for c in range(6)]
+    assert lrs[:2] == pytest.approx([0.02, 0.1])
+    assert lrs[2] == pytest.approx(0.1) and lrs[-1] == pytest.approx(0.0)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[1:]))
+
+
+# ------------------------------------------------------------------------------ legality
+LEGAL_CFG = preset("smoke").replace(
+    ttt_enabled=True, ttt_lora_rank=4, ttt_lora_alpha=8.0, ttt_lora_lr=0.01, ttt_chunk_size=8,
+    ttt_eval_seq_len=24, ttt_batch_size=3, ttt_grad_steps=2, phased_ttt_prefix_docs=4,
+    phased_ttt_num_phases=1, global_ttt_lr=0.05, global_ttt_chunk_tokens=32, global_ttt_batch_seqs=2,
+    eval_seq_len=16,
+)  # fmt: skip
+
+
+def stream(seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    lengths = (5, 40, 17, 3, 60, 25, 9, 33)
+    return np.concatenate([np.concatenate([[1], rng.integers(2, 1024, size=n)]) for n in lengths]).astype(
+        np.int32
+    )
+
+
+def unit_tables(vocab: int) -> ByteTables:
+    return ByteTables(np.ones(vocab, np.int16), np.zeros(vocab, bool), np.zeros(vocab, bool))
+
+
+def per_token(backend, tokens: np.ndarray, params) -> tuple[np.ndarray, float]:
+    backend.load_params(params)
+    losses = np.full(len(tokens), np.nan, np.float32)
+    meter = evaluate_ttt(backend, EvalData(tokens, unit_tables(backend.cfg.vocab_size)), token_losses=losses)
+    return losses, meter.nats
+
+
+def moved_before(backend, params, tokens: np.ndarray, position: int) -> np.ndarray:
+    """Stream positions whose loss moves when the token at `position` changes, though scored before it
+    was seen: the rule's breaches. A target is scored before a token is seen unless it is in the
+    token's own document at or after it, or in a batch that comes later."""
+    before, _ = per_token(backend, tokens, params)
+    changed = tokens.copy()
+    changed[position] = 2 + (changed[position] + 1) % 1000
+    after, _ = per_token(backend, changed, params)
+    docs = find_documents(tokens, 1)
+    queue = plan_batches(docs, backend.cfg.ttt_batch_size)
+    turn = {doc.index: q for q, (_, batch) in enumerate(queue) for doc in batch}
+    doc_of = np.zeros(len(tokens), dtype=int)
+    for doc in docs:
+        doc_of[doc.start + 1 : doc.start + doc.length] = doc.index
+    home = doc_of[position]
+    later = np.array([turn[d] > turn[home] for d in doc_of])
+    allowed = later | ((doc_of == home) & (np.arange(len(tokens)) >= position))
+    moved = np.flatnonzero(before[1:] != after[1:]) + 1
+    return moved[~allowed[moved]]
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_no_loss_scored_before_a_token_depends_on_it(backend_name):
+    backend = make_backend(backend_name, LEGAL_CFG)
+    params = busy_params(LEGAL_CFG, seed=3)
+    tokens = stream()
+    docs = find_documents(tokens, 1)
+    long_doc = max(docs, key=lambda d: d.length)
+    for position in (long_doc.start + 13, long_doc.start + long_doc.length - 2, docs[2].start + 4):
+        assert moved_before(backend, params, tokens, position).size == 0
+
+
+@needs("mlx")
+def test_training_before_scoring_is_caught():
+    """The check above has teeth: a backend that learns from a chunk before scoring it breaks it."""
+
+    class Cheat:
+        def __init__(self, backend):
+            self.inner = backend
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def score_then_adapt(self, adapters, x, y, train_rows, train_from, train_len):
+            self.inner.score_then_adapt(adapters, x, y, train_rows | True, train_from, train_len)
+            return self.inner.score_then_adapt(adapters, x, y, train_rows, train_from, train_len)
+
+    backend = Cheat(make_backend("mlx", LEGAL_CFG))
+    tokens = stream()
+    long_doc = max(find_documents(tokens, 1), key=lambda d: d.length)
+    assert moved_before(backend, busy_params(LEGAL_CFG, seed=3), tokens, long_doc.start + 13).size > 0
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_every_target_is_scored_once_and_the_weights_come_back(backend_name):
+    backend = make_backend(backend_name, LEGAL_CFG)
+    params = busy_params(LEGAL_CFG, seed=3)
+    tokens = stream(1)
+    losses, nats = per_token(backend, tokens, params)
+    assert np.isfinite(losses[1:]).all() and np.isnan(losses[0])
+    assert losses[1:].astype(np.float64).sum() == pytest.approx(nats, rel=1e-6)
+    backend.load_params(params)
+    evaluate_with_ttt(backend, EvalData(tokens, unit_tables(LEGAL_CFG.vocab_size)))
+    after = backend.params()
+    assert all(np.array_equal(after[k], params[k]) for k in params)  # the phases trained a copy
+    assert "ttt" in evaluators(LEGAL_CFG) and "ttt" not in evaluators(preset("smoke"))
+
+
+@needs("cuda")
+@needs("mlx")
+def test_both_backends_give_the_same_ttt_losses():
+    """Every token's TTT loss, global phase included, within 2e-5 nats across the backends (fp32)."""
+    params = busy_params(LEGAL_CFG, seed=4)
+    tokens = stream(2)
+    got = [per_token(make_backend(name, LEGAL_CFG), tokens, params)[0] for name in ("cuda", "mlx")]
+    np.testing.assert_allclose(got[0][1:], got[1][1:], rtol=0, atol=2e-5)
