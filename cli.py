@@ -336,10 +336,13 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
                 step_progress=live.tracker("training"), notes=notes, stop=stop, code_bytes=code_bytes,
             )  # fmt: skip
     if engine.rank == 0:
-        sliding = (
-            f", {result.sliding_val_bpb:.4f} with sliding windows"
-            if result.sliding_val_bpb is not None
-            else ""
+        sliding = "".join(
+            f", {bpb:.4f} {how}"
+            for bpb, how in (
+                (result.sliding_val_bpb, "with sliding windows"),
+                (result.ttt_val_bpb, "with test-time training"),
+            )
+            if bpb is not None
         )
         console.print(
             f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the artifact round trip"
@@ -374,20 +377,34 @@ def eval_command(
     preset: str = EVAL_PRESET,
     config: Path | None = CONFIG_FILE,
     allow_pickle: bool = ALLOW_PICKLE,
+    save_token_losses: Path | None = typer.Option(
+        None,
+        help="Also write the final figure's loss (nats) and byte count of every validation token, in "
+        "stream order, to this .npz file (arrays `losses`, `bytes`).",
+    ),
     overrides: dict | None = None,
 ) -> None:
     """Score an artifact or checkpoint on the validation split: val_loss and val_bpb, over
-    non-overlapping sequences and, with --eval-stride, with sliding windows."""
+    non-overlapping sequences, with --eval-stride with sliding windows, and with --ttt-enabled with
+    test-time training."""
     from core.eval.score import evaluators
+    from core.eval.score import save_token_losses as save_losses
     from core.runs.setup import weights_and_data
 
+    if save_token_losses is not None:
+        save_token_losses = _output_file(save_token_losses, ".npz", "--save-token-losses")
     params, cfg, data = weights_and_data(path, preset, config, overrides, allow_pickle)
     meters = {}
     with opened_backend(backend, cfg) as engine:
         engine.load_params(params)
         with LiveProgress(engine.rank == 0) as live:
-            for name, evaluator in evaluators(cfg).items():
-                meter = evaluator(engine, data, live.tracker(name.replace("_", " ")))
+            chosen = evaluators(cfg)
+            for name, evaluator in chosen.items():
+                tracker = live.tracker(name.replace("_", " "))
+                if save_token_losses is not None and name == list(chosen)[-1]:
+                    meter = save_losses(engine, data, evaluator, save_token_losses, tracker)
+                else:
+                    meter = evaluator(engine, data, tracker)
                 meters[name] = meter.require_finite(f"eval of {path} ({name})")
     if engine.rank == 0:
         for name, meter in meters.items():
@@ -395,6 +412,17 @@ def eval_command(
                 f"backend:{engine.name} eval:{name} tokens:{int(meter.tokens)} "
                 f"val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}"
             )
+        if save_token_losses is not None:
+            console.print(f"token losses of eval:{list(meters)[-1]} written to {save_token_losses}")
+
+
+def _output_file(path: Path, suffix: str, flag: str) -> Path:
+    """A file a command will write: its folder must exist, and it must not be a folder itself."""
+    if path.suffix != suffix:
+        raise PgolfError(f"{flag} {path}: the file name should end with {suffix}")
+    if path.is_dir() or not path.parent.is_dir():
+        raise PgolfError(f"{flag} {path}: not a file in an existing folder")
+    return path
 
 
 @app.command()
@@ -450,18 +478,22 @@ def verify(
     verdict = check.verify(params, cfg, data, installed_backends())
     size = path.stat().st_size
     table = Table(title=f"{path} ({size:,} B of the {BUDGET_BYTES:,} B budget, before code)")
-    sliding = any(s.sliding_val_bpb is not None for s in verdict.scores)
-    columns = ["backend", "device", "tokens", "val_loss", "val_bpb"]
-    for column in columns + (["sliding val_loss", "sliding val_bpb"] if sliding else []):
+    kinds = list(verdict.scores[0].figures) if verdict.scores else []
+    titles = {"plain": "", "sliding_window": "sliding ", "ttt": "ttt "}
+    for column in ["backend", "device", "tokens"] + [
+        f"{titles.get(k, k)}{m}" for k in kinds for m in ("val_loss", "val_bpb")
+    ]:
         table.add_column(column, no_wrap=True)
     for s in verdict.scores:
-        row = [s.backend, s.device, f"{s.tokens:,}", f"{s.val_loss:.8f}", f"{s.val_bpb:.8f}"]
-        if sliding:
-            row += [f"{s.sliding_val_loss:.8f}", f"{s.sliding_val_bpb:.8f}"]
-        table.add_row(*row)
+        figures = [f"{v:.8f}" for k in kinds for v in s.figures[k]]
+        table.add_row(s.backend, s.device, f"{s.tokens:,}", *figures)
     console.print(table)
+    diffs = "; ".join(
+        f"{titles.get(k, k)}{diff:.2e} (tolerance {check.bpb_tolerance(k):.0e})"
+        for k, diff in verdict.bpb_diffs.items()
+    )
     console.print(
-        f"max |val_bpb diff| {verdict.max_bpb_diff:.2e} (tolerance {check.BPB_TOLERANCE:.0e}); "
+        f"max |val_bpb diff|: {diffs}; "
         f"max |logit diff| {verdict.max_logit_diff:.2e} (tolerance {check.LOGIT_TOLERANCE:.0e})"
     )
     if len(verdict.scores) < 2:

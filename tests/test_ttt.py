@@ -193,3 +193,74 @@ def test_both_backends_give_the_same_ttt_losses():
     tokens = stream(2)
     got = [per_token(make_backend(name, LEGAL_CFG), tokens, params)[0] for name in ("cuda", "mlx")]
     np.testing.assert_allclose(got[0][1:], got[1][1:], rtol=0, atol=2e-5)
+
+
+# ------------------------------------------------------------------------------ the CLI
+TTT_FLAGS = [
+    "--ttt-enabled", "--ttt-lora-rank", "8", "--ttt-batch-size", "8", "--ttt-chunk-size", "32",
+    "--ttt-eval-seq-len", "128", "--phased-ttt-prefix-docs", "4", "--global-ttt-chunk-tokens", "1024",
+    "--global-ttt-batch-seqs", "4",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@needs("mlx")
+def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_dataset, tmp_path):
+    from tests.test_cli import assert_one_line_error, cli, data_flags
+
+    result = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "20", "--out-dir",
+                 str(tmp_path), "--run-id", "r", *data_flags(sotu_dataset), *TTT_FLAGS)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("final_int8_zlib_ttt_exact "))
+    trained_bpb = float(line.split("val_bpb:")[1])
+    assert "total_eval_time:" in result.stdout and "with test-time training" in result.stdout
+    artifact = str(tmp_path / "r" / "final_model.int8.pgolf")
+    out = tmp_path / "losses.npz"
+    result = cli(
+        "eval", artifact, "--backend", "mlx", "--save-token-losses", str(out), *data_flags(sotu_dataset)
+    )
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if "eval:ttt" in x)
+    assert float(line.split("val_bpb:")[1]) == pytest.approx(
+        trained_bpb, abs=1e-8
+    )  # the run's settings were kept
+    saved = np.load(out)
+    losses, nbytes = saved["losses"].astype(np.float64), saved["bytes"]
+    assert np.isnan(losses[0]) and np.isfinite(losses[1:]).all()
+    assert losses[1:].sum() / np.log(2) / nbytes.sum() == pytest.approx(trained_bpb, rel=1e-6)
+    bad = cli(
+        "eval", artifact, "--save-token-losses", str(tmp_path / "no" / "x.npz"), *data_flags(sotu_dataset)
+    )
+    assert_one_line_error(bad, "--save-token-losses", "not a file in an existing folder")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, tmp_path):
+    """Two processes share the documents out (PyTorch: a counter in torch.distributed's store; MLX: turns)
+    and train the global phase together: the same TTT score as one process. The adapters' learning
+    rate is 0 here: with it, which A a batch starts from depends on the batches its rank took before."""
+    import subprocess
+
+    from tests.test_cli import cli, data_flags
+    from tests.test_training import ROOT, launcher, torchrun_env
+
+    trained = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "10", "--out-dir",
+                  str(tmp_path), "--run-id", "r", *data_flags(sotu_dataset))  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    # Three documents one at a time, longest first; the phase trains on the first two before the third.
+    args = ["eval", str(tmp_path / "r" / "final_model.int8.pgolf"), "--backend", backend_name, *TTT_FLAGS,
+            "--val-max-tokens", "12000", "--ttt-batch-size", "1", "--phased-ttt-prefix-docs", "2",
+            "--ttt-chunk-size", "128", "--ttt-eval-seq-len", "256",
+            "--ttt-lora-lr", "0", "--global-ttt-lr", "0.01", *data_flags(sotu_dataset)]  # fmt: skip
+    one = cli(*args)
+    no_phase = cli(*args, "--phased-ttt-num-phases", "0")
+    two = subprocess.run([*launcher(backend_name), "cli.py", *args], cwd=ROOT, env=torchrun_env(),
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr[-3000:]
+
+    def ttt_bpb(out: str) -> float:
+        return float(next(x for x in out.splitlines() if "eval:ttt" in x).split("val_bpb:")[1])
+
+    assert abs(ttt_bpb(one.stdout) - ttt_bpb(no_phase.stdout)) > 1e-4  # the global phase moved the score
+    assert ttt_bpb(two.stdout) == pytest.approx(ttt_bpb(one.stdout), abs=1e-6)

@@ -6,14 +6,17 @@ cuts the validation tokens, counts their bytes and sums over ranks.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.common.errors import PgolfError
+from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import find_shards, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
@@ -59,9 +62,26 @@ def load_eval_data(cfg: Config) -> EvalData:
     return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size))
 
 
-def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
-    """val_loss and val_bpb over non-overlapping sequences of `eval_window` tokens, split over ranks."""
+def evaluate(
+    backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
+) -> BPBMeter:
+    """val_loss and val_bpb over non-overlapping sequences of `eval_window` tokens, split over ranks.
+    `sink` (one float per token) receives each target's loss at its stream position, which costs a
+    copy of every loss to the host."""
     cfg = backend.cfg
+    if sink is not None:  # the same windows, scored token by token
+        ev = SlidingEval(cfg.eval_window, cfg.eval_window, max(cfg.val_batch_size // cfg.eval_window, 1))
+        meter = score_sliding(
+            data.tokens,
+            backend.token_losses,
+            data.tables,
+            ev,
+            backend.rank,
+            backend.world_size,
+            progress,
+            sink,
+        )
+        return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
     seq = cfg.eval_window
     batch_seqs = max(cfg.val_batch_size // cfg.grad_accum_steps // seq, 1)
     spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size)
@@ -78,28 +98,32 @@ def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None)
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 
-def evaluate_sliding(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
+def evaluate_sliding(
+    backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
+) -> BPBMeter:
     """val_loss and val_bpb with sliding windows (`eval_stride`, see core/eval/sliding.py), split over ranks."""
     cfg = backend.cfg
     ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
     meter = score_sliding(
-        data.tokens, backend.token_losses, data.tables, ev, backend.rank, backend.world_size, progress
+        data.tokens, backend.token_losses, data.tables, ev, backend.rank, backend.world_size, progress, sink
     )
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 
-def evaluate_with_ttt(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
+def evaluate_with_ttt(
+    backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
+) -> BPBMeter:
     """val_loss and val_bpb with test-time training (core/eval/ttt.py); the backend's weights are
     the same afterwards."""
     phases = backend.cfg.phased_ttt_num_phases > 0 and backend.cfg.phased_ttt_prefix_docs > 0
     before = backend.params() if phases else None
-    meter = evaluate_ttt(backend, data, progress)
+    meter = evaluate_ttt(backend, data, progress, token_losses=sink)
     if before is not None:
         backend.load_params(before)
     return meter
 
 
-Evaluator = Callable[["Backend", EvalData, Progress | None], BPBMeter]
+Evaluator = Callable[..., BPBMeter]  # (backend, data, progress=None, sink=None)
 
 
 def evaluators(cfg: Config) -> dict[str, Evaluator]:
@@ -111,3 +135,23 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
     if cfg.ttt_enabled:
         out["ttt"] = evaluate_with_ttt
     return out
+
+
+def save_token_losses(
+    backend: Backend, data: EvalData, evaluator: Evaluator, path: Path, progress: Progress | None = None
+) -> BPBMeter:
+    """Score with `evaluator` and write each target's loss in nats (`losses`, float32) and its bytes
+    (`bytes`, int64) in stream order to the .npz file `path` (rank 0); entry 0 is the first token,
+    never a target (NaN, 0 bytes). Their sums are the score's nats and bytes."""
+    sink = np.full(len(data.tokens), np.nan, dtype=np.float32)
+    meter = evaluator(backend, data, progress, sink)
+    scored = ~np.isnan(sink)  # this rank's targets; the ranks' sets do not overlap
+    losses = backend.all_reduce_sum(np.where(scored, sink, 0.0))
+    count = backend.all_reduce_sum(scored.astype(np.float64))
+    if backend.rank == 0:
+        table = np.where(count > 0, losses, np.nan).astype(np.float32)
+        nbytes = np.where(count > 0, data.target_bytes, 0)
+        buffer = io.BytesIO()
+        np.savez(buffer, losses=table, bytes=nbytes)
+        write_atomic(path, buffer.getvalue())
+    return meter

@@ -125,11 +125,13 @@ def score_sliding(
     rank: int = 0,
     world_size: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    sink: np.ndarray | None = None,
 ) -> BPBMeter:
     """This rank's sums of nats, scored tokens and their bytes (a BPBMeter; add them over ranks).
 
     `token_losses(x, y)` returns the per-token NLL in nats, shape (B, seq_len), for
-    int64 inputs and targets of shape (B, seq_len); `progress(done, total)` follows the batches.
+    int64 inputs and targets of shape (B, seq_len); `progress(done, total)` follows the batches;
+    `sink` (one float per token) receives each scored target's loss at its stream position.
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
@@ -145,6 +147,8 @@ def score_sliding(
             raise PgolfError(f"sliding evaluation: token losses of shape {nll.shape}, expected {x.shape}")
         scored = (pos[None, :] >= batch.score_from[:, None]) & (pos[None, :] < batch.lengths[:, None])
         meter.add(nll[scored].astype(np.float64).sum(), x[scored], y[scored])
+        if sink is not None:
+            sink[(batch.starts[:, None] + pos[None, :] + 1)[scored]] = nll[scored]
         if progress is not None:
             progress(i + 1, total)
     return meter
