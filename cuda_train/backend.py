@@ -337,14 +337,14 @@ class TorchBackend:
                 adapters.optimizer.step()
         return scored
 
-    def global_sgd_reset(self) -> None:
-        params = list(self.model.parameters())
-        self._global_sgd = torch.optim.SGD(params, lr=0.0, momentum=self.cfg.global_ttt_momentum)
+    def sgd_reset(self, momentum: float, frozen: tuple[str, ...] = ()) -> None:
+        self._sgd_params = [p for n, p in self.model.named_parameters() if not n.startswith(frozen)]
+        self._sgd = torch.optim.SGD(self._sgd_params, lr=0.0, momentum=momentum)
 
-    def global_sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int) -> None:
+    def sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float) -> None:
         self.model.train()
-        params = list(self.model.parameters())
-        self._global_sgd.zero_grad(set_to_none=False)
+        params = self._sgd_params
+        self._sgd.zero_grad(set_to_none=False)
         if x.shape[0]:
             with self.autocast:
                 loss = self.model(
@@ -356,11 +356,12 @@ class TorchBackend:
                 p.grad = torch.zeros_like(p)
             if self.world_size > 1:
                 dist.all_reduce(p.grad)
-        if self.cfg.global_ttt_grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, self.cfg.global_ttt_grad_clip)
-        for group in self._global_sgd.param_groups:
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        for group in self._sgd.param_groups:
             group["lr"] = lr
-        self._global_sgd.step()
+        self._sgd.step()
+        self.model.zero_grad(set_to_none=True)  # frozen weights got gradients too
         self.model.eval()
 
     def counter_add(self, key: str, amount: int) -> int:

@@ -275,35 +275,36 @@ class MLXBackend:
             adapters.step(grads)
         return scored
 
-    def global_sgd_reset(self) -> None:
-        self._global_momentum: dict[str, mx.array] = {}
+    def sgd_reset(self, momentum: float, frozen: tuple[str, ...] = ()) -> None:
+        self._sgd_momentum, self._sgd_frozen = momentum, frozen
+        self._sgd_buffers: dict[str, mx.array] = {}
 
-    def global_sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int) -> None:
-        params = dict(tree_flatten(self.model.parameters()))
+    def sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float) -> None:
+        params = {
+            k: p for k, p in tree_flatten(self.model.parameters()) if not k.startswith(self._sgd_frozen)
+        }
         if x.shape[0]:
 
             def loss(xs: mx.array, ys: mx.array) -> mx.array:
                 return self.model.token_losses(xs, ys, self.looping).sum() / total_tokens
 
             _, tree = nn.value_and_grad(self.model, loss)(mx.array(x), mx.array(y))
-            grads = {k: g.astype(mx.float32) for k, g in tree_flatten(tree)}
+            grads = {k: g.astype(mx.float32) for k, g in tree_flatten(tree) if k in params}
         else:
             grads = {k: mx.zeros(p.shape, dtype=mx.float32) for k, p in params.items()}
         if self.world_size > 1:
             grads = {k: mx.distributed.all_sum(g, group=self.group) for k, g in grads.items()}
-        clip = self.cfg.global_ttt_grad_clip
         if clip > 0:
             norm = mx.sqrt(sum(mx.sum(g * g) for g in grads.values()))
             grads = {k: g * mx.minimum(clip / (norm + 1e-6), 1.0) for k, g in grads.items()}
-        momentum = self.cfg.global_ttt_momentum
         new = []
         for k, g in grads.items():
-            buf = self._global_momentum.get(k)
-            buf = g if buf is None else momentum * buf + g
-            self._global_momentum[k] = buf
+            buf = self._sgd_buffers.get(k)
+            buf = g if buf is None else self._sgd_momentum * buf + g
+            self._sgd_buffers[k] = buf
             new.append((k, (params[k].astype(mx.float32) - lr * buf).astype(params[k].dtype)))
         self.model.update(tree_unflatten(new))
-        mx.eval(self.model.parameters(), self._global_momentum)
+        mx.eval(self.model.parameters(), self._sgd_buffers)
 
     def counter_add(self, key: str, amount: int) -> int:
         # No store is shared between MLX processes: the ranks take turns instead (rank r gets every

@@ -44,6 +44,22 @@ def test_ttt_scores_what_the_record_scores(record_ttt, backend_name, case):
     assert meter.val_bpb == pytest.approx(float(tensors[f"{case}/val_bpb"]), rel=2e-6)
 
 
+@pytest.mark.parametrize("case", ["full", "frozen"])
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_full_mode_scores_what_the_record_scores(record_ttt, backend_name, case):
+    """Record 2026-04-06's eval_val_sliding_ttt on its own model (loops, skip gates): chunks of 96 tokens
+    scored with sliding windows (stride 8), then two epochs of SGD on each; the first two blocks frozen."""
+    meta, _, data, tensors = record_ttt
+    params = {k.removeprefix("full/param/"): v for k, v in tensors.items() if k.startswith("full/param/")}
+    cfg = record_config(meta["full_cases"][case]).replace(ttt_mode="full")
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    meter = evaluate_ttt(backend, data)
+    assert meter.tokens == len(data.tokens) - 1
+    assert meter.val_loss == pytest.approx(float(tensors[f"full/{case}/val_loss"]), rel=2e-6)
+    assert meter.val_bpb == pytest.approx(float(tensors[f"full/{case}/val_bpb"]), rel=2e-6)
+
+
 def test_ttt_moves_the_score(record_ttt):
     """The cases differ from each other and from the plain score by far more than the tolerance above."""
     _, _, _, tensors = record_ttt

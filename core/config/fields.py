@@ -193,6 +193,39 @@ class Config:
         False, "also score with test-time training: per-document LoRA adapters, each chunk scored, then learnt",
         "eval", ANY, scoring=True,
     )  # fmt: skip
+    ttt_mode: str = opt(
+        "lora",
+        "lora: per-document adapters and global phases (records 2026-04-13 on); full: the stream in chunks "
+        "of ttt_chunk_tokens, each scored with sliding windows, then every weight trained on it (2026-04-06 to 04-09)",
+        "eval", one_of("lora", "full"), scoring=True,
+    )  # fmt: skip
+    ttt_chunk_tokens: int = opt(
+        32768,
+        "full mode: validation tokens per chunk, scored then trained on",
+        "eval",
+        POSITIVE,
+        scoring=True,
+    )
+    ttt_lr: float = opt(
+        0.005, "full mode: SGD learning rate, cosine over the chunks", "eval", NON_NEGATIVE, scoring=True
+    )
+    ttt_momentum: float = opt(0.9, "full mode: SGD momentum", "eval", FRACTION, scoring=True)
+    ttt_epochs: int = opt(
+        3, "full mode: passes over each chunk", "eval", (NON_NEGATIVE, at_most(100)), scoring=True
+    )
+    ttt_batch_seqs: int = opt(
+        32,
+        "full mode: windows per scoring forward, and sequences per SGD step",
+        "eval",
+        POSITIVE,
+        scoring=True,
+    )
+    ttt_grad_clip: float = opt(
+        1.0, "full mode: gradient norm clip; 0 = off", "eval", NON_NEGATIVE, scoring=True
+    )
+    ttt_freeze_blocks: int = opt(
+        0, "full mode: the first N blocks are not trained", "eval", NON_NEGATIVE, scoring=True
+    )
     ttt_lora_rank: int = opt(
         96, "rank of each TTT LoRA adapter", "eval", (POSITIVE, at_most(4096)), scoring=True
     )

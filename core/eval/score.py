@@ -115,8 +115,11 @@ def evaluate_with_ttt(
 ) -> BPBMeter:
     """val_loss and val_bpb with test-time training (core/eval/ttt.py); the backend's weights are
     the same afterwards."""
-    phases = backend.cfg.phased_ttt_num_phases > 0 and backend.cfg.phased_ttt_prefix_docs > 0
-    before = backend.params() if phases else None
+    cfg = backend.cfg
+    trains_weights = cfg.ttt_mode == "full" or (
+        cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
+    )
+    before = backend.params() if trains_weights else None
     meter = evaluate_ttt(backend, data, progress, token_losses=sink)
     if before is not None:
         backend.load_params(before)

@@ -1,7 +1,10 @@
-"""Test-time training that scores first: the validation documents scored chunk by chunk, each chunk
+"""Test-time training that scores first: the validation tokens scored chunk by chunk, each chunk
 learnt from only after it is scored (the challenge's rule for adapting at evaluation).
 
-The plan, framework-neutral (the backend runs the forward passes and the optimizer steps):
+Two modes (`ttt_mode`), framework-neutral (the backend runs the forward passes and optimizer steps).
+`full` (records 2026-04-06 to 04-09): the stream is cut into chunks of `ttt_chunk_tokens`; the
+sliding windows whose scored part starts in a chunk are scored, then every weight trains on the
+chunk by SGD (`ttt_lr` cosine over the chunks, `ttt_epochs`, `ttt_momentum`). `lora` (2026-04-13 on):
 
 - documents run from a BOS to the next BOS, which each one also predicts (the last one runs to
   the end of the tokens); they are sorted by length and cut into batches of `ttt_batch_size`,
@@ -33,6 +36,7 @@ import numpy as np
 
 from core.common.errors import PgolfError
 from core.eval.bpb import BPBMeter
+from core.eval.sliding import batch_arrays, plan_windows, rank_windows, sliding_enabled, window_batches
 from core.model.lora import adapter_shapes, initial_a
 
 if TYPE_CHECKING:  # only annotations name these
@@ -114,30 +118,53 @@ def global_lr(cfg, chunk: int, chunks: int) -> float:
     return cfg.global_ttt_lr * 0.5 * (1.0 + math.cos(math.pi * max(chunk - warmup, 0) / decay))
 
 
+def sgd_over(
+    backend: Backend,
+    tokens: np.ndarray,
+    start: int,
+    end: int,
+    lr: float,
+    epochs: int,
+    batch_seqs: int,
+    clip: float,
+) -> None:
+    """SGD steps at `lr` over the whole sequences of the evaluation length in tokens[start:end] (their
+    targets included), `epochs` times, `batch_seqs` sequences a step shared out over the ranks."""
+    seq = backend.cfg.eval_window
+    seqs = (end - start) // seq
+    for _ in range(epochs):
+        for first in range(0, seqs, batch_seqs):
+            count = min(batch_seqs, seqs - first)
+            mine = range(
+                count * backend.rank // backend.world_size, count * (backend.rank + 1) // backend.world_size
+            )
+            at = start + (first + mine.start) * seq
+            run = np.asarray(tokens[at : at + len(mine) * seq + 1]).astype(np.int32)
+            x, y = run[:-1].reshape(-1, seq), run[1:].reshape(-1, seq)
+            backend.sgd_step(x, y, lr, count * seq, clip)
+
+
 def train_global(backend: Backend, tokens: np.ndarray, log: Log | None = None) -> None:
     """A global phase: SGD with momentum on every weight over `tokens` (the documents scored so far),
-    chunk by chunk under `global_lr`; the last chunk is not trained on. Sequences of the evaluation
-    length, `global_ttt_batch_seqs` per step shared out over the ranks."""
+    chunk by chunk under `global_lr`; the last chunk is not trained on."""
     cfg = backend.cfg
-    seq, chunk_tokens = cfg.eval_window, cfg.global_ttt_chunk_tokens
+    chunk_tokens = cfg.global_ttt_chunk_tokens
     total = len(tokens) - 1
     chunks = -(-total // chunk_tokens)
-    backend.global_sgd_reset()
+    backend.sgd_reset(cfg.global_ttt_momentum)
     for c in range(chunks - 1):
-        start = c * chunk_tokens
-        seqs = (min(start + chunk_tokens, total) - start) // seq
         lr = global_lr(cfg, c, chunks)
-        for _ in range(cfg.global_ttt_epochs):
-            for first in range(0, seqs, cfg.global_ttt_batch_seqs):
-                count = min(cfg.global_ttt_batch_seqs, seqs - first)
-                mine = range(
-                    count * backend.rank // backend.world_size,
-                    count * (backend.rank + 1) // backend.world_size,
-                )
-                at = start + (first + mine.start) * seq
-                run = tokens[at : at + len(mine) * seq + 1].astype(np.int32)
-                x, y = run[:-1].reshape(-1, seq), run[1:].reshape(-1, seq)
-                backend.global_sgd_step(x, y, lr, count * seq)
+        start, end = c * chunk_tokens, min((c + 1) * chunk_tokens, total)
+        sgd_over(
+            backend,
+            tokens,
+            start,
+            end,
+            lr,
+            cfg.global_ttt_epochs,
+            cfg.global_ttt_batch_seqs,
+            cfg.global_ttt_grad_clip,
+        )
         if log is not None:
             log(f"ttt_global: chunk {c + 1}/{chunks} lr:{lr:.6f}")
 
@@ -163,10 +190,69 @@ def evaluate_ttt(
     log: Log | None = None,
     token_losses: np.ndarray | None = None,
 ) -> BPBMeter:
-    """This rank's share of the score with test-time training, summed over the ranks. The backend's
-    weights change (the global phases): load them again before scoring anything else.
+    """The score with test-time training (`ttt_mode`), summed over the ranks. The backend's weights
+    change (the global phases, the full mode): load them again before scoring anything else.
     `token_losses` (float32, one per token, NaN at first) receives each scored target's loss at its
     stream position."""
+    score = _score_full if backend.cfg.ttt_mode == "full" else _score_lora
+    nats, counted, nbytes = score(backend, data, progress, log, token_losses)
+    sums = backend.all_reduce_sum(np.array([nats, counted, nbytes], dtype=np.float64))
+    return BPBMeter.from_array(data.tables, sums)
+
+
+def _score_full(
+    backend: Backend,
+    data: EvalData,
+    progress: Progress | None,
+    log: Log | None,
+    token_losses: np.ndarray | None,
+) -> tuple[float, int, int]:
+    """The full mode: the stream cut into chunks of `ttt_chunk_tokens`; the sliding windows (the evaluation's
+    window and stride) whose scored part starts in chunk c are scored, then, unless c is the last chunk,
+    every weight (but the first `ttt_freeze_blocks` blocks') trains on chunk c by SGD with momentum, its
+    learning rate cosine over the chunks. This rank's sums of nats, targets and bytes."""
+    cfg = backend.cfg
+    tokens = np.asarray(data.tokens)
+    total, size, seq = len(tokens) - 1, cfg.ttt_chunk_tokens, cfg.eval_window
+    stride = cfg.eval_stride if sliding_enabled(cfg.eval_stride, seq) else seq
+    plan = plan_windows(total, seq, stride)
+    chunks = -(-total // size)
+    chunk_of = np.minimum((plan.starts + plan.score_from) // size, chunks - 1)
+    frozen = tuple(f"blocks.{i}." for i in range(min(cfg.ttt_freeze_blocks, cfg.num_layers)))
+    backend.sgd_reset(cfg.ttt_momentum, frozen)
+    pos = np.arange(seq)
+    nats, counted, nbytes = 0.0, 0, 0
+    for c in range(chunks):
+        windows = rank_windows(plan[np.flatnonzero(chunk_of == c)], backend.rank, backend.world_size)
+        for batch in window_batches(windows, cfg.ttt_batch_seqs):
+            x, y = batch_arrays(tokens, batch, seq)
+            nll = np.asarray(backend.token_losses(x, y))
+            scored = (pos[None, :] >= batch.score_from[:, None]) & (pos[None, :] < batch.lengths[:, None])
+            positions = (batch.starts[:, None] + pos[None, :] + 1)[scored]
+            nats += float(nll[scored].astype(np.float64).sum())
+            counted += len(positions)
+            nbytes += int(data.target_bytes[positions].sum())
+            if token_losses is not None:
+                token_losses[positions] = nll[scored]
+        if c < chunks - 1 and cfg.ttt_epochs > 0:
+            lr = cfg.ttt_lr * 0.5 * (1.0 + math.cos(math.pi * c / max(chunks - 1, 1)))
+            start, end = c * size, min((c + 1) * size, total)
+            sgd_over(backend, tokens, start, end, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip)
+        if log is not None:
+            log(f"ttt_full: chunk {c + 1}/{chunks}")
+        if progress is not None:
+            progress(c + 1, chunks)
+    return nats, counted, nbytes
+
+
+def _score_lora(
+    backend: Backend,
+    data: EvalData,
+    progress: Progress | None,
+    log: Log | None,
+    token_losses: np.ndarray | None,
+) -> tuple[float, int, int]:
+    """The LoRA mode (the module's docstring); this rank's sums of nats, targets and bytes."""
     cfg = backend.cfg
     tokens = np.asarray(data.tokens)
     docs = find_documents(tokens, cfg.bos_id)
@@ -204,8 +290,7 @@ def evaluate_ttt(
                 token_losses[positions] = nll
         if progress is not None:
             progress(min(q + 1, len(queue)), len(queue))
-    sums = backend.all_reduce_sum(np.array([nats, counted, nbytes], dtype=np.float64))
-    return BPBMeter.from_array(data.tables, sums)
+    return nats, counted, nbytes
 
 
 def _run_phase(

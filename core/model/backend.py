@@ -182,12 +182,13 @@ class Backend(Protocol):
         scored; then, if any of `train_rows` (B bools) is set, `ttt_grad_steps` optimizer steps on the sum
         over those rows of each one's mean loss at positions [train_from, train_from + train_len)."""
 
-    def global_sgd_reset(self) -> None:
-        """Start a global phase: SGD with `global_ttt_momentum` on every weight, momentum at zero."""
+    def sgd_reset(self, momentum: float, frozen: tuple[str, ...] = ()) -> None:
+        """Start training the weights themselves: SGD with `momentum` (its buffers at zero) on every
+        parameter whose name starts with none of `frozen`."""
 
-    def global_sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int) -> None:
+    def sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float) -> None:
         """One SGD step at `lr` on the summed loss of every rank's x, y (this rank's may be empty) over
-        `total_tokens`, the gradient clipped to `global_ttt_grad_clip`."""
+        `total_tokens`, the gradient's norm clipped to `clip` (0: not clipped)."""
 
     def counter_add(self, key: str, amount: int) -> int:
         """Add `amount` to the counter `key` shared by the ranks (from 0) and return its new value: how the

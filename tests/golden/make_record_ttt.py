@@ -21,6 +21,13 @@ boundaries) and stored.
 Keys: param/<pgolf name> (the record's banks split, as in make_record_0427.py), tokens,
 base_bytes, has_leading_space, is_boundary; per case <case>/val_loss, <case>/val_bpb (float64).
 The metadata holds each case's environment and CASE_SEED.
+
+The full mode (chunks of the stream scored with sliding windows, then every weight trained on them)
+comes from record 2026-04-06_SP8192_QK5_LegalTTT_1.0828's ``eval_val_sliding_ttt`` on its own model
+(6 layers, dim 64, vocab 96, loops over layers 1..2, skip gates; busy weights from
+default_rng(SEED + 1)), with $RECORD_0406 the record's script (extracted as make_record_0427.py
+says, from that folder). Keys full/param/<name>, and full/<case>/val_loss, full/<case>/val_bpb for
+the cases of FULL_CASES (the second freezes the first two blocks).
 """
 
 from __future__ import annotations
@@ -57,6 +64,57 @@ CASES = {
         "GLOBAL_TTT_RESPECT_DOC_BOUNDARIES": "0",
     },
 }  # fmt: skip
+
+
+base.RECORDS["0406"] = ("2026-04-06_SP8192_QK5_LegalTTT_1.0828", "e2343918af3af1dc11dc6aa16d7285e7c8ca3ccb")
+ENV_0406 = {
+    **{k: v for k, v in base.MODEL_ENV.items() if k != "PARALLEL_START_LAYER"},
+    "NUM_LOOPS": "2", "LOOP_START": "1", "LOOP_END": "2", "SKIP_GATES_ENABLED": "1", "EVAL_STRIDE": "8",
+    "TTT_ENABLED": "1", "TTT_LR": "0.02", "TTT_EPOCHS": "2", "TTT_CHUNK_TOKENS": "96", "TTT_MOMENTUM": "0.9",
+    "TTT_BATCH_SEQS": "2", "TTT_GRAD_CLIP": "0.5",
+}  # fmt: skip
+FULL_CASES = {"full": ENV_0406, "frozen": {**ENV_0406, "TTT_FREEZE_BLOCKS": "2"}}
+
+
+def python311(unwrap):
+    """The record's source as Python 3.11 reads it: two log lines nest their f-string's own quotes (3.12)."""
+
+    def patched(text: str, path: str) -> str:
+        source = unwrap(text, path)
+        for inner in ('", "', '"fineweb_train_*.bin"'):
+            source = source.replace(inner, inner.replace('"', "'"))
+        return source
+
+    return patched
+
+
+def full_mode(out: dict, meta: dict, tokens: np.ndarray, tables: dict) -> None:
+    """The record's eval_val_sliding_ttt, each case on the same busy weights."""
+    base.unwrap = python311(base.unwrap)
+    for name, env in FULL_CASES.items():
+        rec = base.load_record("0406", env)
+        h, model = base._model(rec)
+        params = base.fill_busy(rec, model, np.random.default_rng(r0427.SEED + 1))
+        model.looping_active = True
+        val_data = SimpleNamespace(
+            val_tokens=torch.from_numpy(tokens.astype(np.int64)),
+            base_bytes_lut=torch.from_numpy(tables["base_bytes"]),
+            has_leading_space_lut=torch.from_numpy(tables["has_leading_space"]),
+            is_boundary_token_lut=torch.from_numpy(tables["is_boundary"]),
+        )
+        compile_, torch.compile = torch.compile, lambda fn=None, **kw: fn
+        try:
+            loss, bpb = rec.eval_val_sliding_ttt(
+                h, model, 0, 1, torch.device("cpu"), val_data, stride=h.eval_stride
+            )
+        finally:
+            torch.compile = compile_
+        out[f"full/{name}/val_loss"] = np.array(loss, dtype=np.float64)
+        out[f"full/{name}/val_bpb"] = np.array(bpb, dtype=np.float64)
+        meta["full_cases"][name] = env
+        print(f"full/{name}: val_loss {loss:.8f} val_bpb {bpb:.8f}")
+    for k, v in params.items():
+        out[f"full/param/{k}"] = v
 
 
 def draw_a_from(rng: np.random.Generator, lora_class) -> None:
@@ -97,7 +155,7 @@ def main(out_path: Path) -> None:
         "is_boundary": vocab < 2,
     }
     out = {"tokens": tokens.astype(np.int32), **tables}
-    meta = {"case_seed": CASE_SEED, "doc_lengths": DOC_LENGTHS, "cases": {}}
+    meta = {"case_seed": CASE_SEED, "doc_lengths": DOC_LENGTHS, "cases": {}, "full_cases": {}}
     for name, ttt_env in CASES.items():
         env = {**r0427.ENV_0427, **ttt_env}
         rec = base.load_record("0427", env)
@@ -123,6 +181,7 @@ def main(out_path: Path) -> None:
         meta["cases"][name] = env
         print(f"{name}: val_loss {loss:.8f} val_bpb {bpb:.8f}")
     r0427._store_params(out, "param/", params, h.num_layers)
+    full_mode(out, meta, tokens, tables)
     base.save_file(out, str(out_path), metadata={"ttt": json.dumps(meta)})
     print(f"wrote {out_path}: {len(out)} tensors")
 
