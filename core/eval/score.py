@@ -9,15 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.data.shards import find_shards, load_val_tokens, val_spans
+from core.data.shards import find_shards, load_val_bytes, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
-from core.eval.bpb import BPBMeter, token_bytes
+from core.eval.bpb import BPBMeter, stream_bytes
 from core.eval.sliding import SlidingEval, score_sliding, sliding_enabled
 
 if TYPE_CHECKING:  # only annotations name the backend's interface
@@ -28,23 +29,32 @@ Progress = Callable[[int, int], None]  # (done, total) of something long
 
 @dataclass
 class EvalData:
-    """What scoring needs: the validation tokens and the tokenizer's byte tables."""
+    """What scoring needs: the validation tokens, the tokenizer's byte tables, and for CaseOps data
+    the byte sidecar (each token's original UTF-8 bytes, core/datasets/caseops.py)."""
 
     tokens: np.ndarray
     tables: ByteTables
+    sidecar: np.ndarray | None = None  # one entry per token, or None: the tables count the bytes
 
     @cached_property
     def target_bytes(self) -> np.ndarray:
         """int64 bytes of text each token stands for as a target, by stream position: index i counts
-        tokens[i] after tokens[i - 1]; index 0 (never a target) counts 0. What an evaluation that
-        scores tokens out of stream order (test-time training) adds up."""
-        tokens = np.asarray(self.tokens)
-        out = np.zeros(tokens.size, dtype=np.int64)
-        out[1:] = token_bytes(tokens[:-1], tokens[1:], self.tables)
+        tokens[i] after tokens[i - 1]; index 0 (never a target) counts 0. From the sidecar when the
+        data has one, else from the tables. Every evaluation adds these up for the tokens it scores,
+        in whatever order it scores them."""
+        if self.sidecar is None:
+            return stream_bytes(self.tokens, self.tables)
+        if len(self.sidecar) != len(self.tokens):
+            raise PgolfError(f"byte sidecar: {len(self.sidecar)} entries for {len(self.tokens)} tokens")
+        out = np.asarray(self.sidecar, dtype=np.int64).copy()
+        out[:1] = 0
         return out
 
 
 def load_eval_data(cfg: Config) -> EvalData:
+    """The validation tokens of `cfg.data_path`, with the byte sidecar beside them when
+    `caseops_enabled`; a sidecar there without it, or none with it, is refused (either way the
+    bytes would not be the text's)."""
     sp = load_tokenizer(cfg.tokenizer_path)
     check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
     if cfg.smear_gate_enabled and sp.bos_id() != cfg.bos_id:
@@ -52,10 +62,23 @@ def load_eval_data(cfg: Config) -> EvalData:
             f"bos_id={cfg.bos_id}, but the tokenizer {cfg.tokenizer_path} starts documents with {sp.bos_id()}: "
             "SmearGate would smear across document starts (set --bos-id)"
         )
-    tokens = load_val_tokens(
-        find_shards(cfg.data_path, "val"), cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size
-    )
-    return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size))
+    files = find_shards(cfg.data_path, "val")
+    tokens = load_val_tokens(files, cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size)
+    sidecars = list(Path(cfg.data_path).glob("fineweb_val_bytes_*.bin"))
+    if sidecars and not cfg.caseops_enabled:
+        raise PgolfError(
+            f"{cfg.data_path} holds a validation byte sidecar (fineweb_val_bytes_*.bin): its tokens are "
+            "not the text's bytes (CaseOps data); set --caseops-enabled (CASEOPS_ENABLED=1) to count the sidecar"
+        )
+    sidecar = None
+    if cfg.caseops_enabled:
+        if not sidecars:
+            raise PgolfError(
+                f"caseops_enabled: {cfg.data_path} has no validation byte sidecar (fineweb_val_bytes_*.bin); "
+                "CaseOps data comes with one (cli.py data prepare --caseops, or data download of a CaseOps variant)"
+            )
+        sidecar = load_val_bytes(files, find_shards(cfg.data_path, "val_bytes"), len(tokens))
+    return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size), sidecar=sidecar)
 
 
 def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None) -> BPBMeter:
@@ -70,7 +93,7 @@ def evaluate(backend: Backend, data: EvalData, progress: Progress | None = None)
         chunk = data.tokens[start:end].astype(np.int32)
         x, y = chunk[:-1].reshape(-1, seq), chunk[1:].reshape(-1, seq)
         nll = nll + backend.eval_nll(x, y)  # queued, not waited for
-        meter.count(x, y)  # the bytes, on the host while the device works
+        meter.count_bytes(data.target_bytes[start + 1 : end])  # the targets' bytes, while the device works
         if progress is not None:
             progress(i + 1, len(spans))  # batches queued: the device may be a little behind
     meter.nats = float(nll)  # the one wait for the device
@@ -82,7 +105,7 @@ def evaluate_sliding(backend: Backend, data: EvalData, progress: Progress | None
     cfg = backend.cfg
     ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
     meter = score_sliding(
-        data.tokens, backend.token_losses, data.tables, ev, backend.rank, backend.world_size, progress
+        data.tokens, backend.token_losses, data.target_bytes, ev, backend.rank, backend.world_size, progress
     )
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
