@@ -117,6 +117,14 @@ def test_the_sidecar_adds_up_to_the_text_and_the_tokens_give_it_back(caseops_dat
         assert int(sidecar[a:b].sum()) == len(text.encode("utf-8"))
         assert decode(sp.decode(tokens[a + 1 : b].tolist())) == text
     assert int(sidecar.sum()) == sum(len(t.encode("utf-8")) for t in texts)
+    # Token by token: 0 for BOS and the operators (no speech writes one literally), 1 for a raw byte,
+    # else the piece's own UTF-8 bytes ("▁" a space).
+    assert not np.isin(tokens, [7]).any()
+    expected = [
+        0 if t < 8 else 1 if sp.is_byte(t) else len(sp.id_to_piece(t).replace("\u2581", " ").encode())
+        for t in tokens.tolist()
+    ]
+    assert sidecar.tolist() == expected
     assert not (tokens[1:] <= 7).all() and np.isin(tokens, [4, 5, 6]).any()  # operators do occur
 
 
