@@ -181,9 +181,11 @@ def test_scoring_counts_the_sidecar(caseops_data):
 
 
 def test_sidecar_and_setting_must_agree(caseops_data, sotu_dataset, tmp_path):
-    with pytest.raises(PgolfError, match="holds a validation byte sidecar.*--caseops-enabled"):
+    with pytest.raises(
+        PgolfError, match="caseops_enabled is off, but .* has a validation byte sidecar.*--caseops-enabled"
+    ):
         load_eval_data(caseops_config(caseops_data, caseops_enabled=False))
-    with pytest.raises(PgolfError, match="caseops_enabled: .* has no validation byte sidecar"):
+    with pytest.raises(PgolfError, match="caseops_enabled is on, but .* has no validation byte sidecar"):
         load_eval_data(sotu_dataset.config("smoke", caseops_enabled=True))
     # A sidecar shard with fewer entries than its tokens, or none for a shard, is refused by name.
     cfg = caseops_config(caseops_data)
@@ -196,11 +198,11 @@ def test_sidecar_and_setting_must_agree(caseops_data, sotu_dataset, tmp_path):
     )
     with pytest.raises(
         PgolfError,
-        match=r"fineweb_val_bytes_000000.bin: \d+ entries for the \d+ tokens of fineweb_val_000000.bin",
+        match=r"fineweb_val_bytes_000000.bin must hold one entry per token of fineweb_val_000000.bin",
     ):
         load_eval_data(cfg.replace(data_path=str(broken)))
     (broken / "fineweb_val_bytes_000000.bin").unlink()
-    with pytest.raises(PgolfError, match="fineweb_val_000000.bin has no byte sidecar"):
+    with pytest.raises(PgolfError, match="fineweb_val_bytes_000000.bin must hold one entry per token"):
         load_eval_data(cfg.replace(data_path=str(broken)))
 
 

@@ -218,7 +218,7 @@ def test_bad_token_losses_are_refused(toy_tokens):
         score_sliding(
             toy_tokens.astype(np.float32), ToyModel(), np.zeros(toy_tokens.size), SlidingEval(48, 48)
         )
-    with pytest.raises(PgolfError, match="144 target byte counts for 145 tokens"):
+    with pytest.raises(PgolfError, match="144 byte counts for 145 tokens"):
         score_sliding(toy_tokens, ToyModel(), np.zeros(144), SlidingEval(48, 48))
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +71,7 @@ def read_shard(path: str | Path, vocab_size: int | None = None) -> np.ndarray:
 
 
 def find_shards(data_path: str | Path, split: str) -> list[Path]:
-    """The shards `fineweb_<split>_<digits>.bin` of a dataset folder, in order. split "val_bytes"
+    """The shards `fineweb_<split>_<number>.bin` of a dataset folder, in order. split "val_bytes"
     names the validation byte sidecar (CaseOps data), which "val" does not include."""
     folder = Path(data_path)
     if not folder.is_dir():
@@ -81,8 +80,7 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
         os.listdir(folder)  # glob finds nothing in a folder it may not list: say so instead
     except OSError as exc:
         raise PgolfError(f"dataset folder {folder}: cannot read ({exc.strerror or exc})") from None
-    name = re.compile(rf"fineweb_{re.escape(split)}_\d+\.bin")
-    files = sorted(p for p in folder.glob(f"fineweb_{split}_*.bin") if name.fullmatch(p.name))
+    files = sorted(folder.glob(f"fineweb_{split}_[0-9]*.bin"))
     if not files:
         raise PgolfError(f"no fineweb_{split}_*.bin shards in {folder}")
     return files
@@ -432,21 +430,17 @@ def load_val_tokens(
     return tokens[: usable + 1]
 
 
-def load_val_bytes(files: list[Path], sidecars: list[Path], n_tokens: int) -> np.ndarray:
+def load_val_bytes(files: list[Path], n_tokens: int) -> np.ndarray:
     """The byte sidecar of the validation shards `files`, cut as load_val_tokens cut their tokens to
     `n_tokens`: uint16, the original bytes of the text each token stands for (CaseOps data).
 
     Each shard `fineweb_val_N.bin` must have its sidecar `fineweb_val_bytes_N.bin` with as many entries.
     """
-    by_name = {p.name: p for p in sidecars}
     parts = []
     for shard in files:
-        sidecar = by_name.get(shard.name.replace("fineweb_val_", "fineweb_val_bytes_", 1))
-        if sidecar is None:
-            raise PgolfError(f"validation shard {shard} has no byte sidecar {shard.parent}/fineweb_val_bytes_*.bin beside it")
-        count, tokens = read_shard_header(sidecar), read_shard_header(shard)
-        if count != tokens:
-            raise PgolfError(f"byte sidecar {sidecar}: {count} entries for the {tokens} tokens of {shard.name}")
+        sidecar = shard.with_name(shard.name.replace("_val_", "_val_bytes_"))
+        if not sidecar.exists() or read_shard_header(sidecar) != read_shard_header(shard):
+            raise PgolfError(f"{sidecar} must hold one entry per token of {shard.name}")
         parts.append(read_shard(sidecar))
         if sum(map(len, parts)) >= n_tokens:
             break

@@ -29,7 +29,7 @@ def stream_bytes(tokens: np.ndarray, tables: ByteTables) -> np.ndarray:
 class BPBMeter:
     """float64 sums of nats, tokens and bytes; mergeable across ranks as a 3-vector.
 
-    The bytes come from the tokenizer's tables (`add`, `count`: those need `tables`), or are given
+    The bytes come from the tokenizer's tables (`add`, `count`: those need `tables`) or are given
     per target (`count_bytes`: what the evaluators pass, from EvalData.target_bytes).
     """
 
@@ -43,8 +43,6 @@ class BPBMeter:
 
     def count(self, prev_ids: np.ndarray, target_ids: np.ndarray) -> None:
         """The tokens and their bytes alone: host numpy, while the device computes their loss."""
-        if self.tables is None:
-            raise PgolfError("BPBMeter.count needs the tokenizer's byte tables; count_bytes takes the bytes")
         self.count_bytes(token_bytes(prev_ids, target_ids, self.tables))
 
     def count_bytes(self, target_bytes: np.ndarray) -> None:

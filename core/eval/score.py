@@ -34,7 +34,7 @@ class EvalData:
 
     tokens: np.ndarray
     tables: ByteTables
-    sidecar: np.ndarray | None = None  # one entry per token, or None: the tables count the bytes
+    sidecar: np.ndarray | None = None  # exactly one entry per token, or None: the tables count the bytes
 
     @cached_property
     def target_bytes(self) -> np.ndarray:
@@ -44,8 +44,6 @@ class EvalData:
         in whatever order it scores them."""
         if self.sidecar is None:
             return stream_bytes(self.tokens, self.tables)
-        if len(self.sidecar) != len(self.tokens):
-            raise PgolfError(f"byte sidecar: {len(self.sidecar)} entries for {len(self.tokens)} tokens")
         out = np.asarray(self.sidecar, dtype=np.int64).copy()
         out[:1] = 0
         return out
@@ -64,20 +62,14 @@ def load_eval_data(cfg: Config) -> EvalData:
         )
     files = find_shards(cfg.data_path, "val")
     tokens = load_val_tokens(files, cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size)
-    sidecars = list(Path(cfg.data_path).glob("fineweb_val_bytes_*.bin"))
-    if sidecars and not cfg.caseops_enabled:
+    has = any(Path(cfg.data_path).glob("fineweb_val_bytes_*.bin"))
+    if has != cfg.caseops_enabled:
         raise PgolfError(
-            f"{cfg.data_path} holds a validation byte sidecar (fineweb_val_bytes_*.bin): its tokens are "
-            "not the text's bytes (CaseOps data); set --caseops-enabled (CASEOPS_ENABLED=1) to count the sidecar"
+            f"caseops_enabled is {'off' if has else 'on'}, but {cfg.data_path} has {'a' if has else 'no'} "
+            "validation byte sidecar (fineweb_val_bytes_*.bin, CaseOps data): "
+            + ("set --caseops-enabled (CASEOPS_ENABLED=1)" if has else "data prepare --caseops makes one")
         )
-    sidecar = None
-    if cfg.caseops_enabled:
-        if not sidecars:
-            raise PgolfError(
-                f"caseops_enabled: {cfg.data_path} has no validation byte sidecar (fineweb_val_bytes_*.bin); "
-                "CaseOps data comes with one (cli.py data prepare --caseops, or data download of a CaseOps variant)"
-            )
-        sidecar = load_val_bytes(files, find_shards(cfg.data_path, "val_bytes"), len(tokens))
+    sidecar = load_val_bytes(files, len(tokens)) if has else None
     return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size), sidecar=sidecar)
 
 

@@ -135,9 +135,7 @@ def score_sliding(
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise PgolfError(f"sliding evaluation: tokens should be a 1-D integer array, not {tokens.dtype}")
     if np.shape(target_bytes) != tokens.shape:
-        raise PgolfError(
-            f"sliding evaluation: {np.size(target_bytes)} target byte counts for {tokens.size} tokens"
-        )
+        raise PgolfError(f"sliding evaluation: {np.size(target_bytes)} byte counts for {tokens.size} tokens")
     plan = rank_windows(plan_windows(tokens.size - 1, ev.seq_len, ev.stride), rank, world_size)
     meter = BPBMeter()
     pos = np.arange(ev.seq_len)
