@@ -181,11 +181,13 @@ def _ensure_default_data(cfg: Config) -> None:
         _prepare(root, cfg.vocab_size)
 
 
-def _prepare(out: Path, vocab_size: int) -> dict:
+def _prepare(out: Path, vocab_size: int, case_ops: bool = False) -> dict:
     from core.datasets.embedded import prepare_sotu
 
     with console.status("preparing") as status:
-        summary = prepare_sotu(out, vocab_size=vocab_size, progress=lambda msg: status.update(msg))
+        summary = prepare_sotu(
+            out, vocab_size=vocab_size, progress=lambda msg: status.update(msg), case_ops=case_ops
+        )
     return summary
 
 
@@ -245,9 +247,15 @@ class LiveProgress:
 def data_prepare(
     out: Path = typer.Option(Path("data"), help="Root folder: datasets/, tokenizers/, manifest.json."),
     vocab_size: int = typer.Option(1024, help="SentencePiece BPE vocabulary size."),
+    caseops: bool = typer.Option(
+        False,
+        "--caseops",
+        help="Build sotu_sp<V>_caseops instead: the lossless case transform, its tokenizer and the "
+        "validation byte sidecar (train on it with --dataset sotu_sp<V>_caseops).",
+    ),
 ) -> None:
     """Build the embedded default dataset (State of the Union speeches) offline."""
-    summary = _prepare(out, vocab_size)
+    summary = _prepare(out, vocab_size, caseops)
     for key, value in summary.items():
         console.print(f"{key}: {value}")
 
@@ -255,7 +263,11 @@ def data_prepare(
 @data_app.command("download")
 def data_download(
     out: Path = typer.Option(Path("data"), help="Root folder: datasets/, tokenizers/, manifest.json."),
-    variant: str = typer.Option("sp1024", help="Tokenization: sp<VOCAB> (e.g. sp1024) or byte260."),
+    variant: str = typer.Option(
+        "sp1024",
+        help="Tokenization: sp<VOCAB> (e.g. sp1024), byte260, or another of the repo's "
+        "(sp8192_lossless_caps_caseops_v1_reserved: CaseOps, with its byte sidecar).",
+    ),
     train_shards: int = typer.Option(80, help="How many train shards (1e8 tokens each) to fetch."),
     repo_id: str = typer.Option(
         "willdepueoai/parameter-golf",

@@ -306,3 +306,120 @@ def test_cli_download_through_the_default_fetch(tmp_path, monkeypatch, remote, h
     assert "downloaded: 5" in result.output
     assert (out / DATASET / "fineweb_train_000001.bin").is_file()
     assert "downloaded: 0" in CliRunner().invoke(app, args).output
+
+
+# ------------------------------------------------------------- the records' CaseOps variant
+CASEOPS_REPO, CASEOPS_VARIANT = (
+    "romeerp/parameter-golf-caseops-v1",
+    "sp8192_lossless_caps_caseops_v1_reserved",
+)
+CASEOPS_DATASET = f"datasets/fineweb10B_{CASEOPS_VARIANT}"
+CASEOPS_TOKENIZER = "tokenizers/fineweb_8192_bpe_lossless_caps_caseops_v1_reserved"
+
+
+@pytest.fixture
+def caseops_remote(tmp_path_factory) -> Path:
+    """A stand-in for the CaseOps repo, with the entries its exporter writes (a dataset naming its
+    val_bytes_glob, a tokenizer naming its text_transform), filled with the embedded corpus's CaseOps
+    data (a real tokenizer and sidecar, so that the download can be scored)."""
+    from core.datasets.embedded import prepare_sotu
+
+    made = tmp_path_factory.mktemp("made")
+    prepare_sotu(made, vocab_size=512, limit_docs=20, shard_tokens=8_000, case_ops=True)
+    top = tmp_path_factory.mktemp("caseops_remote") / "datasets"
+    (top / CASEOPS_DATASET).mkdir(parents=True)
+    (top / "tokenizers").mkdir()
+    source = made / "datasets" / "sotu_sp512_caseops"
+    for shard in source.iterdir():
+        shutil.copyfile(shard, top / CASEOPS_DATASET / shard.name)
+    for suffix in (".model", ".vocab"):
+        shutil.copyfile(
+            made / "tokenizers" / f"sotu_512_bpe_caseops{suffix}", top / f"{CASEOPS_TOKENIZER}{suffix}"
+        )
+    made_entry = read_manifest(made)["datasets"][0]
+    tokenizer = {
+        "name": "sp_bpe_8192_lossless_caps_caseops_v1_reserved",
+        "kind": "sentencepiece_bpe",
+        "vocab_size": 512,
+        "bos_id": 1,
+        "eos_id": 2,
+        "text_transform": "lossless_caps_caseops_v1",
+        "reserve_text_transform_controls": True,
+        "model_path": f"{CASEOPS_TOKENIZER}.model",
+        "vocab_path": f"{CASEOPS_TOKENIZER}.vocab",
+    }
+    dataset = {
+        "name": f"fineweb10B_{CASEOPS_VARIANT}",
+        "tokenizer_name": tokenizer["name"],
+        "tokenizer_kind": "sentencepiece_bpe",
+        "path": CASEOPS_DATASET,
+        "train_glob": f"{CASEOPS_DATASET}/fineweb_train_*.bin",
+        "val_glob": f"{CASEOPS_DATASET}/fineweb_val_*.bin",
+        "vocab_size": 512,
+        "bos_id": 1,
+        "eos_id": 2,
+        "val_bytes_glob": f"{CASEOPS_DATASET}/fineweb_val_bytes_*.bin",
+        "stats": made_entry["stats"],
+    }
+    manifest = {"version": "10B", "datasets": [dataset], "tokenizers": [tokenizer]}
+    (top / "manifest.json").write_text(json.dumps(manifest))
+    return top.parent
+
+
+def test_the_caseops_variant_comes_with_its_sidecar_and_scores_with_it(tmp_path, monkeypatch, caseops_remote):
+    """The records' command, offline: `data download --repo-id romeerp/parameter-golf-caseops-v1
+    --variant sp8192_lossless_caps_caseops_v1_reserved` fetches each validation shard's byte sidecar,
+    records its SHA-256, and `--dataset` then scores with it."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from typer.testing import CliRunner
+
+    from cli import app
+    from core.config.presets import preset
+    from core.data.manifest import dataset_settings
+    from core.eval.score import load_eval_data
+
+    def fake_download(repo_id, filename, subfolder=None, repo_type=None):
+        assert (repo_id, repo_type) == (CASEOPS_REPO, "dataset")
+        return str(caseops_remote / (subfolder or "") / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    out = tmp_path / "data"
+    args = ["data", "download", "--out", str(out), "--repo-id", CASEOPS_REPO, "--variant", CASEOPS_VARIANT]
+    result = CliRunner().invoke(app, [*args, "--train-shards", "1"])
+    assert result.exit_code == 0, result.output
+    files_val = read_manifest(caseops_remote / "datasets")["datasets"][0]["stats"]["files_val"]
+    assert files_val > 1 and "byte_sidecar: True" in result.output
+    sidecars = sorted((out / CASEOPS_DATASET).glob("fineweb_val_bytes_*.bin"))
+    assert [p.name for p in sidecars] == [f"fineweb_val_bytes_{i:06d}.bin" for i in range(files_val)]
+    for p in sidecars:
+        assert p.read_bytes() == (caseops_remote / "datasets" / CASEOPS_DATASET / p.name).read_bytes()
+    entry = read_manifest(out)["datasets"][0]
+    assert {p.name: file_sha256(p) for p in sidecars}.items() <= entry["sha256"].items()
+    assert (
+        f"tokens_val: {sum(len(read_shard(p)) for p in (out / CASEOPS_DATASET).glob('fineweb_val_0*.bin'))}"
+        in result.output
+    )
+
+    found = dataset_settings(entry["name"], out)
+    assert found["caseops_enabled"] is True
+    data = load_eval_data(preset("smoke").replace(**found, eval_seq_len=64))
+    sidecar = np.concatenate([read_shard(p) for p in sidecars])
+    assert data.target_bytes[1:].tolist() == sidecar[1 : len(data.tokens)].tolist()
+
+
+def test_a_caseops_sidecar_missing_or_short_on_the_repo_is_refused(tmp_path, caseops_remote):
+    folder = caseops_remote / "datasets" / CASEOPS_DATASET
+    short = read_shard(folder / "fineweb_val_bytes_000001.bin")[:-1]
+    write_shard(folder / "fineweb_val_bytes_000001.bin", short)
+    out = tmp_path / "data"
+    with pytest.raises(
+        PgolfError,
+        match=r"fineweb_val_bytes_000001.bin does not have one entry per token of fineweb_val_000001.bin",
+    ):
+        download_fineweb(out, CASEOPS_VARIANT, 1, CASEOPS_REPO, fetch=CopyFetch(caseops_remote))
+    assert read_manifest(out)["datasets"] == []  # not listed: scoring would refuse it anyway
+    (folder / "fineweb_val_bytes_000001.bin").unlink()
+    with pytest.raises(PgolfError, match=r"download of datasets/.*fineweb_val_bytes_000001.bin failed"):
+        download_fineweb(
+            tmp_path / "other", CASEOPS_VARIANT, 1, CASEOPS_REPO, fetch=CopyFetch(caseops_remote)
+        )

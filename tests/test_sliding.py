@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from core.common.errors import PgolfError
 from core.data.tokenizer import ByteTables, byte_tables, load_tokenizer
-from core.eval.bpb import BPBMeter
+from core.eval.bpb import BPBMeter, stream_bytes
 from core.eval.sliding import (
     SlidingEval,
     batch_arrays,
@@ -149,12 +149,16 @@ def toy_tokens() -> np.ndarray:
 
 def test_stride_equal_to_seq_len_is_the_plain_evaluation(toy_tokens):
     tables, model = toy_tables(), ToyModel()
-    got = score_sliding(toy_tokens, model, tables, SlidingEval(48, 48, batch_seqs=2))
+    got = score_sliding(
+        toy_tokens, model, stream_bytes(toy_tokens, tables), SlidingEval(48, 48, batch_seqs=2)
+    )
     expected = non_overlapping(toy_tokens, model, tables, 48)
     assert (got.tokens, got.nbytes) == (expected.tokens, expected.nbytes) == (144, expected.nbytes)
     assert got.nats == pytest.approx(expected.nats, rel=1e-12)
     # A stride below seq_len gives the later tokens more context: a different (here lower) loss.
-    sliding = score_sliding(toy_tokens, model, tables, SlidingEval(48, 8, batch_seqs=5))
+    sliding = score_sliding(
+        toy_tokens, model, stream_bytes(toy_tokens, tables), SlidingEval(48, 8, batch_seqs=5)
+    )
     assert (sliding.tokens, sliding.nbytes) == (got.tokens, got.nbytes)
     assert sliding.nats != pytest.approx(got.nats, rel=1e-6)
 
@@ -163,34 +167,59 @@ def test_ranks_and_batches_add_up(toy_tokens):
     tables, model = toy_tables(), ToyModel()
     tokens = toy_tokens[:130]  # 129 targets: a short last window
     ev = SlidingEval(32, 8, batch_seqs=4)
-    whole = score_sliding(tokens, model, tables, ev)
+    whole = score_sliding(tokens, model, stream_bytes(tokens, tables), ev)
     assert whole.tokens == 129
     for world in (2, 3):
-        parts = [score_sliding(tokens, model, tables, ev, rank=r, world_size=world) for r in range(world)]
+        parts = [
+            score_sliding(tokens, model, stream_bytes(tokens, tables), ev, rank=r, world_size=world)
+            for r in range(world)
+        ]
         total = sum(p.as_array() for p in parts)
         assert total[1:].tolist() == whole.as_array()[1:].tolist()
         assert total[0] == pytest.approx(whole.nats, rel=1e-12)
     model.calls.clear()
-    one_by_one = score_sliding(tokens, model, tables, SlidingEval(32, 8, batch_seqs=1))
+    one_by_one = score_sliding(tokens, model, stream_bytes(tokens, tables), SlidingEval(32, 8, batch_seqs=1))
     assert set(model.calls) == {(1, 32)} and one_by_one.nats == pytest.approx(whole.nats, rel=1e-12)
 
 
 def test_scored_bytes_follow_the_tables(toy_tokens):
     """Each target's bytes count once: the total is what BPB over all targets counts."""
     tables = toy_tables()
-    meter = score_sliding(toy_tokens, ToyModel(), tables, SlidingEval(40, 12, batch_seqs=3))
+    meter = score_sliding(
+        toy_tokens, ToyModel(), stream_bytes(toy_tokens, tables), SlidingEval(40, 12, batch_seqs=3)
+    )
     everything = BPBMeter(tables)
     everything.add(0.0, toy_tokens[:-1], toy_tokens[1:])
     assert meter.nbytes == everything.nbytes and meter.tokens == len(toy_tokens) - 1
 
 
+def test_scored_bytes_are_the_given_bytes_of_each_target(toy_tokens):
+    """Bytes given per stream position (a CaseOps sidecar) are counted at the scored targets' positions:
+    position 0, never a target, is never read; every other position once, over ranks."""
+    given = np.random.default_rng(3).integers(0, 1000, toy_tokens.size)
+    given[0] = 10**9
+    ev = SlidingEval(40, 12, batch_seqs=3)
+    parts = [score_sliding(toy_tokens, ToyModel(), given, ev, rank=r, world_size=2) for r in range(2)]
+    assert (
+        sum(p.nbytes for p in parts) == given[1:].sum()
+        and sum(p.tokens for p in parts) == toy_tokens.size - 1
+    )
+
+
 def test_bad_token_losses_are_refused(toy_tokens):
     with pytest.raises(PgolfError, match=r"token losses of shape \(2, 47\), expected \(2, 48\)"):
         score_sliding(
-            toy_tokens, lambda x, y: np.zeros((x.shape[0], 47)), toy_tables(), SlidingEval(48, 48, 2)
+            toy_tokens,
+            lambda x, y: np.zeros((x.shape[0], 47)),
+            np.zeros(toy_tokens.size),
+            SlidingEval(48, 48, 2),
         )
     with pytest.raises(PgolfError, match="1-D integer array"):
-        score_sliding(toy_tokens.astype(np.float32), ToyModel(), toy_tables(), SlidingEval(48, 48))
+        score_sliding(
+            toy_tokens.astype(np.float32), ToyModel(), np.zeros(toy_tokens.size), SlidingEval(48, 48)
+        )
+    with pytest.raises(PgolfError, match="144 byte counts for 145 tokens"):
+        score_sliding(toy_tokens, ToyModel(), np.zeros(144), SlidingEval(48, 48))
 
 
 # ---------------------------------------------------- the record's own evaluation
@@ -212,7 +241,7 @@ def test_the_records_sliding_evaluation(challenge_dir):
         return np.stack([rows[row.tobytes()] for row in x])  # a KeyError if our windows were not the record's
 
     ev = SlidingEval(ev_meta["seq_len"], ev_meta["stride"], ev_meta["batch_seqs"])
-    meter = score_sliding(g["eval/tokens"], record_losses, tables, ev)
+    meter = score_sliding(g["eval/tokens"], record_losses, stream_bytes(g["eval/tokens"], tables), ev)
     assert seen == [3, 3, 2] and meter.tokens == len(g["eval/tokens"]) - 1 == 170
     assert meter.val_loss == pytest.approx(ev_meta["val_loss"], rel=1e-12, abs=0)
     assert meter.val_bpb == pytest.approx(ev_meta["val_bpb"], rel=1e-12, abs=0)

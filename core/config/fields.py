@@ -112,6 +112,12 @@ class Config:
     tokenizer_path: str = opt(
         "data/tokenizers/sotu_1024_bpe.model", "SentencePiece model used for BPB", "data", ANY
     )
+    caseops_enabled: bool = opt(
+        False,
+        "CaseOps data: val_bpb counts the validation byte sidecar (fineweb_val_bytes_*.bin, each token's "
+        "original UTF-8 bytes) instead of the tokenizer's byte tables; --dataset sets it from the manifest",
+        "data", ANY, scoring=True,
+    )  # fmt: skip
     run_id: str = opt(
         "", "name of the run directory under out_dir; empty = timestamp", "run", PLAIN_NAME, resume=True
     )

@@ -87,8 +87,8 @@ def resolve_sources(
     where each field's value came from: 'default', 'preset P', 'file F', 'env VAR', 'flag', or
     'dataset D' for the paths a `dataset` looked up in the manifest.
 
-    A layer that names a dataset sets data_path, tokenizer_path and vocab_size from the manifest,
-    except those the same layer sets itself (a run's config.json holds all four).
+    A layer that names a dataset sets data_path, tokenizer_path, vocab_size and caseops_enabled from
+    the manifest, except those the same layer sets itself (a run's config.json holds them all).
     """
     env_vars = env_names(environ)
     layers = [

@@ -74,7 +74,8 @@ def manifest_path(path: Any) -> str:
 
 
 def dataset_settings(name: str, root: str | Path = DATA_ROOT) -> dict[str, Any]:
-    """data_path, tokenizer_path and vocab_size of the dataset `name` listed in `root/manifest.json`."""
+    """data_path, tokenizer_path, vocab_size and caseops_enabled of the dataset `name` listed in
+    `root/manifest.json`: caseops_enabled when its entry names a validation byte sidecar (val_bytes_glob)."""
     manifest = read_manifest(root)
     found = find_entries(manifest, name)
     if found is None:
@@ -95,6 +96,7 @@ def dataset_settings(name: str, root: str | Path = DATA_ROOT) -> dict[str, Any]:
         "data_path": str(Path(root) / manifest_path(dataset.get("path") or f"datasets/{name}")),
         "tokenizer_path": str(Path(root) / model),
         "vocab_size": vocab_size,
+        "caseops_enabled": bool(dataset.get("val_bytes_glob")),  # the data has a byte sidecar: BPB counts it
     }
 
 

@@ -71,6 +71,8 @@ def read_shard(path: str | Path, vocab_size: int | None = None) -> np.ndarray:
 
 
 def find_shards(data_path: str | Path, split: str) -> list[Path]:
+    """The shards `fineweb_<split>_<number>.bin` of a dataset folder, in order. split "val_bytes"
+    names the validation byte sidecar (CaseOps data), which "val" does not include."""
     folder = Path(data_path)
     if not folder.is_dir():
         raise PgolfError(f"dataset folder {folder} does not exist (run: python cli.py data prepare)")
@@ -78,7 +80,7 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
         os.listdir(folder)  # glob finds nothing in a folder it may not list: say so instead
     except OSError as exc:
         raise PgolfError(f"dataset folder {folder}: cannot read ({exc.strerror or exc})") from None
-    files = sorted(folder.glob(f"fineweb_{split}_*.bin"))
+    files = sorted(folder.glob(f"fineweb_{split}_[0-9]*.bin"))
     if not files:
         raise PgolfError(f"no fineweb_{split}_*.bin shards in {folder}")
     return files
@@ -426,6 +428,23 @@ def load_val_tokens(
             f"too few for one sequence of {seq_len} plus its target"
         )
     return tokens[: usable + 1]
+
+
+def load_val_bytes(files: list[Path], n_tokens: int) -> np.ndarray:
+    """The byte sidecar of the validation shards `files`, cut as load_val_tokens cut their tokens to
+    `n_tokens`: uint16, the original bytes of the text each token stands for (CaseOps data).
+
+    Each shard `fineweb_val_N.bin` must have its sidecar `fineweb_val_bytes_N.bin` with as many entries.
+    """
+    parts = []
+    for shard in files:
+        sidecar = shard.with_name(shard.name.replace("_val_", "_val_bytes_"))
+        if not sidecar.exists() or read_shard_header(sidecar) != read_shard_header(shard):
+            raise PgolfError(f"{sidecar} must hold one entry per token of {shard.name}")
+        parts.append(read_shard(sidecar))
+        if sum(map(len, parts)) >= n_tokens:
+            break
+    return np.concatenate(parts)[:n_tokens]
 
 
 def val_spans(

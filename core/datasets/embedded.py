@@ -35,6 +35,7 @@ from core.common.files import WriterLock, make_dir, sync
 from core.data.manifest import merge_manifest, shard_digests
 from core.data.shards import MAX_VOCAB
 from core.data.tokenizer import load_tokenizer
+from core.datasets import caseops
 from core.datasets.writers import train_tokenizer, write_shard
 
 VAL_EVERY = 10  # every 10th speech (sorted by file name) is validation
@@ -79,10 +80,14 @@ def export_documents(
     num_val_docs: int,
     shard_tokens: int = SHARD_TOKENS,
     bos_id: int | None = None,
+    case_ops: bool = False,
 ) -> dict[str, int]:
     """Tokenize documents into challenge shards: the first num_val_docs are validation.
 
-    Each document is `[bos_id] + ids` (the tokenizer's BOS unless given), no EOS.
+    Each document is `[bos_id] + ids` (the tokenizer's BOS unless given), no EOS. With `case_ops`
+    the tokens are those of the CaseOps-transformed text (core/datasets/caseops.py), and each
+    validation shard `fineweb_val_N.bin` gets its byte sidecar `fineweb_val_bytes_N.bin`: as many
+    uint16 as it has tokens, each the original UTF-8 bytes of its token (0 for BOS).
     Returns the counts of documents, tokens and files per split.
     """
     if sp.vocab_size() > MAX_VOCAB:
@@ -98,28 +103,39 @@ def export_documents(
         "files_val": 0,
         "files_train": 0,
     }
-    buffers: dict[str, list[np.ndarray]] = {"val": [], "train": []}
-    filled = {"val": 0, "train": 0}
+    streams = ("val", "train", "val_bytes") if case_ops else ("val", "train")
+    buffers: dict[str, list[np.ndarray]] = {name: [] for name in streams}
+    files, filled = dict.fromkeys(streams, 0), dict.fromkeys(streams, 0)
+    fragments = caseops.piece_fragments(sp) if case_ops else []
 
-    def flush(split: str, final: bool) -> None:
-        data = np.concatenate(buffers[split]) if buffers[split] else np.zeros(0, dtype=np.uint16)
+    def flush(name: str, final: bool) -> None:
+        # A sidecar's buffer always holds as many entries as the validation tokens' buffer, so
+        # flushing both at the same moments gives both the same shard layout.
+        data = np.concatenate(buffers[name]) if buffers[name] else np.zeros(0, dtype=np.uint16)
         while len(data) >= shard_tokens or (final and len(data)):
-            write_shard(out_dir / f"fineweb_{split}_{counts[f'files_{split}']:06d}.bin", data[:shard_tokens])
-            counts[f"files_{split}"] += 1
+            write_shard(out_dir / f"fineweb_{name}_{files[name]:06d}.bin", data[:shard_tokens])
+            files[name] += 1
             data = data[shard_tokens:]
-        buffers[split], filled[split] = ([data] if len(data) else []), len(data)
+        buffers[name], filled[name] = ([data] if len(data) else []), len(data)
 
     for i, text in enumerate(docs):
         split = "val" if i < num_val_docs else "train"
-        ids = np.array([bos, *sp.encode(text)], dtype=np.uint16)
+        encoded = sp.encode(caseops.encode(text) if case_ops else text)
+        ids = np.array([bos, *encoded], dtype=np.uint16)
         buffers[split].append(ids)
         filled[split] += len(ids)
+        if case_ops and split == "val":
+            sidecar = caseops.token_bytes(fragments, encoded, text)
+            buffers["val_bytes"].append(np.concatenate([np.zeros(1, np.uint16), sidecar]))
         counts[f"docs_{split}"] += 1
         counts[f"tokens_{split}"] += len(ids)
         if filled[split] >= shard_tokens:
-            flush(split, final=False)
-    flush("val", final=True)
-    flush("train", final=True)
+            for name in streams:
+                if name.startswith(split):
+                    flush(name, final=False)
+    for name in streams:
+        flush(name, final=True)
+    counts["files_val"], counts["files_train"] = files["val"], files["train"]
     return counts
 
 
@@ -152,11 +168,16 @@ def prepare_sotu(
     progress: Progress | None = None,
     limit_docs: int | None = None,
     shard_tokens: int = SHARD_TOKENS,
+    case_ops: bool = False,
 ) -> dict[str, Any]:
     """Build tokenizer, shards and manifest for the embedded corpus under out_root.
 
     `limit_docs` keeps only the first speeches by file name (the split rule still applies):
-    a small, quick dataset for tests. Returns a short summary for the CLI to print.
+    a small, quick dataset for tests. `case_ops` makes the CaseOps dataset `sotu_sp<V>_caseops`
+    instead: the tokenizer is trained on the transformed text with the four operators as pieces of
+    their own (ids 4-7, as in the records' tokenizer) and no normalization, so that its tokens
+    decode and invert to the speeches byte for byte; the validation shards get their byte sidecar.
+    Returns a short summary for the CLI to print.
     """
     if not 1 < vocab_size <= MAX_VOCAB:
         raise PgolfError(f"vocab_size must be in 2..{MAX_VOCAB} (uint16 shards), got {vocab_size}")
@@ -169,6 +190,9 @@ def prepare_sotu(
         if not val_files or not train_files:
             raise PgolfError("the corpus needs at least one validation and one training speech")
         name, tok_name = f"sotu_sp{vocab_size}", f"sotu_{vocab_size}_bpe"
+        if case_ops:
+            name, tok_name = f"{name}_caseops", f"{tok_name}_caseops"
+        transform = caseops.encode if case_ops else (lambda text: text)
         out_dir = root / "datasets" / name
         # Everything is built in a staging folder and moved into place only when complete:
         # an interrupted or failed run leaves the previous dataset as it was (and its staging
@@ -179,7 +203,11 @@ def prepare_sotu(
         try:
             say(f"training a {vocab_size}-piece BPE tokenizer on {len(train_files)} speeches")
             staged_model = train_tokenizer(
-                paragraphs(read_text(f) for f in train_files), vocab_size, stage / tok_name
+                paragraphs(transform(read_text(f)) for f in train_files),
+                vocab_size,
+                stage / tok_name,
+                user_symbols=caseops.OPERATORS if case_ops else (),
+                lossless=case_ops,
             )
             sp = load_tokenizer(staged_model)
             # The trainer may stop short of vocab_size on little text (hard_vocab_limit=False).
@@ -190,7 +218,9 @@ def prepare_sotu(
                 )
             say(f"tokenizing {len(files)} speeches into {out_dir}")
             docs = (read_text(f) for f in [*val_files, *train_files])
-            counts = export_documents(docs, sp, stage / "shards", len(val_files), shard_tokens, sp.bos_id())
+            counts = export_documents(
+                docs, sp, stage / "shards", len(val_files), shard_tokens, sp.bos_id(), case_ops
+            )
             digests = shard_digests(stage / "shards")
             model_path = _move_into_place(stage, root, name, tok_name)
         finally:
@@ -203,6 +233,7 @@ def prepare_sotu(
             "train_glob": f"datasets/{name}/fineweb_train_*.bin",
             "val_glob": f"datasets/{name}/fineweb_val_*.bin",
             "vocab_size": vocab_size,
+            **({"val_bytes_glob": f"datasets/{name}/fineweb_val_bytes_*.bin"} if case_ops else {}),
             "sha256": digests,
             "bos_id": sp.bos_id(),
             "eos_id": sp.eos_id(),
@@ -227,6 +258,7 @@ def prepare_sotu(
             "eos_id": sp.eos_id(),
             "model_path": f"tokenizers/{tok_name}.model",
             "vocab_path": f"tokenizers/{tok_name}.vocab",
+            **({"text_transform": caseops.TRANSFORM} if case_ops else {}),
         }
         merge_manifest(root, dataset, tokenizer)
         return {

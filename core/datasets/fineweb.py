@@ -5,6 +5,11 @@ The dataset repo holds everything under `datasets/`: `manifest.json`, the shards
 manifest are relative to that prefix, and locally to `out_root`, so the local tree
 has the challenge's layout. Every file lands atomically and is checked, so a file
 that is present is complete and a second run downloads nothing.
+
+The records' CaseOps data (repo romeerp/parameter-golf-caseops-v1, variant
+sp8192_lossless_caps_caseops_v1_reserved) has the same layout; its dataset entry names a
+validation byte sidecar (`val_bytes_glob`), fetched beside the validation shards
+(`fineweb_val_bytes_N.bin`, one entry per token of `fineweb_val_N.bin`; core/datasets/caseops.py).
 """
 
 from __future__ import annotations
@@ -74,8 +79,11 @@ def download_fineweb(
     """
     if train_shards < 0:
         raise PgolfError(f"--train-shards must be >= 0, got {train_shards}")
-    if not re.fullmatch(r"sp\d+|byte260", variant):
-        raise PgolfError(f"{variant!r} is not a variant name: sp<VOCAB> (e.g. sp1024) or byte260")
+    if not re.fullmatch(r"sp\d+(_[a-z0-9_]+)?|byte260", variant):
+        raise PgolfError(
+            f"{variant!r} is not a variant name: sp<VOCAB> (e.g. sp1024), sp<VOCAB>_<kind> "
+            "(e.g. sp8192_lossless_caps_caseops_v1_reserved) or byte260"
+        )
     make_dir(Path(out_root), "data folder")
     with WriterLock(out_root, "data folder"):  # one writer of a data folder at a time
         say = progress or (lambda message: None)
@@ -95,6 +103,8 @@ def download_fineweb(
 
         folder = manifest_path(dataset.get("path") or f"datasets/{dataset['name']}")
         shards = [f"{folder}/fineweb_val_{i:06d}.bin" for i in range(files_val)]
+        if dataset.get("val_bytes_glob"):  # CaseOps data: each validation shard has its byte sidecar
+            shards += [f"{folder}/fineweb_val_bytes_{i:06d}.bin" for i in range(files_val)]
         shards += [f"{folder}/fineweb_train_{i:06d}.bin" for i in range(train_shards)]
         artifacts = [manifest_path(tokenizer[k]) for k in ("model_path", "vocab_path") if tokenizer.get(k)]
         if not artifacts:
@@ -110,8 +120,12 @@ def download_fineweb(
                 say(f"[{i}/{len(todo)}] downloading {rel}")
                 _fetch_one(fetch, f"{REMOTE_PREFIX}/{rel}", dest, is_shard)
                 fetched += 1
-            if is_shard:
+            if is_shard and "fineweb_val_bytes_" not in rel:
                 tokens["val" if "fineweb_val_" in rel else "train"] += read_shard_header(dest)
+        for i in range(files_val if dataset.get("val_bytes_glob") else 0):
+            val, sidecar = (root / folder / f"fineweb_val{kind}_{i:06d}.bin" for kind in ("", "_bytes"))
+            if read_shard_header(sidecar) != read_shard_header(val):
+                raise PgolfError(f"byte sidecar {sidecar} does not have one entry per token of {val.name}")
 
         say("recording the shards' SHA-256 (data verify checks them)")
         dataset = {**dataset, "sha256": {Path(rel).name: file_sha256(root / rel) for rel in shards}}
@@ -121,6 +135,7 @@ def download_fineweb(
             "dataset": str(root / folder),
             "tokenizer": str(root / artifacts[0]),
             "val_shards": files_val,
+            "byte_sidecar": bool(dataset.get("val_bytes_glob")),
             "train_shards": train_shards,
             "tokens_val": tokens["val"],
             "tokens_train": tokens["train"],

@@ -5,7 +5,7 @@ them) and a SentencePiece model trained on the dataset's text (core/data/tokeniz
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,35 +30,46 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, model_prefix: str | Path, byte_fallback: bool = True
+    texts: Iterable[str],
+    vocab_size: int,
+    model_prefix: str | Path,
+    byte_fallback: bool = True,
+    user_symbols: Sequence[str] = (),
+    lossless: bool = False,
 ) -> Path:
     """Train a BPE model with the challenge's trainer options; deterministic for the same texts.
 
+    `user_symbols` become pieces of their own, right after the four special ones (ids 4, 5, ...).
+    `lossless` keeps the text as it is (no NFKC, no whitespace folding): decoding then gives back the
+    exact text encoded (with byte_fallback), which CaseOps' byte sidecar relies on.
     Writes `<prefix>.model` and `<prefix>.vocab` and returns the .model path.
     """
     prefix = Path(model_prefix)
     model = io.BytesIO()
+    options = dict(
+        model_type="bpe",
+        vocab_size=vocab_size,
+        character_coverage=0.999,
+        byte_fallback=byte_fallback,
+        split_digits=True,
+        normalization_rule_name="nmt_nfkc",
+        add_dummy_prefix=False,
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        hard_vocab_limit=False,
+        num_threads=1,  # multi-threaded training may order merges differently run to run
+        shuffle_input_sentence=False,
+        max_sentence_length=1 << 20,
+        minloglevel=2,
+    )
+    if user_symbols:
+        options["user_defined_symbols"] = list(user_symbols)
+    if lossless:
+        options.update(normalization_rule_name="identity", remove_extra_whitespaces=False)
     try:
-        spm.SentencePieceTrainer.Train(
-            sentence_iterator=iter(texts),
-            model_writer=model,
-            model_type="bpe",
-            vocab_size=vocab_size,
-            character_coverage=0.999,
-            byte_fallback=byte_fallback,
-            split_digits=True,
-            normalization_rule_name="nmt_nfkc",
-            add_dummy_prefix=False,
-            pad_id=0,
-            bos_id=1,
-            eos_id=2,
-            unk_id=3,
-            hard_vocab_limit=False,
-            num_threads=1,  # multi-threaded training may order merges differently run to run
-            shuffle_input_sentence=False,
-            max_sentence_length=1 << 20,
-            minloglevel=2,
-        )
+        spm.SentencePieceTrainer.Train(sentence_iterator=iter(texts), model_writer=model, **options)
     except RuntimeError as exc:
         raise PgolfError(f"tokenizer {prefix}.model: training failed ({exc})") from None
     # Appended, not with_suffix: a prefix such as "tok.v2" keeps its dot.

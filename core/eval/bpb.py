@@ -17,10 +17,23 @@ def token_bytes(prev_ids: np.ndarray, target_ids: np.ndarray, tables: ByteTables
     return tables.base_bytes[target].astype(np.int64) + space
 
 
-class BPBMeter:
-    """float64 sums of nats, tokens and bytes; mergeable across ranks as a 3-vector."""
+def stream_bytes(tokens: np.ndarray, tables: ByteTables) -> np.ndarray:
+    """int64 bytes each position of a token stream adds as a target, by the tokenizer's tables:
+    index i counts tokens[i] after tokens[i - 1]; index 0, never a target, counts 0."""
+    tokens = np.asarray(tokens).reshape(-1)
+    out = np.zeros(tokens.size, dtype=np.int64)
+    out[1:] = token_bytes(tokens[:-1], tokens[1:], tables)
+    return out
 
-    def __init__(self, tables: ByteTables):
+
+class BPBMeter:
+    """float64 sums of nats, tokens and bytes; mergeable across ranks as a 3-vector.
+
+    The bytes come from the tokenizer's tables (`add`, `count`: those need `tables`) or are given
+    per target (`count_bytes`: what the evaluators pass, from EvalData.target_bytes).
+    """
+
+    def __init__(self, tables: ByteTables | None = None):
         self.tables = tables
         self.nats = self.tokens = self.nbytes = 0.0
 
@@ -30,14 +43,18 @@ class BPBMeter:
 
     def count(self, prev_ids: np.ndarray, target_ids: np.ndarray) -> None:
         """The tokens and their bytes alone: host numpy, while the device computes their loss."""
-        self.tokens += float(np.size(target_ids))
-        self.nbytes += float(token_bytes(prev_ids, target_ids, self.tables).sum())
+        self.count_bytes(token_bytes(prev_ids, target_ids, self.tables))
+
+    def count_bytes(self, target_bytes: np.ndarray) -> None:
+        """Targets whose bytes are given, one entry each."""
+        self.tokens += float(np.size(target_bytes))
+        self.nbytes += float(np.sum(target_bytes, dtype=np.int64))
 
     def as_array(self) -> np.ndarray:
         return np.array([self.nats, self.tokens, self.nbytes], dtype=np.float64)
 
     @classmethod
-    def from_array(cls, tables: ByteTables, values: np.ndarray) -> BPBMeter:
+    def from_array(cls, tables: ByteTables | None, values: np.ndarray) -> BPBMeter:
         meter = cls(tables)
         meter.nats, meter.tokens, meter.nbytes = (float(v) for v in values)
         return meter

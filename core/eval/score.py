@@ -18,9 +18,9 @@ import numpy as np
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.config.fields import Config
-from core.data.shards import find_shards, load_val_tokens, val_spans
+from core.data.shards import find_shards, load_val_bytes, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
-from core.eval.bpb import BPBMeter, token_bytes
+from core.eval.bpb import BPBMeter, stream_bytes
 from core.eval.sliding import SlidingEval, score_sliding, sliding_enabled
 from core.eval.ttt import evaluate_ttt
 
@@ -32,23 +32,30 @@ Progress = Callable[[int, int], None]  # (done, total) of something long
 
 @dataclass
 class EvalData:
-    """What scoring needs: the validation tokens and the tokenizer's byte tables."""
+    """What scoring needs: the validation tokens, the tokenizer's byte tables, and for CaseOps data
+    the byte sidecar (each token's original UTF-8 bytes, core/datasets/caseops.py)."""
 
     tokens: np.ndarray
     tables: ByteTables
+    sidecar: np.ndarray | None = None  # exactly one entry per token, or None: the tables count the bytes
 
     @cached_property
     def target_bytes(self) -> np.ndarray:
         """int64 bytes of text each token stands for as a target, by stream position: index i counts
-        tokens[i] after tokens[i - 1]; index 0 (never a target) counts 0. What an evaluation that
-        scores tokens out of stream order (test-time training) adds up."""
-        tokens = np.asarray(self.tokens)
-        out = np.zeros(tokens.size, dtype=np.int64)
-        out[1:] = token_bytes(tokens[:-1], tokens[1:], self.tables)
+        tokens[i] after tokens[i - 1]; index 0 (never a target) counts 0. From the sidecar when the
+        data has one, else from the tables. Every evaluation adds these up for the tokens it scores,
+        in whatever order it scores them."""
+        if self.sidecar is None:
+            return stream_bytes(self.tokens, self.tables)
+        out = np.asarray(self.sidecar, dtype=np.int64).copy()
+        out[:1] = 0
         return out
 
 
 def load_eval_data(cfg: Config) -> EvalData:
+    """The validation tokens of `cfg.data_path`, with the byte sidecar beside them when
+    `caseops_enabled`; a sidecar there without it, or none with it, is refused (either way the
+    bytes would not be the text's)."""
     sp = load_tokenizer(cfg.tokenizer_path)
     check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
     if cfg.smear_gate_enabled and sp.bos_id() != cfg.bos_id:
@@ -56,10 +63,17 @@ def load_eval_data(cfg: Config) -> EvalData:
             f"bos_id={cfg.bos_id}, but the tokenizer {cfg.tokenizer_path} starts documents with {sp.bos_id()}: "
             "SmearGate would smear across document starts (set --bos-id)"
         )
-    tokens = load_val_tokens(
-        find_shards(cfg.data_path, "val"), cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size
-    )
-    return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size))
+    files = find_shards(cfg.data_path, "val")
+    tokens = load_val_tokens(files, cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size)
+    has = any(Path(cfg.data_path).glob("fineweb_val_bytes_*.bin"))
+    if has != cfg.caseops_enabled:
+        raise PgolfError(
+            f"caseops_enabled is {'off' if has else 'on'}, but {cfg.data_path} has {'a' if has else 'no'} "
+            "validation byte sidecar (fineweb_val_bytes_*.bin, CaseOps data): "
+            + ("set --caseops-enabled (CASEOPS_ENABLED=1)" if has else "data prepare --caseops makes one")
+        )
+    sidecar = load_val_bytes(files, len(tokens)) if has else None
+    return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size), sidecar=sidecar)
 
 
 def evaluate(
@@ -74,7 +88,7 @@ def evaluate(
         meter = score_sliding(
             data.tokens,
             backend.token_losses,
-            data.tables,
+            data.target_bytes,
             ev,
             backend.rank,
             backend.world_size,
@@ -91,7 +105,7 @@ def evaluate(
         chunk = data.tokens[start:end].astype(np.int32)
         x, y = chunk[:-1].reshape(-1, seq), chunk[1:].reshape(-1, seq)
         nll = nll + backend.eval_nll(x, y)  # queued, not waited for
-        meter.count(x, y)  # the bytes, on the host while the device works
+        meter.count_bytes(data.target_bytes[start + 1 : end])  # the targets' bytes, while the device works
         if progress is not None:
             progress(i + 1, len(spans))  # batches queued: the device may be a little behind
     meter.nats = float(nll)  # the one wait for the device
@@ -105,7 +119,14 @@ def evaluate_sliding(
     cfg = backend.cfg
     ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
     meter = score_sliding(
-        data.tokens, backend.token_losses, data.tables, ev, backend.rank, backend.world_size, progress, sink
+        data.tokens,
+        backend.token_losses,
+        data.target_bytes,
+        ev,
+        backend.rank,
+        backend.world_size,
+        progress,
+        sink,
     )
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 

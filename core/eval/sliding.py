@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.common.errors import PgolfError
-from core.data.tokenizer import ByteTables
 from core.eval.bpb import BPBMeter
 
 __all__ = [
@@ -120,7 +119,7 @@ def batch_arrays(tokens: np.ndarray, batch: WindowPlan, seq_len: int) -> tuple[n
 def score_sliding(
     tokens: np.ndarray,
     token_losses: TokenLosses,
-    tables: ByteTables,
+    target_bytes: np.ndarray,
     ev: SlidingEval,
     rank: int = 0,
     world_size: int = 1,
@@ -130,14 +129,17 @@ def score_sliding(
     """This rank's sums of nats, scored tokens and their bytes (a BPBMeter; add them over ranks).
 
     `token_losses(x, y)` returns the per-token NLL in nats, shape (B, seq_len), for
-    int64 inputs and targets of shape (B, seq_len); `progress(done, total)` follows the batches;
+    int64 inputs and targets of shape (B, seq_len); `target_bytes[i]` is the bytes tokens[i] adds
+    as a target (EvalData.target_bytes); `progress(done, total)` follows the batches;
     `sink` (one float per token) receives each scored target's loss at its stream position.
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise PgolfError(f"sliding evaluation: tokens should be a 1-D integer array, not {tokens.dtype}")
+    if np.shape(target_bytes) != tokens.shape:
+        raise PgolfError(f"sliding evaluation: {np.size(target_bytes)} byte counts for {tokens.size} tokens")
     plan = rank_windows(plan_windows(tokens.size - 1, ev.seq_len, ev.stride), rank, world_size)
-    meter = BPBMeter(tables)
+    meter = BPBMeter()
     pos = np.arange(ev.seq_len)
     total = -(-len(plan) // ev.batch_seqs)
     for i, batch in enumerate(window_batches(plan, ev.batch_seqs)):
@@ -146,9 +148,11 @@ def score_sliding(
         if nll.shape != x.shape:
             raise PgolfError(f"sliding evaluation: token losses of shape {nll.shape}, expected {x.shape}")
         scored = (pos[None, :] >= batch.score_from[:, None]) & (pos[None, :] < batch.lengths[:, None])
-        meter.add(nll[scored].astype(np.float64).sum(), x[scored], y[scored])
+        positions = (batch.starts[:, None] + pos[None, :] + 1)[scored]
+        meter.nats += float(nll[scored].astype(np.float64).sum())
+        meter.count_bytes(target_bytes[positions])
         if sink is not None:
-            sink[(batch.starts[:, None] + pos[None, :] + 1)[scored]] = nll[scored]
+            sink[positions] = nll[scored]
         if progress is not None:
             progress(i + 1, total)
     return meter
