@@ -188,7 +188,7 @@ def test_a_run_directory_whose_first_write_fails_is_removed(tmp_path, monkeypatc
     assert (tmp_path / "kept").is_dir()
 
 
-def test_an_artifact_keeping_settings_of_the_wrong_type_is_refused_by_name(tmp_path):
+def test_an_artifact_keeping_settings_of_the_wrong_type_or_out_of_range_is_refused_by_name(tmp_path):
     from core.artifact import int8
     from core.config.presets import preset
     from core.model.params import artifact_classes, init_params, storage_dtypes
@@ -196,7 +196,9 @@ def test_an_artifact_keeping_settings_of_the_wrong_type_is_refused_by_name(tmp_p
 
     cfg = preset("smoke")
     model = int8.quantize_int8(init_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg))
-    for kept in ({"num_layers": [1, 2]}, {"rope_dims": "wide"}, {"ln_scale": 3.5}):
+    wrong = ({"num_layers": [1, 2]}, {"rope_dims": "wide"}, {"ln_scale": 3.5})
+    out_of_range = ({"num_layers": 0}, {"eval_stride": -5}, {"muon_backend_steps": 10**6}, {"num_heads": 3})
+    for kept in wrong + out_of_range:
         path = tmp_path / "a.pgolf"
         int8.save_artifact(path, model, "zlib", config=kept)  # its checksum is valid: written so
         with pytest.raises(PgolfError, match=rf"artifact {path} keeps settings pgolf refuses: config: "):

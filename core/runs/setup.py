@@ -140,7 +140,8 @@ def scoring_config(
             with contextlib.suppress(PgolfError):  # not in data/manifest.json: the given paths stay
                 found = dataset_settings(str(found["dataset"])) | found
         try:
-            cfg = Config.from_dict({**Config().to_dict(), **found}).replace(**given_values(cfg, sources))
+            kept = Config.from_dict({**Config().to_dict(), **found}).validate()  # types, then ranges
+            cfg = kept.replace(**given_values(cfg, sources))
         except PgolfError as exc:  # a damaged or hand-made file's settings: name the file they came from
             raise PgolfError(f"{saved[1]} keeps settings pgolf refuses: {exc}") from None
     return path, cfg
