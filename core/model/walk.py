@@ -223,12 +223,12 @@ class Walk:
         rope: Rope,
         v_embed: Array | None,
         kv: list | None,
-        lora: Adapters | None,
+        lora: Adapters | None = None,
     ) -> Array:
         attn = self.attend(i, block.attn, self.norm(i, x), rope, v_embed, kv, lora)
         return self.cast(block.attn_scale, x) * attn
 
-    def mlp_branch(self, i: int, block: Any, x: Array, lora: Adapters | None) -> Array:
+    def mlp_branch(self, i: int, block: Any, x: Array, lora: Adapters | None = None) -> Array:
         normed = self.norm(i, x)
         return self.cast(block.mlp_scale, x) * self.adapt(lora, "mlp", normed, block.mlp(normed))
 
@@ -241,7 +241,7 @@ class Walk:
         rope: Rope,
         v_embed: Array | None,
         kv: list | None,
-        lora: Adapters | None,
+        lora: Adapters | None = None,
     ) -> Array:
         """Block i: mixed with x0, then the attention and the MLP branch, one after the other."""
         block = model.blocks[i]
@@ -258,7 +258,7 @@ class Walk:
         rope: Rope,
         v_embed: Array | None,
         kv: list | None,
-        lora: Adapters | None,
+        lora: Adapters | None = None,
     ) -> Lanes:
         """Block i's branches side by side: both read the incoming lanes, and lane j becomes
         resid[j] * lane_j + post[0, j] * attention + post[1, j] * MLP."""
