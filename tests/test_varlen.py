@@ -11,7 +11,7 @@ from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.eval.score import load_eval_data
 from tests.reference import document_mask, reference_logits, reference_loss
-from tests.test_backends import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend
+from tests.test_backends import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 
 # Rows of 40 tokens, longer than max_doc_len (16): row 0 has documents starting at 5, 6 (one token) and
 # 20 (cut at 36); row 1 has no BOS, so its one document is cut at 16 and 32.
@@ -142,3 +142,22 @@ def test_a_bos_id_the_tokenizer_does_not_use_is_refused(sotu_dataset):
     load_eval_data(cfg)
     with pytest.raises(PgolfError, match="bos_id=2, but .* attention would reach across document starts"):
         load_eval_data(cfg.replace(bos_id=2))
+
+
+@needs("cuda")
+def test_the_flash_varlen_path_lays_segments_end_to_end(monkeypatch):
+    """cuda_train's call of FlashAttention's varlen kernel (CUDA only), run on a CPU with the golden
+    scripts' exact per-sequence stand-in for the kernel: the same as the masked SDPA it replaces."""
+    import torch
+
+    from cuda_train import model as torch_model
+    from tests.golden.make_record_features import _flash_attn_varlen_func_sdpa
+
+    monkeypatch.setattr(torch_model, "flash_varlen", lambda: _flash_attn_varlen_func_sdpa)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, T, 8, generator=g) for n in (4, 2, 2))  # (B, H or KV, T, D)
+    x, _ = packed_rows(CFG)
+    lower = torch.from_numpy(document_mask(CFG, x).argmax(-1))
+    got = torch_model.varlen_attention(q, k, v, lower)
+    want = torch_model.causal_attention(q, k, v, expand_kv=False, lower=lower)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
