@@ -341,12 +341,14 @@ class TorchBackend:
         self._sgd_params = [p for n, p in self.model.named_parameters() if not n.startswith(frozen)]
         self._sgd = torch.optim.SGD(self._sgd_params, lr=0.0, momentum=momentum)
 
-    def sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float) -> None:
+    def sgd_step(
+        self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float, doc_mask: bool = True
+    ) -> None:
         self.model.train()
         params = self._sgd_params
         self._sgd.zero_grad(set_to_none=False)
         if x.shape[0]:
-            with self.autocast:
+            with self.autocast, self.model.walk.plain_causal(not doc_mask):
                 loss = self.model(
                     self._to_device(x), self._to_device(y), reduction="sum", looping=self.looping
                 )

@@ -8,6 +8,10 @@ matmul; the embeddings are bf16 in bf16 runs.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,14 +27,53 @@ def rms_norm(x: Tensor) -> Tensor:
     return F.rms_norm(x, (x.size(-1),)).to(x.dtype)
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool) -> Tensor:
+@cache
+def flash_varlen() -> Callable | None:
+    """FlashAttention's varlen kernel (version 3's interface, else version 2's), if installed."""
+    for module in ("flash_attn_interface", "flash_attn"):
+        try:
+            return importlib.import_module(module).flash_attn_varlen_func
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, lower: Tensor) -> Tensor:
+    """Segment-causal attention through FlashAttention's varlen kernel, S == T: every row's segments
+    (where lower[b, t] == t) laid end to end as the kernel's sequences. Their boundaries have a
+    data-dependent count, so this runs eagerly only (the caller checks)."""
+    b, h, t, d = q.shape
+    flat = lower + torch.arange(b, device=q.device)[:, None] * t  # segment starts as flat positions
+    starts = torch.arange(b * t, device=q.device)[flat.flatten() == torch.arange(b * t, device=q.device)]
+    cu = torch.cat([starts, starts.new_tensor([b * t])]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())
+    y = flash_varlen()(
+        *(a.transpose(1, 2).reshape(b * t, a.size(1), d) for a in (q, k, v)),
+        cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
+    )  # fmt: skip
+    y = y[0] if isinstance(y, tuple) else y  # version 3 may return (out, lse)
+    return y.reshape(b, t, h, d).transpose(1, 2)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool, lower: Tensor | None = None) -> Tensor:
     """Causal SDPA of q (B, H, T, D) over k, v (B, KV, S, D), query t at position S - T + t: query head h
-    reads kv head h // (H / KV).
+    reads kv head h // (H / KV); with `lower` (B, T) it sees keys lower[b, t] .. S - T + t only.
 
     `expand_kv` repeats each kv head for its query heads first: the same numbers, but in fp32 on CUDA
     a fused kernel runs instead of the math fallback `enable_gqa` takes, which holds (B, H, T, T) scores.
+    A document mask is a boolean (B, 1, T, S) tensor; on CUDA, outside torch.compile, FlashAttention's
+    varlen kernel runs instead where installed.
     """
     t, s = q.size(2), k.size(2)
+    if lower is not None:
+        fits = q.is_cuda and t == s and q.dtype in (torch.bfloat16, torch.float16)
+        if fits and not torch.compiler.is_compiling() and flash_varlen() is not None:
+            return varlen_attention(q, k, v, lower)
+        keys = torch.arange(s, device=q.device)
+        visible = (keys <= torch.arange(s - t, s, device=q.device)[:, None]) & (keys >= lower[..., None])
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=visible[:, None], enable_gqa=k.size(1) != q.size(1)
+        )
     if t < s:  # decoding after cached tokens
         visible = (
             torch.arange(s, device=q.device)[None, :] <= torch.arange(s - t, s, device=q.device)[:, None]
@@ -66,8 +109,11 @@ class TorchWalk(Walk):
     def embed(self, table: nn.Embedding, idx: Tensor) -> Tensor:
         return table(idx)  # bf16 tables in bf16 runs, the rest follows autocast
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return causal_attention(q, k, v, expand_kv=q.is_cuda and q.dtype == torch.float32)
+    def running_max(self, a: Tensor) -> Tensor:
+        return torch.cummax(a, dim=1).values
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, lower: Tensor | None = None) -> Tensor:
+        return causal_attention(q, k, v, expand_kv=q.is_cuda and q.dtype == torch.float32, lower=lower)
 
 
 class CastedLinear(nn.Linear):

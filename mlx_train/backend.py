@@ -279,7 +279,9 @@ class MLXBackend:
         self._sgd_momentum, self._sgd_frozen = momentum, frozen
         self._sgd_buffers: dict[str, mx.array] = {}
 
-    def sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float) -> None:
+    def sgd_step(
+        self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float, doc_mask: bool = True
+    ) -> None:
         params = {
             k: p for k, p in tree_flatten(self.model.parameters()) if not k.startswith(self._sgd_frozen)
         }
@@ -288,7 +290,8 @@ class MLXBackend:
             def loss(xs: mx.array, ys: mx.array) -> mx.array:
                 return self.model.token_losses(xs, ys, self.looping).sum() / total_tokens
 
-            _, tree = nn.value_and_grad(self.model, loss)(mx.array(x), mx.array(y))
+            with self.model.walk.plain_causal(not doc_mask):
+                _, tree = nn.value_and_grad(self.model, loss)(mx.array(x), mx.array(y))
             grads = {k: g.astype(mx.float32) for k, g in tree_flatten(tree) if k in params}
         else:
             grads = {k: mx.zeros(p.shape, dtype=mx.float32) for k, p in params.items()}

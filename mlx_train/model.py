@@ -17,7 +17,7 @@ import mlx.nn as nn
 from core.config.fields import Config
 from core.model.params import mlp_hidden, num_skip_weights
 from core.model.walk import Adapters, KVCache, Rope, Walk
-from mlx_train.ops import Ops, default_ops, softcap_logits
+from mlx_train.ops import Ops, default_ops, segment_mask, softcap_logits
 
 # F.rms_norm(eps=None) uses the fp32 machine epsilon for fp32 and bf16 inputs alike.
 RMS_EPS = float(mx.finfo(mx.float32).eps)
@@ -56,12 +56,17 @@ class MLXWalk(Walk):
     def embed(self, table: nn.Embedding, idx: mx.array) -> mx.array:
         return table(idx).astype(self.compute_dtype)
 
-    def attention(self, q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+    def running_max(self, a: mx.array) -> mx.array:
+        return mx.cummax(a, axis=1)
+
+    def attention(self, q: mx.array, k: mx.array, v: mx.array, lower: mx.array | None = None) -> mx.array:
         t, s, scale = q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[-1])
         if t < s:  # decoding after cached tokens
             visible = mx.arange(s)[None, :] <= mx.arange(s - t, s)[:, None]
+            if lower is not None:
+                visible = segment_mask(lower, t, s)
             return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=visible)
-        return self.ops.attention(q, k, v, scale)
+        return self.ops.attention(q, k, v, scale, lower)
 
 
 class CastedLinear(nn.Module):

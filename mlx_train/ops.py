@@ -1,7 +1,8 @@
 """The model's three heavy operations, in one version for the Metal GPU and one for CPUs.
 
 - `linear(x, w)`: x @ w.T, with w cast to x's dtype first;
-- `attention(q, k, v, scale)`: causal attention with grouped key/value heads;
+- `attention(q, k, v, scale, lower)`: causal attention with grouped key/value heads; with `lower`
+  (B, T) query t sees only keys lower[b, t]..t (document masking);
 - `token_losses(x, w, targets, softcap)`: cross-entropy of softcap * tanh(x @ w.T / softcap).
 
 GPU_OPS uses MLX's fused Metal kernels (`mx.fast`) and native bf16 matmuls.
@@ -36,8 +37,17 @@ def fused_linear(x: mx.array, w: mx.array) -> mx.array:
     return x @ w.astype(x.dtype).T
 
 
-def fused_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")
+def segment_mask(lower: mx.array, t: int, s: int) -> mx.array:
+    """Which keys each query sees (B, 1, T, S): query t at position S - T + t sees keys lower[b, t] .. itself."""
+    keys = mx.arange(s)
+    return ((keys <= mx.arange(s - t, s)[:, None]) & (keys >= lower[..., None]))[:, None]
+
+
+def fused_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, lower: mx.array | None = None
+) -> mx.array:
+    mask = "causal" if lower is None else segment_mask(lower, q.shape[2], k.shape[2])
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
 def softcap_logits(x: mx.array, w: mx.array, softcap: float, linear: Callable = fused_linear) -> mx.array:
@@ -80,11 +90,16 @@ def _query_blocks(q: mx.array) -> list[tuple[int, int]]:
     return _spans(t, b * h * t)  # a query row holds (B, H) rows of T scores
 
 
-def _block_probs(q5: mx.array, k5: mx.array, start: int, end: int, scale: float) -> mx.array:
-    """Softmax probabilities of queries start:end over keys 0:end, shape (B, KV, G, end-start, end)."""
+def _block_probs(
+    q5: mx.array, k5: mx.array, start: int, end: int, scale: float, lower: mx.array | None = None
+) -> mx.array:
+    """Softmax probabilities of queries start:end over keys 0:end, shape (B, KV, G, end-start, end);
+    with `lower` (B, T) query t sees keys lower[b, t]..t only."""
     scores = (q5[..., start:end, :] * scale) @ k5[..., :end, :].swapaxes(-1, -2)
-    future = mx.arange(end)[None, :] > mx.arange(start, end)[:, None]
-    return mx.softmax(mx.where(future, -mx.inf, scores), axis=-1)
+    hidden = mx.arange(end)[None, :] > mx.arange(start, end)[:, None]
+    if lower is not None:  # (B, 1, 1, end-start, end), the segment's earlier keys only
+        hidden = hidden | (mx.arange(end) < lower[:, start:end, None])[:, None, None]
+    return mx.softmax(mx.where(hidden, -mx.inf, scores), axis=-1)
 
 
 def _grouped(q: mx.array, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -95,16 +110,20 @@ def _grouped(q: mx.array, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array,
 
 
 @cache
-def _blocked_attention(scale: float) -> Callable:
+def _blocked_attention(scale: float, masked: bool) -> Callable:
+    """The blocked attention for one scale; `masked`: it takes the segment starts `lower` as a 4th input."""
+
     @mx.custom_function
-    def attention(q: mx.array, k: mx.array, v: mx.array) -> mx.array:
+    def attention(q: mx.array, k: mx.array, v: mx.array, *lower: mx.array) -> mx.array:
         q5, k5, v5 = _grouped(q, k, v)
-        out = [_block_probs(q5, k5, s, e, scale) @ v5[..., :e, :] for s, e in _query_blocks(q)]
+        low = lower[0] if masked else None
+        out = [_block_probs(q5, k5, s, e, scale, low) @ v5[..., :e, :] for s, e in _query_blocks(q)]
         return mx.concatenate(out, axis=3).reshape(q.shape).astype(q.dtype)
 
     @attention.vjp
     def attention_vjp(primals, cotangent, output):
-        q, k, v = primals
+        q, k, v, *lower = primals
+        low = lower[0] if masked else None
         q5, k5, v5 = _grouped(q, k, v)
         do5 = cotangent.astype(F32).reshape(q5.shape)
         t = q.shape[2]
@@ -112,7 +131,7 @@ def _blocked_attention(scale: float) -> Callable:
         dk = mx.zeros(k.shape, F32)
         dv = mx.zeros(v.shape, F32)
         for s, e in _query_blocks(q):
-            p = _block_probs(q5, k5, s, e, scale)
+            p = _block_probs(q5, k5, s, e, scale, low)
             do = do5[..., s:e, :]
             dp = do @ v5[..., :e, :].swapaxes(-1, -2)
             ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
@@ -121,13 +140,22 @@ def _blocked_attention(scale: float) -> Callable:
             dk = dk + mx.pad((ds.swapaxes(-1, -2) @ q5[..., s:e, :]).sum(axis=2) * scale, pad)
             dv = dv + mx.pad((p.swapaxes(-1, -2) @ do).sum(axis=2), pad)
         dq = mx.concatenate(dq, axis=3).reshape(q.shape)
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+        return (
+            dq.astype(q.dtype),
+            dk.astype(k.dtype),
+            dv.astype(v.dtype),
+            *(mx.zeros_like(a) for a in lower),
+        )
 
     return attention
 
 
-def blocked_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-    return _blocked_attention(float(scale))(q, k, v)
+def blocked_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, lower: mx.array | None = None
+) -> mx.array:
+    if lower is None:
+        return _blocked_attention(float(scale), False)(q, k, v)
+    return _blocked_attention(float(scale), True)(q, k, v, lower)
 
 
 @cache
@@ -173,7 +201,7 @@ def chunked_token_losses(x: mx.array, w: mx.array, targets: mx.array, softcap: f
 class Ops:
     name: str
     linear: Callable[[mx.array, mx.array], mx.array]
-    attention: Callable[[mx.array, mx.array, mx.array, float], mx.array]
+    attention: Callable[..., mx.array]  # (q, k, v, scale, lower=None)
     token_losses: Callable[[mx.array, mx.array, mx.array, float], mx.array]
 
 

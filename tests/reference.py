@@ -1,7 +1,7 @@
 """An independent numpy float64 implementation of the model and optimizers, for parity tests.
 
 It covers the baseline and every model feature of the config (partial RoPE, LN scale,
-XSA, value embeddings, skip gates, leaky-ReLU^2, fractional MLP width).
+XSA, value embeddings, skip gates, leaky-ReLU^2, fractional MLP width, document-masked attention).
 
 Written from the formulas, with explicit loops and no framework: if a backend
 and this file agree, both implement the spec (or both misread it the same way).
@@ -48,10 +48,33 @@ def head_gate(params: dict, prefix: str, cfg: Config, x: np.ndarray, q_raw: np.n
     return np.ones((*x.shape[:2], cfg.num_heads))
 
 
+def document_mask(cfg: Config, tokens: np.ndarray) -> np.ndarray:
+    """Which keys each query may see (B, T, T): causal, and with varlen_attn_enabled only those of its
+    own segment. A segment starts at the row's start and at each BOS, and a document longer than
+    max_doc_len is cut every max_doc_len tokens from its start. Token by token, as the records'
+    `_build_cu_seqlens` lists the boundaries."""
+    b, t = tokens.shape
+    mask = np.zeros((b, t, t), dtype=bool)
+    for row in range(b):
+        doc = 0
+        for q in range(t):
+            if tokens[row, q] == cfg.bos_id:
+                doc = q
+            first = doc + (q - doc) // cfg.max_doc_len * cfg.max_doc_len if cfg.varlen_attn_enabled else 0
+            mask[row, q, first : q + 1] = True
+    return mask
+
+
 def attention(
-    params: dict, prefix: str, cfg: Config, x: np.ndarray, v_embed: np.ndarray | None, xsa: bool
+    params: dict,
+    prefix: str,
+    cfg: Config,
+    x: np.ndarray,
+    v_embed: np.ndarray | None,
+    xsa: bool,
+    mask: np.ndarray,
 ) -> np.ndarray:
-    """Grouped-query causal attention of x (B, T, d), head by head with an explicit softmax.
+    """Grouped-query attention of x (B, T, d) under `mask` (B, T, T), head by head with an explicit softmax.
 
     `v_embed` (B, T, kv_dim) is added to the values; with `xsa` each head's output loses
     its component along the unit vector of its own token's value."""
@@ -70,7 +93,6 @@ def attention(
     q, k = rope(rms_norm(q), cfg.rope_base, cfg.rope_dims), rope(rms_norm(k), cfg.rope_base, cfg.rope_dims)
     q = q * params[prefix + "q_gain"][None, :, None, None]
     out = np.zeros((b, h, t, hd))
-    mask = np.tril(np.ones((t, t), dtype=bool))
     for head in range(h):
         group = head // (h // kv)  # query heads share key/value heads in order
         scores = q[:, head] @ k[:, group].transpose(0, 2, 1) / np.sqrt(hd)  # (B, T, T)
@@ -99,11 +121,13 @@ def norm_scale(cfg: Config, i: int) -> float:
     return 1.0 / np.sqrt(i + 1) if cfg.ln_scale else 1.0
 
 
-def attn_out(params: dict, i: int, cfg: Config, x: np.ndarray, v_embed: np.ndarray | None) -> np.ndarray:
+def attn_out(
+    params: dict, i: int, cfg: Config, x: np.ndarray, v_embed: np.ndarray | None, mask: np.ndarray
+) -> np.ndarray:
     """attn_scale * attention(RMSNorm(x)) of block i (XSA on the last xsa_last_n layers)."""
     p = f"blocks.{i}."
     xsa = i >= cfg.num_layers - cfg.xsa_last_n
-    y = attention(params, p + "attn.", cfg, rms_norm(x) * norm_scale(cfg, i), v_embed, xsa)
+    y = attention(params, p + "attn.", cfg, rms_norm(x) * norm_scale(cfg, i), v_embed, xsa, mask)
     return params[p + "attn_scale"] * y
 
 
@@ -117,11 +141,17 @@ def mlp_out(params: dict, i: int, cfg: Config, x: np.ndarray) -> np.ndarray:
 
 
 def block(
-    params: dict, i: int, cfg: Config, x: np.ndarray, x0: np.ndarray, v_embed: np.ndarray | None
+    params: dict,
+    i: int,
+    cfg: Config,
+    x: np.ndarray,
+    x0: np.ndarray,
+    v_embed: np.ndarray | None,
+    mask: np.ndarray,
 ) -> np.ndarray:
     """Block i: mix with x0, then the scaled attention and MLP residual branches, one after the other."""
     x = mixed(params, i, x, x0)
-    x = x + attn_out(params, i, cfg, x, v_embed)
+    x = x + attn_out(params, i, cfg, x, v_embed, mask)
     return x + mlp_out(params, i, cfg, x)
 
 
@@ -185,12 +215,13 @@ def reference_logits(
     """
     p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     ve = value_embeddings(p, cfg, x)
+    mask = document_mask(cfg, x)
     h = rms_norm(smear(p, cfg, p["tok_emb.weight"][x], x))
     x0, skips = h, []
     order = visit_order(cfg, looping)
     half = len(order) // 2
     for i in order[:half]:
-        h = block(p, i, cfg, h, x0, ve.get(i))
+        h = block(p, i, cfg, h, x0, ve.get(i), mask)
         skips.append(h)
     lanes = None
     for j, i in enumerate(order[half:]):
@@ -203,9 +234,9 @@ def reference_logits(
             else:
                 h = take_skip(p, cfg, j, h, skips.pop())
         if not parallel:
-            h = block(p, i, cfg, h, x0, ve.get(i))
+            h = block(p, i, cfg, h, x0, ve.get(i), mask)
             continue
-        a = attn_out(p, i, cfg, mixed(p, i, lanes[0], x0), ve.get(i))
+        a = attn_out(p, i, cfg, mixed(p, i, lanes[0], x0), ve.get(i), mask)
         m = mlp_out(p, i, cfg, lanes[1])
         keep, post = p["parallel_resid_lambdas"][i], p["parallel_post_lambdas"][i]
         lanes = [keep[lane] * lanes[lane] + post[0, lane] * a + post[1, lane] * m for lane in (0, 1)]

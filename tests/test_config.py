@@ -356,6 +356,7 @@ def changes_the_model(base: Config, name: str) -> bool | None:
             return True
     params = busy_params(base)
     x = np.random.default_rng(0).integers(0, base.vocab_size, (1, 8))
+    x[0, 4] = base.bos_id  # a document start, for the settings that act there
     logits = reference_logits(params, base, x, looping=True)
     out = reference_logits(params, changed, x, looping=changed.num_loops > 0)
     return bool(np.abs(out - logits).max() > 1e-9)

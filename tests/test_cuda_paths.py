@@ -30,7 +30,7 @@ def test_block_output_stays_bf16_when_autocast_returns_fp32_norms(monkeypatch):
     rope = model.walk.rope(model, cfg.train_seq_len)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch_model.rms_norm(x).dtype == torch.bfloat16
-        assert model.walk.block(model, 0, x, x, rope, None, None).dtype == torch.bfloat16
+        assert model.walk.block(model, 0, x, x, rope, None, None, None).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -28,6 +28,7 @@ from core.config.presets import preset
 from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
 from core.model.params import ParamSpec, num_skip_weights, param_shapes, param_specs
 from core.model.schedule import lr_multiplier, muon_wd_multiplier
+from tests.reference import document_mask
 from tests.test_backends import BACKENDS, make_backend
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -349,6 +350,53 @@ def test_attention_gates_0427(backend_name, gate):
     x, y = shared["x"], shared["y"]
     np.testing.assert_allclose(backend.logits(x), tensors["logits_on"], rtol=0, atol=2e-5)
     assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(float(tensors["loss_on"]), rel=1e-5)
+
+
+# ------------------------------------------------- 2026-04-27: document-masked (varlen) attention
+RECORD_VARLEN = GOLDEN / "record_varlen.safetensors"
+
+
+@pytest.fixture(scope="module")
+def varlen0427():
+    meta, tensors = read_golden(RECORD_VARLEN, "")
+    case = json.loads(meta["cases"])
+    cfg = record_config(case["env"]).replace(bos_id=case["bos_id"], varlen_attn_enabled=True)
+    params = {k.removeprefix("param/"): v for k, v in tensors.items() if k.startswith("param/")}
+    return cfg, case, params, tensors
+
+
+def test_varlen0427_segments_are_the_records(varlen0427):
+    """The record's cu_seqlens (padded with the row's length) are where pgolf's segments start."""
+    cfg, case, _, tensors = varlen0427
+    assert cfg.max_doc_len == case["max_doc_len"]
+    cuts = sorted(set(tensors["cu_seqlens"].tolist()) - {tensors["x"].shape[1]})
+    first = document_mask(cfg, tensors["x"])[0].argmax(axis=-1)  # the first key each token sees
+    assert sorted(set(first.tolist())) == cuts
+    # The first segment sees what plain causal attention sees: the record's varlen stand-in is exact there.
+    np.testing.assert_allclose(
+        tensors["logits_on"][0, : cuts[1]], tensors["logits_dense_on"][0, : cuts[1]], atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("looping", [True, False], ids=["on", "off"])
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_varlen0427_packed_row_logits_and_loss(varlen0427, backend_name, looping):
+    """One packed row of 96 tokens, BOS at 5, 6, 20, 70, a document cut at 32 tokens: the record's
+    forward with cu_seqlens; the same weights with plain attention give the record's dense logits."""
+    cfg, _, params, tensors = varlen0427
+    state = "on" if looping else "off"
+    x, y = tensors["x"], tensors["y"]
+    for masked in (True, False) if looping else (True,):
+        backend = make_backend(backend_name, cfg.replace(varlen_attn_enabled=masked))
+        backend.load_params(params)
+        backend.set_looping(looping)
+        want = tensors[f"logits_{state}" if masked else "logits_dense_on"]
+        np.testing.assert_allclose(backend.logits(x), want, rtol=0, atol=2e-5, err_msg=f"{masked=}")
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    backend.set_looping(looping)
+    assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(float(tensors[f"loss_{state}"]), rel=1e-5)
+    assert np.abs(tensors["logits_dense_on"] - tensors["logits_on"]).max() > 1e-2
 
 
 # ------------------------------------------------- 2026-04-18: the Muon weight-decay taper

@@ -73,6 +73,34 @@ def test_blocked_attention_equals_fused_attention(request, b, heads, kv_heads, t
         assert_close(got, want, 1e-4)
 
 
+@pytest.mark.parametrize("blocks", ["one", "many"])
+def test_blocked_attention_with_segments_equals_fused_attention(request, blocks):
+    """Document masking: query t sees keys lower[b, t]..t only, values and gradients alike."""
+    if blocks == "many":
+        request.getfixturevalue("small_blocks")
+    rng = np.random.default_rng(7)
+    b, heads, kv_heads, t, d = 2, 4, 2, 21, 8
+    q, k, v = rand(rng, b, heads, t, d), rand(rng, b, kv_heads, t, d), rand(rng, b, kv_heads, t, d)
+    starts = [[0, 3, 4, 12], [0, 8, 16]]  # segment starts of each row
+    lower = np.zeros((b, t), dtype=np.int32)
+    for row, cuts in enumerate(starts):
+        for s in cuts:
+            lower[row, s:] = s
+    lower = mx.array(lower)
+    cot = rand(rng, b, heads, t, d)
+    scale = 1.0 / np.sqrt(d)
+    out_fused, g_fused = values_and_grads(lambda *a: ops.fused_attention(*a, scale, lower), (q, k, v), cot)
+    out_blocked, g_blocked = values_and_grads(
+        lambda *a: ops.blocked_attention(*a, scale, lower), (q, k, v), cot
+    )
+    assert_close(out_blocked, out_fused, 1e-5)
+    for got, want in zip(g_blocked, g_fused, strict=True):
+        assert_close(got, want, 1e-4)
+    plain = ops.blocked_attention(q, k, v, scale)
+    assert_close(out_blocked[:1, :, :3], plain[:1, :, :3], 1e-6)  # the first segment sees what it saw
+    assert float(mx.abs(out_blocked[:, :, 4:] - plain[:, :, 4:]).max()) > 1e-2
+
+
 def test_blocked_attention_is_causal():
     rng = np.random.default_rng(0)
     q, k, v = rand(rng, 1, 2, 9, 4), rand(rng, 1, 1, 9, 4), rand(rng, 1, 1, 9, 4)

@@ -314,6 +314,11 @@ class Config:
     global_ttt_grad_clip: float = opt(
         1.0, "global phase: gradient norm clip; 0 = off", "eval", NON_NEGATIVE, scoring=True
     )
+    global_ttt_respect_doc_boundaries: bool = opt(
+        True, "global phase: train with the model's document-masked attention (varlen_attn_enabled); off: "
+        "plain causal attention over each sequence; without varlen_attn_enabled nothing changes", "eval",
+        ANY, scoring=True,
+    )  # fmt: skip
     checkpoint_minutes: float = opt(
         10.0,
         "also write one every N minutes of training time, replacing the last timed one; 0 = off",
@@ -327,7 +332,8 @@ class Config:
 
     # --- model shape ---
     bos_id: int = opt(
-        1, "the token that starts every document (the tokenizer's BOS): SmearGate never smears across it",
+        1, "the token that starts every document (the tokenizer's BOS): SmearGate never smears across it, "
+        "document-masked attention never attends across it",
         "data", NON_NEGATIVE, scoring=True,
     )  # fmt: skip
     vocab_size: int = opt(
@@ -378,6 +384,11 @@ class Config:
     smear_gate_enabled: bool = opt(
         False, "SmearGate: each token embedding x_t gains lambda * sigmoid(W x_t[:gate_window]) * x_(t-1), "
         "except at a document start (bos_id)", "model", ANY, scoring=True,
+    )  # fmt: skip
+    varlen_attn_enabled: bool = opt(
+        False, "document-masked attention: a token attends only within its segment of the row (a new one "
+        "at each bos_id and every max(train_seq_len, eval_seq_len) tokens from a segment's start), in "
+        "training, evaluation and test-time training", "model", ANY, scoring=True,
     )  # fmt: skip
     gate_window: int = opt(
         12, "how many leading channels drive SmearGate, AttnOutGate and the sparse attention gate", "model",
@@ -590,6 +601,13 @@ class Config:
     def eval_window(self) -> int:
         """Tokens per evaluation sequence (non-overlapping) or window (sliding)."""
         return self.eval_seq_len or self.train_seq_len
+
+    @property
+    def max_doc_len(self) -> int:
+        """Document-masked attention's longest segment: a document is cut every this many tokens from its
+        start. No row pgolf makes is longer (training: train_seq_len, evaluation: eval_window), so within
+        them only a row start and a BOS start a segment; a longer row is cut as the records' packed rows."""
+        return max(self.train_seq_len, self.eval_window)
 
     @property
     def train_cap_seconds(self) -> float:

@@ -58,10 +58,11 @@ def load_eval_data(cfg: Config) -> EvalData:
     bytes would not be the text's)."""
     sp = load_tokenizer(cfg.tokenizer_path)
     check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
-    if cfg.smear_gate_enabled and sp.bos_id() != cfg.bos_id:
+    if (cfg.smear_gate_enabled or cfg.varlen_attn_enabled) and sp.bos_id() != cfg.bos_id:
+        what = "SmearGate would smear" if cfg.smear_gate_enabled else "attention would reach"
         raise PgolfError(
             f"bos_id={cfg.bos_id}, but the tokenizer {cfg.tokenizer_path} starts documents with {sp.bos_id()}: "
-            "SmearGate would smear across document starts (set --bos-id)"
+            f"{what} across document starts (set --bos-id)"
         )
     files = find_shards(cfg.data_path, "val")
     tokens = load_val_tokens(files, cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size)

@@ -127,9 +127,11 @@ def sgd_over(
     epochs: int,
     batch_seqs: int,
     clip: float,
+    doc_mask: bool = True,
 ) -> None:
     """SGD steps at `lr` over the whole sequences of the evaluation length in tokens[start:end] (their
-    targets included), `epochs` times, `batch_seqs` sequences a step shared out over the ranks."""
+    targets included), `epochs` times, `batch_seqs` sequences a step shared out over the ranks;
+    `doc_mask` off: attention ignores document boundaries even with varlen_attn_enabled."""
     seq = backend.cfg.eval_window
     seqs = (end - start) // seq
     for _ in range(epochs):
@@ -141,7 +143,7 @@ def sgd_over(
             at = start + (first + mine.start) * seq
             run = np.asarray(tokens[at : at + len(mine) * seq + 1]).astype(np.int32)
             x, y = run[:-1].reshape(-1, seq), run[1:].reshape(-1, seq)
-            backend.sgd_step(x, y, lr, count * seq, clip)
+            backend.sgd_step(x, y, lr, count * seq, clip, doc_mask)
 
 
 def train_global(backend: Backend, tokens: np.ndarray, log: Log | None = None) -> None:
@@ -164,6 +166,7 @@ def train_global(backend: Backend, tokens: np.ndarray, log: Log | None = None) -
             cfg.global_ttt_epochs,
             cfg.global_ttt_batch_seqs,
             cfg.global_ttt_grad_clip,
+            cfg.global_ttt_respect_doc_boundaries,
         )
         if log is not None:
             log(f"ttt_global: chunk {c + 1}/{chunks} lr:{lr:.6f}")

@@ -186,9 +186,12 @@ class Backend(Protocol):
         """Start training the weights themselves: SGD with `momentum` (its buffers at zero) on every
         parameter whose name starts with none of `frozen`."""
 
-    def sgd_step(self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float) -> None:
+    def sgd_step(
+        self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float, doc_mask: bool = True
+    ) -> None:
         """One SGD step at `lr` on the summed loss of every rank's x, y (this rank's may be empty) over
-        `total_tokens`, the gradient's norm clipped to `clip` (0: not clipped)."""
+        `total_tokens`, the gradient's norm clipped to `clip` (0: not clipped). The forward is the
+        model's own, segmented as train_step's (varlen_attn_enabled); `doc_mask` off: plain causal."""
 
     def counter_add(self, key: str, amount: int) -> int:
         """Add `amount` to the counter `key` shared by the ranks (from 0) and return its new value: how the

@@ -40,13 +40,19 @@ What it computes:
   index on, attention reads lane 0 (mixed with x0) and the MLP lane 1, and each lane keeps
   `parallel_resid_lambdas` of itself plus `parallel_post_lambdas` of both outputs; the head
   reads their mean (or one lane, `parallel_final_lane`);
+- document-masked attention (`varlen_attn_enabled`): a token attends only to the tokens of its own
+  segment of the row, which starts at the row's start, at each BOS (`bos_id`) and every
+  `max_doc_len` tokens from a segment's start (`segment_starts`); RoPE positions stay the row's;
 - decoding with a KV cache (`cache`): the new tokens only, each visit of a block appending
-  their keys and values to those it kept from the tokens before.
+  their keys and values to those it kept from the tokens before (and, with document masking, the
+  start of the last document, so that a BOS among the new tokens ends what they may see).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from core.config.fields import Config
@@ -57,7 +63,8 @@ Array = Any  # a torch tensor or an MLX array
 Rope = tuple[Array, Array]  # cos, sin: (T, rope_dims / 2)
 Lanes = tuple[Array, Array]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
 # {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward,
-#  "smear": the last token's embedding (with smear_gate_enabled)}
+#  "smear": the last token's embedding (with smear_gate_enabled),
+#  "doc": the position where the last token's document starts (B, 1) (with varlen_attn_enabled)}
 KVCache = dict
 # LoRA adapters of test-time training (core/model/lora.py): {name: (A, B)} over the whole model, and
 # one block visit's {target: (A, B)}
@@ -76,6 +83,7 @@ class Walk:
         self.rope_dims = cfg.rope_dims or cfg.head_dim
         self.norm_scales = [1.0 / math.sqrt(i + 1) if cfg.ln_scale else 1.0 for i in range(cfg.num_layers)]
         self.lora_scale = lora_scale(cfg)
+        self.doc_mask = cfg.varlen_attn_enabled  # `plain_causal` turns it off for a while
 
     # --------------------------------------------------- the framework's operations
     def cast(self, a: Array, like: Array) -> Array:
@@ -104,10 +112,40 @@ class Walk:
         """The rows of the embedding module `table` for token ids idx, in the compute dtype."""
         raise NotImplementedError
 
-    def attention(self, q: Array, k: Array, v: Array) -> Array:
-        """Causal attention of q (B, H, T, D) over k, v (B, KV, S, D), S >= T, scaled by 1/sqrt(D): query
-        head h reads kv head h // (H / KV), and query t sits at position S - T + t."""
+    def running_max(self, a: Array) -> Array:
+        """The running maximum of an integer array (B, T) along axis 1."""
         raise NotImplementedError
+
+    def attention(self, q: Array, k: Array, v: Array, lower: Array | None = None) -> Array:
+        """Causal attention of q (B, H, T, D) over k, v (B, KV, S, D), S >= T, scaled by 1/sqrt(D): query
+        head h reads kv head h // (H / KV), and query t sits at position S - T + t. With `lower` (B, T),
+        integers, query t of row b sees only keys lower[b, t] .. S - T + t (its segment)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------- document masking
+    def segment_starts(self, idx: Array, start: int, cache: KVCache | None) -> Array:
+        """For token ids (B, T) at positions start.. of their rows, the position where each one's segment
+        starts: its document's (the last BOS at or before it, else the row's start, or the document
+        the cache ended in), plus a whole number of max_doc_len. The records cut their packed rows so."""
+        size = self.cfg.max_doc_len
+        pos = (idx * 0 + 1).cumsum(1) - 1 + start
+        doc = pos * (idx == self.cfg.bos_id)
+        known = None if cache is None else cache.get("doc")
+        doc = self.running_max(doc) if known is None else self.running_max(self.cat([known, doc], 1))[:, 1:]
+        if cache is not None:
+            cache["doc"] = doc[:, -1:]
+        return doc + (pos - doc) // size * size
+
+    @contextmanager
+    def plain_causal(self, active: bool = True) -> Iterator[None]:
+        """While active, attention ignores document boundaries (test-time training's global phase
+        with global_ttt_respect_doc_boundaries off)."""
+        kept = self.doc_mask
+        self.doc_mask = kept and not active
+        try:
+            yield
+        finally:
+            self.doc_mask = kept
 
     # ------------------------------------------------------------------- RoPE
     def rope_tables(self, length: int) -> Rope:
@@ -162,10 +200,11 @@ class Walk:
         v_embed: Array | None,
         kv: list | None,
         lora: Adapters | None = None,
+        lower: Array | None = None,
     ) -> Array:
         """Layer i's attention on x (B, T, d). With `kv` (a block visit's cache, empty at first) the
         tokens attend to the keys and values kept there too, and theirs are appended; `lora` holds
-        the visit's adapters."""
+        the visit's adapters; `lower` (B, T) the first key position each token sees (document masking)."""
         cfg = self.cfg
         b, t, d = x.shape
         v = self.adapt(lora, "v", x, attn.c_v(x))
@@ -183,7 +222,7 @@ class Walk:
             if kv:
                 keys, values = self.cat([kv[0], k], 2), self.cat([kv[1], v], 2)
             kv[:] = [keys, values]
-        y = self.attention(q, keys, values)  # (B, H, T, D)
+        y = self.attention(q, keys, values, lower)  # (B, H, T, D)
         if i >= cfg.num_layers - cfg.xsa_last_n:
             y = self.remove_self_value(y, v)
         gate = self.attention_gate(attn, x, q_raw)
@@ -224,8 +263,9 @@ class Walk:
         v_embed: Array | None,
         kv: list | None,
         lora: Adapters | None = None,
+        lower: Array | None = None,
     ) -> Array:
-        attn = self.attend(i, block.attn, self.norm(i, x), rope, v_embed, kv, lora)
+        attn = self.attend(i, block.attn, self.norm(i, x), rope, v_embed, kv, lora, lower)
         return self.cast(block.attn_scale, x) * attn
 
     def mlp_branch(self, i: int, block: Any, x: Array, lora: Adapters | None = None) -> Array:
@@ -242,11 +282,12 @@ class Walk:
         v_embed: Array | None,
         kv: list | None,
         lora: Adapters | None = None,
+        lower: Array | None = None,
     ) -> Array:
         """Block i: mixed with x0, then the attention and the MLP branch, one after the other."""
         block = model.blocks[i]
         x = self.mix(block, x, x0)
-        x = x + self.attn_branch(i, block, x, rope, v_embed, kv, lora)
+        x = x + self.attn_branch(i, block, x, rope, v_embed, kv, lora, lower)
         return x + self.mlp_branch(i, block, x, lora)
 
     def parallel_block(
@@ -259,11 +300,12 @@ class Walk:
         v_embed: Array | None,
         kv: list | None,
         lora: Adapters | None = None,
+        lower: Array | None = None,
     ) -> Lanes:
         """Block i's branches side by side: both read the incoming lanes, and lane j becomes
         resid[j] * lane_j + post[0, j] * attention + post[1, j] * MLP."""
         block, (lane0, lane1) = model.blocks[i], lanes
-        a = self.attn_branch(i, block, self.mix(block, lane0, x0), rope, v_embed, kv, lora)
+        a = self.attn_branch(i, block, self.mix(block, lane0, x0), rope, v_embed, kv, lora, lower)
         m = self.mlp_branch(i, block, lane1, lora)
         resid = self.cast(model.parallel_resid_lambdas[i], a)
         post = self.cast(model.parallel_post_lambdas[i], a)
@@ -345,6 +387,7 @@ class Walk:
                 cache["smear"] = x[:, -1:]  # the next call's token before
             x = self.smear(model, x, idx, before)
         x = self.rms_norm(x)
+        lower = self.segment_starts(idx, start, cache) if self.doc_mask else None
         ve = self.value_embeds(model, idx)
         encoder, decoder = self.layouts[looping]
         visits = len(encoder) + len(decoder)
@@ -352,7 +395,7 @@ class Walk:
         loras = [self.visit_adapters(adapters, n) for n in range(visits)]
         x0, skips = x, []
         for n, i in enumerate(encoder):
-            x = self.block(model, i, x, x0, rope, ve.get(i), kvs[n], loras[n])
+            x = self.block(model, i, x, x0, rope, ve.get(i), kvs[n], loras[n], lower)
             skips.append(x)
         lanes: Lanes | None = None
         for j, i in enumerate(decoder):
@@ -365,9 +408,9 @@ class Walk:
                     lanes = (self.skip(model, j, lanes[0], skips.pop()), lanes[1])
             kv, lora = kvs[len(encoder) + j], loras[len(encoder) + j]
             if lanes is None:
-                x = self.block(model, i, x, x0, rope, ve.get(i), kv, lora)
+                x = self.block(model, i, x, x0, rope, ve.get(i), kv, lora, lower)
             else:
-                lanes = self.parallel_block(model, i, lanes, x0, rope, ve.get(i), kv, lora)
+                lanes = self.parallel_block(model, i, lanes, x0, rope, ve.get(i), kv, lora, lower)
         if lanes is not None:
             x = self.final_lane(lanes)
         if cache is not None:

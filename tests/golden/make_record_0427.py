@@ -69,14 +69,9 @@ GATES = {  # each attention gate on its own (the record refuses two at once)
 def main(out_path: Path) -> None:
     torch.set_num_threads(1)
     base.install_stubs()
-    rec = base.load_record("0427", ENV_0427)
-    rec.BOS_ID = BOS
     rng = np.random.default_rng(SEED)
-    h, model = base._model(rec)
-    params = base.fill_busy(rec, model, rng)
-    for block in model.blocks:
-        block.mlp.use_fused = False
-    model.eval()
+    rec, h, model, params = record_model(ENV_0427, rng)
+    rec.BOS_ID = BOS
 
     x = rng.integers(2, h.vocab_size, size=(2, h.train_seq_len)).astype(np.int64)
     for row, positions in BOS_POSITIONS.items():
@@ -164,14 +159,20 @@ def gate_int8_case(out: dict) -> None:
         out[f"gate_int8/w{i}"], out[f"gate_int8/q{i}"], out[f"gate_int8/s{i}"] = w, q.numpy(), s.numpy()
 
 
-def gate_case(name: str, env: dict[str, str], rng, x, y, out) -> dict:
-    """One attention gate: the record's model with it on, logits and loss looped, under `<name>/`."""
+def record_model(env: dict[str, str], rng):
+    """(record, hyperparameters, GPT, its busy weights) under env: eval mode, the MLP's Triton kernel off."""
     rec = base.load_record("0427", env)
     h, model = base._model(rec)
     params = base.fill_busy(rec, model, rng)
     for block in model.blocks:
         block.mlp.use_fused = False
     model.eval()
+    return rec, h, model, params
+
+
+def gate_case(name: str, env: dict[str, str], rng, x, y, out) -> dict:
+    """One attention gate: the record's model with it on, logits and loss looped, under `<name>/`."""
+    _, h, model, params = record_model(env, rng)
     model.looping_active = True
     xt, yt = torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
     with torch.no_grad():

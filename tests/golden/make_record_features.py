@@ -33,7 +33,9 @@ Substitutions, so that the records run on a CPU in float32:
 
 1. ``flash_attn_interface`` (FlashAttention 3, CUDA only) is a stub module: ``flash_attn_func(q, k, v,
    causal=True)`` is ``F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)`` on q, k, v
-   transposed from (B, T, H, D) to (B, H, T, D), transposed back. ``flash_attn_varlen_func`` raises.
+   transposed from (B, T, H, D) to (B, H, T, D), transposed back. ``flash_attn_varlen_func(q, k, v,
+   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=True)`` on packed (N, H, D) rows is
+   exact per sequence: each cu[i]..cu[i+1] (empty ones skipped) through the same causal SDPA.
 2. ``triton`` (imported at top level by 04-23 for two training-only kernels) is a stub: ``triton.jit``
    returns the function unchanged and is never run. 04-23 is run on its own non-Triton paths:
    ``FUSED_CE_ENABLED=0`` (the record's eager softcap + ``F.cross_entropy``) and ``mlp.use_fused =
@@ -92,6 +94,7 @@ import ast
 import contextlib
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -160,6 +163,35 @@ def _flash_attn_func_sdpa(q, k, v, causal=True, **kwargs):
     return y.transpose(1, 2)
 
 
+def _flash_attn_varlen_func_sdpa(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal=True,
+    window_size=(-1, -1),
+    **kwargs,
+):
+    """FlashAttention's varlen interface on packed (N, H, D) rows: every sequence cu[i]..cu[i+1] on its own,
+    causal, through PyTorch SDPA with grouped kv heads; nothing crosses a boundary."""
+    if not causal or tuple(window_size) != (-1, -1) or kwargs or not torch.equal(cu_seqlens_q, cu_seqlens_k):
+        raise NotImplementedError(
+            f"stub supports one causal cu_seqlens only, got {causal} {window_size} {kwargs}"
+        )
+    bounds = cu_seqlens_q.tolist()
+    pieces = []
+    for start, end in itertools.pairwise(bounds):
+        if end > start:
+            one = [a[start:end].transpose(0, 1)[None] for a in (q, k, v)]  # (1, H, L, D)
+            assert end - start <= max_seqlen_q
+            y = F.scaled_dot_product_attention(*one, is_causal=True, enable_gqa=True)
+            pieces.append(y[0].transpose(0, 1))
+    return torch.cat(pieces)
+
+
 def _unavailable(what):
     def fail(*args, **kwargs):
         raise NotImplementedError(f"{what} is a stub in make_record_features.py")
@@ -172,7 +204,7 @@ def install_stubs() -> None:
 
     fa = types.ModuleType("flash_attn_interface")
     fa.flash_attn_func = _flash_attn_func_sdpa
-    fa.flash_attn_varlen_func = _unavailable("flash_attn_varlen_func")
+    fa.flash_attn_varlen_func = _flash_attn_varlen_func_sdpa
     sys.modules["flash_attn_interface"] = fa
 
     if "brotli" not in sys.modules:
