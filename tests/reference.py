@@ -31,6 +31,15 @@ def rope(x: np.ndarray, base: float, dims: int = 0) -> np.ndarray:
     return np.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos, rest], axis=-1)
 
 
+def rope_base(cfg: Config, t: int) -> float:
+    """RoPE's base for a t-token input: with rope_yarn and t > train_seq_len, scaled so that the slowest
+    of the R/2 frequencies, base^(-(R-2)/R), falls by t / train_seq_len."""
+    r = cfg.rope_dims or cfg.head_dim
+    if not cfg.rope_yarn or t <= cfg.train_seq_len:
+        return cfg.rope_base
+    return cfg.rope_base * (t / cfg.train_seq_len) ** (r / (r - 2))
+
+
 def sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
@@ -90,7 +99,8 @@ def attention(
         heads(x @ params[prefix + "c_k.weight"].T, kv),
         heads(values, kv),
     )
-    q, k = rope(rms_norm(q), cfg.rope_base, cfg.rope_dims), rope(rms_norm(k), cfg.rope_base, cfg.rope_dims)
+    base = rope_base(cfg, t)
+    q, k = rope(rms_norm(q), base, cfg.rope_dims), rope(rms_norm(k), base, cfg.rope_dims)
     q = q * params[prefix + "q_gain"][None, :, None, None]
     out = np.zeros((b, h, t, hd))
     for head in range(h):

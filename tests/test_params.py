@@ -33,6 +33,7 @@ ALL_FEATURES = dict(
 def test_parameter_counts_are_the_published_ones():
     assert count_params(preset("baseline")) == 17_059_912
     assert count_params(preset("record_0401")) == 34_401_371  # the record's train log: model_params
+    assert count_params(preset("record_0427")) == 35_945_671  # the record's seed-42 log: model_params
 
 
 def test_names_are_the_upstream_state_dict_keys():

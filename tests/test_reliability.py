@@ -99,7 +99,7 @@ def test_configs_that_cannot_fit_are_refused_before_anything_is_allocated(change
 
 
 def test_the_published_configs_fit_an_80_gb_gpu_and_baseline_in_fp32_needs_more_than_16_gb():
-    for name in ("baseline", "seq4096", "record_0401"):
+    for name in ("baseline", "seq4096", "record_0401", "record_0427"):
         check_memory(preset(name), H100)
     with pytest.raises(PgolfError, match=r"but the test laptop is 16\.0 GiB"):
         check_memory(preset("baseline"), DeviceMemory(16 * 2**30, "test laptop", gpu=False))

@@ -360,6 +360,10 @@ class Config:
         0, "rotate only the first rope_dims dimensions of each head (partial RoPE); 0 = all", "model",
         NON_NEGATIVE, scoring=True,
     )  # fmt: skip
+    rope_yarn: bool = opt(
+        False, "RoPE past train_seq_len: an input of L > train_seq_len tokens rotates with the base rope_base "
+        "* (L / train_seq_len)^(R / (R - 2)), R the rotated dims (ROPE_YARN)", "model", ANY, scoring=True,
+    )  # fmt: skip
     ln_scale: bool = opt(
         False, "scale each block's normed inputs by 1/sqrt(layer + 1)", "model", ANY, scoring=True
     )
@@ -683,6 +687,10 @@ class Config:
         require(
             self.rope_dims % 2 == 0 and self.rope_dims <= self.head_dim,
             f"rope_dims={self.rope_dims} must be even and at most head_dim={self.head_dim}",
+        )
+        require(
+            not self.rope_yarn or (self.rope_dims or self.head_dim) > 2,
+            f"rope_yarn needs more than 2 rotated dims (rope_dims, or head_dim={self.head_dim})",
         )
         require(int(self.mlp_mult * self.model_dim) >= 1, f"mlp_mult={self.mlp_mult} leaves the MLP no width")
         require(

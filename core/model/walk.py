@@ -149,14 +149,22 @@ class Walk:
 
     # ------------------------------------------------------------------- RoPE
     def rope_tables(self, length: int) -> Rope:
-        """cos and sin (length, R/2) in fp32 of the angles position * base^(-2i/R)."""
-        inv_freq = 1.0 / (self.cfg.rope_base ** (self.arange(0, self.rope_dims, 2) / self.rope_dims))
+        """cos and sin (length, R/2) in fp32 of the angles position * base^(-2i/R), for an input of `length`
+        tokens: a function of the config and `length` alone. base is rope_base; with rope_yarn and an input
+        longer than train_seq_len, rope_base * (length / train_seq_len)^(R / (R - 2)), which stretches the
+        slowest frequency by length / train_seq_len (the records' ROPE_YARN, with the scale of a length)."""
+        base, train_len = self.cfg.rope_base, self.cfg.train_seq_len
+        if self.cfg.rope_yarn and length > train_len:
+            base = base * (length / train_len) ** (self.rope_dims / (self.rope_dims - 2))
+        inv_freq = 1.0 / (base ** (self.arange(0, self.rope_dims, 2) / self.rope_dims))
         angles = self.arange(0, length, 1)[:, None] * inv_freq[None, :]
         return angles.cos(), angles.sin()
 
     def rope(self, model: Any, length: int) -> Rope:
-        """The tables for positions 0..length-1: the model's own (made for the training length), or for a
-        longer input new ones, not kept."""
+        """`rope_tables(length)`: the model's own tables (made for the training length, where rope_yarn
+        changes nothing) cut to `length`, or for a longer input new ones, not kept. Decoding with a cache
+        asks for the length so far: past train_seq_len with rope_yarn, the new tokens rotate with that
+        length's base while the kept keys keep the base they were rotated with."""
         cos, sin = model.rope_table()
         if length > cos.shape[0]:
             longer = self.rope_tables(length)
