@@ -194,7 +194,7 @@ class _Search:
             self.log(f"fit: {line}")
 
     # ------------------------------------------------------------ real trials
-    def trial(self, changes: dict[str, Any], kind: str, predicted: float, score: bool = True) -> Trial:
+    def trial(self, changes: dict[str, Any], kind: str, predicted: float) -> Trial:
         cfg = self.base.replace(**changes)
         for t in self.trials:
             if t.changes == changes:
@@ -202,7 +202,7 @@ class _Search:
         model = quantize_mixed_for(self.params, cfg, self.dtypes, self.hessians)
         total = len(mixed_blob(model, cfg)) + self.code_bytes(cfg)
         t = Trial(_label(cfg, list(self.groups)), changes, kind, round(predicted), total, cap=self.cap)
-        if score and (t.fits or kind in ("base", "probe")):
+        if t.fits or kind in ("base", "probe"):  # a loss where it may be chosen, or is needed
             t.loss = float(self.loss_of(dequantize_mixed(model)))
             if not math.isfinite(t.loss):
                 raise PgolfError(f"fit: the calibration loss of {t.label} is {t.loss}")
