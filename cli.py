@@ -523,7 +523,17 @@ def export_command(
     format: str = typer.Option(
         "pgolf", help="pgolf (no pickle) or upstream (torch.save+zlib, int8 only, for train_gpt.py)."
     ),
-    backend: str = typer.Option("cuda", help="Who runs GPTQ's calibration: cuda or mlx."),
+    backend: str = typer.Option(
+        "cuda", help="Who runs GPTQ's calibration and the fit's scoring: cuda or mlx."
+    ),
+    config: Path | None = typer.Option(
+        None, help="A config file (e.g. a fit's .fit.toml): its artifact, data and execution settings."
+    ),
+    fit_bytes: int = typer.Option(
+        0,
+        min=0,
+        help="Choose the settings with the lowest calibration loss whose artifact + code fit in N bytes.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     overrides: dict | None = None,
 ) -> None:
@@ -532,32 +542,78 @@ def export_command(
     The checkpoint's own config decides the artifact (the moving average of the weights
     when the run kept one, as `train` exports); the artifact settings can be changed with
     their flags (--quant-format mixed --matrix-bits 6 --compressor brotli --byte-shuffle 2
-    --gptq-enabled ...). GPTQ's calibration reads the run's training data.
+    --gptq-enabled ...). GPTQ's calibration reads the run's training data. --fit-bytes N
+    searches the settings (bits and clips per class, GPTQ, LQER, compressor) scored on the
+    training data's last tokens, and writes beside the artifact the candidates tried (.fit.json)
+    and the chosen config (.fit.toml).
     """
     import json
 
     from core.artifact.budget import format_budget
-    from core.artifact.export import export_artifact
+    from core.artifact.export import export_artifact, quant_label
     from core.runs.package import code_bytes
     from core.runs.setup import export_setup
     from core.train.loop import calibrate_gptq
 
-    job = export_setup(checkpoint, out, format, overrides)
-    cfg, hessians = job.cfg, None
-    if cfg.gptq_enabled:
+    if fit_bytes:
+        overrides = {**(overrides or {}), "artifact_fit_bytes": fit_bytes}
+    job = export_setup(checkpoint, out, format, overrides, config)
+    cfg, hessians, fit, target = job.cfg, None, None, job.target
+    say = None if json_out else console.print
+    if cfg.artifact_fit_bytes and job.upstream:
+        raise PgolfError("--fit-bytes writes pgolf's mixed format: drop --format upstream")
+    if cfg.gptq_enabled or cfg.artifact_fit_bytes:
         with opened_backend(backend, cfg.replace(compile="off")) as engine:
             engine.load_params(job.params)
             engine.set_looping(cfg.num_loops > 0)
-            hessians = calibrate_gptq(engine, None if json_out else console.print)
-    report = export_artifact(job.params, cfg, job.dtypes, job.target, code_bytes(cfg), hessians, job.upstream)
+            hessians = calibrate_gptq(engine, say)
+            if cfg.artifact_fit_bytes:
+                from core.train.fitting import fit_on_backend
+
+                fit = fit_on_backend(
+                    engine, job.params, cfg, job.dtypes, cfg.artifact_fit_bytes, code_bytes, hessians, say
+                )
+                cfg = fit.cfg
+                target = out or checkpoint.with_suffix(f".{quant_label(cfg)}.pgolf")
+    quantized = fit.model if fit is not None else None
+    report = export_artifact(
+        job.params, cfg, job.dtypes, target, code_bytes(cfg), hessians, job.upstream, quantized
+    )
+    extra: dict[str, Any] = {}
+    if fit is not None:
+        from core.train.fitting import write_fit
+
+        table, fitted = write_fit(fit, target)
+        extra = {"fit": str(table), "fit_config": str(fitted)}
     if json_out:
-        console.print_json(json.dumps({"artifact": str(job.target), **json.loads(report.to_json())}))
+        console.print_json(json.dumps({"artifact": str(target), **extra, **json.loads(report.to_json())}))
         return
-    console.print(f"wrote {job.target}")
+    if fit is not None:
+        _print_fit(fit)
+        console.print(f"wrote {extra['fit']} and {extra['fit_config']} (export --config or train --config)")
+    console.print(f"wrote {target}")
     for key, value in report.sizes.items():
         console.print(f"{key}: {value:,}")
     for line in format_budget(report):
         console.print(line)
+
+
+def _print_fit(fit: Any) -> None:
+    """The candidates a fit tried, with the chosen one marked."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"artifact fit: {fit.cap:,} B cap, calibration loss of the float weights {fit.float_loss:.5f}"
+    )
+    for column in ("", "kind", "settings", "predicted B", "bytes", "fits", "calibration loss"):
+        table.add_column(column, justify="right" if column in ("predicted B", "bytes") else "left")
+    for t in fit.trials:
+        loss = "-" if t.loss is None else f"{t.loss:.5f}"
+        table.add_row("*" if t is fit.chosen else "", t.kind, t.label, f"{t.predicted_bytes:,}", f"{t.bytes:,}",
+                      "yes" if t.fits else "no", loss)  # fmt: skip
+    console.print(table)
+    for note in fit.notes:
+        console.print(f"[yellow]{note}[/]")
 
 
 @app.command()

@@ -45,8 +45,10 @@ __all__ = [
     "class_clips",
     "dequantize",
     "export_artifact",
+    "mixed_blob",
     "open_artifact",
     "quant_label",
+    "quantize_mixed_for",
     "read_pgolf_artifact",
 ]
 
@@ -128,6 +130,33 @@ def lqer_settings(cfg: Config) -> LqerSettings | None:
     )
 
 
+def quantize_mixed_for(
+    params: dict[str, np.ndarray],
+    cfg: Config,
+    dtypes: dict[str, str],
+    hessians: dict[str, np.ndarray] | None = None,
+) -> MixedModel:
+    """The mixed-precision model `cfg`'s artifact settings make of `params` (GPTQ where `cfg` turns it
+    on and `hessians` are given)."""
+    return mixed.quantize_mixed(
+        params,
+        artifact_classes(cfg),
+        class_bits(cfg),
+        class_clips(cfg),
+        hessians if cfg.gptq_enabled else None,
+        dtypes,
+        lqer=lqer_settings(cfg),
+        quant_gate=cfg.gated_attn_quant_gate,
+    )
+
+
+def mixed_blob(model: MixedModel, cfg: Config) -> bytes:
+    """The artifact file's bytes for a model quantized with `cfg`'s settings."""
+    return mixed.mixed_artifact_bytes(
+        model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+    )
+
+
 def export_artifact(
     params: dict[str, np.ndarray],
     cfg: Config,
@@ -136,6 +165,7 @@ def export_artifact(
     code_bytes: int,
     hessians: dict[str, np.ndarray] | None = None,
     upstream: bool = False,
+    quantized: MixedModel | None = None,
 ) -> ExportReport:
     """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (and, when
     asked, where its bytes went: `ExportReport.budget`).
@@ -143,7 +173,8 @@ def export_artifact(
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
     weights in the mixed format; `upstream` writes the challenge's torch container
-    (int8 only); `code_bytes` are the bytes counted as code (core.runs.package.code_bytes).
+    (int8 only); `code_bytes` are the bytes counted as code (core.runs.package.code_bytes);
+    `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
     classes = artifact_classes(cfg)
     if upstream and cfg.quant_format != "int8":
@@ -160,19 +191,8 @@ def export_artifact(
             )
         gptq = 0
     else:
-        model = mixed.quantize_mixed(
-            params,
-            classes,
-            class_bits(cfg),
-            class_clips(cfg),
-            hessians if cfg.gptq_enabled else None,
-            dtypes,
-            lqer=lqer_settings(cfg),
-            quant_gate=cfg.gated_attn_quant_gate,
-        )
-        info = mixed.save_mixed_artifact(
-            path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
-        )
+        model = quantized if quantized is not None else quantize_mixed_for(params, cfg, dtypes, hessians)
+        info = int8.write_artifact(path, mixed_blob(model, cfg), cfg.compressor)
         gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
     lqer_factors = [a for f in getattr(model, "lqer", {}).values() for a in f.values()]
     payload = sum(

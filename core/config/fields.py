@@ -559,8 +559,16 @@ class Config:
         64, "GPTQ: training micro-batches run to collect the Hessians", "artifact", NON_NEGATIVE
     )
     gptq_reserve_seconds: float = opt(
-        10.0, "GPTQ: seconds taken off the wallclock cap for calibration (it counts as training time)",
+        10.0, "GPTQ: seconds taken off the wallclock cap for calibration and the artifact fit (it counts as training time)",
         "artifact", NON_NEGATIVE,
+    )  # fmt: skip
+    artifact_fit_bytes: int = opt(
+        0, "choose the artifact settings (bits, clips, GPTQ, LQER, compressor) with the lowest calibration "
+        "loss whose artifact + code fits in this many bytes (mixed format); 0 = off", "artifact", NON_NEGATIVE,
+    )  # fmt: skip
+    artifact_fit_tokens: int = opt(
+        131_072, "the artifact fit: training tokens it scores settings on, from the end of the training "
+        "stream (never validation tokens)", "artifact", POSITIVE,
     )  # fmt: skip
 
     # --- execution ---
@@ -619,7 +627,8 @@ class Config:
         reserved for GPTQ's calibration; 0 = none."""
         if self.max_wallclock_seconds <= 0:
             return 0.0
-        return self.max_wallclock_seconds - (self.gptq_reserve_seconds if self.gptq_enabled else 0.0)
+        reserved = self.gptq_enabled or self.artifact_fit_bytes > 0
+        return self.max_wallclock_seconds - (self.gptq_reserve_seconds if reserved else 0.0)
 
     def uses_compile(self, on_gpu: bool) -> bool:
         """Compile the step: when asked to, or by default on a GPU."""
@@ -678,6 +687,7 @@ class Config:
         )
         if self.gptq_enabled:
             require(self.quant_format == "mixed", "gptq_enabled needs quant_format=mixed")
+        if self.gptq_enabled or self.artifact_fit_bytes > 0:
             require(self.gptq_calibration_batches > 0, "gptq_calibration_batches must be positive")
             require(
                 self.max_wallclock_seconds <= 0 or self.train_cap_seconds > 0,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import base64
 import bz2
+import functools
 import json
 import lzma
 from pathlib import Path
@@ -148,6 +149,7 @@ class _Minifier(ast.NodeTransformer):
         return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
 
 
+@functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
 def minify(source: str) -> str:
     """The same code without docstrings, comments or formatting, nor what `_Minifier` drops."""
     tree = _Minifier().visit(ast.parse(source))
@@ -272,6 +274,11 @@ def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
         cfg = Config.from_dict(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
     except (OSError, ValueError) as exc:
         raise PgolfError(f"package: {run_dir} has no readable config.json ({exc})") from None
+    if cfg.artifact_fit_bytes:
+        raise PgolfError(
+            f"package: {run_dir} chose its artifact settings at the end (artifact_fit_bytes); train_gpt.py "
+            f"does not search: train again with the chosen ones (train --config {run_dir}/final_model.*.fit.toml)"
+        )
     summary = summarize(run_dir)
     if not summary.finished:
         raise PgolfError(f"package: {run_dir} did not finish (no final record in metrics.jsonl)")

@@ -192,10 +192,21 @@ class Export:
     upstream: bool  # the challenge's torch.save + zlib file rather than pgolf's container
 
 
-def export_setup(checkpoint: Path, out: Path | None, format: str, overrides: dict[str, Any] | None) -> Export:
+def export_setup(
+    checkpoint: Path,
+    out: Path | None,
+    format: str,
+    overrides: dict[str, Any] | None,
+    config: Path | None = None,
+) -> Export:
     """The export of `checkpoint` in `format` (pgolf or upstream) to `out` (default: beside the
-    checkpoint), with only the EXPORT_FIELDS of the checkpoint's config changed by `overrides`."""
-    overrides = overrides or {}
+    checkpoint), with only the EXPORT_FIELDS of the checkpoint's config changed by `overrides`, and
+    under them by those of the `config` file (its other fields are the checkpoint's own: a fitted
+    config, `.fit.toml`, names them all)."""
+    from core.config.sources import load_file
+
+    given = load_file(config) if config is not None else {}
+    overrides = {k: v for k, v in given.items() if k in EXPORT_FIELDS} | dict(overrides or {})
     if format not in ("pgolf", "upstream"):
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
     fixed = sorted(set(overrides) - set(EXPORT_FIELDS))

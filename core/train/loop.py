@@ -397,9 +397,20 @@ class Training:
                 f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
             )
         self.stop_if_asked()
-        hessians = None
-        if cfg.gptq_enabled:
+        hessians = fit = None
+        if cfg.gptq_enabled or cfg.artifact_fit_bytes > 0:
             hessians = calibrate_gptq(backend, self.say)
+            self.stop_if_asked()
+        params = backend.params()
+        if cfg.artifact_fit_bytes > 0:  # the artifact's settings chosen under the cap (not a packaged run's)
+            from core.train.fitting import fit_on_backend, shared_settings
+
+            measure = self.code_bytes if callable(self.code_bytes) else lambda _: int(self.code_bytes or 0)
+            if self.main:
+                fit = fit_on_backend(
+                    backend, params, cfg, self.dtypes, cfg.artifact_fit_bytes, measure, hessians, self.say
+                )
+            cfg = shared_settings(backend, cfg, fit.cfg if fit is not None else None)
             self.stop_if_asked()
         label = quant_label(cfg)
         artifact = self.run.artifact(label)
@@ -408,7 +419,15 @@ class Training:
         self.code_bytes = self.code_bytes or 0
         sizes: dict[str, int] = {}
         if self.main:
-            report = export_artifact(backend.params(), cfg, self.dtypes, artifact, self.code_bytes, hessians)
+            quantized = fit.model if fit is not None else None
+            report = export_artifact(
+                params, cfg, self.dtypes, artifact, self.code_bytes, hessians, quantized=quantized
+            )
+            if fit is not None:
+                from core.train.fitting import write_fit
+
+                for path in write_fit(fit, artifact):
+                    self.say(f"fit:wrote {path}")
             sizes = report.sizes
             fits = "fits" if sizes["total_bytes"] <= sizes["budget_bytes"] else "OVER BUDGET"
             kind = f"{label}+{cfg.compressor}"

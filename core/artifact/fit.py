@@ -1,0 +1,390 @@
+"""Fit the artifact to a byte cap: the artifact settings with the lowest calibration loss whose
+artifact + code bytes stay within the cap (`export --fit-bytes`, `artifact_fit_bytes`).
+
+What is searched: each tensor class's bits (5-8, or fp16) and clip (its `*_clip_sigmas`: the
+class's default rule or SDClip at a few k), GPTQ on or off, LQER on or off, and the compressor with
+its byte shuffle. Every candidate is a Config, so the chosen one is a config a run can be given
+again, and its artifact is what `export_artifact` writes for it.
+
+The search is cheap: real evaluations (quantize, compress, score) are few, and a model of size and
+loss chooses what to evaluate.
+- Compressor: the base settings' model compressed with each choice; the smallest wins (the loss does
+  not depend on it). Its ratio of real bytes to the model's entropy is the size model's scale.
+- Size: per class and setting, the order-0 entropy of the stored bytes (each byte lane of the values,
+  scales and fp16 tensors on its own), quantized with per-row rounding: compressed size follows it.
+- Loss: per class and setting, the rounding error weighted by the diagonal of its layer's input
+  Hessian (GPTQ's calibration; 1 where there is none), normalised to mean 1: sum (W - Q)^2_ij h_j.
+  One real evaluation per class (the class at its coarsest setting, the rest as the base) turns
+  that into nats of calibration loss.
+- Choice: every combination of the classes' settings (a few thousand at most) is priced by the two
+  models; the one predicted lowest in loss within the cap is evaluated for real. If it does not fit,
+  the size model was wrong by the overshoot: the cap is lowered by it, said in the log, and the next
+  is tried. Then GPTQ and LQER are toggled on the winner, each one real evaluation.
+- The uniform settings (every class at the same bits) predicted to fit are evaluated too, for the
+  table. The result is the evaluated candidate with the lowest loss among those whose real bytes fit;
+  none: one error line (nothing is written by this module).
+
+The calibration loss is a callable (weights -> mean nats per token), so that this module needs no
+framework: core/train/fitting.py scores it with a backend on tokens from the training data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from core.artifact.export import class_bits, class_clips, mixed_blob, quantize_mixed_for
+from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
+from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed
+from core.common.errors import PgolfError
+from core.config.fields import Config
+from core.model.params import artifact_classes
+
+__all__ = ["FIT_FIELDS", "Fit", "Trial", "entropy_bytes", "fit_artifact"]
+
+SEARCH_BITS = (5, 6, 7, 8, 16)  # 16: the class kept in fp16
+SEARCH_SIGMAS = (0.0, 6.0, 10.0, 14.0)  # 0: the class's default clip rule
+# (compressor, byte shuffle) pairs tried besides the base config's own.
+COMPRESSION = (("brotli", 2), ("zstd", 2), ("lzma", 2), ("brotli", 0))
+# Each searched class: its bits field and its clip field ("other" follows matrix_clip_sigmas).
+CLASS_FIELDS = {
+    "embedding": ("embed_bits", "embed_clip_sigmas"),
+    "attention": ("attn_bits", "attn_clip_sigmas"),
+    "mlp": ("mlp_bits", "mlp_clip_sigmas"),
+    "other": ("other_bits", None),
+}
+# Every field a fit may set: what its config file carries over the run's own.
+FIT_FIELDS = (
+    "quant_format", "embed_bits", "attn_bits", "mlp_bits", "other_bits", "embed_clip_sigmas",
+    "attn_clip_sigmas", "mlp_clip_sigmas", "gptq_enabled", "lqer_enabled", "compressor", "byte_shuffle",
+)  # fmt: skip
+MAX_STEPS_DOWN = 4
+CODE_SLACK = 64  # code bytes vary by a few with the settings written into the script
+
+Loss = Callable[[dict[str, np.ndarray]], float]
+Log = Callable[[str], None]
+
+
+@dataclass
+class Trial:
+    """One candidate evaluated for real (or priced only, when `bytes` is None)."""
+
+    label: str
+    changes: dict[str, Any]  # what it changes from the base config
+    kind: str  # base, probe, uniform, fit, step-down, gptq, lqer, smallest
+    predicted_bytes: int  # artifact + code, by the size model
+    bytes: int | None = None  # artifact + code, measured
+    loss: float | None = None  # calibration loss, nats per token
+    cap: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes is not None and self.bytes <= self.cap
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "kind": self.kind, "changes": self.changes,
+            "predicted_bytes": self.predicted_bytes, "bytes": self.bytes, "fits": self.fits, "loss": self.loss,
+        }  # fmt: skip
+
+
+@dataclass
+class Fit:
+    cap: int
+    float_loss: float  # the calibration loss of the weights before quantization
+    trials: list[Trial]
+    chosen: Trial
+    cfg: Config  # the base config with the chosen settings (artifact_fit_bytes off)
+    model: MixedModel  # the chosen artifact's quantized model
+    notes: list[str] = field(default_factory=list)  # the steps down, said in the log too
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cap": self.cap,
+            "float_loss": self.float_loss,
+            "chosen": self.trials.index(self.chosen),
+            "settings": {k: getattr(self.cfg, k) for k in FIT_FIELDS},
+            "notes": self.notes,
+            "trials": [t.to_json() for t in self.trials],
+        }
+
+
+def entropy_bytes(arrays: list[np.ndarray]) -> float:
+    """The order-0 entropy of the arrays' bytes, in bytes: each byte lane (the low bytes of fp16
+    values apart from their high bytes) counted on its own, as a byte shuffle lays them out."""
+    total = 0.0
+    for a in arrays:
+        if a.size == 0:
+            continue
+        lanes = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(-1, max(a.itemsize, 1))
+        for lane in lanes.T:
+            p = np.bincount(lane, minlength=256) / lane.size
+            p = p[p > 0]
+            total += lane.size * float(-(p * np.log2(p)).sum()) / 8
+    return total
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of one class, priced: its entropy bytes and weighted error."""
+
+    changes: tuple[tuple[str, Any], ...]
+    entropy: float
+    error: float
+
+
+def _label(cfg: Config, present: list[str]) -> str:
+    bits, clips = class_bits(cfg), class_clips(cfg)
+    parts = []
+    for cls in present:
+        b = bits[cls]
+        text = f"{cls[:4]}:{'fp16' if b == 'fp16' else f'int{b}'}"
+        if b != "fp16" and clips[cls].kind == "sdclip":
+            text += f"@{clips[cls].k:g}σ"
+        parts.append(text)
+    extras = ["gptq"] * cfg.gptq_enabled + ["lqer"] * cfg.lqer_enabled
+    shuffle = f"+shuffle{cfg.byte_shuffle}" if cfg.byte_shuffle else ""
+    return " ".join(parts + extras + [cfg.compressor + shuffle])
+
+
+def _quantized_classes(params: dict[str, np.ndarray], classes: dict[str, str]) -> dict[str, list[str]]:
+    """The searched classes that hold a tensor the mixed format quantizes (its bits matter)."""
+    out: dict[str, list[str]] = {}
+    for name, w in sorted(params.items()):
+        cls = classes[name]
+        if cls in CLASS_FIELDS and np.issubdtype(w.dtype, np.floating) and w.size > KEEP_FLOAT_MAX_NUMEL:
+            out.setdefault(cls, []).append(name)
+    return {cls: out[cls] for cls in CLASS_FIELDS if cls in out}
+
+
+def _weighted_error(
+    model: MixedModel, params: dict[str, np.ndarray], hessians: dict[str, np.ndarray]
+) -> float:
+    back = dequantize_mixed(model)
+    total = 0.0
+    for name, w in back.items():
+        err = np.square(np.asarray(params[name], np.float64) - w)
+        h = hessians.get(name)
+        if h is not None and err.ndim == 2 and h.shape == (err.shape[1], err.shape[1]):
+            d = np.diagonal(h).astype(np.float64)
+            err = err * (d / d.mean() if d.mean() > 0 else 1.0)
+        total += float(err.sum())
+    return total
+
+
+class _Search:
+    def __init__(self, params, cfg, dtypes, cap, loss, code_bytes, hessians, log, compression):
+        self.params, self.dtypes, self.cap, self.compression = params, dtypes, cap, compression
+        self.loss_of, self.code_bytes, self.log = loss, code_bytes, log
+        self.hessians = hessians or {}
+        self.base = cfg.replace(quant_format="mixed", artifact_fit_bytes=0).validate()
+        self.classes = artifact_classes(self.base)
+        self.groups = _quantized_classes(params, self.classes)
+        self.trials: list[Trial] = []
+        self.best: tuple[Trial, MixedModel] | None = None
+        self.notes: list[str] = []
+
+    def say(self, line: str) -> None:
+        if self.log is not None:
+            self.log(f"fit: {line}")
+
+    # ------------------------------------------------------------ real trials
+    def trial(self, changes: dict[str, Any], kind: str, predicted: float) -> Trial:
+        cfg = self.base.replace(**changes)
+        for t in self.trials:
+            if t.changes == changes:
+                return t
+        model = quantize_mixed_for(self.params, cfg, self.dtypes, self.hessians)
+        total = len(mixed_blob(model, cfg)) + self.code_bytes(cfg)
+        t = Trial(_label(cfg, list(self.groups)), changes, kind, round(predicted), total, cap=self.cap)
+        if t.fits or kind in ("base", "probe"):  # a loss where it may be chosen, or is needed
+            t.loss = float(self.loss_of(dequantize_mixed(model)))
+            if not math.isfinite(t.loss):
+                raise PgolfError(f"fit: the calibration loss of {t.label} is {t.loss}")
+        self.trials.append(t)
+        loss = "-" if t.loss is None else f"{t.loss:.5f}"
+        self.say(f"{kind:<9} {t.label}: {t.bytes:,} B ({'fits' if t.fits else 'over'}), loss {loss}")
+        if (
+            t.fits
+            and t.loss is not None
+            and (self.best is None or (t.loss, t.bytes) < self._key(self.best[0]))
+        ):
+            self.best = (t, model)
+        return t
+
+    @staticmethod
+    def _key(t: Trial) -> tuple[float, int]:
+        return (t.loss, t.bytes)  # type: ignore[return-value]
+
+    # ---------------------------------------------------------- size and loss models
+    def pick_compression(self) -> None:
+        """The compressor and shuffle that make the base model smallest; the size model's ratio."""
+        model = quantize_mixed_for(self.params, self.base, self.dtypes)
+        sizes = {}
+        for comp, shuffle in ((self.base.compressor, self.base.byte_shuffle), *self.compression):
+            try:
+                sizes[(comp, shuffle)] = len(
+                    mixed_blob(model, self.base.replace(compressor=comp, byte_shuffle=shuffle))
+                )
+            except PgolfError:  # a compressor whose package is not installed
+                continue
+        (comp, shuffle), size = min(sizes.items(), key=lambda kv: (kv[1], kv[0]))
+        self.base = self.base.replace(compressor=comp, byte_shuffle=shuffle)
+        self.ratio = size / entropy_bytes(model.arrays())
+        self.base_entropy = entropy_bytes(model.arrays())
+        self.code = self.code_bytes(self.base) + CODE_SLACK
+        self.say(
+            f"compressor {comp}"
+            + (f"+shuffle{shuffle}" if shuffle else "")
+            + f": {size:,} B for the base settings"
+        )
+
+    def price_options(self) -> None:
+        """Each class's settings with their entropy and weighted error (per-row rounding)."""
+        self.options: dict[str, list[Option]] = {}
+        self.base_option: dict[str, Option] = {}
+        self.base_clip: dict[str, tuple[tuple[str, Any], ...]] = {}
+        for cls, names in self.groups.items():
+            bits_field, clip_field = CLASS_FIELDS[cls]
+            sub = {n: self.params[n] for n in names}
+            base_bits = class_bits(self.base)[cls]
+            base_bits = 16 if base_bits == "fp16" else base_bits
+            base_k = getattr(self.base, clip_field) if clip_field else None
+            sigmas = sorted({*SEARCH_SIGMAS, base_k}) if clip_field else [None]
+            settings = [(b, k) for b in SEARCH_BITS for k in (sigmas if b != 16 else [None])]
+            options = []
+            for b, k in [(base_bits, base_k), *settings]:
+                changes = ((bits_field, b),) + (((clip_field, k),) if k is not None and b != 16 else ())
+                if any(o.changes == changes for o in options):
+                    continue
+                cfg = self.base.replace(**dict(changes))
+                model = quantize_mixed(
+                    sub, self.classes, class_bits(cfg), class_clips(cfg), None, self.dtypes
+                )
+                options.append(
+                    Option(changes, entropy_bytes(model.arrays()), _weighted_error(model, sub, self.hessians))
+                )
+            self.base_option[cls] = options[0]
+            self.base_clip[cls] = ((clip_field, base_k),) if clip_field else ()
+            self.options[cls] = options
+
+    def option(self, cls: str, bits: int) -> Option:
+        """Class `cls` at `bits`, its clip as the base's."""
+        clip = self.base_clip[cls] if bits != 16 else ()
+        return next(o for o in self.options[cls] if o.changes == ((o.changes[0][0], bits), *clip))
+
+    def predicted_bytes(self, combo: dict[str, Option]) -> float:
+        entropy = self.base_entropy + sum(o.entropy - self.base_option[c].entropy for c, o in combo.items())
+        return self.ratio * entropy + self.code
+
+    def calibrate_losses(self, base_loss: float) -> None:
+        """nats per unit of weighted error, per class: one real evaluation with the class at the
+        setting farthest from the base (its clip as the base's)."""
+        self.scale: dict[str, float] = {}
+        for cls, options in self.options.items():
+            base = self.base_option[cls]
+            probe = max(options, key=lambda o: (abs(o.error - base.error), o.changes))
+            combo = {c: (probe if c == cls else self.base_option[c]) for c in self.options}
+            t = self.trial(dict(probe.changes), "probe", self.predicted_bytes(combo))
+            delta = probe.error - base.error
+            self.scale[cls] = max((t.loss - base_loss) / delta, 0.0) if delta else 0.0
+
+    def predicted_loss(self, combo: dict[str, Option]) -> float:
+        return sum(self.scale[c] * (o.error - self.base_option[c].error) for c, o in combo.items())
+
+    def combos(self) -> list[tuple[float, float, dict[str, Option]]]:
+        """Every combination of the classes' settings: (predicted loss change, bytes, combination)."""
+        classes = list(self.options)
+        out = []
+        for choice in itertools.product(*(self.options[c] for c in classes)):
+            combo = dict(zip(classes, choice, strict=True))
+            out.append((self.predicted_loss(combo), self.predicted_bytes(combo), combo))
+        out.sort(key=lambda x: (x[0], x[1], [o.changes for o in x[2].values()]))
+        return out
+
+    @staticmethod
+    def changes(combo: dict[str, Option]) -> dict[str, Any]:
+        return dict(kv for o in combo.values() for kv in o.changes)
+
+    # ------------------------------------------------------------ the search
+    def run(self) -> Fit:
+        float_loss = float(self.loss_of(self.params))
+        if not self.groups:
+            raise PgolfError(
+                "fit: no tensor of this model is large enough to be quantized: nothing to choose"
+            )
+        self.pick_compression()
+        self.price_options()
+        base_combo = dict(self.base_option)
+        base = self.trial({}, "base", self.predicted_bytes(base_combo))
+        self.calibrate_losses(base.loss)
+        combos = self.combos()
+        for b in SEARCH_BITS:  # the uniform settings, where the size model says they may fit
+            combo = {c: self.option(c, b) for c in self.options}
+            predicted = self.predicted_bytes(combo)
+            if predicted <= 1.02 * self.cap:
+                self.trial(self.changes(combo), "uniform", predicted)
+        budget, kind = self.cap, "fit"
+        for _ in range(MAX_STEPS_DOWN):
+            pick = next((c for c in combos if c[1] <= budget), None)
+            if pick is None:
+                break
+            t = self.trial(self.changes(pick[2]), kind, pick[1])
+            if t.fits:
+                break
+            over = t.bytes - t.predicted_bytes
+            budget = min(budget, self.cap - over) - 1
+            note = f"the size model was {over:,} B low for {t.label} ({t.bytes - self.cap:,} B over the cap): stepping down"
+            self.notes.append(note)
+            self.say(note)
+            kind = "step-down"
+        if self.best is None:  # the smallest artifact the search can make, measured
+            smallest = min(combos, key=lambda c: (c[1], c[0]))
+            t = self.trial(self.changes(smallest[2]), "smallest", smallest[1])
+            if not t.fits:
+                raise PgolfError(
+                    f"--fit-bytes {self.cap:,}: nothing fits; the smallest artifact of these weights tried "
+                    f"({t.label}) is {t.bytes:,} B with its code"
+                )
+        winner = self.best[0]  # type: ignore[index]
+        if self.hessians:
+            self.trial(
+                winner.changes | {"gptq_enabled": not self.base.replace(**winner.changes).gptq_enabled},
+                "gptq",
+                winner.bytes,
+            )
+        winner = self.best[0]  # type: ignore[index]
+        if not self.base.replace(**winner.changes).lqer_enabled:
+            self.trial(winner.changes | {"lqer_enabled": True}, "lqer", winner.bytes)
+        chosen, model = self.best  # type: ignore[misc]
+        self.say(
+            f"chosen {chosen.label}: {chosen.bytes:,} B of {self.cap:,}, loss {chosen.loss:.5f} (float {float_loss:.5f})"
+        )
+        return Fit(
+            self.cap, float_loss, self.trials, chosen, self.base.replace(**chosen.changes), model, self.notes
+        )
+
+
+def fit_artifact(
+    params: dict[str, np.ndarray],
+    cfg: Config,
+    dtypes: dict[str, str],
+    cap: int,
+    loss: Loss,
+    code_bytes: Callable[[Config], int],
+    hessians: dict[str, np.ndarray] | None = None,
+    log: Log | None = None,
+    compression: tuple[tuple[str, int], ...] = COMPRESSION,
+) -> Fit:
+    """The artifact settings with the lowest calibration loss (`loss`: weights -> nats per token)
+    whose artifact + code (`code_bytes` of the candidate config) is at most `cap` bytes; `hessians`
+    (GPTQ's calibration) weight the rounding errors and allow GPTQ; `compression`: the (compressor,
+    byte shuffle) pairs tried besides `cfg`'s. See the module docstring; PgolfError when nothing fits."""
+    if cap <= 0:
+        raise PgolfError(f"--fit-bytes must be positive, got {cap}")
+    return _Search(params, cfg, dtypes, cap, loss, code_bytes, hessians, log, compression).run()

@@ -1,0 +1,119 @@
+"""The artifact fit (core/artifact/fit.py) scored with a backend: its calibration tokens and loss, and
+the search run on one model, as `export --fit-bytes` and `train` with `artifact_fit_bytes` run it.
+
+Calibration tokens are the last `artifact_fit_tokens` of the training stream (its last shards): data
+the challenge allows before scoring, and which a run that did not go through all its training tokens
+never trained on. Validation tokens are never read here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.artifact.fit import FIT_FIELDS, Fit, fit_artifact
+from core.common.errors import PgolfError
+from core.common.files import write_atomic
+from core.config.fields import Config
+from core.data.shards import find_shards, read_shard
+
+if TYPE_CHECKING:
+    from core.model.backend import Backend
+
+__all__ = ["calibration_loss", "calibration_tokens", "fit_on_backend", "shared_settings", "write_fit"]
+
+BATCH_SEQS = 8  # sequences per eval_nll call
+
+
+def calibration_tokens(cfg: Config) -> np.ndarray:
+    """The last tokens of the training shards: whole sequences of `train_seq_len`, at most
+    `artifact_fit_tokens` targets, plus the token before the first target."""
+    seq = cfg.train_seq_len
+    want = max(cfg.artifact_fit_tokens // seq, 1) * seq + 1
+    parts, have = [], 0
+    for path in reversed(find_shards(cfg.data_path, "train")):
+        parts.insert(0, read_shard(path, cfg.vocab_size))
+        have += parts[0].size
+        if have >= want:
+            break
+    tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
+    usable = (min(tokens.size, want) - 1) // seq * seq
+    if usable <= 0:
+        raise PgolfError(
+            f"the artifact fit needs {seq + 1} training tokens in {cfg.data_path}, found {tokens.size}"
+        )
+    return tokens[tokens.size - usable - 1 :].astype(np.int32)
+
+
+def calibration_loss(backend: Backend, tokens: np.ndarray) -> Callable[[dict[str, np.ndarray]], float]:
+    """weights -> their mean cross-entropy (nats per token) on `tokens`, in sequences of `train_seq_len`,
+    scored by `backend` (which the weights are loaded into)."""
+    seq = backend.cfg.train_seq_len
+    x, y = tokens[:-1].reshape(-1, seq), tokens[1:].reshape(-1, seq)
+
+    def loss(weights: dict[str, np.ndarray]) -> float:
+        backend.load_params(weights)
+        total = 0.0
+        for i in range(0, len(x), BATCH_SEQS):
+            total = total + backend.eval_nll(x[i : i + BATCH_SEQS], y[i : i + BATCH_SEQS])
+        return float(total) / x.size
+
+    return loss
+
+
+def fit_on_backend(
+    backend: Backend,
+    params: dict[str, np.ndarray],
+    cfg: Config,
+    dtypes: dict[str, str],
+    cap: int,
+    code_bytes: Callable[[Config], int],
+    hessians: dict[str, np.ndarray] | None,
+    log: Callable[[str], None] | None = None,
+) -> Fit:
+    """The fit of `params` under `cap` bytes, scored on the calibration tokens by `backend` (which is
+    left holding some candidate's weights)."""
+    loss = calibration_loss(backend, calibration_tokens(cfg))
+    return fit_artifact(params, cfg, dtypes, cap, loss, code_bytes, hessians, log)
+
+
+def toml_text(cfg: Config) -> str:
+    """`cfg` as a flat TOML table (a --config file)."""
+    lines = []
+    for name, value in cfg.to_dict().items():
+        lines.append(f"{name} = {str(value).lower() if isinstance(value, bool) else json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_fit(fit: Fit, artifact: Path) -> tuple[Path, Path]:
+    """Beside the artifact: the candidates tried as JSON (`.fit.json`), and the chosen settings as a
+    config (`.fit.toml`: the whole config, no run id, the fit off) that `train --config` or
+    `export --config` reproduces the artifact with."""
+    table = write_atomic(
+        artifact.with_suffix(".fit.json"), (json.dumps(fit.to_json(), indent=1) + "\n").encode()
+    )
+    config = write_atomic(artifact.with_suffix(".fit.toml"), toml_text(fit.cfg.replace(run_id="")).encode())
+    return table, config
+
+
+def shared_settings(backend: Backend, cfg: Config, chosen: Config | None) -> Config:
+    """`cfg` with the settings rank 0 chose (`chosen`, None on the other ranks), on every rank."""
+    if backend.world_size == 1:
+        return chosen if chosen is not None else cfg
+    choices = {f.name: f.metadata["checks"][0].choices for f in fields(Config) if f.name in FIT_FIELDS}
+    values = np.zeros(len(FIT_FIELDS))
+    if chosen is not None:
+        for i, name in enumerate(FIT_FIELDS):
+            value = getattr(chosen, name)
+            values[i] = choices[name].index(value) if isinstance(value, str) else float(value)
+    values = backend.all_reduce_sum(values)
+    settings = {}
+    for name, v in zip(FIT_FIELDS, values, strict=True):
+        kind = type(getattr(cfg, name))
+        settings[name] = choices[name][int(v)] if kind is str else kind(v) if kind is not bool else bool(v)
+    return cfg.replace(**settings, artifact_fit_bytes=0)

@@ -1,0 +1,190 @@
+"""The artifact fit (core/artifact/fit.py, core/train/fitting.py, `export --fit-bytes`,
+`artifact_fit_bytes`): under the cap, better than every uniform setting that fits, never over, the
+same in both backends, and reproducible from the config it writes."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import numpy as np
+import pytest
+
+from core.artifact.export import export_artifact, mixed_blob, quantize_mixed_for
+from core.artifact.fit import SEARCH_BITS, entropy_bytes, fit_artifact
+from core.artifact.load import load_checkpoint
+from core.artifact.mixed import dequantize_mixed
+from core.common.errors import PgolfError
+from core.config.fields import Config
+from core.runs.package import code_bytes
+from core.train.fitting import calibration_loss, calibration_tokens, shared_settings
+from core.train.loop import calibrate_gptq
+from tests.test_backends import make_backend, needs
+from tests.test_cli import assert_one_line_error, cli, data_flags
+
+# record_0401_tiny's artifact at a size the tests can afford: an embedding (1024 x 96) and MLP
+# matrices (768 x 96) past the 65,536-value floor, GPTQ, a byte shuffle.
+SHAPE = ["--model-dim", "96", "--mlp-mult", "8", "--iterations", "30", "--warmdown-iters", "10"]
+ARTIFACT = ["--quant-format", "mixed", "--gptq-enabled", "--gptq-calibration-batches", "2",
+            "--compressor", "lzma", "--byte-shuffle", "2", "--artifact-fit-tokens", "1024"]  # fmt: skip
+LZMA = ()  # in-process fits try the run's compressor alone (lzma: brotli-11 takes seconds here)
+
+
+@pytest.fixture(scope="module")
+def run(sotu_dataset, tmp_path_factory):
+    """A short record-style run (smoke preset at the shape above), through the CLI; its checkpoint."""
+    out = tmp_path_factory.mktemp("runs")
+    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(out), "--run-id", "f",
+                 *SHAPE, *ARTIFACT, *data_flags(sotu_dataset))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return sorted((out / "f" / "checkpoints").glob("*.safetensors"))[-1]
+
+
+def int8_bytes(ckpt, cfg: Config) -> int:
+    """Artifact + code of every class at 8 bits."""
+    cfg8 = cfg.replace(embed_bits=8, matrix_bits=8, gptq_enabled=False)
+    return len(mixed_blob(quantize_mixed_for(ckpt.params, cfg8, ckpt.dtypes), cfg8)) + code_bytes(cfg8)
+
+
+def setup(name: str, path):
+    """The checkpoint, its config, GPTQ's Hessians and the calibration loss, in backend `name`."""
+    ckpt = load_checkpoint(path)
+    cfg = Config.from_dict(ckpt.config)
+    backend = make_backend(name, cfg)
+    backend.load_params(ckpt.params)
+    hessians = calibrate_gptq(backend)
+    return ckpt, cfg, hessians, calibration_loss(backend, calibration_tokens(cfg))
+
+
+@pytest.fixture(scope="module")
+def fitted(run):
+    """The fit at 85% of the int8 artifact's bytes, in the PyTorch backend."""
+    ckpt, cfg, hessians, loss = setup("cuda", run)
+    cap = int(0.85 * int8_bytes(ckpt, cfg))
+    fit = fit_artifact(ckpt.params, cfg, ckpt.dtypes, cap, loss, code_bytes, hessians, compression=LZMA)
+    return ckpt, cfg, hessians, loss, fit
+
+
+@needs("cuda")
+@pytest.mark.slow  # ~20 s with the run
+def test_the_fit_fits_and_beats_every_uniform_setting_that_fits(fitted, tmp_path):
+    ckpt, cfg, hessians, loss, fit = fitted
+    base = cfg.replace(quant_format="mixed")
+    assert base.replace(embed_bits=8, matrix_bits=8) != fit.cfg  # the int8 setting does not fit
+    report = export_artifact(
+        ckpt.params, fit.cfg, ckpt.dtypes, tmp_path / "a.pgolf", code_bytes(fit.cfg), hessians
+    )
+    assert report.sizes["total_bytes"] == fit.chosen.bytes <= fit.cap
+    assert (tmp_path / "a.pgolf").read_bytes() == mixed_blob(fit.model, fit.cfg)
+    assert loss(dequantize_mixed(fit.model)) == fit.chosen.loss
+    uniform = {}
+    for bits in SEARCH_BITS:
+        for gptq in (False, True):
+            c = base.replace(embed_bits=bits, matrix_bits=bits, gptq_enabled=gptq)
+            model = quantize_mixed_for(ckpt.params, c, ckpt.dtypes, hessians)
+            if len(mixed_blob(model, c)) + code_bytes(c) <= fit.cap:
+                uniform[bits, gptq] = loss(dequantize_mixed(model))
+    assert uniform and (8, False) not in uniform and (16, False) not in uniform
+    assert all(fit.chosen.loss < v for v in uniform.values()), (fit.chosen.loss, uniform)
+    # The size model: every prediction within 10% of the bytes measured.
+    assert all(abs(t.predicted_bytes - t.bytes) < 0.1 * t.bytes for t in fit.trials if t.kind != "gptq")
+
+
+def test_entropy_counts_each_byte_lane():
+    rng = np.random.default_rng(0)
+    q = rng.integers(-3, 4, 10_000).astype(np.int8)  # 7 equally likely values: log2(7) bits each
+    assert entropy_bytes([q]) == pytest.approx(10_000 * np.log2(7) / 8, rel=0.01)
+    halves = np.full(1000, 1.5, np.float16)  # one value: both lanes constant
+    assert entropy_bytes([halves, np.zeros(0, np.int8)]) == 0.0
+
+
+@needs("cuda")
+@pytest.mark.slow
+def test_a_shrinking_cap_stays_under_it_until_nothing_fits_in_one_line(run, fitted, tmp_path):
+    ckpt, cfg, _, loss, fit = fitted
+    cap = fit.cap
+    while True:  # without Hessians: no GPTQ, faster
+        cap = int(cap * 0.75)
+        try:
+            small = fit_artifact(ckpt.params, cfg, ckpt.dtypes, cap, loss, code_bytes, compression=LZMA)
+        except PgolfError as exc:
+            assert "nothing fits" in str(exc) and "\n" not in str(exc)
+            break
+        assert small.chosen.bytes <= cap and all(t.bytes <= cap for t in small.trials if t.loss and t.fits)
+    before = sorted(p.name for p in run.parent.iterdir())
+    result = cli("export", str(run), "--fit-bytes", str(cap), "--backend", "cuda")
+    assert_one_line_error(result, "nothing fits")
+    assert sorted(p.name for p in run.parent.iterdir()) == before  # no artifact, no table, no config
+
+
+@needs("cuda")
+@pytest.mark.slow
+def test_export_fit_writes_the_table_and_a_config_that_makes_the_same_artifact(run, fitted, tmp_path):
+    cap = fitted[4].cap
+    out = tmp_path / "fit.pgolf"
+    result = cli("export", str(run), "--fit-bytes", str(cap), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "artifact fit" in result.stdout and "calibration loss" in result.stdout
+    table = json.loads(out.with_suffix(".fit.json").read_text())
+    assert table["cap"] == cap and table["trials"][table["chosen"]]["bytes"] <= cap
+    settings = tomllib.loads(out.with_suffix(".fit.toml").read_text())
+    total = out.stat().st_size + code_bytes(Config.from_dict(settings))
+    assert total == table["trials"][table["chosen"]]["bytes"]
+    assert settings["artifact_fit_bytes"] == 0 and settings["quant_format"] == "mixed"
+    again = tmp_path / "again.pgolf"
+    result = cli("export", str(run), "--config", str(out.with_suffix(".fit.toml")), "--out", str(again))
+    assert result.returncode == 0, result.stderr
+    assert again.read_bytes() == out.read_bytes()
+
+
+@needs("cuda")
+@pytest.mark.slow  # two short runs and a fit
+def test_train_ends_with_the_fit_and_its_config_trains_the_same_artifact(sotu_dataset, tmp_path):
+    common = ["train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), *SHAPE, *ARTIFACT,
+              *data_flags(sotu_dataset)]  # fmt: skip
+    first = cli(*common, "--run-id", "a", env={"ARTIFACT_FIT_BYTES": "250000"})
+    assert first.returncode == 0, first.stderr
+    assert "fit: chosen" in first.stdout
+    (toml,) = (tmp_path / "a").glob("final_model.*.fit.toml")
+    (artifact,) = (tmp_path / "a").glob("final_model.*.pgolf")
+    total = int(
+        next(line for line in first.stdout.splitlines() if line.startswith("Total submission")).split()[-3]
+    )
+    assert total <= 250_000
+    # The config file alone (flags would override it): it holds every field.
+    second = cli(
+        "train", "--backend", "cuda", "--config", str(toml), "--out-dir", str(tmp_path), "--run-id", "b"
+    )
+    assert second.returncode == 0, second.stderr
+    assert (tmp_path / "b" / artifact.name).read_bytes() == artifact.read_bytes()
+
+
+@needs("cuda")
+@needs("mlx")
+@pytest.mark.slow
+def test_both_backends_choose_alike_and_write_the_same_bytes(run, fitted):
+    ckpt, cfg, hessians, _, fit = fitted
+    loss = setup("mlx", run)[3]  # GPTQ's input: PyTorch's Hessians (the same within 1e-4)
+    other = fit_artifact(ckpt.params, cfg, ckpt.dtypes, fit.cap, loss, code_bytes, hessians, compression=LZMA)
+    assert [t.changes for t in other.trials] == [t.changes for t in fit.trials]
+    assert other.cfg == fit.cfg
+    assert mixed_blob(other.model, other.cfg) == mixed_blob(fit.model, fit.cfg)
+    for a, b in zip(other.trials, fit.trials, strict=True):
+        assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-6) if a.loss is not None else b.loss is None
+
+
+def test_one_rank_settings_reach_every_rank():
+    sent: list[np.ndarray] = []
+
+    class Rank:  # two ranks' all-reduce: rank 0 calls first, then rank 1 with zeros
+        world_size = 2
+
+        def all_reduce_sum(self, values):
+            sent.append(values.copy())
+            return sent[0] + (values if len(sent) > 1 else 0.0)
+
+    cfg = Config().replace(artifact_fit_bytes=9)
+    chosen = cfg.replace(quant_format="mixed", embed_bits=7, mlp_clip_sigmas=10.0, compressor="brotli",
+                         byte_shuffle=2, lqer_enabled=True, artifact_fit_bytes=0)  # fmt: skip
+    assert shared_settings(Rank(), cfg, chosen) == chosen
+    assert shared_settings(Rank(), cfg, None) == chosen
