@@ -112,6 +112,10 @@ RECORD_0427: dict[str, Any] = {
     "gptq_reserve_seconds": 0.5,
     # Evaluation: sliding windows of 2,048 at stride 64, then phased LoRA TTT (rank 80, three global
     # SGD phases over the first 2,500 documents).
+    # Each document attends only within itself (the record's packed rows and cu_seqlens), in training,
+    # evaluation and the global TTT phase.
+    "varlen_attn_enabled": True,
+    "global_ttt_respect_doc_boundaries": True,
     "ttt_enabled": True,
     "ttt_mode": "lora",
     "ttt_lora_rank": 80,
