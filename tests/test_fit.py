@@ -188,3 +188,25 @@ def test_one_rank_settings_reach_every_rank():
                          byte_shuffle=2, lqer_enabled=True, artifact_fit_bytes=0)  # fmt: skip
     assert shared_settings(Rank(), cfg, chosen) == chosen
     assert shared_settings(Rank(), cfg, None) == chosen
+
+
+@pytest.mark.slow  # ~3 s
+def test_every_class_is_searched_with_a_numpy_loss():
+    """The embeddings (an untied head among them) and the MLP, scored by a stand-in loss (the weights'
+    squared distance to the float ones): fast, and no backend needed."""
+    from core.config.presets import preset
+    from core.model.params import storage_dtypes
+    from tests.test_backends import busy_params
+
+    cfg = preset("smoke").replace(model_dim=96, mlp_mult=8.0, tie_embeddings=False, compressor="zlib")
+    params = busy_params(cfg)
+
+    def loss(weights):
+        return float(sum(np.square(weights[n] - params[n]).sum() for n in params))
+
+    fit = fit_artifact(
+        params, cfg, storage_dtypes(cfg, False), 380_000, loss, lambda c: 40_000, compression=()
+    )
+    assert {"embed_bits", "mlp_bits"} <= {k for t in fit.trials for k in t.changes}
+    assert fit.chosen.bytes <= 380_000 and fit.chosen.loss == min(t.loss for t in fit.trials if t.fits)
+    assert any(t.kind == "refine" for t in fit.trials)

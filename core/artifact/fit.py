@@ -19,7 +19,9 @@ loss chooses what to evaluate.
 - Choice: every combination of the classes' settings (a few thousand at most) is priced by the two
   models; the one predicted lowest in loss within the cap is evaluated for real. If it does not fit,
   the size model was wrong by the overshoot: the cap is lowered by it, said in the log, and the next
-  is tried. Then GPTQ and LQER are toggled on the winner, each one real evaluation.
+  is tried. Then, one class at a time, the winner with that class at the two settings predicted best
+  that fit; then GPTQ and LQER are toggled on the winner, each one real evaluation. (GPTQ on or off
+  is first decided on the base settings, one more real evaluation, and kept for the trials between.)
 - The uniform settings (every class at the same bits) predicted to fit are evaluated too, for the
   table. The result is the evaluated candidate with the lowest loss among those whose real bytes fit;
   none: one error line (nothing is written by this module).
@@ -64,6 +66,7 @@ FIT_FIELDS = (
     "attn_clip_sigmas", "mlp_clip_sigmas", "gptq_enabled", "lqer_enabled", "compressor", "byte_shuffle",
 )  # fmt: skip
 MAX_STEPS_DOWN = 4
+REFINE = 2  # settings per class tried around the winner
 CODE_SLACK = 64  # code bytes vary by a few with the settings written into the script
 
 Loss = Callable[[dict[str, np.ndarray]], float]
@@ -76,7 +79,7 @@ class Trial:
 
     label: str
     changes: dict[str, Any]  # what it changes from the base config
-    kind: str  # base, probe, uniform, fit, step-down, gptq, lqer, smallest
+    kind: str  # base, gptq-base, probe, uniform, fit, step-down, smallest, refine, gptq, lqer
     predicted_bytes: int  # artifact + code, by the size model
     bytes: int | None = None  # artifact + code, measured
     loss: float | None = None  # calibration loss, nats per token
@@ -188,6 +191,7 @@ class _Search:
         self.trials: list[Trial] = []
         self.best: tuple[Trial, MixedModel] | None = None
         self.notes: list[str] = []
+        self.decided: dict[str, Any] = {}  # GPTQ on or off, once the base settings have shown which is better
 
     def say(self, line: str) -> None:
         if self.log is not None:
@@ -195,6 +199,7 @@ class _Search:
 
     # ------------------------------------------------------------ real trials
     def trial(self, changes: dict[str, Any], kind: str, predicted: float) -> Trial:
+        changes = self.decided | changes
         cfg = self.base.replace(**changes)
         for t in self.trials:
             if t.changes == changes:
@@ -202,7 +207,7 @@ class _Search:
         model = quantize_mixed_for(self.params, cfg, self.dtypes, self.hessians)
         total = len(mixed_blob(model, cfg)) + self.code_bytes(cfg)
         t = Trial(_label(cfg, list(self.groups)), changes, kind, round(predicted), total, cap=self.cap)
-        if t.fits or kind in ("base", "probe"):  # a loss where it may be chosen, or is needed
+        if t.fits or kind in ("base", "gptq-base", "probe"):  # a loss where it may be chosen, or is needed
             t.loss = float(self.loss_of(dequantize_mixed(model)))
             if not math.isfinite(t.loss):
                 raise PgolfError(f"fit: the calibration loss of {t.label} is {t.loss}")
@@ -307,6 +312,32 @@ class _Search:
         out.sort(key=lambda x: (x[0], x[1], [o.changes for o in x[2].values()]))
         return out
 
+    def combo_of(self, changes: dict[str, Any]) -> dict[str, Option]:
+        """The classes' settings a trial's changes make (the base's where it changes none)."""
+        out = {}
+        for cls, options in self.options.items():
+            bits_field, clip_field = CLASS_FIELDS[cls]
+            bits = changes.get(bits_field, self.base_option[cls].changes[0][1])
+            want: tuple[tuple[str, Any], ...] = ((bits_field, bits),)
+            if clip_field and bits != 16:
+                want += ((clip_field, changes.get(clip_field, getattr(self.base, clip_field))),)
+            out[cls] = next((o for o in options if o.changes == want), self.base_option[cls])
+        return out
+
+    def refine(self) -> None:
+        """One class at a time, the winner with that class at each of the REFINE settings predicted
+        lowest in loss and to fit (the others as the winner's): a few more real trials."""
+        for cls in list(self.options):
+            winner = self.best[0]  # type: ignore[index]
+            combo = self.combo_of(winner.changes)
+            priced = []
+            for o in self.options[cls]:
+                trial = combo | {cls: o}
+                if o != combo[cls] and self.predicted_bytes(trial) <= self.cap:
+                    priced.append((self.predicted_loss(trial), o.changes, trial))
+            for _, _, trial in sorted(priced, key=lambda x: x[:2])[:REFINE]:
+                self.trial(winner.changes | self.changes(trial), "refine", self.predicted_bytes(trial))
+
     @staticmethod
     def changes(combo: dict[str, Option]) -> dict[str, Any]:
         return dict(kv for o in combo.values() for kv in o.changes)
@@ -322,6 +353,12 @@ class _Search:
         self.price_options()
         base_combo = dict(self.base_option)
         base = self.trial({}, "base", self.predicted_bytes(base_combo))
+        if self.hessians:  # GPTQ on or off: decided on the base settings, kept for the rest
+            other = self.trial(
+                {"gptq_enabled": not self.base.gptq_enabled}, "gptq-base", self.predicted_bytes(base_combo)
+            )
+            if other.loss < base.loss:
+                self.decided, base = {"gptq_enabled": not self.base.gptq_enabled}, other
         self.calibrate_losses(base.loss)
         combos = self.combos()
         for b in SEARCH_BITS:  # the uniform settings, where the size model says they may fit
@@ -351,13 +388,12 @@ class _Search:
                     f"--fit-bytes {self.cap:,}: nothing fits; the smallest artifact of these weights tried "
                     f"({t.label}) is {t.bytes:,} B with its code"
                 )
+        self.refine()
         winner = self.best[0]  # type: ignore[index]
         if self.hessians:
-            self.trial(
-                winner.changes | {"gptq_enabled": not self.base.replace(**winner.changes).gptq_enabled},
-                "gptq",
-                winner.bytes,
-            )
+            gptq = not self.base.replace(**winner.changes).gptq_enabled
+            self.decided = {}
+            self.trial(winner.changes | {"gptq_enabled": gptq}, "gptq", winner.bytes)
         winner = self.best[0]  # type: ignore[index]
         if not self.base.replace(**winner.changes).lqer_enabled:
             self.trial(winner.changes | {"lqer_enabled": True}, "lqer", winner.bytes)
