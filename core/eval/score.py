@@ -86,17 +86,7 @@ def evaluate(
     cfg = backend.cfg
     if sink is not None:  # the same windows, scored token by token
         ev = SlidingEval(cfg.eval_window, cfg.eval_window, max(cfg.val_batch_size // cfg.eval_window, 1))
-        meter = score_sliding(
-            data.tokens,
-            backend.token_losses,
-            data.target_bytes,
-            ev,
-            backend.rank,
-            backend.world_size,
-            progress,
-            sink,
-        )
-        return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+        return _score_windows(backend, data, ev, progress, sink)
     seq = cfg.eval_window
     batch_seqs = max(cfg.val_batch_size // cfg.grad_accum_steps // seq, 1)
     spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size)
@@ -118,7 +108,15 @@ def evaluate_sliding(
 ) -> BPBMeter:
     """val_loss and val_bpb with sliding windows (`eval_stride`, see core/eval/sliding.py), split over ranks."""
     cfg = backend.cfg
-    ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
+    return _score_windows(
+        backend, data, SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs), progress, sink
+    )
+
+
+def _score_windows(
+    backend: Backend, data: EvalData, ev: SlidingEval, progress: Progress | None, sink: np.ndarray | None
+) -> BPBMeter:
+    """The windows of `ev` over the validation tokens, this rank's share, summed over the ranks."""
     meter = score_sliding(
         data.tokens,
         backend.token_losses,

@@ -33,6 +33,7 @@ __all__ = [
     "plan_windows",
     "rank_windows",
     "score_sliding",
+    "score_windows",
     "sliding_enabled",
     "window_batches",
 ]
@@ -140,9 +141,24 @@ def score_sliding(
         raise PgolfError(f"sliding evaluation: {np.size(target_bytes)} byte counts for {tokens.size} tokens")
     plan = rank_windows(plan_windows(tokens.size - 1, ev.seq_len, ev.stride), rank, world_size)
     meter = BPBMeter()
+    score_windows(meter, tokens, token_losses, target_bytes, plan, ev, progress, sink)
+    return meter
+
+
+def score_windows(
+    meter: BPBMeter,
+    tokens: np.ndarray,
+    token_losses: TokenLosses,
+    target_bytes: np.ndarray,
+    windows: WindowPlan,
+    ev: SlidingEval,
+    progress: Callable[[int, int], None] | None = None,
+    sink: np.ndarray | None = None,
+) -> None:
+    """Add to `meter` the scored targets of `windows`, `ev.batch_seqs` at a time (score_sliding's arguments)."""
     pos = np.arange(ev.seq_len)
-    total = -(-len(plan) // ev.batch_seqs)
-    for i, batch in enumerate(window_batches(plan, ev.batch_seqs)):
+    total = -(-len(windows) // ev.batch_seqs)
+    for i, batch in enumerate(window_batches(windows, ev.batch_seqs)):
         x, y = batch_arrays(tokens, batch, ev.seq_len)
         nll = np.asarray(token_losses(x, y))
         if nll.shape != x.shape:
@@ -155,4 +171,3 @@ def score_sliding(
             sink[positions] = nll[scored]
         if progress is not None:
             progress(i + 1, total)
-    return meter

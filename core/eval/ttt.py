@@ -36,7 +36,7 @@ import numpy as np
 
 from core.common.errors import PgolfError
 from core.eval.bpb import BPBMeter
-from core.eval.sliding import batch_arrays, plan_windows, rank_windows, sliding_enabled, window_batches
+from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows, sliding_enabled
 from core.model.lora import adapter_shapes, initial_a
 
 if TYPE_CHECKING:  # only annotations name these
@@ -223,20 +223,11 @@ def _score_full(
     chunk_of = np.minimum((plan.starts + plan.score_from) // size, chunks - 1)
     frozen = tuple(f"blocks.{i}." for i in range(min(cfg.ttt_freeze_blocks, cfg.num_layers)))
     backend.sgd_reset(cfg.ttt_momentum, frozen)
-    pos = np.arange(seq)
-    nats, counted, nbytes = 0.0, 0, 0
+    ev = SlidingEval(seq, stride, cfg.ttt_batch_seqs)
+    meter = BPBMeter()
     for c in range(chunks):
         windows = rank_windows(plan[np.flatnonzero(chunk_of == c)], backend.rank, backend.world_size)
-        for batch in window_batches(windows, cfg.ttt_batch_seqs):
-            x, y = batch_arrays(tokens, batch, seq)
-            nll = np.asarray(backend.token_losses(x, y))
-            scored = (pos[None, :] >= batch.score_from[:, None]) & (pos[None, :] < batch.lengths[:, None])
-            positions = (batch.starts[:, None] + pos[None, :] + 1)[scored]
-            nats += float(nll[scored].astype(np.float64).sum())
-            counted += len(positions)
-            nbytes += int(data.target_bytes[positions].sum())
-            if token_losses is not None:
-                token_losses[positions] = nll[scored]
+        score_windows(meter, tokens, backend.token_losses, data.target_bytes, windows, ev, sink=token_losses)
         if c < chunks - 1 and cfg.ttt_epochs > 0:
             lr = cfg.ttt_lr * 0.5 * (1.0 + math.cos(math.pi * c / max(chunks - 1, 1)))
             start, end = c * size, min((c + 1) * size, total)
@@ -245,7 +236,7 @@ def _score_full(
             log(f"ttt_full: chunk {c + 1}/{chunks}")
         if progress is not None:
             progress(c + 1, chunks)
-    return nats, counted, nbytes
+    return meter.nats, int(meter.tokens), int(meter.nbytes)
 
 
 def _score_lora(
