@@ -106,6 +106,9 @@ class TorchWalk(Walk):
     def arange(self, start: int, stop: int, step: int) -> Tensor:
         return torch.arange(start, stop, step, dtype=torch.float32)
 
+    def round_bf16(self, a: Tensor) -> Tensor:
+        return a.to(torch.bfloat16).to(a.dtype)
+
     def embed(self, table: nn.Embedding, idx: Tensor) -> Tensor:
         return table(idx)  # bf16 tables in bf16 runs, the rest follows autocast
 

@@ -111,8 +111,11 @@ class MLXBackend:
         state = [self.model.state, self.optim.state]
         self._update = partial(mx.compile, inputs=state, outputs=state)(update) if compile_on else update
 
+        # float64 exists on the CPU only: on a Metal GPU the sums stay float32.
+        self.sum_dtype = mx.float32 if _on_gpu() else mx.float64
+
         def nll_sum(x: mx.array, y: mx.array, looping: bool) -> mx.array:
-            return self.model.token_losses(x, y, looping).sum()
+            return self.model.token_losses(x, y, looping).astype(self.sum_dtype).sum()
 
         self._nll_sum = mx.compile(nll_sum, inputs=self.model.state) if compile_on else nll_sum
 
@@ -187,11 +190,9 @@ class MLXBackend:
         self.looping = bool(active) and self.cfg.num_loops > 0
 
     def eval_nll(self, x: np.ndarray, y: np.ndarray) -> mx.array:
-        # float64 exists on the CPU only: on a Metal GPU the sums stay float32.
-        dtype = mx.float32 if _on_gpu() else mx.float64
-        total = mx.array(0.0, dtype=dtype)
+        total = mx.array(0.0, dtype=self.sum_dtype)
         for xs, ys in sub_batches(x, y, self.cfg.mlx_max_microbatch_tokens):
-            total = total + self._nll_sum(mx.array(xs), mx.array(ys), looping=self.looping).astype(dtype)
+            total = total + self._nll_sum(mx.array(xs), mx.array(ys), looping=self.looping)
         mx.async_eval(total)  # started, not waited for; and the caller's lazy sum stays short
         return total
 

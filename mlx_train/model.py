@@ -53,6 +53,9 @@ class MLXWalk(Walk):
     def arange(self, start: int, stop: int, step: int) -> mx.array:
         return mx.arange(start, stop, step, dtype=mx.float32)
 
+    def round_bf16(self, a: mx.array) -> mx.array:
+        return a.astype(mx.bfloat16).astype(a.dtype)
+
     def embed(self, table: nn.Embedding, idx: mx.array) -> mx.array:
         return table(idx).astype(self.compute_dtype)
 

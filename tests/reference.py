@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from core.config.fields import Config
+from core.model.params import round_to_bfloat16
 
 EPS32 = float(np.finfo(np.float32).eps)  # RMSNorm epsilon in fp32 (the torch convention)
 
@@ -21,12 +22,22 @@ def rms_norm(x: np.ndarray) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS32)
 
 
-def rope(x: np.ndarray, base: float, dims: int = 0) -> np.ndarray:
+def rope(x: np.ndarray, base: float, dims: int = 0, precision: str = "float32") -> np.ndarray:
     """x: (B, H, T, D). Rotate the halves (x1, x2) of the first `dims` dims (0 = all) by -theta:
-    (x1 cos + x2 sin, -x1 sin + x2 cos); the other dims pass unchanged."""
+    (x1 cos + x2 sin, -x1 sin + x2 cos); the other dims pass unchanged. `precision` (rope_precision):
+    bf16_inv_freq rounds the inverse frequencies to bf16, bfloat16 also the positions, angles, cos and sin."""
     t, d = x.shape[2], dims or x.shape[3]
     theta = np.arange(t)[:, None] * base ** (-np.arange(0, d, 2) / d)[None, :]  # (T, d/2)
-    cos, sin = np.cos(theta), np.sin(theta)
+    if precision != "float32":
+        inv_freq = round_to_bfloat16(1.0 / base ** (np.arange(0, d, 2, dtype=np.float32) / d))
+        theta = np.arange(t, dtype=np.float32)[:, None] * inv_freq[None, :]
+    if precision == "bfloat16":
+        theta = round_to_bfloat16(
+            round_to_bfloat16(np.arange(t, dtype=np.float32))[:, None] * inv_freq[None, :]
+        )
+        cos, sin = round_to_bfloat16(np.cos(theta)), round_to_bfloat16(np.sin(theta))
+    else:
+        cos, sin = np.cos(theta), np.sin(theta)
     x1, x2, rest = x[..., : d // 2], x[..., d // 2 : d], x[..., d:]
     return np.concatenate([x1 * cos + x2 * sin, -x1 * sin + x2 * cos, rest], axis=-1)
 
@@ -100,7 +111,8 @@ def attention(
         heads(values, kv),
     )
     base = rope_base(cfg, t)
-    q, k = rope(rms_norm(q), base, cfg.rope_dims), rope(rms_norm(k), base, cfg.rope_dims)
+    precision = cfg.rope_precision if base == cfg.rope_base else "float32"  # rescaled tables are fp32
+    q, k = (rope(rms_norm(a), base, cfg.rope_dims, precision) for a in (q, k))
     q = q * params[prefix + "q_gain"][None, :, None, None]
     out = np.zeros((b, h, t, hd))
     for head in range(h):

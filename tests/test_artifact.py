@@ -3,6 +3,9 @@ calibration in the backends, and sliding-window evaluation through the backends.
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -12,16 +15,18 @@ from core.artifact import upstream
 from core.artifact.budget import from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label
 from core.artifact.load import load_mixed_artifact, read_artifact
-from core.artifact.records import load_record_artifact
+from core.artifact.records import RECORD_BF16_NAMES, load_record_artifact
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.data.tokenizer import byte_tables, load_tokenizer
+from core.datasets.writers import write_shard
 from core.eval.score import EvalData, evaluate, evaluate_sliding, evaluators, load_eval_data
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
 from core.train.loop import calibrate_gptq
-from tests.golden_data import RECORD_PTZ, goldens
+from tests.golden_data import GOLDEN, RECORD_PTZ, goldens
 from tests.test_backends import BACKENDS, LOOPS_LANES, busy_params, make_backend, needs
+from tests.test_cli import cli
 
 # A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor and are quantized.
 WIDE = {"mlp_mult": 20.0}
@@ -251,3 +256,65 @@ def test_sliding_with_a_full_stride_is_the_plain_score(sotu_dataset):
     backend.cfg = cfg.replace(eval_stride=16)
     assert list(evaluators(backend.cfg)) == ["plain", "sliding_window"]
     assert evaluate_sliding(backend, data).tokens == plain.tokens  # every target once
+
+
+# ------------------------------------------- a record's own artifact, scored as the record scores it
+RECORD_EVAL = GOLDEN / "record_eval.json"
+
+
+def eval_a_record_artifact(
+    backend_name: str, tmp_path, challenge_dir, *extra: str
+) -> dict[str, tuple[float, float]]:
+    """`cli.py eval` of tests/golden/record_eval.ptz with record_0401's preset at the golden's sizes:
+    {"plain" | "sliding_window": (val_loss, val_bpb)}."""
+    golden = json.loads(RECORD_EVAL.read_text())
+    s = golden["settings"]
+    write_shard(tmp_path / "fineweb_val_000000.bin", np.array(golden["val_tokens"], dtype=np.uint16))
+    flags = {
+        "data-path": tmp_path, "tokenizer-path": challenge_dir / "fineweb_1024_bpe.model",
+        "vocab-size": s["vocab_size"], "train-seq-len": s["train_seq_len"], "eval-stride": s["eval_stride"],
+        "rope-dims": s["rope_dims"], "ve-dim": s["ve_dim"], "ve-layers": s["ve_layers"],
+        "xsa-last-n": s["xsa_last_n"], "eval-batch-seqs": golden["eval_batch_seqs"],
+    }  # fmt: skip
+    args = [f for k, v in flags.items() for f in (f"--{k}", str(v))]
+    result = cli("eval", str(GOLDEN / "record_eval.ptz"), "--backend", backend_name, "--preset", "record_0401",
+                 *args, *extra, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    found = re.findall(r"eval:(\w+) tokens:\d+ val_loss:([\d.]+) val_bpb:([\d.]+)", result.stdout)
+    return {kind: (float(loss), float(bpb)) for kind, loss, bpb in found}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_eval_scores_a_records_artifact_as_the_record_does(backend_name, tmp_path, challenge_dir):
+    """An artifact written by record 2026-04-01's own code (GPTQ int6 MLP, int8 embedding, lzma), scored
+    by its own deserialize + eval_val / eval_val_sliding (tests/golden/make_record_eval.py), and by
+    `cli.py eval` with the record's preset: the same val_loss and val_bpb within 1e-6. The preset
+    carries the record's precision: bf16 embeddings and RoPE tables made from bf16 positions."""
+    golden = json.loads(RECORD_EVAL.read_text())
+    scores = eval_a_record_artifact(backend_name, tmp_path, challenge_dir)
+    assert sorted(scores) == ["plain", "sliding_window"]
+    for kind, (loss, bpb) in scores.items():
+        assert loss == pytest.approx(golden[kind]["val_loss"], abs=1e-6), kind
+        assert bpb == pytest.approx(golden[kind]["val_bpb"], abs=1e-6), kind
+    # With float32 RoPE tables the same file scores differently: the check can fail.
+    fp32 = eval_a_record_artifact(backend_name, tmp_path, challenge_dir, "--rope-precision", "float32")
+    assert abs(fp32["sliding_window"][1] - golden["sliding_window"]["val_bpb"]) > 1e-5
+
+
+def test_a_records_artifact_keeps_its_embedding_tables_in_bf16():
+    """The records score a model cast to bf16 whose linear layers, vectors and controls go back to fp32:
+    the tensors the records' reader gives bf16 are the ones pgolf's parameter table keeps in the compute
+    dtype, for a model with every table (value embeddings on)."""
+    cfg = preset("record_0401")
+    names = set(param_specs(cfg))
+    assert (
+        {n for n in names if RECORD_BF16_NAMES.search(n)}
+        == {n for n, d in storage_dtypes(cfg, True).items() if d == "bfloat16"}
+        == {"tok_emb.weight", "ve_shared.embed.weight"}
+    )
+    model = load_record_artifact(GOLDEN / "record_eval.ptz")
+    assert {n for n, i in model.info.items() if i.get("dtype") == "bfloat16"} == {
+        "tok_emb.weight",
+        "ve_shared.embed.weight",
+    }

@@ -1,4 +1,5 @@
-"""ROPE_YARN: RoPE with a larger base for inputs longer than train_seq_len (core/model/walk.py).
+"""RoPE's tables (core/model/walk.py): ROPE_YARN, a larger base for inputs longer than train_seq_len, and
+rope_precision, the tables a model held in bf16 makes.
 
 pgolf's tables are a function of the config and the input's length; record 2026-04-27 keeps the
 table of the longest length it has seen, and its goldens (tests/golden/make_record_yarn.py) are each
@@ -134,3 +135,53 @@ def test_two_rotated_dims_are_refused():
     with pytest.raises(PgolfError, match="rope_yarn needs more than 2 rotated dims"):
         preset("smoke").replace(rope_yarn=True, rope_dims=2).validate()
     preset("smoke").replace(rope_yarn=True, rope_dims=4).validate()
+
+
+# ------------------------------------------------------- rope_precision: tables as a bf16 model makes them
+def bf16_model_tables(length: int, rope_dims: int, base: float, positions_bf16: bool) -> tuple:
+    """The tables of a torch Rotary whose inv_freq buffer was cast to bf16 (as Module.bfloat16() does):
+    positions in bf16 too (positions_bf16, the 2026-04-01 record's arange in the buffer's dtype), else fp32."""
+    torch = pytest.importorskip("torch")
+    inv_freq = (1.0 / base ** (torch.arange(0, rope_dims, 2, dtype=torch.float32) / rope_dims)).bfloat16()
+    if not positions_bf16:
+        inv_freq = inv_freq.float()
+    angles = torch.outer(torch.arange(length, dtype=inv_freq.dtype), inv_freq)
+    return angles.cos().float().numpy(), angles.sin().float().numpy()
+
+
+def long_rows(length: int, **settings):
+    """The smoke model with partial RoPE, trained on rows of `length` tokens."""
+    rows = dict(train_seq_len=length, train_batch_tokens=2 * length, val_batch_size=2 * length)
+    return preset("smoke").replace(rope_dims=8, **rows, **settings).validate()
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("precision", ["bf16_inv_freq", "bfloat16"])
+def test_rope_precision_makes_a_bf16_models_tables(backend_name, precision):
+    """At 600 positions (past 256, where bf16 positions fall on even numbers): the tables of a torch
+    Rotary with a bf16 buffer; rescaled tables (rope_yarn, longer input) stay float32."""
+    cfg = long_rows(600, rope_precision=precision)
+    walk = make_backend(backend_name, cfg).model.walk
+    cos, sin = (as_numpy(t) for t in walk.rope_tables(600))
+    want_cos, want_sin = bf16_model_tables(600, 8, cfg.rope_base, precision == "bfloat16")
+    np.testing.assert_allclose(cos, want_cos, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(sin, want_sin, rtol=0, atol=1e-6)
+    fp32 = make_backend(backend_name, cfg.replace(rope_precision="float32")).model.walk
+    assert np.abs(cos - as_numpy(fp32.rope_tables(600)[0])).max() > 1e-3
+    if precision == "bfloat16":
+        assert np.array_equal(cos[257], cos[256]) and not np.array_equal(cos[255], cos[256])
+    yarn = long_rows(300, rope_precision=precision, rope_yarn=True)
+    longer = make_backend(backend_name, yarn).model.walk.rope_tables(600)
+    plain = make_backend(backend_name, yarn.replace(rope_precision="float32")).model.walk.rope_tables(600)
+    assert np.array_equal(as_numpy(longer[0]), as_numpy(plain[0]))
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_rope_precision_forward_matches_the_reference(backend_name):
+    """The forward with bf16 RoPE tables at 300 tokens against the numpy reference's."""
+    cfg = long_rows(300, rope_precision="bfloat16")
+    params = busy_params(cfg)
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    x = tokens(cfg, 300)
+    np.testing.assert_allclose(backend.logits(x), reference_logits(params, cfg, x), rtol=0, atol=1e-4)

@@ -8,8 +8,10 @@ lzma, by the record's COMPRESSOR setting). In "m", per parameter name:
 - {"type": "int6"[, "method": "gptq" | "clip_search"]}, "gptq (int<N>)": int8 values
   "w"[name + ".q"] in [-R, R] and fp16 scales "w"[name + ".scale"] (per row, or 0-d);
 - {"type": "int8"}: int8 values in [-127, 127] and fp16 per-row scales (or a 0-d fp32 one).
-A value is q * scale, cast to the model's dtype (which the file does not record:
-pass `orig_dtypes`, e.g. {"tok_emb.weight": "bfloat16"} for the records' models).
+A value is q * scale, cast to the model's dtype, which the file does not record. By default it is
+the records' own: they score a model cast with `.bfloat16()` whose linear layers, vectors and control
+tensors go back to fp32, so the embedding tables (`tok_emb.weight`, `*.embed.weight`: the tensors
+pgolf's parameter table keeps in the compute dtype) are bf16 and the rest fp32; `orig_dtypes` overrides it.
 
 The torch.save container is a pickle. It is opened with `torch.load(weights_only=True)`,
 which rebuilds tensors and plain containers only and refuses anything else; torch is
@@ -87,6 +89,14 @@ def _entry(info: Any) -> tuple[str, int | None, str]:
     raise ValueError(f"unknown entry {info!r}")
 
 
+# The records' embedding tables, which their bf16 evaluation model keeps in bf16.
+RECORD_BF16_NAMES = re.compile(r"(^|\.)(tok_emb|embed)\.weight$")
+
+
+def _dtype(name: str, orig_dtypes: dict[str, str]) -> str:
+    return orig_dtypes.get(name, "bfloat16" if RECORD_BF16_NAMES.search(name) else "float32")
+
+
 def _parse(obj: Any, orig_dtypes: dict[str, str], classes: dict[str, str]) -> MixedModel:
     if not isinstance(obj, dict) or not isinstance(obj.get("w"), dict) or not isinstance(obj.get("m"), dict):
         raise ValueError("not a record artifact (a dict with 'w' and 'm' maps)")
@@ -112,7 +122,7 @@ def _parse(obj: Any, orig_dtypes: dict[str, str], classes: dict[str, str]) -> Mi
             store = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32"}.get(t.dtype)
             if store is None:
                 raise ValueError(f"{name}: passed through as {t.dtype}")
-            model.info[name] = {"class": cls, "dtype": orig_dtypes.get(name, "float32"), "store": store}
+            model.info[name] = {"class": cls, "dtype": _dtype(name, orig_dtypes), "store": store}
             continue
         for suffix in (".q", ".scale"):
             if name + suffix not in tensors:
@@ -127,7 +137,7 @@ def _parse(obj: Any, orig_dtypes: dict[str, str], classes: dict[str, str]) -> Mi
             clip = (Clip() if model.scales[name].ndim else Clip.percentile(1.0)).to_json()
         model.info[name] = {
             "class": cls,
-            "dtype": orig_dtypes.get(name, "float32"),
+            "dtype": _dtype(name, orig_dtypes),
             "store": "int",
             "bits": bits,
             "clip": clip,

@@ -364,6 +364,12 @@ class Config:
         False, "RoPE past train_seq_len: an input of L > train_seq_len tokens rotates with the base rope_base "
         "* (L / train_seq_len)^(R / (R - 2)), R the rotated dims (ROPE_YARN)", "model", ANY, scoring=True,
     )  # fmt: skip
+    rope_precision: str = opt(
+        "float32", "RoPE tables at the model's own base: float32 | bf16_inv_freq (the inverse frequencies "
+        "rounded to bf16, as a model cast to bf16 keeps them) | bfloat16 (the positions, angles, cos and sin "
+        "too); rescaled tables (rope_yarn) are float32", "model",
+        one_of("float32", "bf16_inv_freq", "bfloat16"), scoring=True,
+    )  # fmt: skip
     ln_scale: bool = opt(
         False, "scale each block's normed inputs by 1/sqrt(layer + 1)", "model", ANY, scoring=True
     )

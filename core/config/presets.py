@@ -47,6 +47,8 @@ RECORD_0401: dict[str, Any] = {
     "ve_dim": 128,
     "ve_layers": "9,10",
     "qk_gain_init": 4.0,
+    # Its model is cast to bf16, RoPE buffer included: positions, angles, cos and sin are bf16 too.
+    "rope_precision": "bfloat16",
     "val_loss_every": 4000,
     "train_log_every": 500,
     "warmdown_frac": 0.667,
@@ -67,6 +69,8 @@ RECORD_0427: dict[str, Any] = {
     "tokenizer_path": "data/tokenizers/fineweb_8192_bpe_lossless_caps_caseops_v1_reserved.model",
     "vocab_size": 8192,
     "caseops_enabled": True,
+    # Its model is cast to bf16, so its RoPE inverse frequencies are rounded to bf16 (the rest is fp32).
+    "rope_precision": "bf16_inv_freq",
     # The model, beyond the shared stack: layers 3..5 looped twice more from 35% of the run, two parallel
     # lanes from layer 8, SmearGate (masked at BOS) and the sparse attention gate on a 12-wide window.
     "qk_gain_init": 5.0,

@@ -108,6 +108,10 @@ class Walk:
         """float32 start, start + step, ... < stop."""
         raise NotImplementedError
 
+    def round_bf16(self, a: Array) -> Array:
+        """float32 `a` rounded to the nearest bfloat16 values (ties to even), kept in float32."""
+        raise NotImplementedError
+
     def embed(self, table: Any, idx: Array) -> Array:
         """The rows of the embedding module `table` for token ids idx, in the compute dtype."""
         raise NotImplementedError
@@ -152,13 +156,27 @@ class Walk:
         """cos and sin (length, R/2) in fp32 of the angles position * base^(-2i/R), for an input of `length`
         tokens: a function of the config and `length` alone. base is rope_base; with rope_yarn and an input
         longer than train_seq_len, rope_base * (length / train_seq_len)^(R / (R - 2)), which stretches the
-        slowest frequency by length / train_seq_len (the records' ROPE_YARN, with the scale of a length)."""
+        slowest frequency by length / train_seq_len (the records' ROPE_YARN, with the scale of a length).
+
+        rope_precision rounds the tables at rope_base as a model held in bf16 computes them:
+        bf16_inv_freq rounds the inverse frequencies (a bf16 model's buffer), bfloat16 also the
+        positions (above 256 they fall on even numbers), the angles, cos and sin. Rescaled tables are
+        computed afresh in fp32."""
         base, train_len = self.cfg.rope_base, self.cfg.train_seq_len
+        precision = self.cfg.rope_precision
         if self.cfg.rope_yarn and length > train_len:
             base = base * (length / train_len) ** (self.rope_dims / (self.rope_dims - 2))
+            precision = "float32"
         inv_freq = 1.0 / (base ** (self.arange(0, self.rope_dims, 2) / self.rope_dims))
-        angles = self.arange(0, length, 1)[:, None] * inv_freq[None, :]
-        return angles.cos(), angles.sin()
+        positions = self.arange(0, length, 1)
+        if precision != "float32":
+            inv_freq = self.round_bf16(inv_freq)
+        if precision != "bfloat16":
+            angles = positions[:, None] * inv_freq[None, :]
+            return angles.cos(), angles.sin()
+        bf16 = self.round_bf16
+        angles = bf16(bf16(positions)[:, None] * inv_freq[None, :])
+        return bf16(angles.cos()), bf16(angles.sin())
 
     def rope(self, model: Any, length: int) -> Rope:
         """`rope_tables(length)`: the model's own tables (made for the training length, where rope_yarn
