@@ -114,6 +114,7 @@ FEATURES = dict(
     mlp_mult=2.5, mlp_activation="leaky_relu2", rope_dims=8, ln_scale=True, xsa_last_n=2, ve_enabled=True,
     ve_dim=24, ve_layers="1,2", skip_gates_enabled=True, qk_gain_init=4.0, smear_gate_enabled=True,
     gate_window=8, attn_out_gate_enabled=True, attn_out_gate_src="q", varlen_attn_enabled=True,
+    rope_precision="bfloat16",
 )  # fmt: skip
 
 
