@@ -17,7 +17,7 @@ import pytest
 from core.artifact import int8 as quant
 from core.artifact import upstream
 from core.artifact.export import export_artifact
-from core.artifact.load import load_checkpoint
+from core.artifact.load import load_checkpoint, read_artifact
 from core.eval.score import evaluate, load_eval_data
 from core.model.params import init_params, storage_dtypes
 from core.runs.summary import read_metrics
@@ -36,6 +36,8 @@ MODELS = {
         "embed_wd": 0.05,
         "adam_wd": 0.02,
         "ema_decay": 0.9,
+        "wd_taper_start_frac": 0.5,
+        "wd_taper_final_mult": 0.5,
     },
 }
 
@@ -71,7 +73,13 @@ def test_same_weights_same_logits_and_loss(sotu_dataset, features):
         assert float(mlx_b.eval_nll(x, y)) == pytest.approx(float(torch_b.eval_nll(x, y)), rel=1e-5)
 
 
-MIXED = {"quant_format": "mixed", "compressor": "brotli", "byte_shuffle": 2, "attn_bits": 5}
+MIXED = {
+    "quant_format": "mixed",
+    "compressor": "brotli",
+    "byte_shuffle": 2,
+    "attn_bits": 5,
+    "lqer_enabled": True,
+}
 
 
 # A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor, so they are quantized.
@@ -88,6 +96,8 @@ def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_pa
         export_artifact(backend.params(), cfg, storage_dtypes(cfg, backend.bf16), path, 0)
         paths.append(path)
     assert paths[0].read_bytes() == paths[1].read_bytes()
+    if cfg.lqer_enabled:  # the corrections are in the file
+        assert len(read_artifact(paths[0]).lqer) == cfg.lqer_top_k
 
 
 @pytest.mark.parametrize(("writer", "reader"), DIRECTIONS)
