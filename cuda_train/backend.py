@@ -126,6 +126,13 @@ class TorchBackend:
             if compile_on
             else self.model.token_losses
         )  # sliding-window evaluation's forward
+        # Test-time training's forward, adapters in and their gradients out: each batch of documents has
+        # its own window length, so its shapes are dynamic.
+        self._ttt_losses = (
+            torch.compile(self.model.token_losses, dynamic=True, fullgraph=True)
+            if compile_on
+            else self.model.token_losses
+        )
         self.runner = self.compiled
         if self.world_size > 1:
             with warnings.catch_warnings():  # newer torch renames the flag; the meaning is what we want
@@ -326,7 +333,7 @@ class TorchBackend:
         with frozen(self.model):
             for step in range(max(steps, 1)):
                 with torch.set_grad_enabled(steps > 0), self.autocast:
-                    nll = self.model.token_losses(xt, yt, self.looping, adapters.pairs)
+                    nll = self._ttt_losses(xt, yt, self.looping, adapters.pairs)
                 if step == 0:
                     scored = nll.detach().float().cpu().numpy()  # before any step has seen the chunk
                 if steps == 0:

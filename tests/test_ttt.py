@@ -211,6 +211,20 @@ def test_both_backends_give_the_same_ttt_losses():
     np.testing.assert_allclose(got[0][1:], got[1][1:], rtol=0, atol=2e-5)
 
 
+@needs("cuda")
+@pytest.mark.slow
+def test_the_compiled_ttt_forward_scores_what_eager_does():
+    """torch.compile of the LoRA forward (dynamic shapes: each batch has its own window length), on a CPU:
+    every token's TTT loss within 1e-5 nats of the eager forward's."""
+    params = busy_params(LEGAL_CFG, seed=5)
+    tokens = stream(3)[:90]  # five documents: two batches of different window lengths
+    eager, compiled = (make_backend("cuda", LEGAL_CFG.replace(compile=mode)) for mode in ("off", "on"))
+    assert compiled._ttt_losses is not compiled.model.token_losses
+    np.testing.assert_allclose(
+        per_token(compiled, tokens, params)[0][1:], per_token(eager, tokens, params)[0][1:], rtol=0, atol=1e-5
+    )
+
+
 # ------------------------------------------------------------------------------ the CLI
 TTT_FLAGS = [
     "--ttt-enabled", "--ttt-lora-rank", "8", "--ttt-batch-size", "8", "--ttt-chunk-size", "32",
