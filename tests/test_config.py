@@ -110,7 +110,7 @@ def test_every_preset_is_valid(name):
         ({"eval_seq_len": 4096}, "val_batch_size=1024 must hold grad_accum_steps sequences of 4096"),
         ({"eval_batch_seqs": 0}, "eval_batch_seqs must be positive"),
         ({"quant_format": "int4"}, "quant_format must be int8 or mixed"),
-        ({"compressor": "gzip"}, "compressor must be none, zlib, lzma, bz2, brotli or zstd"),
+        ({"compressor": "gzip"}, "compressor must be none, zlib, lzma, bz2, brotli, zstd or pergroup"),
         ({"matrix_bits": 4}, "matrix_bits must be one of 5, 6, 7, 8, 16"),
         ({"attn_bits": 9}, "attn_bits must be one of 0, 5, 6, 7, 8, 16"),
         ({"byte_shuffle": 1}, "byte_shuffle must be 0"),

@@ -22,6 +22,7 @@ from core.eval.score import evaluate, load_eval_data
 from core.model.params import init_params, storage_dtypes
 from core.runs.summary import read_metrics
 from tests.test_backends import FEATURES, LOOPS_LANES, NEEDS, batch, busy_params, make_backend
+from tests.test_pergroup import NEEDS_LRZIP
 from tests.test_training import final_params, run
 
 pytestmark = [*NEEDS["cuda"], *NEEDS["mlx"]]
@@ -83,7 +84,14 @@ MIXED = {
 
 
 # A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor, so they are quantized.
-@pytest.mark.parametrize("artifact", [{"mlp_mult": 20.0}, {**MIXED, "mlp_mult": 20.0}], ids=["int8", "mixed"])
+@pytest.mark.parametrize(
+    "artifact",
+    [
+        pytest.param({"mlp_mult": 20.0}, id="int8"),
+        pytest.param({**MIXED, "mlp_mult": 20.0}, id="mixed"),
+        pytest.param({**MIXED, "mlp_mult": 20.0, "compressor": "pergroup"}, id="pergroup", marks=NEEDS_LRZIP),
+    ],
+)
 @pytest.mark.parametrize("model", MODELS)
 def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_path, model, artifact):
     cfg = sotu_dataset.config(**{**MODELS[model], **artifact})

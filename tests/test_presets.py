@@ -19,7 +19,6 @@ LOGGED_0427 = Path(__file__).resolve().parent / "fixtures" / "record_0427_seed42
 
 # Logged fields whose preset value differs on purpose, and why.
 DIFFERENT_0427 = {
-    "compressor": "pergroup (lrzip per group) is not in pgolf: brotli over a byte shuffle",
     "grad_accum_steps": "the record's is per rank (1 on each of 8 GPUs); pgolf's counts all ranks' micro-batches",
     "eval_seq_len": "pgolf's 0 means train_seq_len (2048): compared as eval_window below",
     "tokenizer_path": "the record's machine's absolute path: compared by file name below",

@@ -13,7 +13,7 @@ import numpy as np
 
 from core.artifact.checks import check_mixed
 from core.artifact.export import ExportReport
-from core.artifact.int8 import BUDGET_BYTES, Int8Model
+from core.artifact.int8 import BUDGET_BYTES, Int8Model, payload_bytes
 from core.artifact.mixed import CLASSES, MixedModel, dequantize_mixed, mixed_artifact_bytes
 from core.common import compress
 
@@ -53,7 +53,8 @@ def budget_table(
 
     Per row: class, tensors, params, bits (e.g. "int6" or "int6+fp16"), bytes_raw (the
     class's values, scales and passed-through tensors as stored), bytes_compressed
-    (those bytes compressed on their own with the artifact's compressor and shuffle;
+    (those bytes compressed on their own with the artifact's compressor and shuffle; for pergroup,
+    the class's tensors as a payload of their own;
     the total row has the whole artifact's size instead, so the rows need not add up),
     share (bytes_compressed / 16,000,000) and rms (root mean square of the weights:
     those in `weights` where given, e.g. the float ones before quantization, else the
@@ -73,8 +74,14 @@ def budget_table(
                 (model.quantized[n], model.scales[n]) if n in model.quantized else (model.passthrough[n],)
             )
         )
-        packed = len(compress.pack(raw, compressor, level, shuffle if len(raw) >= shuffle else 0)) - 1
-        rows.append(_budget_row(cls, names, model, weights, len(raw), packed))
+        packed = raw
+        if compressor == compress.PERGROUP:  # it finds its groups by tensor name: the class's own payload
+            parts = (("q", model.quantized), ("s", model.scales), ("p", model.passthrough))
+            packed = payload_bytes(
+                {f"{role}/{n}": part[n] for role, part in parts for n in names if n in part}
+            )
+        size = len(compress.pack(packed, compressor, level, shuffle if len(packed) >= shuffle else 0)) - 1
+        rows.append(_budget_row(cls, names, model, weights, len(raw), size))
     total = (
         total_bytes
         if total_bytes is not None

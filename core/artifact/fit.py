@@ -8,8 +8,9 @@ again, and its artifact is what `export_artifact` writes for it.
 
 The search is cheap: real evaluations (quantize, compress, score) are few, and a model of size and
 loss chooses what to evaluate.
-- Compressor: the base settings' model compressed with each choice; the smallest wins (the loss does
-  not depend on it). Its ratio of real bytes to the model's entropy is the size model's scale.
+- Compressor: the base settings' model compressed with each choice (pergroup among them where the lrzip
+  program is installed); the smallest wins (the loss does not depend on it). Its ratio of real bytes
+  to the model's entropy is the size model's scale.
 - Size: per class and setting, the order-0 entropy of the stored bytes (each byte lane of the values,
   scales and fp16 tensors on its own), quantized with per-row rounding: compressed size follows it.
 - Loss: per class and setting, the rounding error weighted by the diagonal of its layer's input
@@ -43,16 +44,18 @@ import numpy as np
 from core.artifact.export import class_bits, class_clips, mixed_blob, quantize_mixed_for
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
 from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed
+from core.common.compress import lrzip_installed
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.model.params import artifact_classes
 
-__all__ = ["FIT_FIELDS", "Fit", "Trial", "entropy_bytes", "fit_artifact"]
+__all__ = ["FIT_FIELDS", "Fit", "Trial", "default_compression", "entropy_bytes", "fit_artifact"]
 
 SEARCH_BITS = (5, 6, 7, 8, 16)  # 16: the class kept in fp16
 SEARCH_SIGMAS = (0.0, 6.0, 10.0, 14.0)  # 0: the class's default clip rule
-# (compressor, byte shuffle) pairs tried besides the base config's own.
+# (compressor, byte shuffle) pairs tried besides the base config's own; pergroup where lrzip is installed.
 COMPRESSION = (("brotli", 2), ("zstd", 2), ("lzma", 2), ("brotli", 0))
+PERGROUP = ("pergroup", 2)
 # Each searched class: its bits field and its clip field ("other" follows matrix_clip_sigmas).
 CLASS_FIELDS = {
     "embedding": ("embed_bits", "embed_clip_sigmas"),
@@ -406,6 +409,11 @@ class _Search:
         )
 
 
+def default_compression() -> tuple[tuple[str, int], ...]:
+    """The (compressor, byte shuffle) pairs a fit tries: COMPRESSION, and PERGROUP where lrzip is installed."""
+    return COMPRESSION + ((PERGROUP,) if lrzip_installed() else ())
+
+
 def fit_artifact(
     params: dict[str, np.ndarray],
     cfg: Config,
@@ -415,12 +423,14 @@ def fit_artifact(
     code_bytes: Callable[[Config], int],
     hessians: dict[str, np.ndarray] | None = None,
     log: Log | None = None,
-    compression: tuple[tuple[str, int], ...] = COMPRESSION,
+    compression: tuple[tuple[str, int], ...] | None = None,
 ) -> Fit:
     """The artifact settings with the lowest calibration loss (`loss`: weights -> nats per token)
     whose artifact + code (`code_bytes` of the candidate config) is at most `cap` bytes; `hessians`
     (GPTQ's calibration) weight the rounding errors and allow GPTQ; `compression`: the (compressor,
-    byte shuffle) pairs tried besides `cfg`'s. See the module docstring; PgolfError when nothing fits."""
+    byte shuffle) pairs tried besides `cfg`'s (default: `default_compression()`). See the module docstring; PgolfError when nothing fits."""
     if cap <= 0:
         raise PgolfError(f"--fit-bytes must be positive, got {cap}")
+    if compression is None:
+        compression = default_compression()
     return _Search(params, cfg, dtypes, cap, loss, code_bytes, hessians, log, compression).run()

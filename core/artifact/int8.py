@@ -58,6 +58,7 @@ __all__ = [
     "dequantize_int8",
     "int8_from_container",
     "open_container",
+    "payload_bytes",
     "quantize_int8",
     "round_to_bfloat16",
     "save_artifact",
@@ -253,13 +254,19 @@ def container_bytes(
 ) -> bytes:
     """MAGIC + id byte + the compressed safetensors file holding `tensors` and `meta` (canonical JSON)."""
     compress.get(compressor)  # an unknown name is refused before any work
+    data = payload_bytes(tensors, meta)
+    return MAGIC + compress.pack(data, compressor, level, shuffle) + hashlib.sha256(data).digest()
+
+
+def payload_bytes(tensors: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
+    """The safetensors file a container compresses: `tensors` and, when given, `meta` (canonical JSON)."""
     # One metadata key: safetensors keeps metadata in a hash map, whose order could vary.
     # (np.require, not ascontiguousarray: that one turns 0-d scales into shape (1,).)
-    payload = st_save(
+    text = None if meta is None else json.dumps(meta, sort_keys=True, separators=(",", ":"))
+    return st_save(
         {k: np.require(v, requirements="C") for k, v in tensors.items()},
-        metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))},
+        metadata=None if text is None else {META_KEY: text},
     )
-    return MAGIC + compress.pack(payload, compressor, level, shuffle) + hashlib.sha256(payload).digest()
 
 
 @dataclass(frozen=True)

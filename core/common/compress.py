@@ -10,6 +10,13 @@ then those at 1, 1+s, ..., and so on. With stride 2, the low bytes of every fp16
 scale come together, and so do the high ones, which compress better. Data shorter
 than the stride (or a stride below 2) is returned unchanged, without a header.
 
+`pergroup` compresses pgolf's artifact payload (a safetensors file) in the per-group layout of
+core/common/pergroup.py: each group of int8 matrices with the `lrzip` program (`lrzip -z -L 9`, its
+ZPAQ back end, one thread, no config file: the same bytes on every machine with the same lrzip), the
+layout, row orders and rest with brotli-11, after the byte shuffle when one is asked. Its body:
+a uint32 count of streams, their uint32 lengths, then the streams: the brotli one, then one per
+group. Bytes that are not a safetensors file are all rest: brotli alone, no lrzip needed.
+
 Decompression trusts nothing: the output may be at most MAX_OUTPUT_BYTES (a small file
 that would inflate past it is refused as it is read), the data must end exactly where its
 stream ends, and a stream cut short is refused.
@@ -18,15 +25,24 @@ stream ends, and a stream cut short is refused.
 from __future__ import annotations
 
 import bz2
+import itertools
 import lzma
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from core.common.errors import PgolfError
+from core.common import pergroup
+from core.common.errors import PgolfError, first_line
 
 __all__ = [
     "COMPRESSORS",
@@ -35,9 +51,11 @@ __all__ = [
     "Compressor",
     "byte_shuffle",
     "byte_unshuffle",
+    "check_available",
     "compress",
     "compressor_by_id",
     "decompress",
+    "lrzip_installed",
     "pack",
     "unpack",
 ]
@@ -45,6 +63,8 @@ __all__ = [
 SHUFFLE_MAGIC = b"BSHF"
 SHUFFLE_FLAG = 0x80  # set in the container's id byte when the payload was byte-shuffled
 MAX_OUTPUT_BYTES = 2**32  # the most any decompression may give (a record's int6 payload is ~30 MB)
+PERGROUP = "pergroup"
+LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")  # ZPAQ at level 9; one thread: the block split follows it
 
 
 def _brotli() -> Any:
@@ -119,6 +139,96 @@ def _none_decompress(data: bytes) -> bytes:
     return bytes(data)
 
 
+def lrzip_installed() -> bool:
+    return shutil.which("lrzip") is not None
+
+
+def _require_lrzip(doing: str) -> None:
+    if not lrzip_installed():
+        raise PgolfError(
+            f"{doing} needs the lrzip program, which is not installed: apt-get install lrzip (Debian, "
+            "Ubuntu) or brew install lrzip (macOS), or choose another compressor (--compressor brotli)"
+        )
+
+
+def _lrzip(data: bytes, args: tuple[str, ...]) -> bytes:
+    """`data` through the lrzip program (temp files in a folder of their own, removed after). A failure
+    to decompress is ValueError (damaged data); to compress, PgolfError."""
+    with tempfile.TemporaryDirectory(prefix="pgolf-lrzip-") as tmp:
+        src, out = Path(tmp) / "in", Path(tmp) / "out"
+        src.write_bytes(data)
+        done = subprocess.run(
+            ["lrzip", "-Q", *args, "-o", str(out), str(src)],
+            capture_output=True,
+            env={**os.environ, "LRZIP": "NOCONFIG"},  # no lrzip.conf changes the settings
+            check=False,
+        )
+        if done.returncode != 0:
+            error = ValueError if "-d" in args else PgolfError
+            said = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
+            raise error(f"lrzip {' '.join(args)} failed: {said[-1][:200]}")
+        return out.read_bytes()
+
+
+def _lrzip_size(stream: bytes) -> int:
+    """The size an lrzip stream says it holds (its header: b"LRZI", version, uint64 size)."""
+    if len(stream) < 14 or stream[:4] != b"LRZI":
+        raise ValueError("a per-group stream is not lrzip data")
+    return int.from_bytes(stream[6:14], "little")
+
+
+def _each(fn: Callable[[bytes], bytes], items: list[bytes]) -> list[bytes]:
+    """fn over items, a thread each (lrzip runs in its own process), results in order."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1)) as pool:
+        return list(pool.map(fn, items))
+
+
+def _pergroup_pack(payload: bytes, shuffle: int) -> bytes:
+    parts = pergroup.split(payload)
+    if parts.groups:
+        _require_lrzip("the pergroup compressor")
+    main = struct.pack("<I", len(parts.layout)) + parts.layout + parts.orders + parts.rest
+    if shuffle and len(main) < shuffle:
+        raise PgolfError(f"byte shuffle stride {shuffle} is longer than the per-group layout and rest")
+    streams = [
+        _brotli().compress(byte_shuffle(main, shuffle) if shuffle else main, quality=11),
+        *_each(lambda g: _lrzip(g, LRZIP_ARGS), parts.groups),
+    ]
+    return struct.pack(f"<{len(streams) + 1}I", len(streams), *map(len, streams)) + b"".join(streams)
+
+
+def _pergroup_unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
+    """(payload, shuffle stride) of `_pergroup_pack`'s bytes; ValueError when damaged."""
+    count = int.from_bytes(body[:4], "little") if len(body) >= 4 else 0
+    if not 1 <= count <= 1 + len(pergroup.GROUPS) or len(body) < 4 * (count + 1):
+        raise ValueError("the per-group stream table is damaged")
+    lengths = struct.unpack(f"<{count}I", body[4 : 4 * (count + 1)])
+    if 4 * (count + 1) + sum(lengths) != len(body):
+        raise ValueError("the per-group streams do not add up to the body's length")
+    ends = np.cumsum((4 * (count + 1), *lengths)).tolist()
+    streams = [body[a:b] for a, b in itertools.pairwise(ends)]
+    main = _brotli_decompress(streams[0])
+    stride = main[4] if shuffled and len(main) >= 5 else 0
+    main = byte_unshuffle(main, strict=True) if shuffled else main
+    size = int.from_bytes(main[:4], "little")
+    layout = main[4 : 4 + size]
+    try:
+        total, sizes, order_bytes = pergroup.group_bytes(layout)
+    except (KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"the per-group layout is damaged: {first_line(exc)}") from None
+    if total > MAX_OUTPUT_BYTES:
+        raise ValueError(f"per-group data decompresses to more than {MAX_OUTPUT_BYTES:,} bytes")
+    if len(sizes) != count - 1 or any(_lrzip_size(s) != n for s, n in zip(streams[1:], sizes, strict=False)):
+        raise ValueError("the per-group streams do not match their layout")
+    if sizes:
+        _require_lrzip("reading a pergroup artifact")
+    groups = _each(lambda g: _lrzip(g, ("-d",)), streams[1:])
+    orders = main[4 + size : 4 + size + order_bytes]
+    return pergroup.join(layout, groups, orders, main[4 + size + order_bytes :]), stride
+
+
 @dataclass(frozen=True)
 class Compressor:
     name: str
@@ -150,6 +260,10 @@ COMPRESSORS: dict[str, Compressor] = {
             "zstd", 5, 22, range(1, 23),
             lambda d, lv: _zstd().ZstdCompressor(level=lv).compress(d), _zstd_decompress,
         ),
+        Compressor(
+            PERGROUP, 6, None, None,
+            lambda d, lv: _pergroup_pack(d, 0), lambda d: _pergroup_unpack(d, False)[0],
+        ),
     )
 }  # fmt: skip
 _BY_ID = {c.id: c for c in COMPRESSORS.values()}
@@ -159,6 +273,17 @@ def get(name: str) -> Compressor:
     if name not in COMPRESSORS:
         raise PgolfError(f"unknown compressor {name!r} (choose from {', '.join(COMPRESSORS)})")
     return COMPRESSORS[name]
+
+
+def check_available(name: str) -> None:
+    """Refuse, in one line, a compressor this machine cannot run: its package or program is missing."""
+    get(name)
+    if name in ("brotli", PERGROUP):
+        _brotli()
+    if name == "zstd":
+        _zstd()
+    if name == PERGROUP:
+        _require_lrzip("the pergroup compressor")
 
 
 def compressor_by_id(code: int) -> Compressor:
@@ -224,7 +349,8 @@ def byte_unshuffle(data: bytes, strict: bool = False) -> bytes:
 def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: int = 0) -> bytes:
     """One id byte (compressor id, | SHUFFLE_FLAG when shuffled) + the compressed payload.
 
-    `shuffle` is the byte-shuffle stride (0 for none; 2 suits fp16 data).
+    `shuffle` is the byte-shuffle stride (0 for none; 2 suits fp16 data); `pergroup` shuffles only the
+    part of the payload it compresses with brotli.
     """
     c = get(name)
     lv = resolve_level(name, level)
@@ -232,8 +358,11 @@ def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: 
         raise PgolfError(f"byte shuffle stride {shuffle}: use 0 (none) or 2..255")
     if shuffle and len(payload) < shuffle:
         raise PgolfError(f"byte shuffle stride {shuffle} is longer than the {len(payload)}-byte payload")
+    code = bytes([c.id | (SHUFFLE_FLAG if shuffle else 0)])
+    if c.name == PERGROUP:
+        return code + _pergroup_pack(payload, shuffle)
     body = byte_shuffle(payload, shuffle) if shuffle else payload
-    return bytes([c.id | (SHUFFLE_FLAG if shuffle else 0)]) + c.compress(body, lv)
+    return code + c.compress(body, lv)
 
 
 def unpack(blob: bytes) -> tuple[bytes, str, int]:
@@ -242,6 +371,9 @@ def unpack(blob: bytes) -> tuple[bytes, str, int]:
         raise ValueError("the compressor id byte is missing")
     code = blob[0]
     c = compressor_by_id(code & ~SHUFFLE_FLAG)
+    if c.name == PERGROUP:
+        payload, stride = _pergroup_unpack(blob[1:], bool(code & SHUFFLE_FLAG))
+        return payload, c.name, stride
     body = c.decompress(blob[1:])
     if not code & SHUFFLE_FLAG:
         return body, c.name, 0

@@ -503,11 +503,13 @@ class Config:
         "artifact", one_of("int8", "mixed"),
     )  # fmt: skip
     compressor: str = opt(
-        "zlib", "artifact compressor: " + " | ".join(COMPRESSORS), "artifact", one_of(*COMPRESSORS)
-    )
+        "zlib", "artifact compressor: " + " | ".join(COMPRESSORS) + " (pergroup: the int8 matrices of "
+        "each kind across layers by the lrzip program, the rest by brotli; needs lrzip installed)",
+        "artifact", one_of(*COMPRESSORS),
+    )  # fmt: skip
     byte_shuffle: int = opt(
-        0, "byte-shuffle the payload in groups of N bytes before compressing; 0 = off", "artifact",
-        BYTE_SHUFFLE,
+        0, "byte-shuffle the payload in groups of N bytes before compressing (pergroup: the part it "
+        "compresses with brotli); 0 = off", "artifact", BYTE_SHUFFLE,
     )  # fmt: skip
     embed_bits: int = opt(
         8, "mixed: bits of the embeddings (5-8; 16 = kept in fp16)", "artifact", bits(*QUANT_BITS)

@@ -98,8 +98,9 @@ RECORD_0427: dict[str, Any] = {
     "beta2": 0.99,
     "ema_decay": 0.9965,
     # The artifact: SDClip at 12.85 sigmas (attention 13, MLP 11.5) and an int7 embedding (14), LQER
-    # asymmetric int4 rank 4 on the top 3 tensors, the attention gate as int8 rows. The record's per-group
-    # lrzip compressor is not in pgolf: brotli over a byte shuffle (the shared stack's) is the closest.
+    # asymmetric int4 rank 4 on the top 3 tensors, the attention gate as int8 rows; the per-group lrzip
+    # compressor (the lrzip program must be installed), pgolf's byte shuffle over its brotli part.
+    "compressor": "pergroup",
     "embed_bits": 7,
     "matrix_clip_sigmas": 12.85,
     "embed_clip_sigmas": 14.0,
@@ -187,6 +188,8 @@ RECORD_0427_TINY_CHANGES: dict[str, Any] = {
     "ttt_eval_seq_len": 256,
     "muon_momentum_warmup_steps": 100,
     "ema_decay": 0.95,
+    # brotli, not pergroup: it runs where lrzip is not installed (at this size only the embedding is int).
+    "compressor": "brotli",
 }
 PRESETS: dict[str, dict[str, Any]] = {
     # The challenge's "Naive Baseline": 9x512, 524,288 tokens/step, 10-minute cap.

@@ -21,6 +21,7 @@ import numpy as np
 from core.artifact.load import checkpoint_config, load_checkpoint
 from core.artifact.export import quant_label
 from core.artifact.load import saved_config
+from core.common.compress import check_available
 from core.common.errors import PgolfError
 from core.config.fields import EXPORT_FIELDS, Config
 from core.config.presets import CHALLENGE_DATA_PRESETS
@@ -71,6 +72,7 @@ def training_runs(
         configs = [cfg]
     for run_cfg in configs:  # every run refused before the first one starts, and before any data is prepared
         check_config(backend, run_cfg)
+        check_available(run_cfg.compressor)  # its artifact can be written after training
     return configs, resume, notes
 
 
@@ -218,6 +220,8 @@ def export_setup(
     ckpt = load_checkpoint(checkpoint)
     cfg = Config.from_dict(ckpt.config).replace(**overrides).validate()
     upstream = format == "upstream"
+    if not upstream:
+        check_available(cfg.compressor)
     if upstream and (cfg.quant_format != "int8" or cfg.compressor != "zlib" or cfg.byte_shuffle):
         raise PgolfError(
             "the upstream format is int8 + zlib only: drop the artifact flags, or use --format pgolf"

@@ -35,6 +35,7 @@ import numpy as np
 
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
+from core.common.compress import check_available
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
@@ -210,6 +211,7 @@ class Training:
         """Check and load everything that can be refused, then create the run directory."""
         cfg, backend = self.cfg, self.backend
         cfg.validate(backend.world_size)
+        check_available(cfg.compressor)  # refused now, not when the artifact is written
         self.data = load_eval_data(cfg)
         self.loader = self._new_loader()
         trackers = _trackers(cfg.report_to)

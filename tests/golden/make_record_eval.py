@@ -208,7 +208,9 @@ def token_bytes(luts, tokens: np.ndarray) -> np.ndarray:
     return out
 
 
-def main_0427() -> None:
+def load_record_0427():
+    """Record 2026-04-27 from $RECORD_0427 (its git blob checked), with ENV_0427, through
+    make_record_features.py's loader and stubs."""
     import make_record_features as base
 
     base.RECORDS["0427"] = (
@@ -216,7 +218,13 @@ def main_0427() -> None:
         "9979400ef9f10da2fa908d9e7ce3556b82165b2a",
     )
     base.install_stubs()
-    rec = base.load_record("0427", ENV_0427)
+    return base.load_record("0427", ENV_0427)
+
+
+def main_0427() -> None:
+    import make_record_features as base
+
+    rec = load_record_0427()
     h, model = base._model(rec)
     h.rank, h.world_size, h.is_main_process, h.distributed = 0, 1, True, False
     h.val_batch_tokens, h.grad_accum_steps = h.eval_seq_len, 1  # one row a batch: no packing across rows

@@ -1,0 +1,170 @@
+"""The per-group layout of an artifact's payload, which the `pergroup` compressor (core/common/compress.py)
+compresses stream by stream.
+
+The payload is pgolf's safetensors file. Its int8 matrices of one kind across the layers form a group:
+`q/blocks.<i>.attn.c_q.weight` for every layer i, and so on for each kind in GROUPS (`q/tok_emb.weight`
+alone is a group too). Within a group, in layer order, each matrix is stored transposed (a column of
+values becomes contiguous), after its rows of the kinds in SORTED are put in `similarity_order`; the
+orders are kept as uint16. Everything else (the safetensors header, scales, fp16 and other tensors)
+stays in the payload's order, with the grouped matrices cut out: the rest.
+
+`split` makes (layout, groups, orders, rest) of a payload and `join` puts them back, byte for byte.
+The layout is canonical JSON naming where each grouped matrix lies in the payload, its shape, and
+whether its rows were reordered: `join` needs nothing else. Bytes that are not a safetensors file
+have no groups (all of them are the rest).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["GROUPS", "SORTED", "Split", "group_bytes", "join", "similarity_order", "split"]
+
+# The matrix kinds grouped across layers, in stream order, and those whose rows are reordered.
+GROUPS = (
+    "tok_emb.weight", "attn.c_k.weight", "attn.c_q.weight", "attn.c_v.weight", "attn.proj.weight",
+    "mlp.fc.weight", "mlp.proj.weight",
+)  # fmt: skip
+SORTED = ("tok_emb.weight", "attn.c_q.weight", "mlp.fc.weight")
+MAX_SORTED_ROWS = 2**16  # an order is stored as uint16
+_LAYER = re.compile(r"blocks\.(\d+)\.(.+)")
+
+
+def similarity_order(matrix: np.ndarray) -> np.ndarray:
+    """The rows of an int8 matrix in greedy nearest-neighbour order (uint16): from row 0, each next row
+    is the unused one closest in L1 distance to the last, the lowest index among equals."""
+    n = matrix.shape[0]
+    if n > MAX_SORTED_ROWS:
+        raise ValueError(f"{n} rows do not fit a uint16 order")
+    rest = matrix.astype(np.int16)  # unused rows, compacted: `left` holds their indices
+    left = np.arange(n)
+    work = np.empty_like(rest)
+    order = np.empty(n, dtype=np.uint16)
+    current = rest[0].copy()
+    rest[0], left[0] = rest[n - 1], left[n - 1]  # row 0 is used: the last unused row takes its place
+    for k in range(1, n):
+        m = n - k
+        diff = np.subtract(rest[:m], current, out=work[:m])
+        dist = np.abs(diff, out=diff).sum(axis=1, dtype=np.int32)  # exact: at most 254 per value
+        ties = np.flatnonzero(dist == dist.min())
+        j = ties[np.argmin(left[ties])]
+        order[k] = left[j]
+        current = rest[j].copy()
+        rest[j], left[j] = rest[m - 1], left[m - 1]
+    order[0] = 0
+    return order
+
+
+@dataclass(frozen=True)
+class Split:
+    layout: bytes  # canonical JSON: {"size": payload bytes, "groups": [{"name", "tensors": [[offset, rows, cols, sorted]]}]}
+    groups: list[bytes]  # each group's matrices, transposed (rows reordered where sorted), in layer order
+    orders: bytes  # the row orders (uint16) of the sorted matrices, in group and layer order
+    rest: bytes  # the payload without the grouped matrices
+
+
+def _int8_matrices(payload: bytes) -> dict[str, tuple[int, int, int]]:
+    """name -> (offset in the payload, rows, cols) of every 2-D int8 tensor `q/...` of a safetensors file;
+    nothing when the bytes are not one."""
+    try:
+        size = int.from_bytes(payload[:8], "little")
+        header = json.loads(payload[8 : 8 + size]) if 8 + size <= len(payload) else None
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    if not isinstance(header, dict):
+        return {}
+    found = {}
+    for name, entry in header.items():
+        if not (name.startswith("q/") and isinstance(entry, dict) and entry.get("dtype") == "I8"):
+            continue
+        shape, offsets = entry.get("shape"), entry.get("data_offsets")
+        if not (
+            isinstance(shape, list) and len(shape) == 2 and isinstance(offsets, list) and len(offsets) == 2
+        ):
+            continue
+        start, end = 8 + size + offsets[0], 8 + size + offsets[1]
+        if shape[0] * shape[1] == end - start > 0 and end <= len(payload):
+            found[name[2:]] = (start, shape[0], shape[1])
+    return found
+
+
+def split(payload: bytes) -> Split:
+    """The payload's groups, orders and rest, and the layout that joins them (see the module docstring)."""
+    members: dict[str, list[tuple[int, tuple[int, int, int]]]] = {}
+    for name, place in _int8_matrices(payload).items():
+        match = _LAYER.fullmatch(name)
+        layer, kind = (int(match[1]), match[2]) if match else (0, name)
+        if kind in GROUPS:
+            members.setdefault(kind, []).append((layer, place))
+    data = np.frombuffer(payload, dtype=np.uint8)
+    keep = np.ones(len(payload), dtype=bool)
+    layout, groups, orders = [], [], []
+    for kind in (k for k in GROUPS if k in members):
+        entries, blobs = [], []
+        for _layer, (start, rows, cols) in sorted(members[kind]):
+            matrix = data[start : start + rows * cols].view(np.int8).reshape(rows, cols)
+            sort = kind in SORTED and rows <= MAX_SORTED_ROWS
+            if sort:
+                order = similarity_order(matrix)
+                orders.append(order.astype("<u2").tobytes())
+                matrix = matrix[order]
+            blobs.append(np.ascontiguousarray(matrix.T).tobytes())
+            keep[start : start + rows * cols] = False
+            entries.append([start, rows, cols, int(sort)])
+        layout.append({"name": kind, "tensors": entries})
+        groups.append(b"".join(blobs))
+    meta = json.dumps({"size": len(payload), "groups": layout}, sort_keys=True, separators=(",", ":"))
+    return Split(meta.encode(), groups, b"".join(orders), data[keep].tobytes())
+
+
+def group_bytes(layout: bytes) -> tuple[int, list[int], int]:
+    """(payload bytes, each group's bytes, the orders' bytes) a layout describes; ValueError when it is
+    not one `split` writes (tensors out of the payload or overlapping)."""
+    meta = json.loads(layout)
+    size, spans, sizes, order_bytes = int(meta["size"]), [], [], 0
+    for group in meta["groups"]:
+        total = 0
+        for start, rows, cols, sort in group["tensors"]:
+            if min(start, rows, cols) < 0 or sort not in (0, 1) or (sort and rows > MAX_SORTED_ROWS):
+                raise ValueError(f"a bad tensor entry in the per-group layout: {[start, rows, cols, sort]}")
+            spans.append((start, start + rows * cols))
+            total += rows * cols
+            order_bytes += 2 * rows * sort
+        sizes.append(total)
+    spans.sort()
+    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)) or (spans and spans[-1][1] > size):
+        raise ValueError("the per-group layout places tensors outside the payload or over each other")
+    return size, sizes, order_bytes
+
+
+def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> bytes:
+    """The payload `split` took apart; ValueError when the parts do not fit the layout."""
+    size, sizes, order_bytes = group_bytes(layout)
+    if [len(g) for g in groups] != sizes or len(orders) != order_bytes or len(rest) != size - sum(sizes):
+        raise ValueError("the per-group streams do not have the sizes their layout gives")
+    out = np.empty(size, dtype=np.uint8)
+    keep = np.ones(size, dtype=bool)
+    perms = np.frombuffer(orders, dtype="<u2")
+    used = 0
+    for group, blob in zip(json.loads(layout)["groups"], groups, strict=True):
+        values, offset = np.frombuffer(blob, dtype=np.int8), 0
+        for start, rows, cols, sort in group["tensors"]:
+            matrix = values[offset : offset + rows * cols].reshape(cols, rows).T
+            offset += rows * cols
+            if sort:
+                order = perms[used : used + rows].astype(np.int64)
+                used += rows
+                if not np.array_equal(np.sort(order), np.arange(rows)):
+                    raise ValueError("a row order of the per-group payload is not a permutation")
+                restored = np.empty_like(matrix)
+                restored[order] = matrix
+                matrix = restored
+            out[start : start + rows * cols] = matrix.reshape(-1).view(np.uint8)
+            keep[start : start + rows * cols] = False
+    out[keep] = np.frombuffer(rest, dtype=np.uint8)
+    return out.tobytes()
