@@ -19,12 +19,13 @@ from core.artifact import mixed
 from core.artifact.budget import budget_table
 from core.artifact.export import read_pgolf_artifact
 from core.artifact.fit import COMPRESSION, PERGROUP, default_compression
+from core.artifact.load import read_artifact
 from core.common import compress, pergroup
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from tests.golden_data import GOLDEN
 from tests.test_cli import assert_one_line_error, cli
-from tests.test_mixed import mixed_model  # noqa: F401 (a fixture)
+from tests.test_mixed import mixed_model, requires_torch  # noqa: F401 (a fixture)
 
 NEEDS_LRZIP = pytest.mark.skipif(
     shutil.which("lrzip") is None, reason="the lrzip program is not installed (apt-get install lrzip)"
@@ -178,7 +179,7 @@ def test_the_budget_table_compresses_each_class_by_groups():
     model = record_model()
     model.info["tok_emb.weight"]["class"] = "embedding"
     rows = {r["class"]: r for r in budget_table(model, "pergroup", shuffle=2)}
-    assert rows["embedding"]["tensors"] == 1 and rows["other"]["tensors"] == 3 * 6 + 1
+    assert rows["embedding"]["tensors"] == 1 and rows["other"]["tensors"] == LAYERS * 6 + 1
     assert rows["embedding"]["bytes_compressed"] > 1024  # an lrzip stream of its 64 x 16 values, and more
     assert rows["total"]["bytes_compressed"] == len(mixed.mixed_artifact_bytes(model, "pergroup", shuffle=2))
 
@@ -256,3 +257,22 @@ def test_reading_a_pergroup_artifact_without_lrzip_is_one_line(tmp_path, monkeyp
 def test_the_record_0427_preset_names_pergroup():
     assert preset("record_0427").compressor == "pergroup"
     assert preset("record_0427_tiny").compressor == "brotli"  # runs where lrzip is not installed
+
+
+# ---------------------------------------------------------------- the record's own file
+@NEEDS_LRZIP
+@requires_torch
+def test_the_records_pergroup_file_reads_as_its_brotli_one(monkeypatch):
+    """Record 2026-04-27's model written by its `_serialize_pergroup` (tests/golden/make_pergroup.py) is,
+    as `eval` reads it, the model of its brotli file, array for array (the groups, their row orders,
+    the LQER factors and gate rows in its rest)."""
+    pergroup_file = GOLDEN / "record_eval_0427_pergroup.ptz"
+    model, same = read_artifact(pergroup_file), read_artifact(GOLDEN / "record_eval_0427.ptz")
+    assert_same_model(model, same)
+    assert model.lqer.keys() == same.lqer.keys() and model.lqer
+    for name, factors in same.lqer.items():
+        assert all(np.array_equal(model.lqer[name][k], v) for k, v in factors.items())
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    with pytest.raises(PgolfError) as caught:
+        read_artifact(pergroup_file)
+    assert "\n" not in str(caught.value) and all(part in str(caught.value) for part in LRZIP_LINE)

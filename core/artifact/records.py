@@ -16,6 +16,13 @@ the records' own: they score a model cast with `.bfloat16()` whose linear layers
 tensors go back to fp32, so the embedding tables (`tok_emb.weight`, `*.embed.weight`: the tensors
 pgolf's parameter table keeps in the compute dtype) are bf16 and the rest fp32; `orig_dtypes` overrides it.
 
+Record 2026-04-27 with COMPRESSOR=pergroup writes instead b"PGRP", a uint32 count (9), the uint32
+lengths, then the streams: one per matrix kind of core/common/pergroup.py's GROUPS, in that order
+(empty when absent), each holding the kind's int8 values ("w"[name + ".q"], layer after layer) as
+`pergroup.split` lays a group out (transposed; rows of the SORTED kinds reordered), through lrzip;
+then brotli over torch.save({"r": the other tensors of "w", "m": meta, "s": each group's shapes,
+keyed "_tok_emb.weight.q" or "<kind>.q"}); then brotli over the row orders (uint16).
+
 The torch.save container is a pickle. It is opened with `torch.load(weights_only=True)`,
 which rebuilds tensors and plain containers only and refuses anything else; torch is
 imported here, lazily, and only for this.
@@ -24,6 +31,8 @@ imported here, lazily, and only for this.
 from __future__ import annotations
 
 import io
+import itertools
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -34,13 +43,14 @@ from core.artifact.checks import check_mixed
 from core.artifact.int8 import CLIP_QUANTILE, FLOAT_BYTES, MAX_ARTIFACT_BYTES
 from core.artifact.mixed import CLASSES, MixedModel
 from core.artifact.rowquant import Clip
-from core.common import compress
+from core.common import compress, pergroup
 from core.common.errors import PgolfError, first_line
 from core.common.files import read_file
 
 __all__ = ["decompress_record_blob", "load_record_artifact"]
 
 _XZ_MAGIC = b"\xfd7zXZ\x00"
+PERGROUP_MAGIC = b"PGRP"  # record 2026-04-27's per-group blob
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
@@ -56,6 +66,45 @@ def decompress_record_blob(blob: bytes) -> bytes:
         name = "brotli"
     raw = compress.decompress(blob, name)
     return compress.byte_unshuffle(raw)  # the record's reader: unshuffle when the header is there
+
+
+def _pergroup_record(blob: bytes) -> dict[str, Any]:
+    """The {"w", "m"} of a record's per-group blob (see the module docstring)."""
+    import torch
+
+    count = int.from_bytes(blob[4:8], "little")
+    if count != len(pergroup.GROUPS) + 2 or len(blob) < 8 + 4 * count:
+        raise ValueError(f"{count} per-group streams ({len(pergroup.GROUPS) + 2} expected)")
+    lengths = np.frombuffer(blob, dtype="<u4", count=count, offset=8).tolist()
+    ends = np.cumsum([8 + 4 * count, *lengths]).tolist()
+    if ends[-1] != len(blob):
+        raise ValueError("the per-group streams do not add up to the file's length")
+    streams = [blob[a:b] for a, b in itertools.pairwise(ends)]
+    rest = _torch_load(compress.decompress(streams[-2], "brotli"))
+    if not isinstance(rest, dict) or not {"r", "m", "s"} <= set(rest):
+        raise ValueError("the per-group rest is not a dict with 'r', 'm' and 's'")
+    orders = np.frombuffer(compress.decompress(streams[-1], "brotli") if streams[-1] else b"", dtype="<u2")
+    kinds = [k for k, stream in zip(pergroup.GROUPS, streams, strict=False) if stream]
+    tensors, used = dict(rest["r"]), 0
+    for kind, data in zip(kinds, compress.lrzip_decompress([s for s in streams[:-2] if s]), strict=True):
+        alone = f"_{kind}.q" in rest["s"]  # a kind outside the blocks (tok_emb): "_" before its key
+        shapes = [tuple(s) for s in rest["s"][f"_{kind}.q" if alone else f"{kind}.q"]]
+        names = [f"{kind}.q"] if alone else [f"blocks.{i}.{kind}.q" for i in range(len(shapes))]
+        values, offset = np.frombuffer(data, dtype=np.int8), 0
+        if sum(math.prod(shape) for shape in shapes) != values.size:
+            raise ValueError(f"the {kind} stream does not hold its shapes' values")
+        for name, shape in zip(names, shapes, strict=True):
+            chunk = values[offset : offset + math.prod(shape)]
+            offset += chunk.size
+            if len(shape) == 2:
+                rows = shape[0]
+                order = orders[used : used + rows] if kind in pergroup.SORTED else None
+                used += rows if order is not None else 0
+                chunk = pergroup.unstack(chunk, rows, shape[1], order)
+            tensors[name] = torch.from_numpy(np.ascontiguousarray(chunk).reshape(shape))
+    if used != orders.size:
+        raise ValueError(f"{orders.size} row orders stored, {used} used")
+    return {"w": tensors, "m": rest["m"]}
 
 
 def _torch_load(raw: bytes) -> Any:
@@ -184,6 +233,8 @@ def load_record_artifact(
             raise PgolfError(f"{name}: dtype {dtype!r} is not one of {', '.join(FLOAT_BYTES)}")
     blob = read_file(path, "artifact", MAX_ARTIFACT_BYTES)
     try:
+        if blob.startswith(PERGROUP_MAGIC):
+            return _parse(_pergroup_record(blob), orig_dtypes, dict(classes or {}))
         raw = decompress_record_blob(blob)
         if not raw.startswith(b"PK"):
             raise ValueError("no torch.save (zip) data inside")

@@ -55,6 +55,7 @@ __all__ = [
     "compress",
     "compressor_by_id",
     "decompress",
+    "lrzip_decompress",
     "lrzip_installed",
     "pack",
     "unpack",
@@ -185,6 +186,13 @@ def _each(fn: Callable[[bytes], bytes], items: list[bytes]) -> list[bytes]:
         return list(pool.map(fn, items))
 
 
+def lrzip_decompress(streams: list[bytes]) -> list[bytes]:
+    """What each lrzip stream holds (in parallel); ValueError when one is damaged."""
+    if streams:
+        _require_lrzip("reading a pergroup artifact")
+    return _each(lambda s: _lrzip(s, ("-d",)), streams)
+
+
 def _pergroup_pack(payload: bytes, shuffle: int) -> bytes:
     parts = pergroup.split(payload)
     if parts.groups:
@@ -222,9 +230,7 @@ def _pergroup_unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
         raise ValueError(f"per-group data decompresses to more than {MAX_OUTPUT_BYTES:,} bytes")
     if len(sizes) != count - 1 or any(_lrzip_size(s) != n for s, n in zip(streams[1:], sizes, strict=False)):
         raise ValueError("the per-group streams do not match their layout")
-    if sizes:
-        _require_lrzip("reading a pergroup artifact")
-    groups = _each(lambda g: _lrzip(g, ("-d",)), streams[1:])
+    groups = lrzip_decompress(streams[1:])
     orders = main[4 + size : 4 + size + order_bytes]
     return pergroup.join(layout, groups, orders, main[4 + size + order_bytes :]), stride
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GROUPS", "SORTED", "Split", "group_bytes", "join", "similarity_order", "split"]
+__all__ = ["GROUPS", "SORTED", "Split", "group_bytes", "join", "similarity_order", "split", "unstack"]
 
 # The matrix kinds grouped across layers, in stream order, and those whose rows are reordered.
 GROUPS = (
@@ -142,6 +142,19 @@ def group_bytes(layout: bytes) -> tuple[int, list[int], int]:
     return size, sizes, order_bytes
 
 
+def unstack(values: np.ndarray, rows: int, cols: int, order: np.ndarray | None) -> np.ndarray:
+    """The (rows, cols) matrix whose rows, put in `order` (None: as they are) and transposed, are `values`."""
+    matrix = values.reshape(cols, rows).T
+    if order is None:
+        return matrix
+    order = order.astype(np.int64)
+    if not np.array_equal(np.sort(order), np.arange(rows)):
+        raise ValueError("a row order of the per-group data is not a permutation")
+    restored = np.empty_like(matrix)
+    restored[order] = matrix
+    return restored
+
+
 def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> bytes:
     """The payload `split` took apart; ValueError when the parts do not fit the layout."""
     size, sizes, order_bytes = group_bytes(layout)
@@ -154,16 +167,10 @@ def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> byte
     for group, blob in zip(json.loads(layout)["groups"], groups, strict=True):
         values, offset = np.frombuffer(blob, dtype=np.int8), 0
         for start, rows, cols, sort in group["tensors"]:
-            matrix = values[offset : offset + rows * cols].reshape(cols, rows).T
+            order = perms[used : used + rows] if sort else None
+            used += rows if sort else 0
+            matrix = unstack(values[offset : offset + rows * cols], rows, cols, order)
             offset += rows * cols
-            if sort:
-                order = perms[used : used + rows].astype(np.int64)
-                used += rows
-                if not np.array_equal(np.sort(order), np.arange(rows)):
-                    raise ValueError("a row order of the per-group payload is not a permutation")
-                restored = np.empty_like(matrix)
-                restored[order] = matrix
-                matrix = restored
             out[start : start + rows * cols] = matrix.reshape(-1).view(np.uint8)
             keep[start : start + rows * cols] = False
     out[keep] = np.frombuffer(rest, dtype=np.uint8)

@@ -24,11 +24,17 @@ Needs torch, brotli and the lrzip program. CPU, seconds. Not run by CI. It write
     record.pergroup      the whole blob ``_serialize_pergroup`` wrote (uint8)
 
 The metadata says the lrzip version and the record's group order.
+
+And ``record_eval_0427_pergroup.ptz``: the quantized model in make_record_eval.py's
+``record_eval_0427.ptz`` (its ``_decompress`` with brotli, ``torch.load``) written again by its
+``_serialize_pergroup``, what COMPRESSOR=pergroup would have written; its ``_deserialize_pergroup``
+reads back every tensor equal (checked here).
 """
 
 from __future__ import annotations
 
 import collections
+import io
 import json
 import subprocess
 import sys
@@ -42,7 +48,7 @@ from safetensors.numpy import save_file
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from make_record_eval import load_record_0427  # noqa: E402
+from make_record_eval import ENV_0427, load_record_0427  # noqa: E402
 
 SEED = 20261126
 LAYERS = 3
@@ -106,10 +112,22 @@ def main() -> None:
     out["perms"] = np.frombuffer(brotli.decompress(streams[len(rec._GROUP_ORDER) + 1]), dtype=np.uint16)
     out["record.pergroup"] = np.frombuffer(blob, dtype=np.uint8)
 
+    record_eval = HERE / "record_eval_0427.ptz"
+    state = torch.load(io.BytesIO(rec._decompress(record_eval.read_bytes(), "brotli")), map_location="cpu")
+    layers = int(ENV_0427["NUM_LAYERS"])
+    with tempfile.TemporaryDirectory() as tmp:
+        blob = rec._serialize_pergroup(state["w"], state["m"], layers, tmp)
+        back, meta_back = rec._deserialize_pergroup(blob, layers, tmp)
+    assert meta_back == state["m"] and back.keys() == state["w"].keys()
+    assert all(torch.equal(back[k], v) for k, v in state["w"].items())
+    (HERE / "record_eval_0427_pergroup.ptz").write_bytes(blob)
+
     version = subprocess.run(["lrzip", "-V"], capture_output=True, text=True).stdout.strip()
     meta = {"lrzip": version, "group_order": list(rec._GROUP_ORDER), "seed": SEED, "layers": LAYERS}
     save_file(out, str(HERE / "record_pergroup.safetensors"), metadata={"golden": json.dumps(meta)})
-    print({k: v.shape for k, v in out.items() if not k.startswith("w/")}, version)
+    print(
+        {k: v.shape for k, v in out.items() if not k.startswith("w/")}, version, len(blob), "B pergroup ptz"
+    )
 
 
 if __name__ == "__main__":
