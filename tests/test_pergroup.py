@@ -24,6 +24,7 @@ from core.common import compress, pergroup
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from tests.golden_data import GOLDEN
+from tests.test_backends import make_backend, needs
 from tests.test_cli import assert_one_line_error, cli
 from tests.test_mixed import mixed_model, requires_torch  # noqa: F401 (a fixture)
 
@@ -216,6 +217,21 @@ def test_a_missing_lrzip_is_one_line_before_training(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []
     compress.check_available("brotli")  # the others are not refused
     assert default_compression() == COMPRESSION  # and the fit does not try it
+
+
+@needs("cuda")
+def test_a_run_without_lrzip_stops_before_it_reads_anything(sotu_dataset, tmp_path, monkeypatch):
+    """The training loop checks too (a packaged train_gpt.py runs it without core/runs/setup.py)."""
+    from core.train import loop
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    backend = make_backend("cuda", sotu_dataset.config(out_dir=str(tmp_path), compressor="pergroup"))
+    try:
+        with pytest.raises(PgolfError, match="lrzip program, which is not installed"):
+            loop.train(backend, log=lambda line: None)
+    finally:
+        backend.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow  # ~3 s
