@@ -18,6 +18,7 @@ from core.config.presets import preset
 from core.runs.package import ENTRY, _imports, bundled_modules, code_bytes, minify, script, write_record
 from tests.test_backends import needs
 from tests.test_cli import cli, data_flags
+from tests.test_pergroup import NEEDS_LRZIP
 
 # Runs a script with pgolf not importable: the editable install's finder and the repository dropped.
 ISOLATED = """
@@ -140,16 +141,22 @@ def pgolf_run(sotu_dataset, tmp_path_factory):
     return out / "r", result.stdout
 
 
-@pytest.mark.slow
-@needs("cuda")
-@pytest.mark.parametrize("compressed", [True, False], ids=["compressed", "plain"])
-def test_the_packaged_script_trains_alone_to_the_same_score(sotu_dataset, pgolf_run, tmp_path, compressed):
-    run_dir, stdout = pgolf_run
+def packaged_script(run_dir: Path, tmp_path: Path, compressed: bool = True) -> tuple[Path, int]:
+    """A folder holding the run's train_gpt.py (and its size) alone, with the launcher that hides pgolf."""
     folder, size = write_record([run_dir], tmp_path / "rec", "Tiny", compressed=compressed)
     here = tmp_path / "elsewhere"
     here.mkdir()
     (here / "train_gpt.py").write_bytes((folder / "train_gpt.py").read_bytes())
     (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
+    return here, size
+
+
+@pytest.mark.slow
+@needs("cuda")
+@pytest.mark.parametrize("compressed", [True, False], ids=["compressed", "plain"])
+def test_the_packaged_script_trains_alone_to_the_same_score(sotu_dataset, pgolf_run, tmp_path, compressed):
+    run_dir, stdout = pgolf_run
+    here, size = packaged_script(run_dir, tmp_path, compressed)
     env = dict(
         os.environ, DATA_PATH=str(sotu_dataset.data_path), TOKENIZER_PATH=str(sotu_dataset.tokenizer_path)
     )
@@ -167,6 +174,31 @@ def test_the_packaged_script_trains_alone_to_the_same_score(sotu_dataset, pgolf_
     total = int(re.search(r"^Total submission size int8\+zlib: (\d+) bytes", result.stdout, re.M).group(1))
     assert code == size == (here / "train_gpt.py").stat().st_size and total == model + code
     assert "seed:7" in result.stdout and (here / "runs").is_dir()
+
+
+@pytest.mark.slow  # ~45 s on 2 cores
+@needs("cuda")
+@NEEDS_LRZIP
+def test_a_packaged_run_writes_and_reads_a_pergroup_artifact(sotu_dataset, pgolf_run, tmp_path):
+    """COMPRESSOR=pergroup in a packaged run: its code is in the script; without lrzip on the PATH the
+    run stops before its first step, with one line."""
+    here, _ = packaged_script(pgolf_run[0], tmp_path)
+    env = dict(os.environ, DATA_PATH=str(sotu_dataset.data_path), TOKENIZER_PATH=str(sotu_dataset.tokenizer_path),
+               COMPRESSOR="pergroup", BYTE_SHUFFLE="2", ITERATIONS="2")  # fmt: skip
+    env.pop("PYTHONPATH", None)
+    command = [sys.executable, "isolated.py", "train_gpt.py"]
+    result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^Serialized model int8\+pergroup: \d+ bytes$", result.stdout, re.M), result.stdout[
+        -2000:
+    ]
+    assert re.search(r"^final_int8_pergroup_roundtrip_exact val_loss:\S+ val_bpb:\S+$", result.stdout, re.M)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = subprocess.run(command, cwd=here, env=env | {"PATH": str(empty)}, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode != 0 and "step:" not in result.stdout
+    assert "the pergroup compressor needs the lrzip program, which is not installed" in result.stderr
 
 
 @needs("cuda")
