@@ -197,6 +197,18 @@ def test_damaged_bodies_are_value_errors():
             compress.unpack(damaged)
 
 
+@NEEDS_LRZIP
+def test_a_changed_byte_in_a_group_is_one_damaged_line(tmp_path):
+    blob = bytearray(mixed.mixed_artifact_bytes(record_model(), "pergroup", shuffle=2))
+    blob[-quant.DIGEST_BYTES - 40] ^= 0x01  # inside the last lrzip stream
+    path = tmp_path / "m.pgolf"
+    path.write_bytes(bytes(blob))
+    with pytest.raises(
+        PgolfError, match=r"^artifact .*m\.pgolf is damaged: lrzip -d failed: MD5 CHECK FAILED\.$"
+    ):
+        read_pgolf_artifact(path)
+
+
 # ---------------------------------------------------------------- lrzip missing
 LRZIP_LINE = (
     "lrzip program, which is not installed",

@@ -28,6 +28,7 @@ import bz2
 import itertools
 import lzma
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -159,15 +160,18 @@ def _lrzip(data: bytes, args: tuple[str, ...]) -> bytes:
         src, out = Path(tmp) / "in", Path(tmp) / "out"
         src.write_bytes(data)
         done = subprocess.run(
-            ["lrzip", "-Q", *args, "-o", str(out), str(src)],
+            ["lrzip", "-q", *args, "-o", str(out), str(src)],
             capture_output=True,
             env={**os.environ, "LRZIP": "NOCONFIG"},  # no lrzip.conf changes the settings
             check=False,
         )
         if done.returncode != 0:
             error = ValueError if "-d" in args else PgolfError
-            said = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
-            raise error(f"lrzip {' '.join(args)} failed: {said[-1][:200]}")
+            text = (done.stdout + done.stderr).decode(errors="replace").replace("Fatal error - exiting", "")
+            said = [line for line in text.splitlines() if re.search("error|fail", line, re.I)]
+            raise error(
+                f"lrzip {' '.join(args)} failed: {(said or [f'exit {done.returncode}'])[0].strip()[:200]}"
+            )
         return out.read_bytes()
 
 
