@@ -66,7 +66,8 @@ SHUFFLE_MAGIC = b"BSHF"
 SHUFFLE_FLAG = 0x80  # set in the container's id byte when the payload was byte-shuffled
 MAX_OUTPUT_BYTES = 2**32  # the most any decompression may give (a record's int6 payload is ~30 MB)
 PERGROUP = "pergroup"
-LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")  # ZPAQ at level 9; one thread: the block split follows it
+# ZPAQ at level 9, one thread: lrzip splits its input by its thread count (by default the machine's CPUs).
+LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")
 
 
 def _brotli() -> Any:
