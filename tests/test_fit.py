@@ -185,28 +185,53 @@ def test_one_rank_settings_reach_every_rank():
 
     cfg = Config().replace(artifact_fit_bytes=9)
     chosen = cfg.replace(quant_format="mixed", embed_bits=7, mlp_clip_sigmas=10.0, compressor="brotli",
-                         byte_shuffle=2, lqer_enabled=True, artifact_fit_bytes=0)  # fmt: skip
+                         byte_shuffle=2, lqer_enabled=True, lqer_top_k=5, lqer_rank=8,
+                         artifact_fit_bytes=0)  # fmt: skip
     assert shared_settings(Rank(), cfg, chosen) == chosen
     assert shared_settings(Rank(), cfg, None) == chosen
 
 
-@pytest.mark.slow  # ~3 s
-def test_every_class_is_searched_with_a_numpy_loss():
-    """The embeddings (an untied head among them) and the MLP, scored by a stand-in loss (the weights'
-    squared distance to the float ones): fast, and no backend needed."""
+NUMPY_CODE_BYTES = 40_000
+
+
+@pytest.fixture(scope="module")
+def numpy_fit():
+    """A fit of the embeddings (an untied head among them) and the MLP, scored by a stand-in loss (the
+    weights' squared distance to the float ones): fast, and no backend needed."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
     from tests.test_backends import busy_params
 
     cfg = preset("smoke").replace(model_dim=96, mlp_mult=8.0, tie_embeddings=False, compressor="zlib")
-    params = busy_params(cfg)
+    params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
 
     def loss(weights):
         return float(sum(np.square(weights[n] - params[n]).sum() for n in params))
 
-    fit = fit_artifact(
-        params, cfg, storage_dtypes(cfg, False), 380_000, loss, lambda c: 40_000, compression=()
-    )
+    fit = fit_artifact(params, cfg, dtypes, 380_000, loss, lambda c: NUMPY_CODE_BYTES, compression=())
+    return params, dtypes, loss, fit
+
+
+@pytest.mark.slow  # ~12 s
+def test_every_class_is_searched_with_a_numpy_loss(numpy_fit):
+    _, _, _, fit = numpy_fit
     assert {"embed_bits", "mlp_bits"} <= {k for t in fit.trials for k in t.changes}
     assert fit.chosen.bytes <= 380_000 and fit.chosen.loss == min(t.loss for t in fit.trials if t.fits)
     assert any(t.kind == "refine" for t in fit.trials)
+
+
+@pytest.mark.slow
+def test_lqer_top_k_and_rank_are_chosen_where_the_default_does_worse(numpy_fit):
+    """Under this cap LQER at its default (top 3 matrices, rank 4) does not fit or scores higher than
+    the setting the fit chose among those its models priced."""
+    params, dtypes, loss, fit = numpy_fit
+    tried = {(t.changes["lqer_top_k"], t.changes["lqer_rank"]) for t in fit.trials if t.kind == "lqer"}
+    assert len(tried) >= 2
+    default = fit.cfg.replace(lqer_top_k=Config().lqer_top_k, lqer_rank=Config().lqer_rank)
+    assert fit.cfg.lqer_enabled and fit.cfg != default
+    assert json.loads(json.dumps(fit.to_json()))["settings"]["lqer_top_k"] == fit.cfg.lqer_top_k
+    model = quantize_mixed_for(params, default, dtypes)
+    over = len(mixed_blob(model, default)) + NUMPY_CODE_BYTES > fit.cap
+    assert over or loss(dequantize_mixed(model)) > fit.chosen.loss
+    chosen = quantize_mixed_for(params, fit.cfg, dtypes)  # the trial's model made on its own rounding
+    assert mixed_blob(chosen, fit.cfg) == mixed_blob(fit.model, fit.cfg)
