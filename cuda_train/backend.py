@@ -388,6 +388,21 @@ class TorchBackend:
         dist.all_reduce(t)
         return t.cpu().numpy()
 
+    def from_rank_0(self, key: str, text: str | None, wait_seconds: float) -> str:
+        if self.world_size == 1:
+            return text or ""
+        # In the process group's store, not a collective: NCCL's and gloo's timeouts do not apply.
+        store = dist.distributed_c10d._get_default_store()
+        if self.rank == 0:
+            store.set(key, text or "")
+            return text or ""
+        try:
+            store.wait([key], timedelta(seconds=wait_seconds))
+        except RuntimeError as exc:  # its timeout (DistStoreError), or the store gone
+            reason = (str(exc).splitlines() or ["no reason given"])[0]
+            raise PgolfError(f"no {key} from rank 0 within {wait_seconds:g} s: {reason}") from None
+        return store.get(key).decode()
+
     def synchronize(self) -> None:
         if self.torch_device.type == "cuda":
             torch.cuda.synchronize(self.torch_device)

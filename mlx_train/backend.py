@@ -28,6 +28,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from core.common.errors import PgolfError
 from core.config.fields import Config
+from core.model.backend import text_by_sum
 from core.model.lora import adapter_shapes
 from core.model.memory import DeviceMemory, physical_ram
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
@@ -325,6 +326,12 @@ class MLXBackend:
             return values
         # float64 exists on the CPU stream only; the sums (bytes, nats) need its precision.
         return np.array(mx.distributed.all_sum(mx.array(values), group=self.group, stream=mx.cpu))
+
+    def from_rank_0(self, key: str, text: str | None, wait_seconds: float) -> str:
+        if self.world_size == 1:
+            return text or ""
+        # No store is shared between MLX processes; its collectives wait without a timeout.
+        return text_by_sum(self.all_reduce_sum, self.rank, text)
 
     def synchronize(self) -> None:
         mx.synchronize()

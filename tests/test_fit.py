@@ -5,7 +5,9 @@ same in both backends, and reproducible from the config it writes."""
 from __future__ import annotations
 
 import json
+import subprocess
 import tomllib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,10 +19,12 @@ from core.artifact.mixed import dequantize_mixed
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.runs.package import code_bytes
-from core.train.fitting import calibration_loss, calibration_tokens, shared_settings
+from core.train.fitting import calibration_loss, calibration_tokens, shared_fit
 from core.train.loop import calibrate_gptq
-from tests.test_backends import make_backend, needs
+from tests.test_backends import BACKENDS, make_backend, needs
 from tests.test_cli import assert_one_line_error, cli, data_flags
+from tests.test_training import ROOT, launcher, torchrun_env
+from tests.torchrun_fit import CHOSEN
 
 # record_0401_tiny's artifact at a size the tests can afford: an embedding (1024 x 96) and MLP
 # matrices (768 x 96) past the 65,536-value floor, GPTQ, a byte shuffle.
@@ -173,40 +177,126 @@ def test_both_backends_choose_alike_and_write_the_same_bytes(run, fitted):
         assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-6) if a.loss is not None else b.loss is None
 
 
-def test_one_rank_settings_reach_every_rank():
-    sent: list[np.ndarray] = []
+def test_one_process_gets_its_own_fit_and_a_failure_is_raised_as_it_is():
+    class One:
+        rank, world_size = 0, 1
 
-    class Rank:  # two ranks' all-reduce: rank 0 calls first, then rank 1 with zeros
-        world_size = 2
-
-        def all_reduce_sum(self, values):
-            sent.append(values.copy())
-            return sent[0] + (values if len(sent) > 1 else 0.0)
+        def from_rank_0(self, key, text, wait_seconds):
+            return text
 
     cfg = Config().replace(artifact_fit_bytes=9)
-    chosen = cfg.replace(quant_format="mixed", embed_bits=7, mlp_clip_sigmas=10.0, compressor="brotli",
-                         byte_shuffle=2, lqer_enabled=True, artifact_fit_bytes=0)  # fmt: skip
-    assert shared_settings(Rank(), cfg, chosen) == chosen
-    assert shared_settings(Rank(), cfg, None) == chosen
+    chosen = SimpleNamespace(cfg=cfg.replace(embed_bits=7, artifact_fit_bytes=0))
+    assert shared_fit(One(), cfg, lambda: chosen) == (chosen.cfg, chosen)
+
+    def fails():
+        raise PgolfError("no room")
+
+    with pytest.raises(PgolfError, match="^no room$"):
+        shared_fit(One(), cfg, fails)
 
 
-@pytest.mark.slow  # ~3 s
-def test_every_class_is_searched_with_a_numpy_loss():
-    """The embeddings (an untied head among them) and the MLP, scored by a stand-in loss (the weights'
-    squared distance to the float ones): fast, and no backend needed."""
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("mode", ["chooses", "fails"])
+@pytest.mark.slow  # ~20 s: a fit of 12 s
+def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backend_name, mode):
+    """Rank 0's fit takes 12 s, the collectives time out after 4 s (PyTorch): rank 1 waits for its
+    settings, or for its failure, which it ends with in one line; the job's collectives still work."""
+    done = subprocess.run(
+        [*launcher(backend_name), "tests/torchrun_fit.py", backend_name, mode, "12", "4"],
+        cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith("rank"))
+    if mode == "fails":
+        assert lines == {
+            "rank0": "error: injected fit failure",
+            "rank1": "error: rank 0's artifact fit failed: injected fit failure",
+        }
+    else:
+        settings = json.loads(lines["rank1"])
+        assert lines["rank0"] == lines["rank1"] and settings["fit_bytes"] == 0
+        assert {k: settings[k] for k in CHOSEN} == CHOSEN
+
+
+def two_ranks_train(sotu_dataset, tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    """`train` of the shape above by two ranks under torchrun, fitted to 250,000 B, collectives timing
+    out after 5 s (the fit takes longer)."""
+    args = ["cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "a",
+            *SHAPE, *ARTIFACT, "--iterations", "4", "--collective-timeout-seconds", "5", *data_flags(sotu_dataset),
+            *flags]  # fmt: skip
+    return subprocess.run([*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(ARTIFACT_FIT_BYTES="250000"),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+@needs("cuda")
+@pytest.mark.slow  # ~60 s: a fit of ~40 s on a loaded CPU
+def test_two_ranks_train_and_score_the_fitted_artifact(sotu_dataset, tmp_path):
+    done = two_ranks_train(sotu_dataset, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("fit: chosen") == 1  # rank 0 alone
+    seconds = float(done.stdout.split("candidates evaluated in ")[1].split()[0])
+    total = int(next(ln for ln in done.stdout.splitlines() if ln.startswith("Total submission")).split()[-3])
+    assert seconds > 5 and total <= 250_000
+    assert "final_mixed_roundtrip val_loss" in done.stdout  # both ranks read the artifact the fit named
+
+
+@needs("cuda")
+@pytest.mark.slow  # ~15 s
+def test_a_fit_that_fails_on_rank_0_ends_both_ranks_with_its_line(sotu_dataset, tmp_path):
+    done = two_ranks_train(
+        sotu_dataset, tmp_path, "--model-dim", "64", "--mlp-mult", "2"
+    )  # nothing to quantize
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert output.count("[rank0]: error: fit: no tensor of this model is large enough") == 1, output[-3000:]
+    # Rank 1 hears of it and leaves (torchrun may stop it first); no traceback from either rank.
+    assert "[rank1]: stopped: rank 0 failed first" in output or "[rank1]: terminated" in output, output[
+        -3000:
+    ]
+    assert "[rank0]: Traceback" not in output and "[rank1]: Traceback" not in output, output[-3000:]
+
+
+NUMPY_CODE_BYTES = 40_000
+
+
+@pytest.fixture(scope="module")
+def numpy_fit():
+    """A fit of the embeddings (an untied head among them) and the MLP, scored by a stand-in loss (the
+    weights' squared distance to the float ones): fast, and no backend needed."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
     from tests.test_backends import busy_params
 
     cfg = preset("smoke").replace(model_dim=96, mlp_mult=8.0, tie_embeddings=False, compressor="zlib")
-    params = busy_params(cfg)
+    params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
 
     def loss(weights):
         return float(sum(np.square(weights[n] - params[n]).sum() for n in params))
 
-    fit = fit_artifact(
-        params, cfg, storage_dtypes(cfg, False), 380_000, loss, lambda c: 40_000, compression=()
-    )
+    fit = fit_artifact(params, cfg, dtypes, 380_000, loss, lambda c: NUMPY_CODE_BYTES, compression=())
+    return params, dtypes, loss, fit
+
+
+@pytest.mark.slow  # ~12 s
+def test_every_class_is_searched_with_a_numpy_loss(numpy_fit):
+    _, _, _, fit = numpy_fit
     assert {"embed_bits", "mlp_bits"} <= {k for t in fit.trials for k in t.changes}
     assert fit.chosen.bytes <= 380_000 and fit.chosen.loss == min(t.loss for t in fit.trials if t.fits)
     assert any(t.kind == "refine" for t in fit.trials)
+
+
+@pytest.mark.slow
+def test_lqer_top_k_and_rank_are_chosen_where_the_default_does_worse(numpy_fit):
+    """Under this cap LQER at its default (top 3 matrices, rank 4) does not fit or scores higher than
+    the setting the fit chose among those its models priced."""
+    params, dtypes, loss, fit = numpy_fit
+    tried = {(t.changes["lqer_top_k"], t.changes["lqer_rank"]) for t in fit.trials if t.kind == "lqer"}
+    assert len(tried) >= 2
+    default = fit.cfg.replace(lqer_top_k=Config().lqer_top_k, lqer_rank=Config().lqer_rank)
+    assert fit.cfg.lqer_enabled and fit.cfg != default
+    assert json.loads(json.dumps(fit.to_json()))["settings"]["lqer_top_k"] == fit.cfg.lqer_top_k
+    model = quantize_mixed_for(params, default, dtypes)
+    over = len(mixed_blob(model, default)) + NUMPY_CODE_BYTES > fit.cap
+    assert over or loss(dequantize_mixed(model)) > fit.chosen.loss
+    chosen = quantize_mixed_for(params, fit.cfg, dtypes)  # the trial's model made on its own rounding
+    assert mixed_blob(chosen, fit.cfg) == mixed_blob(fit.model, fit.cfg)

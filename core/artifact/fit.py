@@ -2,9 +2,9 @@
 artifact + code bytes stay within the cap (`export --fit-bytes`, `artifact_fit_bytes`).
 
 What is searched: each tensor class's bits (5-8, or fp16) and clip (its `*_clip_sigmas`: the
-class's default rule or SDClip at a few k), GPTQ on or off, LQER on or off, and the compressor with
-its byte shuffle. Every candidate is a Config, so the chosen one is a config a run can be given
-again, and its artifact is what `export_artifact` writes for it.
+class's default rule or SDClip at a few k), GPTQ on or off, LQER off or on with its `lqer_top_k` and
+`lqer_rank`, and the compressor with its byte shuffle. Every candidate is a Config, so the chosen one
+is a config a run can be given again, and its artifact is what `export_artifact` writes for it.
 
 The search is cheap: real evaluations (quantize, compress, score) are few, and a model of size and
 loss chooses what to evaluate.
@@ -21,8 +21,15 @@ loss chooses what to evaluate.
   models; the one predicted lowest in loss within the cap is evaluated for real. If it does not fit,
   the size model was wrong by the overshoot: the cap is lowered by it, said in the log, and the next
   is tried. Then, one class at a time, the winner with that class at the two settings predicted best
-  that fit; then GPTQ and LQER are toggled on the winner, each one real evaluation. (GPTQ on or off
-  is first decided on the base settings, one more real evaluation, and kept for the trials between.)
+  that fit; then GPTQ is toggled on the winner, one real evaluation. (GPTQ on or off is first
+  decided on the base settings, one more real evaluation, and kept for the trials between.)
+- LQER: on each of the LQER_BASES candidates scored lowest that fit, every (top_k, rank) is priced
+  from that candidate's own rounding: the errors LQER would correct (largest first, as it does), each
+  one's SVD once, its factors at each rank packed as the artifact stores them; their entropy (times
+  the ratio, plus each matrix's share of the container, measured once by two compressions) is the
+  bytes they add, their weighted error taken off (times the class's nats) the loss.
+  In the order of their predicted loss, settings predicted to fit are evaluated for real until
+  LQER_TRIALS fit (at most twice as many tried: one over the cap is not scored).
 - The uniform settings (every class at the same bits) predicted to fit are evaluated too, for the
   table. The result is the evaluated candidate with the lowest loss among those whose real bytes fit;
   none: one error line (nothing is written by this module).
@@ -33,17 +40,20 @@ framework: core/train/fitting.py scores it with a backend on tokens from the tra
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from core.artifact.export import class_bits, class_clips, mixed_blob, quantize_mixed_for
+from core.artifact.export import class_bits, class_clips, lqer_settings, mixed_blob, quantize_mixed_for
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
-from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed
+from core.artifact.lqer import correction, factors, ranked_errors
+from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed, rounding_of, with_lqer
 from core.common.compress import lrzip_installed
 from core.common.errors import PgolfError
 from core.config.fields import Config
@@ -66,10 +76,14 @@ CLASS_FIELDS = {
 # Every field a fit may set: what its config file carries over the run's own.
 FIT_FIELDS = (
     "quant_format", "embed_bits", "attn_bits", "mlp_bits", "other_bits", "embed_clip_sigmas",
-    "attn_clip_sigmas", "mlp_clip_sigmas", "gptq_enabled", "lqer_enabled", "compressor", "byte_shuffle",
+    "attn_clip_sigmas", "mlp_clip_sigmas", "gptq_enabled", "lqer_enabled", "lqer_top_k", "lqer_rank",
+    "compressor", "byte_shuffle",
 )  # fmt: skip
 MAX_STEPS_DOWN = 4
 REFINE = 2  # settings per class tried around the winner
+LQER_RANKS = (2, 4, 8)  # besides the base config's lqer_rank; top_k: 1, 2, 4, ... and every matrix
+LQER_BASES = 3  # the candidates scored lowest that fit, each priced with every LQER setting
+LQER_TRIALS = 2  # the LQER settings predicted best that fit, scored for real
 CODE_SLACK = 64  # code bytes vary by a few with the settings written into the script
 
 Loss = Callable[[dict[str, np.ndarray]], float]
@@ -108,6 +122,7 @@ class Fit:
     cfg: Config  # the base config with the chosen settings (artifact_fit_bytes off)
     model: MixedModel  # the chosen artifact's quantized model
     notes: list[str] = field(default_factory=list)  # the steps down, said in the log too
+    seconds: float = 0.0  # the search's wall time
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -116,6 +131,7 @@ class Fit:
             "chosen": self.trials.index(self.chosen),
             "settings": {k: getattr(self.cfg, k) for k in FIT_FIELDS},
             "notes": self.notes,
+            "seconds": round(self.seconds, 1),
             "trials": [t.to_json() for t in self.trials],
         }
 
@@ -153,7 +169,7 @@ def _label(cfg: Config, present: list[str]) -> str:
         if b != "fp16" and clips[cls].kind == "sdclip":
             text += f"@{clips[cls].k:g}σ"
         parts.append(text)
-    extras = ["gptq"] * cfg.gptq_enabled + ["lqer"] * cfg.lqer_enabled
+    extras = ["gptq"] * cfg.gptq_enabled + [f"lqer:k{cfg.lqer_top_k}r{cfg.lqer_rank}"] * cfg.lqer_enabled
     shuffle = f"+shuffle{cfg.byte_shuffle}" if cfg.byte_shuffle else ""
     return " ".join(parts + extras + [cfg.compressor + shuffle])
 
@@ -168,19 +184,20 @@ def _quantized_classes(params: dict[str, np.ndarray], classes: dict[str, str]) -
     return {cls: out[cls] for cls in CLASS_FIELDS if cls in out}
 
 
+def _weighted(error: np.ndarray, h: np.ndarray | None) -> float:
+    """sum (error^2)_ij h_j, h the diagonal of the input Hessian normalised to mean 1 (1 without one)."""
+    err = np.square(np.asarray(error, np.float64))
+    if h is not None and err.ndim == 2 and h.shape == (err.shape[1], err.shape[1]):
+        d = np.diagonal(h).astype(np.float64)
+        err = err * (d / d.mean() if d.mean() > 0 else 1.0)
+    return float(err.sum())
+
+
 def _weighted_error(
     model: MixedModel, params: dict[str, np.ndarray], hessians: dict[str, np.ndarray]
 ) -> float:
     back = dequantize_mixed(model)
-    total = 0.0
-    for name, w in back.items():
-        err = np.square(np.asarray(params[name], np.float64) - w)
-        h = hessians.get(name)
-        if h is not None and err.ndim == 2 and h.shape == (err.shape[1], err.shape[1]):
-            d = np.diagonal(h).astype(np.float64)
-            err = err * (d / d.mean() if d.mean() > 0 else 1.0)
-        total += float(err.sum())
-    return total
+    return sum(_weighted(np.asarray(params[n], np.float64) - w, hessians.get(n)) for n, w in back.items())
 
 
 class _Search:
@@ -192,7 +209,7 @@ class _Search:
         self.classes = artifact_classes(self.base)
         self.groups = _quantized_classes(params, self.classes)
         self.trials: list[Trial] = []
-        self.best: tuple[Trial, MixedModel] | None = None
+        self.kept: list[tuple[Trial, MixedModel]] = []  # the LQER_BASES scored lowest that fit
         self.notes: list[str] = []
         self.decided: dict[str, Any] = {}  # GPTQ on or off, once the base settings have shown which is better
 
@@ -200,14 +217,22 @@ class _Search:
         if self.log is not None:
             self.log(f"fit: {line}")
 
+    @property
+    def best(self) -> tuple[Trial, MixedModel] | None:
+        return self.kept[0] if self.kept else None
+
     # ------------------------------------------------------------ real trials
-    def trial(self, changes: dict[str, Any], kind: str, predicted: float) -> Trial:
+    def trial(
+        self, changes: dict[str, Any], kind: str, predicted: float, model: MixedModel | None = None
+    ) -> Trial:
+        """The candidate `changes` make, evaluated (`model`: its quantized model, when already made)."""
         changes = self.decided | changes
         cfg = self.base.replace(**changes)
         for t in self.trials:
-            if t.changes == changes:
+            if self.base.replace(**t.changes) == cfg:
                 return t
-        model = quantize_mixed_for(self.params, cfg, self.dtypes, self.hessians)
+        if model is None:
+            model = quantize_mixed_for(self.params, cfg, self.dtypes, self.hessians)
         total = len(mixed_blob(model, cfg)) + self.code_bytes(cfg)
         t = Trial(_label(cfg, list(self.groups)), changes, kind, round(predicted), total, cap=self.cap)
         if t.fits or kind in ("base", "gptq-base", "probe"):  # a loss where it may be chosen, or is needed
@@ -217,12 +242,8 @@ class _Search:
         self.trials.append(t)
         loss = "-" if t.loss is None else f"{t.loss:.5f}"
         self.say(f"{kind:<9} {t.label}: {t.bytes:,} B ({'fits' if t.fits else 'over'}), loss {loss}")
-        if (
-            t.fits
-            and t.loss is not None
-            and (self.best is None or (t.loss, t.bytes) < self._key(self.best[0]))
-        ):
-            self.best = (t, model)
+        if t.fits and t.loss is not None:  # sorted stably: the first of equals stays first
+            self.kept = sorted([*self.kept, (t, model)], key=lambda tm: self._key(tm[0]))[:LQER_BASES]
         return t
 
     @staticmethod
@@ -345,8 +366,75 @@ class _Search:
     def changes(combo: dict[str, Option]) -> dict[str, Any]:
         return dict(kv for o in combo.values() for kv in o.changes)
 
+    def lqer_prices(self, t: Trial, model: MixedModel) -> dict[tuple[int, int], tuple[float, float]]:
+        """Each LQER setting (top_k, rank) on `t`'s rounding ((0, 0): off): the bytes its factors add
+        and the calibration loss they take off, by the size and loss models."""
+        cfg = self.base.replace(**t.changes)
+        errors = ranked_errors(*rounding_of(self.params, model))
+        n = len(errors)
+        top_ks = {*(2**i for i in range(n.bit_length()) if 2**i < n), n, min(cfg.lqer_top_k, n)}
+        ranks = sorted({*LQER_RANKS, cfg.lqer_rank})
+        settings = lqer_settings(cfg.replace(lqer_enabled=True))
+        prices = {(0, 0): (0.0, 0.0)}
+        added, taken = dict.fromkeys(ranks, 0.0), dict.fromkeys(ranks, 0.0)
+        for k, (name, error) in enumerate(errors, 1):
+            svd = np.linalg.svd(error, full_matrices=False)
+            h, nats = self.hessians.get(name), self.scale.get(self.classes[name], 0.0)
+            before = _weighted(error, h)
+            for rank in ranks:
+                kind, packed = factors(svd, dataclasses.replace(settings, rank=rank))
+                added[rank] += self.ratio * entropy_bytes(list(packed.values())) + self.lqer_each
+                taken[rank] += nats * (before - _weighted(error - correction(packed, kind), h))
+                if k in top_ks:
+                    prices[k, rank] = (added[rank], taken[rank])
+        return prices
+
+    def lqer_overhead(self, t: Trial, model: MixedModel) -> float:
+        """The bytes each corrected matrix adds besides its factors' entropy (their names and
+        descriptions in the container), measured on `t` with every matrix corrected: two compressions."""
+        cfg = self.base.replace(**t.changes, lqer_enabled=True)
+        full = with_lqer(model, self.params, dataclasses.replace(lqer_settings(cfg), top_k=len(self.params)))
+        if not full.lqer:
+            return 0.0
+        entropy = entropy_bytes([a for f in full.lqer.values() for a in f.values()])
+        off = with_lqer(model, self.params, None)
+        added = len(mixed_blob(full, cfg)) - len(mixed_blob(off, cfg.replace(lqer_enabled=False)))
+        return max(added - self.ratio * entropy, 0.0) / len(full.lqer)
+
+    def lqer(self) -> None:
+        """LQER's setting: every (top_k, rank) priced on each kept candidate; the LQER_TRIALS predicted
+        lowest in loss that fit, evaluated (on the candidate's own rounding: no new quantization)."""
+        self.lqer_each = self.lqer_overhead(*self.best)  # type: ignore[misc]
+        self.say(f"LQER: {self.lqer_each:,.0f} B per corrected matrix besides its factors' entropy")
+        priced = []
+        for t, model in list(self.kept):
+            prices = self.lqer_prices(t, model)
+            cfg = self.base.replace(**t.changes)
+            n = max(k for k, _ in prices)
+            own = (min(cfg.lqer_top_k, n), cfg.lqer_rank) if cfg.lqer_enabled and n else (0, 0)
+            own_bytes, own_gain = prices.get(own, (0.0, 0.0))
+            for (k, rank), (added, taken) in prices.items():
+                lqer = (
+                    {"lqer_enabled": True, "lqer_top_k": k, "lqer_rank": rank}
+                    if k
+                    else {"lqer_enabled": False}
+                )
+                predicted = t.bytes - own_bytes + added
+                if (k, rank) != own and predicted <= self.cap:
+                    priced.append(
+                        (t.loss + own_gain - taken, predicted, t.label, k, rank, t.changes | lqer, model)
+                    )
+        fitted = 0  # one over the cap costs a compression, not a score: the next is tried
+        for _, predicted, *_, changes, model in sorted(priced, key=lambda p: p[:5])[: 2 * LQER_TRIALS]:
+            cfg = self.base.replace(**changes)
+            t = self.trial(changes, "lqer", predicted, with_lqer(model, self.params, lqer_settings(cfg)))
+            fitted += t.fits
+            if fitted == LQER_TRIALS:
+                break
+
     # ------------------------------------------------------------ the search
     def run(self) -> Fit:
+        started = time.perf_counter()
         float_loss = float(self.loss_of(self.params))
         if not self.groups:
             raise PgolfError(
@@ -397,16 +485,15 @@ class _Search:
             gptq = not self.base.replace(**winner.changes).gptq_enabled
             self.decided = {}
             self.trial(winner.changes | {"gptq_enabled": gptq}, "gptq", winner.bytes)
-        winner = self.best[0]  # type: ignore[index]
-        if not self.base.replace(**winner.changes).lqer_enabled:
-            self.trial(winner.changes | {"lqer_enabled": True}, "lqer", winner.bytes)
+        self.lqer()
         chosen, model = self.best  # type: ignore[misc]
+        seconds = time.perf_counter() - started
         self.say(
-            f"chosen {chosen.label}: {chosen.bytes:,} B of {self.cap:,}, loss {chosen.loss:.5f} (float {float_loss:.5f})"
+            f"chosen {chosen.label}: {chosen.bytes:,} B of {self.cap:,}, loss {chosen.loss:.5f} "
+            f"(float {float_loss:.5f}); {len(self.trials)} candidates evaluated in {seconds:.0f} s"
         )
-        return Fit(
-            self.cap, float_loss, self.trials, chosen, self.base.replace(**chosen.changes), model, self.notes
-        )
+        cfg = self.base.replace(**chosen.changes)
+        return Fit(self.cap, float_loss, self.trials, chosen, cfg, model, self.notes, seconds)
 
 
 def default_compression() -> tuple[tuple[str, int], ...]:

@@ -66,22 +66,36 @@ def correction(packed: dict[str, np.ndarray], kind: str) -> np.ndarray:
     return a @ b
 
 
+def ranked_errors(
+    weights: dict[str, np.ndarray], dequantized: dict[str, np.ndarray]
+) -> list[tuple[str, np.ndarray]]:
+    """The quantization errors W - W_q of the matrices of `weights`, largest Frobenius norm first:
+    the order LQER corrects them in."""
+    errors = {n: weights[n].astype(np.float32) - dequantized[n] for n in weights if weights[n].ndim == 2}
+    norms = {n: float(np.linalg.norm(e)) for n, e in errors.items()}
+    return [(n, errors[n]) for n in sorted(norms, key=lambda n: (-norms[n], n))]
+
+
+def factors(
+    svd: tuple[np.ndarray, np.ndarray, np.ndarray], settings: LqerSettings
+) -> tuple[str, dict[str, np.ndarray]]:
+    """(kind, packed factors) of the rank-`settings.rank` correction of one error, given its SVD
+    (`np.linalg.svd(error, full_matrices=False)`)."""
+    u, s, vh = svd
+    r = min(settings.rank, s.size)
+    a = np.ascontiguousarray((u[:, :r] * s[:r]).astype(np.float32))
+    b = np.ascontiguousarray(vh[:r].astype(np.float32))
+    if settings.asym and b.size % settings.group == 0:
+        return "asym", pack_asym(a, b, settings.group)
+    return "sym", pack_sym(a, b, settings.factor_bits)
+
+
 def lqer_corrections(
     weights: dict[str, np.ndarray], dequantized: dict[str, np.ndarray], settings: LqerSettings
 ) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
     """{name: (kind, packed factors)} for the `top_k` matrices of `weights` whose quantization error
     (against `dequantized`) has the largest Frobenius norm."""
-    errors = {n: weights[n].astype(np.float32) - dequantized[n] for n in weights if weights[n].ndim == 2}
-    norms = {n: float(np.linalg.norm(e)) for n, e in errors.items()}
-    chosen = sorted(norms, key=lambda n: (-norms[n], n))[: settings.top_k]
-    out = {}
-    for name in chosen:
-        u, s, vh = np.linalg.svd(errors[name], full_matrices=False)
-        r = min(settings.rank, s.size)
-        a = np.ascontiguousarray((u[:, :r] * s[:r]).astype(np.float32))
-        b = np.ascontiguousarray(vh[:r].astype(np.float32))
-        if settings.asym and b.size % settings.group == 0:
-            out[name] = ("asym", pack_asym(a, b, settings.group))
-        else:
-            out[name] = ("sym", pack_sym(a, b, settings.factor_bits))
-    return out
+    return {
+        name: factors(np.linalg.svd(error, full_matrices=False), settings)
+        for name, error in ranked_errors(weights, dequantized)[: settings.top_k]
+    }

@@ -58,7 +58,9 @@ __all__ = [
     "mixed_artifact_bytes",
     "mixed_from_container",
     "quantize_mixed",
+    "rounding_of",
     "save_mixed_artifact",
+    "with_lqer",
 ]
 
 MIXED_FORMAT = "pgolf-mixed"
@@ -189,15 +191,30 @@ def quantize_mixed(
             out.quantized[name], out.scales[name] = q, s
             info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
         out.info[name] = info
+    return with_lqer(out, state, lqer) if lqer is not None else out
+
+
+def with_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings | None) -> MixedModel:
+    """`model` (made of `state`) with the LQER corrections `lqer` asks for instead of any it has
+    (None: none). The arrays are the model's own, not copies."""
+    info = {name: {k: v for k, v in i.items() if k != "lqer"} for name, i in model.info.items()}
+    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough), info)
     if lqer is not None:
-        matrices = {
-            n: _in_dtype(np.asarray(state[n], dtype=np.float32), out.info[n]["dtype"]) for n in out.quantized
-        }
-        rounded = {n: dequantize_rows(out.quantized[n], out.scales[n]) for n in matrices}
-        for name, (kind, factors) in lqer_corrections(matrices, rounded, lqer).items():
+        for name, (kind, factors) in lqer_corrections(*rounding_of(state, out), lqer).items():
             out.lqer[name] = factors
             out.info[name]["lqer"] = kind
     return out
+
+
+def rounding_of(
+    state: dict[str, np.ndarray], model: MixedModel
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """What LQER corrects in `model` (made of `state`): its quantized tensors as they were given (in
+    their model dtype's precision), and as rounded (without any correction)."""
+    weights = {
+        n: _in_dtype(np.asarray(state[n], dtype=np.float32), model.info[n]["dtype"]) for n in model.quantized
+    }
+    return weights, {n: dequantize_rows(model.quantized[n], model.scales[n]) for n in weights}
 
 
 def quantize_gate_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -88,6 +88,15 @@ def create(name: str, cfg: Config) -> Backend:
     return module.create_backend(cfg)
 
 
+def text_by_sum(all_reduce_sum: Callable[[np.ndarray], np.ndarray], rank: int, text: str | None) -> str:
+    """Rank 0's `text` on every rank by two sums over the ranks (its length, then its bytes as
+    float64, exact): `from_rank_0` for a framework whose processes share no store."""
+    data = np.frombuffer(text.encode(), np.uint8) if rank == 0 and text is not None else np.zeros(0, np.uint8)
+    values = np.zeros(int(all_reduce_sum(np.array([float(data.size)]))[0]))
+    values[: data.size] = data
+    return bytes(all_reduce_sum(values).astype(np.uint8)).decode()
+
+
 class Backend(Protocol):
     name: str  # "cuda" or "mlx": the --backend value
     cfg: Config  # the run's one config; the loop reads it from here
@@ -199,6 +208,11 @@ class Backend(Protocol):
 
     def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over ranks (identity when world_size is 1); also a barrier."""
+
+    def from_rank_0(self, key: str, text: str | None, wait_seconds: float) -> str:
+        """The `text` rank 0 gives under `key` (the other ranks give None), on every rank. The others
+        wait for it up to `wait_seconds`, however long the collectives' timeout: rank 0 may work alone
+        for many minutes first (the artifact fit). A key is given once per job."""
 
     def synchronize(self) -> None:
         """Wait for queued device work, so that wall-clock timings are honest."""

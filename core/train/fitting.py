@@ -8,9 +8,9 @@ never trained on. Validation tokens are never read here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,9 +25,11 @@ from core.data.shards import find_shards, read_shard
 if TYPE_CHECKING:
     from core.model.backend import Backend
 
-__all__ = ["calibration_loss", "calibration_tokens", "fit_on_backend", "shared_settings", "write_fit"]
+__all__ = ["calibration_loss", "calibration_tokens", "fit_on_backend", "shared_fit", "write_fit"]
 
 BATCH_SEQS = 8  # sequences per eval_nll call
+FIT_KEY = "pgolf/artifact_fit"  # what rank 0 chose, or why it failed, for the other ranks
+FIT_WAIT_SECONDS = 6 * 3600.0  # the longest the other ranks wait for rank 0's fit
 
 
 def calibration_tokens(cfg: Config) -> np.ndarray:
@@ -101,19 +103,27 @@ def write_fit(fit: Fit, artifact: Path) -> tuple[Path, Path]:
     return table, config
 
 
-def shared_settings(backend: Backend, cfg: Config, chosen: Config | None) -> Config:
-    """`cfg` with the settings rank 0 chose (`chosen`, None on the other ranks), on every rank."""
-    if backend.world_size == 1:
-        return chosen if chosen is not None else cfg
-    choices = {f.name: f.metadata["checks"][0].choices for f in fields(Config) if f.name in FIT_FIELDS}
-    values = np.zeros(len(FIT_FIELDS))
-    if chosen is not None:
-        for i, name in enumerate(FIT_FIELDS):
-            value = getattr(chosen, name)
-            values[i] = choices[name].index(value) if isinstance(value, str) else float(value)
-    values = backend.all_reduce_sum(values)
-    settings = {}
-    for name, v in zip(FIT_FIELDS, values, strict=True):
-        kind = type(getattr(cfg, name))
-        settings[name] = choices[name][int(v)] if kind is str else kind(v) if kind is not bool else bool(v)
-    return cfg.replace(**settings, artifact_fit_bytes=0)
+def shared_fit(backend: Backend, cfg: Config, fit: Callable[[], Fit]) -> tuple[Config, Fit | None]:
+    """Rank 0 runs `fit`; every rank returns `cfg` with the settings it chose (rank 0 also the Fit).
+
+    The other ranks wait for rank 0 in `backend.from_rank_0` (PyTorch: the process group's store), not
+    in a collective, whose timeout a fit of many minutes would outlast. When the fit fails on rank 0,
+    it says so to them first, and they end with one line too.
+    """
+    if backend.rank != 0:
+        message = json.loads(backend.from_rank_0(FIT_KEY, None, FIT_WAIT_SECONDS))
+        if "error" in message:
+            raise PgolfError(f"rank 0's artifact fit failed: {message['error']}")
+        return cfg.replace(**message["settings"], artifact_fit_bytes=0), None
+    try:
+        done = fit()
+    except BaseException as exc:
+        if backend.world_size > 1:
+            reason = str(exc) if isinstance(exc, PgolfError) else f"{type(exc).__name__}: {exc}"
+            backend.close(failed=True)  # rank 0 is the job's first failure before the others hear of it
+            with contextlib.suppress(Exception):  # the failure being reported matters more than this one
+                backend.from_rank_0(FIT_KEY, json.dumps({"error": reason.split("\n")[0]}), 0)
+        raise
+    settings = {name: getattr(done.cfg, name) for name in FIT_FIELDS}
+    backend.from_rank_0(FIT_KEY, json.dumps({"settings": settings}), 0)
+    return done.cfg, done

@@ -28,6 +28,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -405,14 +406,15 @@ class Training:
             self.stop_if_asked()
         params = backend.params()
         if cfg.artifact_fit_bytes > 0:  # the artifact's settings chosen under the cap (not a packaged run's)
-            from core.train.fitting import fit_on_backend, shared_settings
+            from core.train.fitting import fit_on_backend, shared_fit
 
             measure = self.code_bytes if callable(self.code_bytes) else lambda _: int(self.code_bytes or 0)
-            if self.main:
-                fit = fit_on_backend(
-                    backend, params, cfg, self.dtypes, cfg.artifact_fit_bytes, measure, hessians, self.say
-                )
-            cfg = shared_settings(backend, cfg, fit.cfg if fit is not None else None)
+            cap = cfg.artifact_fit_bytes
+            cfg, fit = shared_fit(
+                backend,
+                cfg,
+                partial(fit_on_backend, backend, params, cfg, self.dtypes, cap, measure, hessians, self.say),
+            )
             self.stop_if_asked()
         label = quant_label(cfg)
         artifact = self.run.artifact(label)
