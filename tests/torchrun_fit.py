@@ -1,10 +1,11 @@
 """The artifact fit's settings shared by two ranks (core/train/fitting.py's `shared_fit`): a test helper,
 not part of pgolf.
 
-tests/test_fit.py runs `<launcher> tests/torchrun_fit.py BACKEND MODE SECONDS TIMEOUT` with two
+tests/test_fit.py runs `<launcher> tests/torchrun_fit.py BACKEND MODE SECONDS TIMEOUT OUT` with two
 processes: the collectives time out after TIMEOUT seconds (PyTorch); rank 0's fit takes SECONDS, then
 chooses settings (MODE "chooses") or raises (MODE "fails"). After one more sum over the ranks (the job
-still works), each rank prints one line: `rank<r> {settings as JSON}` or `rank<r> error: <message>`.
+still works), each rank writes one line to OUT/rank<r>: its settings as JSON or `error: <message>`
+(a file each: the ranks' standard outputs interleave).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ CHOSEN = {"quant_format": "mixed", "embed_bits": 7, "mlp_clip_sigmas": 10.0, "co
           "lqer_enabled": True, "lqer_top_k": 5, "lqer_rank": 8}  # fmt: skip
 
 
-def main(name: str, mode: str, seconds: float, timeout: float) -> None:
+def main(name: str, mode: str, seconds: float, timeout: float, out: Path) -> None:
     cfg = preset("smoke").replace(collective_timeout_seconds=timeout, artifact_fit_bytes=100_000)
     backend = backends.create(name, cfg)
 
@@ -46,9 +47,9 @@ def main(name: str, mode: str, seconds: float, timeout: float) -> None:
     except PgolfError as exc:
         line = f"error: {exc}"
     backend.all_reduce_sum(np.ones(1))
-    print(f"rank{backend.rank} {line}", flush=True)
+    (out / f"rank{backend.rank}").write_text(line)
     backend.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]))
