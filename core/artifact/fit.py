@@ -54,7 +54,7 @@ from core.artifact.export import class_bits, class_clips, lqer_settings, mixed_b
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
 from core.artifact.lqer import correction, factors, ranked_errors
 from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed, rounding_of, with_lqer
-from core.common.compress import lrzip_installed
+from core.common import compress
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.model.params import artifact_classes
@@ -65,7 +65,7 @@ SEARCH_BITS = (5, 6, 7, 8, 16)  # 16: the class kept in fp16
 SEARCH_SIGMAS = (0.0, 6.0, 10.0, 14.0)  # 0: the class's default clip rule
 # (compressor, byte shuffle) pairs tried besides the base config's own; pergroup where lrzip is installed.
 COMPRESSION = (("brotli", 2), ("zstd", 2), ("lzma", 2), ("brotli", 0))
-PERGROUP = ("pergroup", 2)
+PERGROUP = (compress.PERGROUP, 2)
 # Each searched class: its bits field and its clip field ("other" follows matrix_clip_sigmas).
 CLASS_FIELDS = {
     "embedding": ("embed_bits", "embed_clip_sigmas"),
@@ -498,7 +498,7 @@ class _Search:
 
 def default_compression() -> tuple[tuple[str, int], ...]:
     """The (compressor, byte shuffle) pairs a fit tries: COMPRESSION, and PERGROUP where lrzip is installed."""
-    return COMPRESSION + ((PERGROUP,) if lrzip_installed() else ())
+    return COMPRESSION + ((PERGROUP,) if compress.lrzip_installed() else ())
 
 
 def fit_artifact(

@@ -31,7 +31,6 @@ imported here, lazily, and only for this.
 from __future__ import annotations
 
 import io
-import itertools
 import math
 import re
 from pathlib import Path
@@ -72,14 +71,8 @@ def _pergroup_record(blob: bytes) -> dict[str, Any]:
     """The {"w", "m"} of a record's per-group blob (see the module docstring)."""
     import torch
 
-    count = int.from_bytes(blob[4:8], "little")
-    if count != len(pergroup.GROUPS) + 2 or len(blob) < 8 + 4 * count:
-        raise ValueError(f"{count} per-group streams ({len(pergroup.GROUPS) + 2} expected)")
-    lengths = np.frombuffer(blob, dtype="<u4", count=count, offset=8).tolist()
-    ends = np.cumsum([8 + 4 * count, *lengths]).tolist()
-    if ends[-1] != len(blob):
-        raise ValueError("the per-group streams do not add up to the file's length")
-    streams = [blob[a:b] for a, b in itertools.pairwise(ends)]
+    count = len(pergroup.GROUPS) + 2
+    streams = compress.split_streams(blob[len(PERGROUP_MAGIC) :], range(count, count + 1))
     rest = _torch_load(compress.decompress(streams[-2], "brotli"))
     if not isinstance(rest, dict) or not {"r", "m", "s"} <= set(rest):
         raise ValueError("the per-group rest is not a dict with 'r', 'm' and 's'")

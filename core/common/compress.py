@@ -59,6 +59,7 @@ __all__ = [
     "lrzip_decompress",
     "lrzip_installed",
     "pack",
+    "split_streams",
     "unpack",
 ]
 
@@ -212,16 +213,22 @@ def _pergroup_pack(payload: bytes, shuffle: int) -> bytes:
     return struct.pack(f"<{len(streams) + 1}I", len(streams), *map(len, streams)) + b"".join(streams)
 
 
+def split_streams(data: bytes, counts: range) -> list[bytes]:
+    """The streams of a table `data` begins with (a uint32 count, in `counts`, then each one's uint32
+    length) and that fill the rest of it, as `_pergroup_pack` writes them; ValueError when damaged."""
+    count = int.from_bytes(data[:4], "little") if len(data) >= 4 else 0
+    if count not in counts or len(data) < 4 * (count + 1):
+        raise ValueError(f"the per-group stream table is damaged ({count} streams)")
+    lengths = struct.unpack(f"<{count}I", data[4 : 4 * (count + 1)])
+    if 4 * (count + 1) + sum(lengths) != len(data):
+        raise ValueError("the per-group streams do not add up to the data's length")
+    ends = np.cumsum((4 * (count + 1), *lengths)).tolist()
+    return [data[a:b] for a, b in itertools.pairwise(ends)]
+
+
 def _pergroup_unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
     """(payload, shuffle stride) of `_pergroup_pack`'s bytes; ValueError when damaged."""
-    count = int.from_bytes(body[:4], "little") if len(body) >= 4 else 0
-    if not 1 <= count <= 1 + len(pergroup.GROUPS) or len(body) < 4 * (count + 1):
-        raise ValueError("the per-group stream table is damaged")
-    lengths = struct.unpack(f"<{count}I", body[4 : 4 * (count + 1)])
-    if 4 * (count + 1) + sum(lengths) != len(body):
-        raise ValueError("the per-group streams do not add up to the body's length")
-    ends = np.cumsum((4 * (count + 1), *lengths)).tolist()
-    streams = [body[a:b] for a, b in itertools.pairwise(ends)]
+    streams = split_streams(body, range(1, len(pergroup.GROUPS) + 2))
     main = _brotli_decompress(streams[0])
     stride = main[4] if shuffled and len(main) >= 5 else 0
     main = byte_unshuffle(main, strict=True) if shuffled else main
@@ -233,7 +240,9 @@ def _pergroup_unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
         raise ValueError(f"the per-group layout is damaged: {first_line(exc)}") from None
     if total > MAX_OUTPUT_BYTES:
         raise ValueError(f"per-group data decompresses to more than {MAX_OUTPUT_BYTES:,} bytes")
-    if len(sizes) != count - 1 or any(_lrzip_size(s) != n for s, n in zip(streams[1:], sizes, strict=False)):
+    if len(sizes) != len(streams) - 1 or any(
+        _lrzip_size(s) != n for s, n in zip(streams[1:], sizes, strict=False)
+    ):
         raise ValueError("the per-group streams do not match their layout")
     groups = lrzip_decompress(streams[1:])
     orders = main[4 + size : 4 + size + order_bytes]
