@@ -802,6 +802,149 @@ def plot(
 
 
 @app.command()
+def sweep(
+    spec: Path = typer.Argument(
+        ...,
+        help="Sweep spec (TOML): a base preset or config, a grid or variants, seeds, backend (docs/sweeps.md).",
+    ),
+    report: bool = typer.Option(False, "--report", help="Only write the report of the runs finished so far."),
+    parallel: int | None = typer.Option(
+        None, min=1, help="Runs at once, each its own process (default: the spec's)."
+    ),
+    retry_failed: bool = typer.Option(
+        False, help="Start again the runs that failed (else they are reported)."
+    ),
+) -> None:
+    """Train every (variant, seed) of a sweep as an ordinary run, then rank the variants: mean ± std of the
+    final val_bpb, the difference from the base, Welch's p that each is better. Finished runs are skipped
+    and interrupted ones resumed, so a sweep stopped with Ctrl-C goes on where it was. The report is
+    written beside the spec: <spec>.report.md, .json and .png."""
+    from core.runs.sweep import load_sweep, markdown, write_report
+
+    plan = load_sweep(spec)
+    if not report:
+        _run_sweep(plan, parallel or plan.parallel, retry_failed)
+    result, paths = write_report(plan, f"python cli.py sweep {spec}")
+    console.print(markdown(result), markup=False)
+    console.print(f"wrote {', '.join(map(str, paths))}")
+
+
+def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
+    """Start the runs of `plan` not yet done, `parallel` at a time, each `cli.py train` in a process of its
+    own (its output in its folder's sweep.log), with the progress; stopped, they write a checkpoint."""
+    import json
+    import shutil
+    import subprocess
+
+    from core.common.files import write_atomic
+    from core.model.memory import check_config
+    from core.runs import sweep as sw
+    from core.runs.summary import summarize
+
+    states = {run.run_id: sw.run_state(run) for run in plan.runs}
+    todo = [run for run in plan.runs
+            if states[run.run_id] in (sw.NEW, sw.RESUME) or (retry_failed and states[run.run_id] == sw.FAILED)]  # fmt: skip
+    for run in todo:  # every run refused before the first one starts
+        check_config(plan.backend, run.cfg)
+    counts = {state: list(states.values()).count(state) for state in (sw.DONE, sw.FAILED, sw.RESUME)}
+    console.print(
+        f"sweep {plan.name}: {len(plan.runs)} runs ({len(plan.variants)} variants x {len(plan.seeds)} seeds): "
+        f"{counts[sw.DONE]} done, {counts[sw.FAILED]} failed before{' (started again)' if retry_failed else ''}, "
+        f"{counts[sw.RESUME]} to resume; {len(todo)} to run, {min(parallel, max(len(todo), 1))} at a time"
+    )
+    for data_path in dict.fromkeys(run.cfg.data_path for run in todo):
+        _ensure_default_data(next(run.cfg for run in todo if run.cfg.data_path == data_path))
+    env = dict(os.environ)
+    if parallel > 1 and "OMP_NUM_THREADS" not in env:  # the processes share the cores, not each take all
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // parallel))
+    script = str(Path(__file__).resolve())
+
+    def start(run: Any) -> tuple[Any, Any]:
+        path, state = run.path, states[run.run_id]
+        if state == sw.RESUME:
+            args = ["--resume", str(path)]
+        else:  # afresh: run_state checked that the folder, if any, is this sweep's and not in use
+            if path.exists():
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+            write_atomic(path / sw.CONFIG_FILE, (json.dumps(run.cfg.to_dict(), indent=2) + "\n").encode())
+            args = ["--preset", plan.preset, "--config", str(path / sw.CONFIG_FILE)]
+        log = open(path / sw.LOG_FILE, "a", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
+        command = [sys.executable, script, "train", "--backend", plan.backend, *args]
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        # A session of its own: Ctrl-C reaches the sweep, which stops each run once (see stop_all).
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)  # fmt: skip
+        return proc, log
+
+    def stop_all(running: dict) -> None:
+        """SIGTERM each run: it writes a checkpoint after its current step; a second Ctrl-C kills them."""
+        if not running:
+            return
+        err_console.print(f"stopping {len(running)} runs, each with a checkpoint (again: stop them now)")
+        for _, proc, _, _ in running.values():
+            proc.terminate()
+        try:
+            for _, proc, _, _ in running.values():
+                proc.wait()
+        except BaseException:
+            for _, proc, _, _ in running.values():
+                proc.kill()
+            raise
+        finally:
+            for _, _, log, _ in running.values():
+                log.close()
+
+    pending, running, ended, began = list(todo), {}, 0, time.monotonic()
+    live = LiveProgress()
+    overall = live.tracker("sweep")
+    with live:
+        if overall is not None and todo:
+            overall(0, len(todo))
+        try:
+            while pending or running:
+                while pending and len(running) < parallel:
+                    run = pending.pop(0)
+                    proc, log = start(run)
+                    running[run.run_id] = (run, proc, log, time.monotonic())
+                    how = "resumed" if states[run.run_id] == sw.RESUME else "started"
+                    console.print(f"{how} {run.run_id} (log: {run.path / sw.LOG_FILE})", markup=False)
+                time.sleep(0.5)
+                for run_id, (run, proc, log, t0) in list(running.items()):
+                    bar = live.tracker(run_id)
+                    if bar is not None:
+                        bar(min(sw.run_step(run.path), run.cfg.iterations - 1), run.cfg.iterations)
+                    if proc.poll() is None:
+                        continue
+                    log.close()
+                    del running[run_id]
+                    if bar is not None:
+                        bar(run.cfg.iterations, run.cfg.iterations)
+                    ended += 1
+                    took = time.monotonic() - t0
+                    if proc.returncode == 0 and summarize(run.path).finished:
+                        s = summarize(run.path)
+                        line = f"done {run_id}: val_bpb {s.score_val_bpb:.4f} in {took / 60:.1f} min"
+                    elif proc.returncode in (130, 143):
+                        line = f"stopped {run_id} (exit {proc.returncode}): run the sweep again to resume it"
+                    else:
+                        error = sw.last_error_line(run.path / sw.LOG_FILE)
+                        write_atomic(run.path / sw.FAILED_FILE, (error + "\n").encode())
+                        line = f"failed {run_id}: {error}"
+                    left = len(pending) + len(running)
+                    eta = (time.monotonic() - began) / ended * left / 60
+                    console.print(
+                        f"{line} ({ended}/{len(todo)} ended; about {eta:.0f} min left)", markup=False
+                    )
+                    if overall is not None:
+                        overall(ended, len(todo))
+        except BaseException:
+            stop_all(running)
+            raise
+
+
+@app.command()
 def info() -> None:
     """What is installed: Python, backends, devices, and the default dataset."""
     import numpy

@@ -1,0 +1,469 @@
+"""A sweep: variants of one config x seeds, each an ordinary training run, ranked with significance.
+
+A sweep spec is a TOML file:
+
+    name = "ablation_tiny"      # the runs' names start with it (default: the file's name)
+    preset = "tiny"             # the base config: a preset, and/or
+    config = "base.toml"        #   a config file (relative to the spec), over the preset
+    backend = "cuda"            # cuda, mlx or auto (default auto)
+    seeds = [1, 2, 3]
+    parallel = 2                # runs at once, each its own process (default 1)
+    out_dir = "runs"            # where the run directories go (default: the base config's)
+    margin_nats = 0.005         # also test "better than the base by this much" (default: not)
+
+    [base]                      # config fields over the preset, for every run
+    iterations = 200
+
+    [grid]                      # every combination of these values ...
+    matrix_lr = [0.02, 0.04]
+
+    [[variants]]                # ... or named variants, each its own settings
+    name = "mlp3"
+    mlp_mult = 3.0
+
+The base config is itself a variant, "base": the grid point (or the variant) whose config is the
+base's, else one added first. Each (variant, seed) is the run `<name>-<variant>-seed<seed>` under
+out_dir, in the run group `<name>-<variant>` (so `cli.py runs` shows each variant's seeds as a group,
+and `runs --compare` tests two of them). A run's folder also holds what the sweep gave it:
+sweep_config.json (its config, the `train --config` of its first start), sweep.log (its output) and,
+when it failed, sweep_failed.txt (its error line).
+
+This module parses and checks the spec, plans the runs, tells where each run stands, and writes the
+report; cli.py starts the runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.common.errors import PgolfError, did_you_mean
+from core.common.files import WriterLock, read_file, write_atomic
+from core.config.fields import Config, field_names
+from core.config.presets import PRESETS
+from core.config.sources import resolve
+from core.runs.stats import mean_std, welch
+from core.runs.summary import read_metrics, summarize
+
+SPEC_KEYS = ("name", "preset", "config", "backend", "seeds", "parallel", "out_dir", "margin_nats", "base",
+             "grid", "variants")  # fmt: skip
+# Fields the sweep sets itself for each run.
+SWEEP_FIELDS = ("seed", "run_id", "run_group", "out_dir")
+BASE = "base"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
+MAX_SPEC_BYTES = 2**20
+CONFIG_FILE = "sweep_config.json"
+LOG_FILE = "sweep.log"
+FAILED_FILE = "sweep_failed.txt"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    settings: dict[str, Any]  # the fields it changes from the base config
+    cfg: Config  # the base config with them (seed, run_id, run_group and out_dir not yet set)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    variant: str
+    seed: int
+    cfg: Config  # what it trains with
+
+    @property
+    def run_id(self) -> str:
+        return self.cfg.run_id
+
+    @property
+    def path(self) -> Path:
+        return Path(self.cfg.out_dir) / self.cfg.run_id
+
+
+@dataclass(frozen=True)
+class Sweep:
+    spec: Path
+    name: str
+    preset: str
+    backend: str
+    seeds: list[int]
+    parallel: int
+    margin_nats: float
+    base: Variant
+    variants: list[Variant]  # the base first
+    runs: list[PlannedRun] = field(default_factory=list)  # variant by variant, seed by seed
+
+    def report_path(self, suffix: str) -> Path:
+        """Where the report goes: beside the spec (<spec>.report.md, .json, .png)."""
+        return self.spec.with_suffix(f".report{suffix}")
+
+
+# ------------------------------------------------------------------------ spec
+def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep:
+    """The sweep a spec file describes, every variant's config checked; one-line errors naming the spec."""
+    spec = Path(spec)
+    where = f"sweep spec {spec}"
+    text = read_file(spec, "sweep spec", MAX_SPEC_BYTES)
+    try:
+        data = tomllib.loads(text.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PgolfError(f"{where} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PgolfError(f"{where} is not valid TOML ({exc})") from None
+    for key in data:
+        if key not in SPEC_KEYS:
+            raise PgolfError(f"{where}: unknown key {key!r}{did_you_mean(key, SPEC_KEYS)}")
+
+    name = _text(data, "name", spec.stem, where)
+    if not NAME.fullmatch(name):
+        raise PgolfError(f"{where}: name {name!r} must be letters, digits and . _ = , + - (a folder name)")
+    preset = _text(data, "preset", "baseline", where)
+    if preset not in PRESETS:
+        raise PgolfError(f"{where}: unknown preset {preset!r}{did_you_mean(preset, PRESETS)}")
+    config = data.get("config")
+    if config is not None and not isinstance(config, str):
+        raise PgolfError(f"{where}: config must be the path of a config file, got {config!r}")
+    config_path = None if config is None else spec.parent / config
+    backend = _text(data, "backend", "auto", where)
+    seeds = data.get("seeds", [1337])
+    if (
+        not isinstance(seeds, list) or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) or len(set(seeds)) != len(seeds)
+    ):  # fmt: skip
+        raise PgolfError(f"{where}: seeds must be a list of distinct whole numbers, got {seeds!r}")
+    parallel = data.get("parallel", 1)
+    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
+        raise PgolfError(f"{where}: parallel must be a whole number >= 1, got {parallel!r}")
+    margin = data.get("margin_nats", 0.0)
+    if not isinstance(margin, int | float) or isinstance(margin, bool) or not 0 <= margin < math.inf:
+        raise PgolfError(f"{where}: margin_nats must be a number >= 0, got {margin!r}")
+
+    base_settings = _settings(data.get("base", {}), f"{where}: [base]")
+    base_cfg = resolve(preset, config_path, base_settings, environ)
+    out_dir = _text(data, "out_dir", base_cfg.out_dir, where)
+    try:
+        base_cfg.validate()
+    except PgolfError as exc:
+        raise PgolfError(f"{where}: the base config: {exc}") from None
+
+    variants = [
+        Variant(label, settings, _variant_config(base_cfg, settings, f"{where}: variant {label!r}"))
+        for label, settings in _variant_settings(data, where)
+    ]
+    base = next((v for v in variants if v.cfg == base_cfg), None)
+    if base is None:
+        if any(v.name == BASE for v in variants):
+            raise PgolfError(
+                f"{where}: the variant named {BASE!r} changes the base config: name it otherwise"
+            )
+        base = Variant(BASE, {}, base_cfg)
+        variants.insert(0, base)
+    else:
+        variants.remove(base)
+        variants.insert(0, base)
+    sweep = Sweep(spec, name, preset, backend, seeds, parallel, float(margin), base, variants)
+    for v in variants:
+        group = f"{name}-{v.name}"
+        for seed in seeds:
+            cfg = v.cfg.replace(seed=seed, run_group=group, run_id=f"{group}-seed{seed}", out_dir=out_dir)
+            sweep.runs.append(PlannedRun(v.name, seed, cfg.validate()))
+    return sweep
+
+
+def _text(data: dict[str, Any], key: str, default: str, where: str) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise PgolfError(f"{where}: {key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _settings(table: Any, where: str) -> dict[str, Any]:
+    """A table of config fields: known names, one value each, none the sweep sets itself."""
+    if not isinstance(table, dict):
+        raise PgolfError(f"{where} must be a table of config fields")
+    for key, value in table.items():
+        if key not in field_names():
+            raise PgolfError(f"{where}: unknown config field {key!r}{did_you_mean(key, field_names())}")
+        if key in SWEEP_FIELDS:
+            raise PgolfError(f"{where}: {key} is set by the sweep (seeds, name and out_dir at the top)")
+        if isinstance(value, dict | list):
+            raise PgolfError(f"{where}: {key} must be one value, not a table or a list")
+    return dict(table)
+
+
+def _variant_settings(data: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(name, settings) of each variant: the [grid]'s combinations, or the [[variants]]."""
+    grid, listed = data.get("grid"), data.get("variants")
+    if (grid is None) == (listed is None):
+        both = "both" if grid is not None else "neither"
+        raise PgolfError(f"{where}: give either a [grid] of settings or a list of [[variants]], not {both}")
+    found: list[tuple[str, dict[str, Any]]] = []
+    if grid is not None:
+        if not isinstance(grid, dict) or not grid:
+            raise PgolfError(f"{where}: [grid] must be a table of config fields, each a list of values")
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise PgolfError(f"{where}: [grid] {key} must be a non-empty list of values, got {values!r}")
+            for value in values:
+                _settings({key: value}, f"{where}: [grid]")
+            if len(set(map(repr, values))) != len(values):
+                raise PgolfError(f"{where}: [grid] {key} lists a value twice: {values!r}")
+        keys = list(grid)
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            settings = dict(zip(keys, combo, strict=True))
+            label = ",".join(f"{k}={_shown(v)}" for k, v in settings.items())
+            found.append((re.sub(r"[^A-Za-z0-9._=,+-]", "_", label), settings))
+    else:
+        if not isinstance(listed, list) or not listed or not all(isinstance(v, dict) for v in listed):
+            raise PgolfError(f"{where}: variants must be a list of tables ([[variants]]), each with a name")
+        for number, table in enumerate(listed, 1):
+            label = table.get("name")
+            if not isinstance(label, str) or not NAME.fullmatch(label):
+                raise PgolfError(
+                    f"{where}: variant {number} needs a name of letters, digits and . _ = , + -, got {label!r}"
+                )
+            settings = {k: v for k, v in table.items() if k != "name"}
+            found.append((label, _settings(settings, f"{where}: variant {label!r}")))
+    names = [label for label, _ in found]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise PgolfError(f"{where}: two variants are named {twice!r}")
+    return found
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _variant_config(base: Config, settings: dict[str, Any], where: str) -> Config:
+    try:
+        return base.replace(**settings).validate()
+    except PgolfError as exc:
+        raise PgolfError(f"{where}: {str(exc).removeprefix('config: ')}") from None
+
+
+# ------------------------------------------------------------------ run states
+DONE, FAILED, RESUME, NEW = "done", "failed", "resume", "new"
+
+
+def run_state(run: PlannedRun) -> str:
+    """Where a planned run stands: done (its final score is in its folder), failed (the sweep saw it
+    fail), resume (it has a checkpoint), or new (nothing usable: start it afresh, its folder emptied).
+
+    A folder that holds what the sweep did not write, or one trained with other settings than the
+    spec now gives, is refused by name; so is one that a process is writing now."""
+    path = run.path
+    if not path.exists():
+        return NEW
+    if not path.is_dir() or (not (path / CONFIG_FILE).exists() and any(path.iterdir())):
+        raise PgolfError(f"{path} holds what this sweep did not write: move it, or rename the sweep")
+    _check_free(path)
+    if (path / "metrics.jsonl").is_file() and summarize(path).finished:
+        _check_same_settings(run)
+        return DONE
+    if (path / FAILED_FILE).exists():
+        return FAILED
+    if any((path / "checkpoints").glob("step_*.safetensors")):
+        _check_same_settings(run)
+        return RESUME
+    return NEW
+
+
+def _check_free(path: Path) -> None:
+    """Refuse a run folder that a process is writing (a sweep already running, or a `train`)."""
+    with WriterLock(path, "run directory"):
+        pass
+
+
+def _check_same_settings(run: PlannedRun) -> None:
+    """The run's own config.json must hold what the spec now asks of it (a spec edited after some
+    runs finished would otherwise mix two experiments in one table)."""
+    try:
+        saved = json.loads((run.path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # a run killed before it wrote its config: nothing to compare
+    if not isinstance(saved, dict):
+        return
+    given = Config.from_dict(saved)
+    for name in sorted(field_names() - {"out_dir"}):
+        if getattr(given, name) != getattr(run.cfg, name):
+            raise PgolfError(
+                f"{run.path} was trained with {name}={getattr(given, name)!r}, the spec now gives "
+                f"{getattr(run.cfg, name)!r}: remove the run, or rename the sweep"
+            )
+
+
+def failure(path: Path) -> str:
+    """The error line a failed run ended with (its sweep_failed.txt), or ''."""
+    try:
+        return (path / FAILED_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
+def last_error_line(log: Path) -> str:
+    """The line a failed run's output ended with: its last `error:` line, else its last line."""
+    try:
+        lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        return "no output"
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith(("error:", "[rank"))]
+    return (errors or lines or ["no output"])[-1]
+
+
+def run_step(path: Path) -> int:
+    """The last optimizer step a run has logged (0 when none yet)."""
+    try:
+        records = read_metrics(path)
+    except PgolfError:
+        return 0
+    return max((int(r["step"]) for r in records if r["kind"] in ("train", "val")), default=0)
+
+
+# ---------------------------------------------------------------------- report
+@dataclass
+class Row:
+    """One variant's line of the report."""
+
+    variant: str
+    settings: dict[str, Any]
+    seeds: list[int]  # of its finished runs
+    val_bpb: list[float]
+    val_loss: list[float]
+    mean_bpb: float = math.nan
+    std_bpb: float = math.nan
+    mean_loss: float = math.nan
+    std_loss: float = math.nan
+    diff_nats: float = math.nan  # mean val_loss minus the base's: below 0 is better
+    diff_bpb: float = math.nan
+    p: float | None = None  # Welch's one-sided p that it is no better than the base
+    p_margin: float | None = None  # ... no better by margin_nats
+
+
+def report(sweep: Sweep) -> dict[str, Any]:
+    """The sweep's results: each variant's finished runs (mean ± std of the final score, the difference
+    from the base, Welch's p against it), ranked by mean val_bpb; and the runs that did not finish.
+
+    The score is a run's final figure: sliding-window where it was evaluated so, else the artifact
+    round trip's (core.runs.summary)."""
+    rows: dict[str, Row] = {v.name: Row(v.name, v.settings, [], [], []) for v in sweep.variants}
+    missing = []
+    for run in sweep.runs:
+        summary = summarize(run.path) if (run.path / "metrics.jsonl").is_file() else None
+        if summary is not None and summary.finished and math.isfinite(summary.score_val_loss):
+            row = rows[run.variant]
+            row.seeds.append(run.seed)
+            row.val_bpb.append(summary.score_val_bpb)
+            row.val_loss.append(summary.score_val_loss)
+            continue
+        error = failure(run.path)
+        state = ("diverged" if "diverged" in error else "failed") if error else (
+            "unfinished" if summary is not None else "not started")  # fmt: skip
+        missing.append({"run": run.run_id, "variant": run.variant, "seed": run.seed, "state": state,
+                        "step": run_step(run.path) if summary else 0, "error": error})  # fmt: skip
+    base = rows[sweep.base.name]
+    for row in rows.values():
+        if not row.val_bpb:
+            continue
+        row.mean_bpb, row.std_bpb = mean_std(row.val_bpb)
+        row.mean_loss, row.std_loss = mean_std(row.val_loss)
+        if base.val_loss:
+            row.diff_nats = row.mean_loss - mean_std(base.val_loss)[0]
+            row.diff_bpb = row.mean_bpb - mean_std(base.val_bpb)[0]
+        if row is not base and len(row.val_loss) >= 2 and len(base.val_loss) >= 2:
+            row.p = welch(base.val_loss, row.val_loss).p
+            if sweep.margin_nats > 0:
+                row.p_margin = welch(base.val_loss, row.val_loss, sweep.margin_nats).p
+    ranked = sorted(rows.values(), key=lambda r: (not r.val_bpb, r.mean_bpb if r.val_bpb else 0.0))
+    return {
+        "sweep": sweep.name,
+        "spec": str(sweep.spec),
+        "preset": sweep.preset,
+        "backend": sweep.backend,
+        "seeds": sweep.seeds,
+        "base": sweep.base.name,
+        "margin_nats": sweep.margin_nats,
+        "runs": len(sweep.runs),
+        "finished": sum(len(r.val_bpb) for r in rows.values()),
+        "variants": [_row_dict(r) for r in ranked],
+        "not_finished": missing,
+    }
+
+
+def _row_dict(row: Row) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in vars(row).items()}
+
+
+def markdown(result: dict[str, Any], command: str = "") -> str:
+    """The report as markdown: the ranked table, then the runs that did not finish."""
+
+    def num(value: float | None, digits: int = 4, sign: bool = False) -> str:
+        if value is None:
+            return "–"
+        return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+    def p_value(value: float | None) -> str:
+        return "–" if value is None else f"{value:.3g}"
+
+    margin = result["margin_nats"]
+    lines = [
+        f"# Sweep {result['sweep']}",
+        "",
+        f"{result['finished']} of {result['runs']} runs finished; preset {result['preset']}, backend "
+        f"{result['backend']}, seeds {', '.join(map(str, result['seeds']))}. Ranked by mean final val_bpb "
+        f"(± the standard deviation over seeds); Δ is the variant's mean minus the base's ({result['base']}), "
+        "below 0 is better; p is Welch's one-sided p-value that the variant's val_loss is no lower than the "
+        "base's" + (f"; p (margin) that it is not lower by {margin} nats" if margin else "") + ".",
+        "",
+    ]
+    if command:
+        lines[-1:-1] = ["", f"`{command}`"]
+    header = ["rank", "variant", "settings", "runs", "val_bpb", "val_loss", "Δ val_bpb", "Δ nats", "p"]
+    if margin:
+        header.append("p (margin)")
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for rank, row in enumerate(result["variants"], 1):
+        settings = ", ".join(f"{k}={_shown(v)}" for k, v in row["settings"].items()) or "(base config)"
+        if not row["val_bpb"]:
+            cells = [str(rank), row["variant"], settings, "0"] + ["–"] * (len(header) - 4)
+        else:
+            spread = "" if row["std_bpb"] is None else f" ± {row['std_bpb']:.4f}"
+            loss_spread = "" if row["std_loss"] is None else f" ± {row['std_loss']:.4f}"
+            cells = [str(rank), row["variant"], settings, str(len(row["val_bpb"])),
+                     f"{row['mean_bpb']:.4f}{spread}", f"{row['mean_loss']:.4f}{loss_spread}",
+                     num(row["diff_bpb"], sign=True), num(row["diff_nats"], sign=True), p_value(row["p"])]  # fmt: skip
+            if margin:
+                cells.append(p_value(row["p_margin"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    if result["not_finished"]:
+        lines += ["", "Runs without a final score:", ""]
+        for m in result["not_finished"]:
+            where = f" at step {m['step']}" if m["step"] else ""
+            error = f": {m['error']}" if m["error"] else ""
+            lines.append(f"- {m['run']} ({m['variant']}, seed {m['seed']}): {m['state']}{where}{error}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(sweep: Sweep, command: str = "") -> tuple[dict[str, Any], list[Path]]:
+    """Write <spec>.report.json, .md and .png beside the spec; return the report and the files."""
+    from core.runs.plots import plot_sweep
+
+    result = report(sweep)
+    if not result["finished"]:
+        raise PgolfError(f"sweep {sweep.name}: no run has finished yet (cli.py sweep {sweep.spec} runs them)")
+    paths = [
+        write_atomic(sweep.report_path(".json"), (json.dumps(result, indent=2) + "\n").encode()),
+        write_atomic(sweep.report_path(".md"), markdown(result, command).encode()),
+    ]
+    curves = {run.variant: [] for run in sweep.runs}
+    for run in sweep.runs:
+        if (run.path / "metrics.jsonl").is_file():
+            curves[run.variant].append(run.path)
+    paths.append(plot_sweep(result, curves, sweep.report_path(".png")))
+    return result, paths
