@@ -850,7 +850,8 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
     console.print(
         f"sweep {plan.name}: {len(plan.runs)} runs ({len(plan.variants)} variants x {len(plan.seeds)} seeds): "
         f"{counts[sw.DONE]} done, {counts[sw.FAILED]} failed before{' (started again)' if retry_failed else ''}, "
-        f"{counts[sw.RESUME]} to resume; {len(todo)} to run, {min(parallel, max(len(todo), 1))} at a time"
+        f"{counts[sw.RESUME]} to resume; {len(todo)} to run"
+        + (f", {min(parallel, len(todo))} at a time" if todo else "")
     )
     for data_path in dict.fromkeys(run.cfg.data_path for run in todo):
         _ensure_default_data(next(run.cfg for run in todo if run.cfg.data_path == data_path))

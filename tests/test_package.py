@@ -32,13 +32,14 @@ ROOT = Path(__file__).resolve().parent.parent
 FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
 
 
-# What a training run never does, and so the bundle leaves out: the CLI, reading runs back, plots, stats,
+# What a training run never does, and so the bundle leaves out: the CLI, reading runs back, plots, stats, sweeps,
 # packaging, making or downloading datasets, manifest lookups, the memory check, reading checkpoints or
 # other artifacts (resuming, eval), the challenge's and the records' own files, the checks of files read,
 # the budget table, the trackers, the benchmark, sampling, MLX.
 LEFT_OUT = (
-    "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.package", "core.datasets.embedded",
-    "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest", "core.model.memory", "core.model.backend",
+    "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.sweep", "core.runs.package",
+    "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
+    "core.model.memory", "core.model.backend",
     "core.artifact.load", "core.artifact.upstream", "core.artifact.records", "core.artifact.checks",
     "core.artifact.budget", "core.train.report", "core.train.bench", "core.eval.verify", "core.eval.sample",
     "mlx_train", "mlx_train.backend", "mlx_train.model",

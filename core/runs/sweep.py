@@ -363,8 +363,12 @@ def report(sweep: Sweep) -> dict[str, Any]:
             row.val_loss.append(summary.score_val_loss)
             continue
         error = failure(run.path)
-        state = ("diverged" if "diverged" in error else "failed") if error else (
-            "unfinished" if summary is not None else "not started")  # fmt: skip
+        if summary is not None and summary.finished:  # finished, its score not finite
+            state, error = "diverged", error or "its final score is not finite"
+        elif error:
+            state = "diverged" if "diverged" in error else "failed"
+        else:
+            state = "unfinished" if summary is not None else "not started"
         missing.append({"run": run.run_id, "variant": run.variant, "seed": run.seed, "state": state,
                         "step": run_step(run.path) if summary else 0, "error": error})  # fmt: skip
     base = rows[sweep.base.name]
