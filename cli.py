@@ -819,11 +819,13 @@ def sweep(
     final val_bpb, the difference from the base, Welch's p that each is better. Finished runs are skipped
     and interrupted ones resumed, so a sweep stopped with Ctrl-C goes on where it was. The report is
     written beside the spec: <spec>.report.md, .json and .png."""
+    from core.common.files import WriterLock
     from core.runs.sweep import load_sweep, markdown, write_report
 
     plan = load_sweep(spec)
     if not report:
-        _run_sweep(plan, parallel or plan.parallel, retry_failed)
+        with WriterLock(spec, "sweep spec"):  # one sweep of a spec at a time
+            _run_sweep(plan, parallel or plan.parallel, retry_failed)
     result, paths = write_report(plan, f"python cli.py sweep {spec}")
     console.print(markdown(result), markup=False)
     console.print(f"wrote {', '.join(map(str, paths))}")

@@ -76,6 +76,17 @@ def test_a_bad_spec_is_one_line_from_the_cli(tmp_path):
     assert_one_line_error(cli("sweep", str(tmp_path / "none.toml")), "none.toml")
 
 
+def test_one_sweep_of_a_spec_at_a_time(tmp_path):
+    from core.common.files import WriterLock
+
+    spec = write_spec(tmp_path, VARIANTS)
+    with WriterLock(spec, "sweep spec"):
+        assert_one_line_error(
+            cli("sweep", str(spec)), f"sweep spec {spec} is in use by", "one writer at a time"
+        )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_the_plan_of_a_grid_finds_the_base_among_its_points(tmp_path):
     spec = write_spec(
         tmp_path,

@@ -144,7 +144,8 @@ def read_file(path: str | Path, what: str, max_bytes: int | None = None) -> byte
 class WriterLock:
     """One writer of a folder at a time: an exclusive lock on the folder itself, held until `release`
     (or the process ends: the kernel drops it then, so a killed holder never blocks the next writer).
-    While it is held, `.writer.pid` in the folder names the holder, so that a refused writer can."""
+    While it is held, `.writer.pid` in the folder names the holder, so that a refused writer can.
+    A file can be locked too (without the name of its holder)."""
 
     PID_FILE = ".writer.pid"
 
@@ -170,7 +171,8 @@ class WriterLock:
 
     def release(self) -> None:
         if self.fd >= 0:
-            (self.folder / self.PID_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # none beside a locked file (a sweep spec)
+                (self.folder / self.PID_FILE).unlink(missing_ok=True)
             os.close(self.fd)  # closing drops the lock
             self.fd = -1
 
