@@ -826,9 +826,11 @@ def sweep(
     if not report:
         with WriterLock(spec, "sweep spec"):  # one sweep of a spec at a time
             _run_sweep(plan, parallel or plan.parallel, retry_failed)
-    result, paths = write_report(plan, f"python cli.py sweep {spec}")
+    result, paths, no_plot = write_report(plan, f"python cli.py sweep {spec}")
     console.print(markdown(result), markup=False)
     console.print(f"wrote {', '.join(map(str, paths))}")
+    if no_plot:
+        err_console.print(f"warning: {no_plot}", markup=False)
 
 
 def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:

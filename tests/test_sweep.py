@@ -152,7 +152,8 @@ def test_the_report_ranks_the_variants_with_scipys_p_values(tmp_path):
             fake_run(run, losses[run.seed - 1])
         else:
             fake_run(run, None, failed="error: training diverged: val_loss nan at step 2")
-    result, paths = sw.write_report(plan, "python cli.py sweep s.toml")
+    result, paths, no_plot = sw.write_report(plan, "python cli.py sweep s.toml")
+    assert no_plot == ""
     assert [r["variant"] for r in result["variants"]] == ["lr_low", "wide", "base"]
     for row in result["variants"]:
         losses = LOSSES[row["variant"]]
@@ -289,3 +290,18 @@ def test_ctrl_c_stops_the_runs_with_a_checkpoint_and_a_restart_resumes_them(sotu
     stopped = (first.path / "train.log").read_text()
     assert f"stopped at step {sw.run_step(first.path)}: checkpoint" in stopped
     assert not (first.path / sw.FAILED_FILE).exists()  # stopped is not failed: the next start resumes it
+
+
+def test_without_matplotlib_the_table_is_written_and_the_plot_named_missing(tmp_path, monkeypatch):
+    from core.runs import plots
+
+    def no_matplotlib():
+        raise PgolfError("plotting needs matplotlib: pip install 'pgolf[plot]'")
+
+    monkeypatch.setattr(plots, "_pyplot", no_matplotlib)
+    plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
+    fake_run(plan.runs[0], 3.0)
+    result, paths, no_plot = sw.write_report(plan)
+    assert [p.name for p in paths] == ["s.report.json", "s.report.md"] and result["finished"] == 1
+    assert no_plot == "no plot: plotting needs matplotlib: pip install 'pgolf[plot]'"
+    assert not (tmp_path / "s.report.png").exists()

@@ -454,8 +454,9 @@ def markdown(result: dict[str, Any], command: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(sweep: Sweep, command: str = "") -> tuple[dict[str, Any], list[Path]]:
-    """Write <spec>.report.json, .md and .png beside the spec; return the report and the files."""
+def write_report(sweep: Sweep, command: str = "") -> tuple[dict[str, Any], list[Path], str]:
+    """Write <spec>.report.json, .md and .png beside the spec; return the report, the files, and why
+    the plot was not drawn ('' when it was: it needs matplotlib, the table does not)."""
     from core.runs.plots import plot_sweep
 
     result = report(sweep)
@@ -469,5 +470,8 @@ def write_report(sweep: Sweep, command: str = "") -> tuple[dict[str, Any], list[
     for run in sweep.runs:
         if (run.path / "metrics.jsonl").is_file():
             curves[run.variant].append(run.path)
-    paths.append(plot_sweep(result, curves, sweep.report_path(".png")))
-    return result, paths
+    try:
+        paths.append(plot_sweep(result, curves, sweep.report_path(".png")))
+    except PgolfError as exc:
+        return result, paths, f"no plot: {exc}"
+    return result, paths, ""
