@@ -219,6 +219,10 @@ class Training:
         start_ms = 0.0
         if self.resume is not None:
             start_ms = self._resume()
+        elif cfg.init_from:
+            from core.artifact.load import load_init_weights
+
+            backend.load_params(load_init_weights(cfg.init_from, cfg))
         else:
             backend.load_params(init_params(cfg, bf16=backend.bf16))
         # Derived from the step and the clock, so a resumed run needs nothing saved for it.
@@ -634,6 +638,8 @@ class Training:
                 f"training cap {1000 * cfg.train_cap_seconds:.0f}ms"
             )
         self.say(f"dataset:{cfg.dataset} data_path:{cfg.data_path} tokenizer_path:{cfg.tokenizer_path}")
+        if cfg.init_from and self.resume is None:
+            self.say(f"init_from:{cfg.init_from} (its weights, a fresh optimizer, step 0)")
         for note in self.notes:
             self.say(note)
         self.say(f"run_dir:{self.run.path}")
