@@ -1,6 +1,7 @@
 """Any file of weights read back, trusting nothing: checkpoints, artifacts of every format, and the
-config that fits them. (A training run reads none of these: it writes its checkpoints and reads back
-its own artifact alone, core/artifact/export.py; resuming one is the CLI's.)
+config that fits them. (A training run reads none of these but the weights it starts from, with
+`init_from`: it writes its checkpoints and reads back its own artifact alone, core/artifact/export.py;
+resuming one is the CLI's.)
 
 - Checkpoints (core/artifact/checkpoint.py's format): checked against their sha256 and the types
   the loop relies on (`load_checkpoint`), or only their config read from the header
@@ -11,6 +12,9 @@ its own artifact alone, core/artifact/export.py; resuming one is the CLI's.)
 - `saved_config`: the settings a file of weights was trained and scored with, where it keeps them;
   `config_for_params`: a config with the model shape read off the tensors; `load_weights`: either
   kind of file as float32 arrays and the config they fit.
+- Initial weights (`load_init_weights`, the `init_from` setting): a checkpoint's parameters, a
+  safetensors file of weights or a torch state dict, under pgolf's names or the records'
+  (`record_names_to_pgolf`: their banks split into per-layer matrices), checked against the config.
 """
 
 from __future__ import annotations

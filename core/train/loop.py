@@ -6,7 +6,8 @@ schedules; the data stream and the validation metric. A backend (see
 one config (`backend.cfg`).
 
 The timeline follows the challenge's reference script, one named step each in
-`Training`: `start` (everything that can be refused, then the run directory),
+`Training`: `start` (everything that can be refused, the initial weights included: seeded, or
+`init_from`'s with a fresh optimizer at step 0; then the run directory),
 `warm_up` (compile-warmup steps, then undone), the loop of `train_step`s with
 `validate` at step 0, every `val_loss_every` steps and at the end, and
 `save_checkpoint`; validation and checkpoints are off the training clock
