@@ -1,6 +1,7 @@
 """Any file of weights read back, trusting nothing: checkpoints, artifacts of every format, and the
-config that fits them. (A training run reads none of these: it writes its checkpoints and reads back
-its own artifact alone, core/artifact/export.py; resuming one is the CLI's.)
+config that fits them. (A training run reads none of these but the weights it starts from, with
+`init_from`: it writes its checkpoints and reads back its own artifact alone, core/artifact/export.py;
+resuming one is the CLI's.)
 
 - Checkpoints (core/artifact/checkpoint.py's format): checked against their sha256 and the types
   the loop relies on (`load_checkpoint`), or only their config read from the header
@@ -11,6 +12,9 @@ its own artifact alone, core/artifact/export.py; resuming one is the CLI's.)
 - `saved_config`: the settings a file of weights was trained and scored with, where it keeps them;
   `config_for_params`: a config with the model shape read off the tensors; `load_weights`: either
   kind of file as float32 arrays and the config they fit.
+- Initial weights (`load_init_weights`, the `init_from` setting): a checkpoint's parameters, a
+  safetensors file of weights or a torch state dict, under pgolf's names or the records'
+  (`record_names_to_pgolf`: their banks split into per-layer matrices), checked against the config.
 """
 
 from __future__ import annotations
@@ -53,8 +57,11 @@ MAX_CHECKPOINT_BYTES = 2**36  # 64 GiB: a checkpoint is read whole into memory
 def is_checkpoint(path: str | Path) -> bool:
     """Cheap sniff: a `.safetensors` file (what a damaged checkpoint is still called), or a
     safetensors header whose metadata names our checkpoint format."""
-    if Path(path).suffix == ".safetensors":
-        return True
+    return Path(path).suffix == ".safetensors" or names_checkpoint_format(path)
+
+
+def names_checkpoint_format(path: str | Path) -> bool:
+    """The file's safetensors header names our checkpoint format (whatever the file is called)."""
     try:
         with open_regular(path, "checkpoint") as f:
             head = f.read(8)
@@ -407,3 +414,91 @@ def _layer_index(name: str) -> int:
     if not (part.isascii() and part.isdigit()):
         raise ValueError(f"layer index of {name!r}")
     return int(part)
+
+
+# ------------------------------------------------------------- initial weights
+# The records from 2026-04-23 on keep each kind of block matrix of all layers in one bank, a 3-D
+# tensor; pgolf keeps one matrix per layer. A bank's slices are its parts' matrices, part after part,
+# each of layers 0..n-1 (qo_bank = [c_q of each layer, then proj of each layer]).
+RECORD_BANKS = {
+    "qo_bank": ("attn.c_q.weight", "attn.proj.weight"),
+    "kv_bank": ("attn.c_k.weight", "attn.c_v.weight"),
+    "mlp_up_bank": ("mlp.fc.weight",),
+    "mlp_down_bank": ("mlp.proj.weight",),
+}
+# What wraps a model's state-dict names when it is saved from a compiled or a DDP model.
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+def record_names_to_pgolf(state: dict[str, np.ndarray], num_layers: int, what: str) -> dict[str, np.ndarray]:
+    """A record's state dict under pgolf's names: the wrappers' prefixes dropped, the banks split into
+    per-layer matrices (`RECORD_BANKS`); every other name is already pgolf's."""
+    out: dict[str, np.ndarray] = {}
+    for name, tensor in state.items():
+        for prefix in WRAPPER_PREFIXES:
+            name = name.removeprefix(prefix)
+        parts = RECORD_BANKS.get(name)
+        if parts is None:
+            out[name] = tensor
+            continue
+        count = len(parts) * num_layers
+        if tensor.ndim != 3 or tensor.shape[0] != count:
+            raise PgolfError(
+                f"{what}: {name} is shape {tuple(tensor.shape)}, but the config expects {count} matrices "
+                f"({len(parts)} per layer, {num_layers} layers)"
+            )
+        for j, part in enumerate(parts):
+            for i in range(num_layers):
+                out[f"blocks.{i}.{part}"] = tensor[j * num_layers + i]
+    return out
+
+
+def _torch_state_dict(path: Path, blob: bytes) -> dict[str, np.ndarray]:
+    """A torch.save'd dict of tensors (a record's `final_model.pt`), opened with weights_only=True."""
+    import io
+
+    try:
+        import torch
+    except ImportError:
+        raise PgolfError(
+            f"{path}: reading a torch state dict needs PyTorch: pip install 'pgolf[torch]'"
+        ) from None
+    try:
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a damaged file, or one holding more than tensors
+        raise PgolfError(f"{path}: not a readable torch state dict: {first_line(exc)}") from None
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise PgolfError(f"{path}: a torch file of weights must hold one dict of named tensors")
+    return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+
+def load_init_weights(path: str | Path, cfg: Config) -> dict[str, np.ndarray]:
+    """The weights a run starts from (`init_from`): a pgolf checkpoint's parameters, a safetensors
+    file of weights, or a torch state dict (a record's `final_model.pt`), under pgolf's names or the
+    records' (`record_names_to_pgolf`), as float32; refused in one line naming the first tensor that
+    is missing, extra, of another shape or not finite."""
+    path = Path(path)
+    what = f"init_from {path}"
+    if names_checkpoint_format(path):
+        state = load_checkpoint(path).params
+    else:
+        blob = read_file(path, "weights", MAX_CHECKPOINT_BYTES)
+        if blob[8:9] == b"{":  # a safetensors header is JSON
+            try:
+                state = st_load(blob)
+            except (SafetensorError, ValueError, TypeError) as exc:
+                raise PgolfError(f"{what}: not a readable safetensors file: {first_line(exc)}") from None
+        elif blob.startswith(b"PK"):  # torch.save's zip
+            state = _torch_state_dict(path, blob)
+        else:
+            raise PgolfError(f"{what}: not a pgolf checkpoint, a safetensors file or a torch state dict")
+    params = record_names_to_pgolf(state, cfg.num_layers, what)
+    check_layout(cfg, {k: tuple(v.shape) for k, v in params.items()}, what)
+    params = {k: np.asarray(v, dtype=np.float32) for k, v in params.items()}
+    try:
+        check_finite(params)
+    except ValueError as exc:
+        raise PgolfError(f"{what}: {exc}") from None
+    return params

@@ -132,6 +132,12 @@ class Config:
         "seeds the numpy initialisation (identical weights in both backends); 0..2^32-1",
         "run", Check(f"must be in 0..{SEED_MAX} (2^32 - 1)", lambda v: 0 <= v <= SEED_MAX),
     )  # fmt: skip
+    init_from: str = opt(
+        "",
+        "start from these weights instead of the seeded init, with a fresh optimizer at step 0: a pgolf "
+        "checkpoint, a safetensors file of weights, or a torch state dict (a record's final_model.pt)",
+        "run", ANY,
+    )  # fmt: skip
 
     # --- training length and batch ---
     iterations: int = opt(

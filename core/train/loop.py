@@ -6,7 +6,8 @@ schedules; the data stream and the validation metric. A backend (see
 one config (`backend.cfg`).
 
 The timeline follows the challenge's reference script, one named step each in
-`Training`: `start` (everything that can be refused, then the run directory),
+`Training`: `start` (everything that can be refused, the initial weights included: seeded, or
+`init_from`'s with a fresh optimizer at step 0; then the run directory),
 `warm_up` (compile-warmup steps, then undone), the loop of `train_step`s with
 `validate` at step 0, every `val_loss_every` steps and at the end, and
 `save_checkpoint`; validation and checkpoints are off the training clock
@@ -219,6 +220,10 @@ class Training:
         start_ms = 0.0
         if self.resume is not None:
             start_ms = self._resume()
+        elif cfg.init_from:
+            from core.artifact.load import load_init_weights
+
+            backend.load_params(load_init_weights(cfg.init_from, cfg))
         else:
             backend.load_params(init_params(cfg, bf16=backend.bf16))
         # Derived from the step and the clock, so a resumed run needs nothing saved for it.
@@ -634,6 +639,8 @@ class Training:
                 f"training cap {1000 * cfg.train_cap_seconds:.0f}ms"
             )
         self.say(f"dataset:{cfg.dataset} data_path:{cfg.data_path} tokenizer_path:{cfg.tokenizer_path}")
+        if cfg.init_from and self.resume is None:
+            self.say(f"init_from:{cfg.init_from} (its weights, a fresh optimizer, step 0)")
         for note in self.notes:
             self.say(note)
         self.say(f"run_dir:{self.run.path}")
