@@ -101,27 +101,30 @@ def busy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def main() -> None:
+def record_0401():
+    """Record 2026-04-01 from $RECORD_0401, torch.compile the identity, one CPU thread."""
     torch.set_num_threads(1)
     rec = load_record(Path(os.environ["RECORD_0401"]))
     torch.compile = lambda fn=None, **kw: fn  # a no-op: on a CPU it would only need a compiler
+    return rec
+
+
+def hparams_0401(rec, settings: dict, compressor: str, path: Path):
+    """The record's Hyperparameters with `settings`, one rank, its artifact at `path`."""
     h = rec.Hyperparameters()
-    for key, value in SETTINGS.items():
+    for key, value in settings.items():
         setattr(h, key, value)
     h.rank, h.world_size, h.is_main_process, h.logfile = 0, 1, True, None
-    h.compressor, h.grad_accum_steps = "lzma", 1
+    h.compressor, h.grad_accum_steps = compressor, 1
     h.train_batch_tokens = h.val_batch_tokens = 2 * h.train_seq_len
-    h.quantized_model_path = str(HERE / "record_eval.ptz")
+    h.quantized_model_path = str(path)
     rec.set_logging_hparams(h)
+    return h
 
-    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
-    ids = np.array(sp.encode(speeches_text()), dtype=np.int64)
-    n_val = EVAL_SEQS * h.eval_seq_len + 1
-    val, calib = ids[:n_val], ids[n_val:]
-    assert len(calib) >= CALIBRATION_BATCHES * h.train_batch_tokens
 
-    model = rec.GPT(h).float()
-    model.load_state_dict(busy_state(model), strict=True)
+def write_0401(rec, h, model: torch.nn.Module, calib: np.ndarray) -> dict:
+    """The record's serialize path on `model`: Hessians from `calib`, GPTQ int6, torch.save, its
+    _compress by h.compressor into h.quantized_model_path. Returns its meta (each tensor's form)."""
 
     class Calibration:  # the record's loader contract: next_batch(tokens, seq_len, accum) -> (x, y)
         offset = 0
@@ -131,13 +134,19 @@ def main() -> None:
             self.offset += tokens
             return rows, rows
 
+    assert len(calib) >= CALIBRATION_BATCHES * h.train_batch_tokens
     hessians = rec.collect_hessians(model, Calibration(), h, torch.device("cpu"), CALIBRATION_BATCHES)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     result, meta = rec.gptq_mixed_quantize_int6(state, {"mlp", "attn"}, hessians)
     buf = io.BytesIO()
     torch.save({"w": result, "m": meta}, buf)
     Path(h.quantized_model_path).write_bytes(rec._compress(buf.getvalue(), h.compressor))
+    return meta
 
+
+def score_0401(rec, h, sp: spm.SentencePieceProcessor, val: np.ndarray, batch_seqs: int) -> dict:
+    """The record's deserialize + eval_val and deserialize + eval_val_sliding of its artifact on `val`:
+    {"plain" | "sliding_window": {"val_loss", "val_bpb"}}."""
     luts = rec.build_sentencepiece_luts(sp, h.vocab_size, torch.device("cpu"))
     data = types.SimpleNamespace(
         val_tokens=torch.from_numpy(val),
@@ -155,13 +164,29 @@ def main() -> None:
 
     cpu = torch.device("cpu")
     plain = rec.eval_val(h, cpu, data, scored_model())
-    sliding = rec.eval_val_sliding(h, cpu, data, scored_model(), batch_seqs=BATCH_SEQS)
+    sliding = rec.eval_val_sliding(h, cpu, data, scored_model(), batch_seqs=batch_seqs)
+    return {
+        "plain": {"val_loss": plain[0], "val_bpb": plain[1]},
+        "sliding_window": {"val_loss": sliding[0], "val_bpb": sliding[1]},
+    }
+
+
+def main() -> None:
+    rec = record_0401()
+    h = hparams_0401(rec, SETTINGS, "lzma", HERE / "record_eval.ptz")
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
+    ids = np.array(sp.encode(speeches_text()), dtype=np.int64)
+    n_val = EVAL_SEQS * h.eval_seq_len + 1
+    val, calib = ids[:n_val], ids[n_val:]
+
+    model = rec.GPT(h).float()
+    model.load_state_dict(busy_state(model), strict=True)
+    write_0401(rec, h, model, calib)
     golden = {
         "settings": SETTINGS,
         "val_tokens": val.tolist(),
         "eval_batch_seqs": BATCH_SEQS,
-        "plain": {"val_loss": plain[0], "val_bpb": plain[1]},
-        "sliding_window": {"val_loss": sliding[0], "val_bpb": sliding[1]},
+        **score_0401(rec, h, sp, val, BATCH_SEQS),
         "sources": {"record": "2026-04-01_Vocab4096_MLPMult4_WD085", "torch": torch.__version__},
     }
     (HERE / "record_eval.json").write_text(json.dumps(golden, indent=1) + "\n")
