@@ -233,8 +233,8 @@ def token_bytes(luts, tokens: np.ndarray) -> np.ndarray:
     return out
 
 
-def load_record_0427():
-    """Record 2026-04-27 from $RECORD_0427 (its git blob checked), with ENV_0427, through
+def load_record_0427(env: dict[str, str] | None = None):
+    """Record 2026-04-27 from $RECORD_0427 (its git blob checked), with `env` (default ENV_0427), through
     make_record_features.py's loader and stubs."""
     import make_record_features as base
 
@@ -243,26 +243,29 @@ def load_record_0427():
         "9979400ef9f10da2fa908d9e7ce3556b82165b2a",
     )
     base.install_stubs()
-    return base.load_record("0427", ENV_0427)
+    return base.load_record("0427", ENV_0427 if env is None else env)
 
 
-def main_0427() -> None:
+def run_0427(rec, path: Path, compressor: str, n_val: int, prepare=None) -> dict:
+    """Record 2026-04-27's serialize path on its busy model (after `prepare(model)`, if given) into
+    `path` by `compressor`, then its deserialize + eval_val, one row a batch, on the first `n_val`
+    documents' tokens: what record_eval_0427.json keeps, but for "env"."""
     import make_record_features as base
 
-    rec = load_record_0427()
     h, model = base._model(rec)
     h.rank, h.world_size, h.is_main_process, h.distributed = 0, 1, True, False
     h.val_batch_tokens, h.grad_accum_steps = h.eval_seq_len, 1  # one row a batch: no packing across rows
-    h.quantized_model_path = str(HERE / "record_eval_0427.ptz")
+    h.quantized_model_path = str(path)
     rng = np.random.default_rng(SEED)
     base.fill_busy(rec, model, rng)
+    if prepare is not None:
+        prepare(model)
     for block in model.blocks:
         block.mlp.use_fused = False
     model.looping_active = True
 
     sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
     rec.BOS_ID = sp.bos_id()  # the record's global, set by its loader
-    n_val = VAL_SEQS_0427 * h.eval_seq_len + 1
     ids = documents_tokens(sp, n_val + CALIBRATION_BATCHES * 2 * h.train_seq_len)
     val, calib = ids[:n_val], ids[n_val:]
 
@@ -279,7 +282,7 @@ def main_0427() -> None:
     result, meta = rec.gptq_mixed_quantize(flat, hessians, h)
     buf = io.BytesIO()
     torch.save({"w": result, "m": meta}, buf)
-    Path(h.quantized_model_path).write_bytes(rec._compress(buf.getvalue(), "brotli"))
+    Path(h.quantized_model_path).write_bytes(rec._compress(buf.getvalue(), compressor))
 
     read = rec.deserialize(h, torch.device("cpu"))
     kept_bf16 = sorted(n for n, p in read.named_parameters() if p.dtype == torch.bfloat16)
@@ -304,19 +307,39 @@ def main_0427() -> None:
         is_boundary_token_lut=luts[2],
     )
     loss, bpb = rec.eval_val(h, torch.device("cpu"), data, read)
-    golden = {
-        "env": ENV_0427,
+    return {
         "val_tokens": val.tolist(),
         "val_bytes": sidecar.tolist(),
         "entries": sorted(set(meta.values())),
+        "forms": dict(meta),
         "bf16_in_the_read_model": kept_bf16,
         "weights_sha256": digests,
         "plain": {"val_loss": loss, "val_bpb": bpb},
+    }
+
+
+def main_0427() -> None:
+    import make_record_features as base
+
+    rec = load_record_0427()
+    path = HERE / "record_eval_0427.ptz"
+    run = run_0427(rec, path, "brotli", VAL_SEQS_0427 * int(ENV_0427["EVAL_SEQ_LEN"]) + 1)
+    run.pop("forms")
+    golden = {
+        "env": ENV_0427,
+        **run,
         "sources": {"record": base.RECORDS["0427"][0], "torch": torch.__version__},
     }
     (HERE / "record_eval_0427.json").write_text(json.dumps(golden, indent=1) + "\n")
-    size = Path(h.quantized_model_path).stat().st_size
-    print("record_eval_0427.ptz", size, "bytes;", golden["entries"], kept_bf16, golden["plain"])
+    size = path.stat().st_size
+    print(
+        "record_eval_0427.ptz",
+        size,
+        "bytes;",
+        golden["entries"],
+        golden["bf16_in_the_read_model"],
+        golden["plain"],
+    )
 
 
 if __name__ == "__main__":
