@@ -112,10 +112,12 @@ def score_0427_point(grid: dict, name: str, backend_name: str, data_path: Path, 
     return score(artifact, "record_0427", overrides, backend_name, len(grid["val_tokens"]))
 
 
-def assert_within(scores: dict, golden: dict) -> None:
+def assert_within(scores: dict, golden: dict, label: str) -> None:
+    """Each score within TOLERANCE of the golden's; the differences printed (pytest -s shows them)."""
     for kind, (loss, bpb) in scores.items():
-        assert abs(loss - golden[kind]["val_loss"]) <= TOLERANCE, (kind, loss - golden[kind]["val_loss"])
-        assert abs(bpb - golden[kind]["val_bpb"]) <= TOLERANCE, (kind, bpb - golden[kind]["val_bpb"])
+        d_loss, d_bpb = loss - golden[kind]["val_loss"], bpb - golden[kind]["val_bpb"]
+        print(f"{label} {kind}: loss {d_loss:+.1e} bpb {d_bpb:+.1e}")
+        assert abs(d_loss) <= TOLERANCE and abs(d_bpb) <= TOLERANCE, (kind, d_loss, d_bpb)
 
 
 POINTS_0401 = ("gptq4_ve128", "gptq3_ve16", "gptq4_ve16", "pass4_ve16", "pass3_ve48", "int8_ve72")
@@ -129,7 +131,7 @@ def test_record_0401_grid(point, backend_name, grid_0401, val_dir, challenge_dir
         grid_0401, point, backend_name, val_dir, challenge_dir / "fineweb_1024_bpe.model"
     )
     assert sorted(scores) == ["plain", "sliding_window"]
-    assert_within(scores, golden)
+    assert_within(scores, golden, f"2026-04-01 {point} {backend_name}")
 
 
 POINTS_0427 = ("gptq4_int7", "pass3_int7", "pass3_pass", "pass4_pass")
@@ -142,7 +144,7 @@ def test_record_0427_grid(point, backend_name, grid_0427, val_dir_0427, challeng
     tokenizer = challenge_dir / "fineweb_1024_bpe.model"
     scores = score_0427_point(grid_0427, point, backend_name, val_dir_0427, tokenizer)
     assert sorted(scores) == ["plain"]
-    assert_within(scores, golden)
+    assert_within(scores, golden, f"2026-04-27 {point} {backend_name}")
 
 
 @pytest.mark.parametrize("point", POINTS_0427)
