@@ -101,27 +101,30 @@ def busy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def main() -> None:
+def record_0401():
+    """Record 2026-04-01 from $RECORD_0401, torch.compile the identity, one CPU thread."""
     torch.set_num_threads(1)
     rec = load_record(Path(os.environ["RECORD_0401"]))
     torch.compile = lambda fn=None, **kw: fn  # a no-op: on a CPU it would only need a compiler
+    return rec
+
+
+def hparams_0401(rec, settings: dict, compressor: str, path: Path):
+    """The record's Hyperparameters with `settings`, one rank, its artifact at `path`."""
     h = rec.Hyperparameters()
-    for key, value in SETTINGS.items():
+    for key, value in settings.items():
         setattr(h, key, value)
     h.rank, h.world_size, h.is_main_process, h.logfile = 0, 1, True, None
-    h.compressor, h.grad_accum_steps = "lzma", 1
+    h.compressor, h.grad_accum_steps = compressor, 1
     h.train_batch_tokens = h.val_batch_tokens = 2 * h.train_seq_len
-    h.quantized_model_path = str(HERE / "record_eval.ptz")
+    h.quantized_model_path = str(path)
     rec.set_logging_hparams(h)
+    return h
 
-    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
-    ids = np.array(sp.encode(speeches_text()), dtype=np.int64)
-    n_val = EVAL_SEQS * h.eval_seq_len + 1
-    val, calib = ids[:n_val], ids[n_val:]
-    assert len(calib) >= CALIBRATION_BATCHES * h.train_batch_tokens
 
-    model = rec.GPT(h).float()
-    model.load_state_dict(busy_state(model), strict=True)
+def write_0401(rec, h, model: torch.nn.Module, calib: np.ndarray) -> dict:
+    """The record's serialize path on `model`: Hessians from `calib`, GPTQ int6, torch.save, its
+    _compress by h.compressor into h.quantized_model_path. Returns its meta (each tensor's form)."""
 
     class Calibration:  # the record's loader contract: next_batch(tokens, seq_len, accum) -> (x, y)
         offset = 0
@@ -131,13 +134,19 @@ def main() -> None:
             self.offset += tokens
             return rows, rows
 
+    assert len(calib) >= CALIBRATION_BATCHES * h.train_batch_tokens
     hessians = rec.collect_hessians(model, Calibration(), h, torch.device("cpu"), CALIBRATION_BATCHES)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     result, meta = rec.gptq_mixed_quantize_int6(state, {"mlp", "attn"}, hessians)
     buf = io.BytesIO()
     torch.save({"w": result, "m": meta}, buf)
     Path(h.quantized_model_path).write_bytes(rec._compress(buf.getvalue(), h.compressor))
+    return meta
 
+
+def score_0401(rec, h, sp: spm.SentencePieceProcessor, val: np.ndarray, batch_seqs: int) -> dict:
+    """The record's deserialize + eval_val and deserialize + eval_val_sliding of its artifact on `val`:
+    {"plain" | "sliding_window": {"val_loss", "val_bpb"}}."""
     luts = rec.build_sentencepiece_luts(sp, h.vocab_size, torch.device("cpu"))
     data = types.SimpleNamespace(
         val_tokens=torch.from_numpy(val),
@@ -155,13 +164,29 @@ def main() -> None:
 
     cpu = torch.device("cpu")
     plain = rec.eval_val(h, cpu, data, scored_model())
-    sliding = rec.eval_val_sliding(h, cpu, data, scored_model(), batch_seqs=BATCH_SEQS)
+    sliding = rec.eval_val_sliding(h, cpu, data, scored_model(), batch_seqs=batch_seqs)
+    return {
+        "plain": {"val_loss": plain[0], "val_bpb": plain[1]},
+        "sliding_window": {"val_loss": sliding[0], "val_bpb": sliding[1]},
+    }
+
+
+def main() -> None:
+    rec = record_0401()
+    h = hparams_0401(rec, SETTINGS, "lzma", HERE / "record_eval.ptz")
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
+    ids = np.array(sp.encode(speeches_text()), dtype=np.int64)
+    n_val = EVAL_SEQS * h.eval_seq_len + 1
+    val, calib = ids[:n_val], ids[n_val:]
+
+    model = rec.GPT(h).float()
+    model.load_state_dict(busy_state(model), strict=True)
+    write_0401(rec, h, model, calib)
     golden = {
         "settings": SETTINGS,
         "val_tokens": val.tolist(),
         "eval_batch_seqs": BATCH_SEQS,
-        "plain": {"val_loss": plain[0], "val_bpb": plain[1]},
-        "sliding_window": {"val_loss": sliding[0], "val_bpb": sliding[1]},
+        **score_0401(rec, h, sp, val, BATCH_SEQS),
         "sources": {"record": "2026-04-01_Vocab4096_MLPMult4_WD085", "torch": torch.__version__},
     }
     (HERE / "record_eval.json").write_text(json.dumps(golden, indent=1) + "\n")
@@ -208,8 +233,8 @@ def token_bytes(luts, tokens: np.ndarray) -> np.ndarray:
     return out
 
 
-def load_record_0427():
-    """Record 2026-04-27 from $RECORD_0427 (its git blob checked), with ENV_0427, through
+def load_record_0427(env: dict[str, str] | None = None):
+    """Record 2026-04-27 from $RECORD_0427 (its git blob checked), with `env` (default ENV_0427), through
     make_record_features.py's loader and stubs."""
     import make_record_features as base
 
@@ -218,26 +243,29 @@ def load_record_0427():
         "9979400ef9f10da2fa908d9e7ce3556b82165b2a",
     )
     base.install_stubs()
-    return base.load_record("0427", ENV_0427)
+    return base.load_record("0427", ENV_0427 if env is None else env)
 
 
-def main_0427() -> None:
+def run_0427(rec, path: Path, compressor: str, n_val: int, prepare=None) -> dict:
+    """Record 2026-04-27's serialize path on its busy model (after `prepare(model)`, if given) into
+    `path` by `compressor`, then its deserialize + eval_val, one row a batch, on the first `n_val`
+    documents' tokens: what record_eval_0427.json keeps, but for "env"."""
     import make_record_features as base
 
-    rec = load_record_0427()
     h, model = base._model(rec)
     h.rank, h.world_size, h.is_main_process, h.distributed = 0, 1, True, False
     h.val_batch_tokens, h.grad_accum_steps = h.eval_seq_len, 1  # one row a batch: no packing across rows
-    h.quantized_model_path = str(HERE / "record_eval_0427.ptz")
+    h.quantized_model_path = str(path)
     rng = np.random.default_rng(SEED)
     base.fill_busy(rec, model, rng)
+    if prepare is not None:
+        prepare(model)
     for block in model.blocks:
         block.mlp.use_fused = False
     model.looping_active = True
 
     sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER))
     rec.BOS_ID = sp.bos_id()  # the record's global, set by its loader
-    n_val = VAL_SEQS_0427 * h.eval_seq_len + 1
     ids = documents_tokens(sp, n_val + CALIBRATION_BATCHES * 2 * h.train_seq_len)
     val, calib = ids[:n_val], ids[n_val:]
 
@@ -254,7 +282,7 @@ def main_0427() -> None:
     result, meta = rec.gptq_mixed_quantize(flat, hessians, h)
     buf = io.BytesIO()
     torch.save({"w": result, "m": meta}, buf)
-    Path(h.quantized_model_path).write_bytes(rec._compress(buf.getvalue(), "brotli"))
+    Path(h.quantized_model_path).write_bytes(rec._compress(buf.getvalue(), compressor))
 
     read = rec.deserialize(h, torch.device("cpu"))
     kept_bf16 = sorted(n for n, p in read.named_parameters() if p.dtype == torch.bfloat16)
@@ -279,19 +307,39 @@ def main_0427() -> None:
         is_boundary_token_lut=luts[2],
     )
     loss, bpb = rec.eval_val(h, torch.device("cpu"), data, read)
-    golden = {
-        "env": ENV_0427,
+    return {
         "val_tokens": val.tolist(),
         "val_bytes": sidecar.tolist(),
         "entries": sorted(set(meta.values())),
+        "forms": dict(meta),
         "bf16_in_the_read_model": kept_bf16,
         "weights_sha256": digests,
         "plain": {"val_loss": loss, "val_bpb": bpb},
+    }
+
+
+def main_0427() -> None:
+    import make_record_features as base
+
+    rec = load_record_0427()
+    path = HERE / "record_eval_0427.ptz"
+    run = run_0427(rec, path, "brotli", VAL_SEQS_0427 * int(ENV_0427["EVAL_SEQ_LEN"]) + 1)
+    run.pop("forms")
+    golden = {
+        "env": ENV_0427,
+        **run,
         "sources": {"record": base.RECORDS["0427"][0], "torch": torch.__version__},
     }
     (HERE / "record_eval_0427.json").write_text(json.dumps(golden, indent=1) + "\n")
-    size = Path(h.quantized_model_path).stat().st_size
-    print("record_eval_0427.ptz", size, "bytes;", golden["entries"], kept_bf16, golden["plain"])
+    size = path.stat().st_size
+    print(
+        "record_eval_0427.ptz",
+        size,
+        "bytes;",
+        golden["entries"],
+        golden["bf16_in_the_read_model"],
+        golden["plain"],
+    )
 
 
 if __name__ == "__main__":
