@@ -121,6 +121,9 @@ RECORD_0427: dict[str, Any] = {
     # evaluation and the global TTT phase.
     "varlen_attn_enabled": True,
     "global_ttt_respect_doc_boundaries": True,
+    # Its plain figure (eval_val): flat batches of val_batch_size / grad_accum_steps tokens, one sequence
+    # each, cut at every BOS and every eval_seq_len tokens of a document; the tail short of a batch is left out.
+    "eval_protocol": "flat",
     "ttt_enabled": True,
     "ttt_mode": "lora",
     "ttt_lora_rank": 80,

@@ -1,0 +1,151 @@
+"""Record 2026-04-27's evaluation protocol (`eval_protocol` flat) against the record's own `eval_val`.
+
+tests/golden/make_record_eval_protocol.py ran the record's `eval_val` on its own artifact
+(record_eval_0427.ptz) at five batch geometries (VAL_BATCH_TOKENS, EVAL_SEQ_LEN, GRAD_ACCUM_STEPS) and
+world sizes 1 and 2; pgolf's `evaluate_flat` scores the same file and tokens alike within 1e-6. It also
+keeps each record's logged hyperparameters: `cli.py eval` given only those (the model's shape and the
+data's paths changed to the golden's) scores the goldens' artifacts as the records did.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+
+import numpy as np
+import pytest
+
+from core.artifact.load import load_weights
+from core.config.sources import resolve
+from core.data.tokenizer import byte_tables, load_tokenizer
+from core.datasets.writers import write_shard
+from core.eval.bpb import BPBMeter
+from core.eval.score import EvalData, evaluate, evaluate_flat
+from tests.golden_data import GOLDEN
+from tests.test_backends import BACKENDS, make_backend
+from tests.test_cli import cli
+
+PROTOCOL = GOLDEN / "record_eval_protocol.json"
+ARTIFACT_0427 = GOLDEN / "record_eval_0427.ptz"
+
+
+@cache
+def protocol_golden() -> dict:
+    return json.loads(PROTOCOL.read_text())
+
+
+class RankOf:
+    """A backend seen as rank `rank` of `world_size`, its sums left to the caller (who adds the ranks')."""
+
+    def __init__(self, backend, rank: int, world_size: int):
+        self._backend, self.rank, self.world_size = backend, rank, world_size
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64)
+
+
+def geometry(cfg, case: dict):
+    """pgolf's config for one golden case: pgolf's grad_accum_steps counts every rank's micro-batches."""
+    world = case["world_size"]
+    return cfg.replace(
+        val_batch_size=case["val_batch_tokens"],
+        eval_seq_len=case["eval_seq_len"],
+        grad_accum_steps=world * case["grad_accum_steps"],
+    ).validate(world)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_flat_batches_are_the_records_eval_val(backend_name, challenge_dir):
+    """Every geometry and world size: the tokens the record scored, its val_loss and val_bpb within 1e-6;
+    pgolf's rows on the same tokens give another figure (so the comparison can fail)."""
+    golden = protocol_golden()
+    cfg = resolve("record_0427", environ=golden["env"]).replace(ttt_enabled=False)
+    assert cfg.eval_protocol == "flat"
+    params, cfg = load_weights(ARTIFACT_0427, cfg)
+    backend = make_backend(backend_name, cfg)
+    backend.load_params(params)
+    tables = byte_tables(load_tokenizer(challenge_dir / "fineweb_1024_bpe.model"), cfg.vocab_size)
+    data = EvalData(np.array(golden["val_tokens"]), tables, np.array(golden["val_bytes"]))
+    assert len(golden["cases"]) >= 6 and {c["world_size"] for c in golden["cases"]} == {1, 2}
+    for case in golden["cases"]:
+        backend.cfg = geometry(cfg, case)
+        world = case["world_size"]
+        sums = sum(evaluate_flat(RankOf(backend, r, world), data).as_array() for r in range(world))
+        meter = BPBMeter.from_array(tables, sums)
+        assert meter.tokens == case["tokens"], case
+        assert meter.val_loss == pytest.approx(case["val_loss"], abs=1e-6), case
+        assert meter.val_bpb == pytest.approx(case["val_bpb"], abs=1e-6), case
+    first = golden["cases"][0]
+    backend.cfg = geometry(cfg, first)
+    rows = evaluate(backend, data)
+    assert abs(rows.val_bpb - first["val_bpb"]) > 1e-5
+
+
+# ------------------------------------------------------------ a record's settings alone
+ARTIFACT_SETTINGS = ("compressor",)  # how the golden file was written, where the log's run wrote otherwise
+LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK")  # torchrun's, not settings: one process here
+
+
+def logged_environment(key: str, shape: dict[str, str], tmp_path, tokenizer) -> dict[str, str]:
+    """Record `key`'s logged hyperparameters as the environment, with the golden's model shape and
+    artifact settings in place of the logged run's, the data and tokenizer paths at the test's files,
+    and the launcher's variables left to the launcher."""
+    env = {k: v for k, v in protocol_golden()["logged_env"][key].items() if k not in LAUNCH}
+    assert len(env) > 60  # the whole block, not a few names
+    return {**env, **shape, "DATA_PATH": str(tmp_path), "TOKENIZER_PATH": str(tokenizer)}
+
+
+def eval_with_env(
+    artifact, env: dict[str, str], backend_name: str, tmp_path
+) -> dict[str, tuple[float, float]]:
+    result = cli("eval", str(artifact), "--backend", backend_name, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    found = re.findall(r"eval:(\w+) tokens:\d+ val_loss:([\d.]+) val_bpb:([\d.]+)", result.stdout)
+    return {kind: (float(loss), float(bpb)) for kind, loss, bpb in found}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_record_0427_logged_settings_alone_score_its_artifact(backend_name, tmp_path, challenge_dir):
+    """Record 2026-04-27's logged Hyperparameters (LQER_ENABLED among them, no pgolf-only name) at the
+    golden's shapes and batch geometry: `cli.py eval` of its artifact gives its eval_val figure."""
+    golden = protocol_golden()
+    case = golden["cases"][0]
+    write_shard(tmp_path / "fineweb_val_000000.bin", np.array(golden["val_tokens"], dtype=np.uint16))
+    write_shard(tmp_path / "fineweb_val_bytes_000000.bin", np.array(golden["val_bytes"], dtype=np.uint16))
+    shape = {k: v for k, v in golden["env"].items() if k not in ("LQER_ENABLED",)}
+    shape |= {"VAL_BATCH_TOKENS": str(case["val_batch_tokens"]), "GRAD_ACCUM_STEPS": str(case["grad_accum_steps"]),
+              "EVAL_SEQ_LEN": str(case["eval_seq_len"]), "TTT_ENABLED": "0"}  # fmt: skip
+    env = logged_environment("0427", shape, tmp_path, challenge_dir / "fineweb_1024_bpe.model")
+    assert env["LQER_ENABLED"] == "1" and env["COMPRESSOR"] == "brotli"
+    scores = eval_with_env(ARTIFACT_0427, env, backend_name, tmp_path)
+    assert scores["plain"][0] == pytest.approx(case["val_loss"], abs=1e-6)
+    assert scores["plain"][1] == pytest.approx(case["val_bpb"], abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_record_0401_logged_settings_alone_score_its_artifact(backend_name, tmp_path, challenge_dir):
+    """Record 2026-04-01's logged Hyperparameters (GPTQ_ENABLED among them) at the golden's shapes:
+    `cli.py eval` of its artifact (tests/golden/make_record_eval.py) gives its eval_val and
+    eval_val_sliding figures."""
+    golden = json.loads((GOLDEN / "record_eval.json").read_text())
+    s = golden["settings"]
+    write_shard(tmp_path / "fineweb_val_000000.bin", np.array(golden["val_tokens"], dtype=np.uint16))
+    shape = {
+        k.upper(): str(int(v) if isinstance(v, bool) else v)
+        for k, v in s.items()
+        if k not in ("embedding_dim",)
+    }
+    shape |= {"EVAL_BATCH_SEQS": str(golden["eval_batch_seqs"]), "COMPRESSOR": "lzma"}
+    env = logged_environment("0401", shape, tmp_path, challenge_dir / "fineweb_1024_bpe.model")
+    assert env["GPTQ_ENABLED"] == "1" and env["SLIDING_WINDOW_ENABLED"] == "1"
+    scores = eval_with_env(GOLDEN / "record_eval.ptz", env, backend_name, tmp_path)
+    assert sorted(scores) == ["plain", "sliding_window"]
+    for kind, (loss, bpb) in scores.items():
+        assert loss == pytest.approx(golden[kind]["val_loss"], abs=1e-6), kind
+        assert bpb == pytest.approx(golden[kind]["val_bpb"], abs=1e-6), kind
