@@ -872,6 +872,8 @@ RESUMABLE_FIELDS = _names(lambda m: m["resume"])
 SCORING_FIELDS = _names(lambda m: m["scoring"])
 # What `export` may change: how the artifact is written, where GPTQ's calibration data is and how it
 # runs; never what the artifact is scored with.
+# How an artifact is written: nothing a reader of it needs (its own format says how it is read).
+WRITING_FIELDS = _names(lambda m: m["section"] == "artifact" and not m["scoring"])
 EXPORT_FIELDS = _names(lambda m: m["section"] in ("artifact", "data", "execution") and not m["scoring"])
 
 
