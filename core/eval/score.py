@@ -176,6 +176,18 @@ def evaluate_with_ttt(
 Evaluator = Callable[..., BPBMeter]  # (backend, data, progress=None, sink=None)
 
 
+def figure_protocol(name: str, cfg: Config) -> str:
+    """How figure `name` of `evaluators` was computed, for the logs: rows:<len>, flat:<batch>/<len>
+    (record 2026-04-27's batches of <batch> tokens cut every <len>), sliding:<len>/<stride>, ttt."""
+    if name == "plain" and cfg.eval_protocol == "flat":
+        return f"flat:{cfg.val_batch_size // cfg.grad_accum_steps}/{cfg.eval_window}"
+    if name == "plain":
+        return f"rows:{cfg.eval_window}"
+    if name == "sliding_window":
+        return f"sliding:{cfg.eval_window}/{cfg.eval_stride}"
+    return name
+
+
 def evaluators(cfg: Config) -> dict[str, Evaluator]:
     """The figures a final score reports: "plain" (non-overlapping sequences: pgolf's rows, or with
     `eval_protocol` flat record 2026-04-27's flat batches), "sliding_window" when `eval_stride` makes the
