@@ -334,7 +334,9 @@ def test_eval_scores_the_top_records_artifact_as_it_does(backend_name, tmp_path,
     assert sorted(scores) == ["plain"]
     assert_scores(scores, golden)
     # Without the document mask the score moves past the tolerance (float32 RoPE tables: by 3e-6).
-    unmasked = score_record_artifact("record_eval_0427", *run, "--no-ttt-enabled", "--no-varlen-attn-enabled")
+    unmasked = score_record_artifact(
+        "record_eval_0427", *run, "--no-ttt-enabled", "--no-varlen-attn-enabled", "--eval-protocol", "rows"
+    )
     assert abs(unmasked["plain"][0] - golden["plain"]["val_loss"]) > 5e-6
 
 

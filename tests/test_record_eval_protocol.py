@@ -58,10 +58,9 @@ def geometry(cfg, case: dict):
     ).validate(world)
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
-def test_flat_batches_are_the_records_eval_val(backend_name, challenge_dir):
-    """Every geometry and world size: the tokens the record scored, its val_loss and val_bpb within 1e-6;
-    pgolf's rows on the same tokens give another figure (so the comparison can fail)."""
+def scored_backend(backend_name: str, challenge_dir):
+    """The golden artifact in a backend with the record_0427 preset and the golden's settings, and the
+    golden's validation data."""
     golden = protocol_golden()
     cfg = resolve("record_0427", environ=golden["env"]).replace(ttt_enabled=False)
     assert cfg.eval_protocol == "flat"
@@ -69,20 +68,42 @@ def test_flat_batches_are_the_records_eval_val(backend_name, challenge_dir):
     backend = make_backend(backend_name, cfg)
     backend.load_params(params)
     tables = byte_tables(load_tokenizer(challenge_dir / "fineweb_1024_bpe.model"), cfg.vocab_size)
-    data = EvalData(np.array(golden["val_tokens"]), tables, np.array(golden["val_bytes"]))
-    assert len(golden["cases"]) >= 6 and {c["world_size"] for c in golden["cases"]} == {1, 2}
-    for case in golden["cases"]:
+    return backend, cfg, EvalData(np.array(golden["val_tokens"]), tables, np.array(golden["val_bytes"]))
+
+
+def assert_cases(backend, cfg, data, cases: list[dict]) -> None:
+    """Each case: the tokens the record scored, its val_loss and val_bpb within 1e-6; world size 2 as
+    two ranks of this one backend, their sums added as the all-reduce would."""
+    for case in cases:
         backend.cfg = geometry(cfg, case)
         world = case["world_size"]
         sums = sum(evaluate_flat(RankOf(backend, r, world), data).as_array() for r in range(world))
-        meter = BPBMeter.from_array(tables, sums)
+        meter = BPBMeter.from_array(data.tables, sums)
         assert meter.tokens == case["tokens"], case
         assert meter.val_loss == pytest.approx(case["val_loss"], abs=1e-6), case
         assert meter.val_bpb == pytest.approx(case["val_bpb"], abs=1e-6), case
-    first = golden["cases"][0]
-    backend.cfg = geometry(cfg, first)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_flat_batches_are_the_records_eval_val(backend_name, challenge_dir):
+    """One geometry (batches of 512 tokens cut every 64, two micro-batches) on one and two ranks; pgolf's
+    rows on the same tokens give another figure (so the comparison can fail)."""
+    cases = [c for c in protocol_golden()["cases"] if c["eval_seq_len"] == 64]
+    assert {c["world_size"] for c in cases} == {1, 2}
+    backend, cfg, data = scored_backend(backend_name, challenge_dir)
+    assert_cases(backend, cfg, data, cases)
+    backend.cfg = geometry(cfg, cases[0])
     rows = evaluate(backend, data)
-    assert abs(rows.val_bpb - first["val_bpb"]) > 1e-5
+    assert abs(rows.val_bpb - cases[0]["val_bpb"]) > 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_flat_batches_are_the_records_eval_val_at_every_geometry(backend_name, challenge_dir):
+    """Every golden geometry (five) at world sizes 1 and 2."""
+    cases = protocol_golden()["cases"]
+    assert len(cases) >= 6 and {c["world_size"] for c in cases} == {1, 2}
+    assert_cases(*scored_backend(backend_name, challenge_dir), cases)
 
 
 # ------------------------------------------------------------ a record's settings alone
