@@ -17,13 +17,16 @@ import numpy as np
 import pytest
 
 from core.artifact.load import load_weights
+from core.common.errors import PgolfError
+from core.config.presets import record_preset_of_env
 from core.config.sources import resolve
 from core.data.tokenizer import byte_tables, load_tokenizer
 from core.datasets.writers import write_shard
 from core.eval.bpb import BPBMeter
 from core.eval.score import EvalData, evaluate, evaluate_flat
+from core.runs.setup import scoring_config
 from tests.golden_data import GOLDEN
-from tests.test_backends import BACKENDS, make_backend
+from tests.test_backends import BACKENDS, make_backend, needs
 from tests.test_cli import cli
 
 PROTOCOL = GOLDEN / "record_eval_protocol.json"
@@ -170,3 +173,52 @@ def test_record_0401_logged_settings_alone_score_its_artifact(backend_name, tmp_
     for kind, (loss, bpb) in scores.items():
         assert loss == pytest.approx(golden[kind]["val_loss"], abs=1e-6), kind
         assert bpb == pytest.approx(golden[kind]["val_bpb"], abs=1e-6), kind
+
+
+def test_a_records_logged_environment_names_its_preset():
+    """Each record's logged block starts scoring from its own preset; an environment holding both
+    records' marks, or neither's, from none."""
+    logged = protocol_golden()["logged_env"]
+    assert record_preset_of_env(logged["0401"]) == "record_0401"
+    assert record_preset_of_env(logged["0427"]) == "record_0427"
+    assert record_preset_of_env({**logged["0401"], **logged["0427"]}) is None
+    assert record_preset_of_env({"NUM_LAYERS": "11", "LQER_ENABLED": "1"}) is None
+
+
+def test_how_an_artifact_was_written_plays_no_part_in_scoring_it():
+    """LQER, GPTQ and the attention gate's int8 rows asked for over a format without them (refused by
+    training and export: `lqer_enabled needs quant_format=mixed`) are no obstacle to scoring."""
+    writing = {
+        "lqer_enabled": True,
+        "gptq_enabled": True,
+        "gated_attn_quant_gate": True,
+        "quant_format": "int8",
+    }
+    with pytest.raises(PgolfError, match="needs quant_format=mixed"):
+        resolve("smoke", overrides=writing).validate()
+    _, cfg = scoring_config(ARTIFACT_0427, "smoke", None, writing)
+    assert (cfg.lqer_enabled, cfg.gptq_enabled) == (False, False)
+
+
+@needs("cuda")
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        (
+            "NUM_LAYERS",
+            "11",
+            "config: num_layers=11 (env NUM_LAYERS), but {} holds weights with num_layers=2",
+        ),
+        ("MLP_MULT", "4.0", "config: mlp_mult=4.0 (env MLP_MULT), but {} holds weights with mlp_mult=17.0"),
+        (
+            "COMPRESSOR",
+            "pergroup",
+            "config: compressor='pergroup' (env COMPRESSOR), but {} is brotli-compressed",
+        ),
+    ],
+)
+def test_a_setting_the_file_contradicts_is_one_line_naming_both(name, value, message, tmp_path):
+    env = {**protocol_golden()["env"], name: value, "DATA_PATH": str(tmp_path)}
+    result = cli("eval", str(ARTIFACT_0427), "--backend", "cuda", cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: " + message.format(ARTIFACT_0427)
