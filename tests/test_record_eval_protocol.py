@@ -98,6 +98,9 @@ def test_flat_batches_are_the_records_eval_val(backend_name, challenge_dir):
     backend.cfg = geometry(cfg, cases[0])
     rows = evaluate(backend, data)
     assert abs(rows.val_bpb - cases[0]["val_bpb"]) > 1e-5
+    backend.cfg = cfg.replace(val_batch_size=len(data.tokens) + cfg.eval_window, grad_accum_steps=1)
+    with pytest.raises(PgolfError, match="hold no whole batch of"):
+        evaluate_flat(backend, data)
 
 
 @pytest.mark.slow

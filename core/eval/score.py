@@ -127,7 +127,14 @@ def evaluate_flat(
                 sink[start + 1 : end] = losses
             if progress is not None:
                 progress(i + 1, len(spans))
-    return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+    total = BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+    if total.tokens == 0:
+        raise PgolfError(
+            f"eval_protocol=flat: {len(data.tokens):,} validation tokens hold no whole batch of "
+            f"{batch_seqs * seq:,} tokens (val_batch_size / grad_accum_steps) on any of {backend.world_size} "
+            "rank(s): lower val_batch_size (VAL_BATCH_TOKENS)"
+        )
+    return total
 
 
 def evaluate_sliding(
