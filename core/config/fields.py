@@ -870,10 +870,10 @@ RESUMABLE_FIELDS = _names(lambda m: m["resume"])
 # What an artifact keeps (where it differs from the default) so that scoring it alone rebuilds the
 # same model and evaluation: what the tensors' shapes do not tell.
 SCORING_FIELDS = _names(lambda m: m["scoring"])
-# What `export` may change: how the artifact is written, where GPTQ's calibration data is and how it
-# runs; never what the artifact is scored with.
 # How an artifact is written: nothing a reader of it needs (its own format says how it is read).
 WRITING_FIELDS = _names(lambda m: m["section"] == "artifact" and not m["scoring"])
+# What `export` may change: how the artifact is written, where GPTQ's calibration data is and how it
+# runs; never what the artifact is scored with.
 EXPORT_FIELDS = _names(lambda m: m["section"] in ("artifact", "data", "execution") and not m["scoring"])
 
 

@@ -158,7 +158,9 @@ class Walk:
     def segments_every(self, length: int) -> Iterator[None]:
         """While active, document masking cuts a document every `length` tokens from its start (record
         2026-04-27's evaluation cuts its flat batches every eval_seq_len, its training every train_seq_len).
-        A compiled forward keeps the length it was traced with: evaluation runs uncompiled."""
+        Compiled forwards: torch.compile guards the value (another graph); an mx.compile trace keeps the
+        length it was made with, so one input shape is never traced under two lengths (the flat batches
+        are single rows of their own length, scored under this length only)."""
         kept = self.segment_len
         self.segment_len = length
         try:
