@@ -159,8 +159,8 @@ class Walk:
         """While active, document masking cuts a document every `length` tokens from its start (record
         2026-04-27's evaluation cuts its flat batches every eval_seq_len, its training every train_seq_len).
         Compiled forwards: torch.compile guards the value (another graph); an mx.compile trace keeps the
-        length it was made with, so one input shape is never traced under two lengths (the flat batches
-        are single rows of their own length, scored under this length only)."""
+        length it was made with, which changes nothing for a row no longer than either length (a cut
+        every `length` tokens from a document's start then falls past the row's end)."""
         kept = self.segment_len
         self.segment_len = length
         try:
