@@ -399,7 +399,7 @@ def eval_command(
     """Score an artifact or checkpoint on the validation split: val_loss and val_bpb, over
     non-overlapping sequences, with --eval-stride with sliding windows, and with --ttt-enabled with
     test-time training."""
-    from core.eval.score import evaluators
+    from core.eval.score import evaluators, figure_protocol
     from core.eval.score import save_token_losses as save_losses
     from core.runs.setup import weights_and_data
 
@@ -422,7 +422,7 @@ def eval_command(
         for name, meter in meters.items():
             console.print(
                 f"backend:{engine.name} eval:{name} tokens:{int(meter.tokens)} "
-                f"val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}"
+                f"val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f} protocol:{figure_protocol(name, cfg)}"
             )
         if save_token_losses is not None:
             console.print(f"token losses of eval:{list(meters)[-1]} written to {save_token_losses}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -257,6 +257,9 @@ class TorchBackend:
                 self._to_device(x), self._to_device(y), reduction="sum", looping=self.looping
             )
         return loss.double()  # queued, not waited for: the caller sums on the device
+
+    def segments_every(self, length: int) -> AbstractContextManager[None]:
+        return self.model.walk.segments_every(length)
 
     @torch.inference_mode()
     def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 
 import mlx.core as mx
@@ -196,6 +197,9 @@ class MLXBackend:
             total = total + self._nll_sum(mx.array(xs), mx.array(ys), looping=self.looping)
         mx.async_eval(total)  # started, not waited for; and the caller's lazy sum stays short
         return total
+
+    def segments_every(self, length: int) -> AbstractContextManager[None]:
+        return self.model.walk.segments_every(length)
 
     def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         parts = [

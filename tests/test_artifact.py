@@ -326,13 +326,17 @@ def test_eval_scores_the_top_records_artifact_as_it_does(backend_name, tmp_path,
         "rope-dims": env["ROPE_DIMS"], "xsa-last-n": env["XSA_LAST_N"], "num-loops": env["NUM_LOOPS"],
         "loop-start": env["LOOP_START"], "loop-end": env["LOOP_END"], "gate-window": env["GATE_WINDOW"],
         "parallel-start-layer": env["PARALLEL_START_LAYER"],
+        # its eval_val took one row a batch: flat batches of EVAL_SEQ_LEN tokens
+        "val-batch-size": env["EVAL_SEQ_LEN"], "grad-accum-steps": 1,
     }  # fmt: skip
     run = (backend_name, tmp_path, challenge_dir, "record_0427", flags)
     scores = score_record_artifact("record_eval_0427", *run, "--no-ttt-enabled")
     assert sorted(scores) == ["plain"]
     assert_scores(scores, golden)
     # Without the document mask the score moves past the tolerance (float32 RoPE tables: by 3e-6).
-    unmasked = score_record_artifact("record_eval_0427", *run, "--no-ttt-enabled", "--no-varlen-attn-enabled")
+    unmasked = score_record_artifact(
+        "record_eval_0427", *run, "--no-ttt-enabled", "--no-varlen-attn-enabled", "--eval-protocol", "rows"
+    )
     assert abs(unmasked["plain"][0] - golden["plain"]["val_loss"]) > 5e-6
 
 

@@ -41,7 +41,7 @@ from core.artifact.checks import check_mixed, check_model
 from core.artifact.export import dequantize, open_artifact
 from core.artifact.int8 import Int8Model, check_finite, open_container
 from core.artifact.mixed import MixedModel, mixed_from_container
-from core.artifact.records import load_record_artifact
+from core.artifact.records import load_record_artifact, record_compressor
 from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line
 from core.common.files import open_regular, read_file
@@ -368,6 +368,25 @@ def load_weights(
     else:
         params = dequantize(read_artifact(path, allow_pickle=allow_pickle))
     return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()}).validate()
+
+
+# What config_for_params reads off a set of weights.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "model_dim",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "mlp_mult",
+    "tie_embeddings",
+)
+
+
+def artifact_compressor(path: str | Path) -> str | None:
+    """The compressor a record's artifact was written with (by its magic bytes; core.artifact.records);
+    None for pgolf's own container, whose reader finds its compressor itself."""
+    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    return None if int8.is_container(blob) else record_compressor(blob)
 
 
 def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config:

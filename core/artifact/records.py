@@ -46,24 +46,30 @@ from core.common import compress, pergroup
 from core.common.errors import PgolfError, first_line
 from core.common.files import read_file
 
-__all__ = ["decompress_record_blob", "load_record_artifact"]
+__all__ = ["decompress_record_blob", "load_record_artifact", "record_compressor"]
 
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 PERGROUP_MAGIC = b"PGRP"  # record 2026-04-27's per-group blob
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
+def record_compressor(blob: bytes) -> str:
+    """The compressor of a record's .ptz (its COMPRESSOR): pergroup, lzma, zstd or zlib by their magic,
+    else brotli."""
+    if blob.startswith(PERGROUP_MAGIC):
+        return "pergroup"
+    if blob.startswith(_XZ_MAGIC):
+        return "lzma"
+    if blob.startswith(_ZSTD_MAGIC):
+        return "zstd"
+    if len(blob) >= 2 and blob[0] & 0x0F == 8 and (blob[0] * 256 + blob[1]) % 31 == 0:
+        return "zlib"
+    return "brotli"
+
+
 def decompress_record_blob(blob: bytes) -> bytes:
     """The torch.save bytes inside a record's .ptz: xz, zstd or zlib by their magic, else brotli; unshuffled."""
-    if blob.startswith(_XZ_MAGIC):
-        name = "lzma"
-    elif blob.startswith(_ZSTD_MAGIC):
-        name = "zstd"
-    elif len(blob) >= 2 and blob[0] & 0x0F == 8 and (blob[0] * 256 + blob[1]) % 31 == 0:
-        name = "zlib"
-    else:
-        name = "brotli"
-    raw = compress.decompress(blob, name)
+    raw = compress.decompress(blob, record_compressor(blob))
     return compress.byte_unshuffle(raw)  # the record's reader: unshuffle when the header is there
 
 

@@ -200,6 +200,14 @@ class Config:
     eval_batch_seqs: int = opt(
         32, "sliding windows per forward pass on each rank", "eval", POSITIVE, scoring=True
     )
+    eval_protocol: str = opt(
+        "rows",
+        "the plain figure's batches: rows (pgolf's: rows of eval_seq_len, each its own sequence) | flat "
+        "(record 2026-04-27's eval_val: val_batch_size / grad_accum_steps tokens per rank as one sequence, "
+        "documents cut at each bos_id and every eval_seq_len tokens, a tail short of a whole batch left out; "
+        "needs varlen_attn_enabled)",
+        "eval", one_of("rows", "flat"), scoring=True,
+    )  # fmt: skip
     # --- test-time training (core/eval/ttt.py): scored first, then learnt from ---
     ttt_enabled: bool = opt(
         False, "also score with test-time training: per-document LoRA adapters, each chunk scored, then learnt",
@@ -688,6 +696,10 @@ class Config:
             f"{self.eval_window} tokens (eval_seq_len, or train_seq_len)",
         )
         require(
+            self.eval_protocol != "flat" or self.varlen_attn_enabled,
+            "eval_protocol=flat needs varlen_attn_enabled (the records' flat batches attend within documents)",
+        )
+        require(
             self.eval_stride <= self.eval_window,
             f"eval_stride={self.eval_stride} is longer than the evaluation window ({self.eval_window}): "
             "tokens between windows would never be scored",
@@ -864,13 +876,16 @@ RESUMABLE_FIELDS = _names(lambda m: m["resume"])
 # What an artifact keeps (where it differs from the default) so that scoring it alone rebuilds the
 # same model and evaluation: what the tensors' shapes do not tell.
 SCORING_FIELDS = _names(lambda m: m["scoring"])
+# How an artifact is written: nothing a reader of it needs (its own format says how it is read).
+WRITING_FIELDS = _names(lambda m: m["section"] == "artifact" and not m["scoring"])
 # What `export` may change: how the artifact is written, where GPTQ's calibration data is and how it
 # runs; never what the artifact is scored with.
 EXPORT_FIELDS = _names(lambda m: m["section"] in ("artifact", "data", "execution") and not m["scoring"])
 
 
-# The records' environment names are the fields' names upper-cased; older scripts' aliases besides.
-ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len"}
+# The records' environment names are the fields' names upper-cased; other scripts' names besides (the
+# later records' VAL_BATCH_TOKENS is the baseline's VAL_BATCH_SIZE: tokens per evaluation step, all ranks).
+ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len", "VAL_BATCH_TOKENS": "val_batch_size"}
 
 
 def env_names(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from core.common.errors import PgolfError, did_you_mean
@@ -121,6 +122,9 @@ RECORD_0427: dict[str, Any] = {
     # evaluation and the global TTT phase.
     "varlen_attn_enabled": True,
     "global_ttt_respect_doc_boundaries": True,
+    # Its plain figure (eval_val): flat batches of val_batch_size / grad_accum_steps tokens, one sequence
+    # each, cut at every BOS and every eval_seq_len tokens of a document; the tail short of a batch is left out.
+    "eval_protocol": "flat",
     "ttt_enabled": True,
     "ttt_mode": "lora",
     "ttt_lora_rank": 80,
@@ -190,6 +194,9 @@ RECORD_0427_TINY_CHANGES: dict[str, Any] = {
     "ema_decay": 0.95,
     # brotli, not pergroup: it runs where lrzip is not installed (at this size only the embedding is int).
     "compressor": "brotli",
+    # Flat evaluation batches of 1,024 tokens (4 rows): document-masked attention over a batch holds a
+    # batch x batch mask, which at the tiny preset's 8,192 would be slow on a CPU.
+    "val_batch_size": 2048,
 }
 PRESETS: dict[str, dict[str, Any]] = {
     # The challenge's "Naive Baseline": 9x512, 524,288 tokens/step, 10-minute cap.
@@ -245,6 +252,22 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mlx_max_microbatch_tokens": 128,
     },
 }
+
+
+# Names that only one record's script reads (its `Hyperparameters`), all of which its logged environment
+# holds: weights that keep no settings of their own, given such an environment, are that record's and
+# start from its preset, which holds what its script fixes without a name (the MLP's activation, document
+# masking, its evaluation protocol, the precision of its RoPE tables).
+RECORD_ENV_MARKS: dict[str, tuple[str, ...]] = {
+    "record_0401": ("SLIDING_WINDOW_ENABLED", "GPTQ_ENABLED", "VE_ENABLED"),
+    "record_0427": ("LQER_ENABLED", "SMEAR_GATE_ENABLED", "SPARSE_ATTN_GATE_ENABLED"),
+}
+
+
+def record_preset_of_env(environ: Mapping[str, str]) -> str | None:
+    """The record preset whose marks (RECORD_ENV_MARKS) the environment holds, or None."""
+    found = [name for name, marks in RECORD_ENV_MARKS.items() if all(m in environ for m in marks)]
+    return found[0] if len(found) == 1 else None
 
 
 def preset(name: str) -> Config:

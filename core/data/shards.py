@@ -448,15 +448,18 @@ def load_val_bytes(files: list[Path], n_tokens: int) -> np.ndarray:
 
 
 def val_spans(
-    n_tokens: int, seq_len: int, batch_seqs: int, rank: int = 0, world_size: int = 1
+    n_tokens: int, seq_len: int, batch_seqs: int, rank: int = 0, world_size: int = 1, whole: bool = False
 ) -> list[tuple[int, int]]:
     """Token ranges [start, end) this rank scores, in batches of at most batch_seqs sequences.
 
     Each range holds whole sequences plus the next token (the last target). Ranks get
-    contiguous, disjoint runs of sequences, split as upstream does.
+    contiguous, disjoint runs of sequences, split as upstream does. `whole`: only whole batches,
+    each rank leaving out the sequences after its last one (record 2026-04-27's evaluation does).
     """
     total = (n_tokens - 1) // seq_len
     first, last = total * rank // world_size, total * (rank + 1) // world_size
+    if whole:
+        last = first + (last - first) // batch_seqs * batch_seqs
     return [
         (s * seq_len, min(s + batch_seqs, last) * seq_len + 1) for s in range(first, last, max(batch_seqs, 1))
     ]

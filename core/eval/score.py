@@ -103,6 +103,40 @@ def evaluate(
     return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
 
 
+def evaluate_flat(
+    backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
+) -> BPBMeter:
+    """val_loss and val_bpb as record 2026-04-27's `eval_val` computes them (`eval_protocol` flat): each
+    rank takes its share of the sequences of `eval_window` tokens, as `evaluate` does, keeps only whole
+    batches of val_batch_size / grad_accum_steps tokens (the record's VAL_BATCH_TOKENS / (WORLD_SIZE x
+    GRAD_ACCUM_STEPS): pgolf's grad_accum_steps counts the micro-batches of all ranks), and scores each
+    batch as ONE sequence: RoPE positions run over the whole batch, and attention is cut at each BOS and
+    every `eval_window` tokens from a document's start (or the batch's). Losses are summed in float64."""
+    cfg = backend.cfg
+    seq = cfg.eval_window
+    batch_seqs = cfg.val_batch_size // cfg.grad_accum_steps // seq  # Config.validate: at least one
+    spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size, whole=True)
+    meter = BPBMeter(data.tables)
+    with backend.segments_every(seq):
+        for i, (start, end) in enumerate(spans):
+            chunk = data.tokens[start:end].astype(np.int32)
+            losses = backend.token_losses(chunk[None, :-1], chunk[None, 1:])[0]
+            meter.nats += float(np.sum(losses, dtype=np.float64))
+            meter.count_bytes(data.target_bytes[start + 1 : end])
+            if sink is not None:
+                sink[start + 1 : end] = losses
+            if progress is not None:
+                progress(i + 1, len(spans))
+    total = BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+    if total.tokens == 0:
+        raise PgolfError(
+            f"eval_protocol=flat: {len(data.tokens):,} validation tokens hold no whole batch of "
+            f"{batch_seqs * seq:,} tokens (val_batch_size / grad_accum_steps) on any of {backend.world_size} "
+            "rank(s): lower val_batch_size (VAL_BATCH_TOKENS)"
+        )
+    return total
+
+
 def evaluate_sliding(
     backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
 ) -> BPBMeter:
@@ -149,10 +183,23 @@ def evaluate_with_ttt(
 Evaluator = Callable[..., BPBMeter]  # (backend, data, progress=None, sink=None)
 
 
+def figure_protocol(name: str, cfg: Config) -> str:
+    """How figure `name` of `evaluators` was computed, for the logs: rows:<len>, flat:<batch>/<len>
+    (record 2026-04-27's batches of <batch> tokens cut every <len>), sliding:<len>/<stride>, ttt."""
+    if name == "plain" and cfg.eval_protocol == "flat":
+        return f"flat:{cfg.val_batch_size // cfg.grad_accum_steps}/{cfg.eval_window}"
+    if name == "plain":
+        return f"rows:{cfg.eval_window}"
+    if name == "sliding_window":
+        return f"sliding:{cfg.eval_window}/{cfg.eval_stride}"
+    return name
+
+
 def evaluators(cfg: Config) -> dict[str, Evaluator]:
-    """The figures a final score reports: "plain" (non-overlapping sequences),
-    "sliding_window" when `eval_stride` makes the windows overlap, and "ttt" with `ttt_enabled`."""
-    out: dict[str, Evaluator] = {"plain": evaluate}
+    """The figures a final score reports: "plain" (non-overlapping sequences: pgolf's rows, or with
+    `eval_protocol` flat record 2026-04-27's flat batches), "sliding_window" when `eval_stride` makes the
+    windows overlap, and "ttt" with `ttt_enabled`."""
+    out: dict[str, Evaluator] = {"plain": evaluate_flat if cfg.eval_protocol == "flat" else evaluate}
     if sliding_enabled(cfg.eval_stride, cfg.eval_window):
         out["sliding_window"] = evaluate_sliding
     if cfg.ttt_enabled:

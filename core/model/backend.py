@@ -23,6 +23,7 @@ import importlib.util
 import platform
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -154,6 +155,10 @@ class Backend(Protocol):
     def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Cross-entropy in nats of every token (B, T), float32 on the host (eval mode): what
         sliding-window evaluation scores a window's last tokens with."""
+
+    def segments_every(self, length: int) -> AbstractContextManager[None]:
+        """While active, document-masked attention cuts each document every `length` tokens from its start
+        (instead of every max_doc_len): record 2026-04-27's evaluation batches (core.model.walk)."""
 
     def input_hessians(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
         """GPTQ's calibration on this rank: for each linear layer's weight (by parameter name), the

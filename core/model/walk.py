@@ -42,7 +42,8 @@ What it computes:
   reads their mean (or one lane, `parallel_final_lane`);
 - document-masked attention (`varlen_attn_enabled`): a token attends only to the tokens of its own
   segment of the row, which starts at the row's start, at each BOS (`bos_id`) and every
-  `max_doc_len` tokens from a segment's start (`segment_starts`); RoPE positions stay the row's;
+  `max_doc_len` tokens from a segment's start (`segment_starts`, `segments_every`); RoPE positions stay
+  the row's;
 - decoding with a KV cache (`cache`): the new tokens only, each visit of a block appending
   their keys and values to those it kept from the tokens before (and, with document masking, the
   start of the last document, so that a BOS among the new tokens ends what they may see).
@@ -84,6 +85,7 @@ class Walk:
         self.norm_scales = [1.0 / math.sqrt(i + 1) if cfg.ln_scale else 1.0 for i in range(cfg.num_layers)]
         self.lora_scale = lora_scale(cfg)
         self.doc_mask = cfg.varlen_attn_enabled  # `plain_causal` turns it off for a while
+        self.segment_len = cfg.max_doc_len  # `segments_every` changes it for a while
 
     # --------------------------------------------------- the framework's operations
     def cast(self, a: Array, like: Array) -> Array:
@@ -130,8 +132,9 @@ class Walk:
     def segment_starts(self, idx: Array, start: int, cache: KVCache | None) -> Array:
         """For token ids (B, T) at positions start.. of their rows, the position where each one's segment
         starts: its document's (the last BOS at or before it, else the row's start, or the document
-        the cache ended in), plus a whole number of max_doc_len. The records cut their packed rows so."""
-        size = self.cfg.max_doc_len
+        the cache ended in), plus a whole number of `segment_len` (max_doc_len, unless `segments_every`
+        says otherwise). The records cut their packed rows so."""
+        size = self.segment_len
         pos = (idx * 0 + 1).cumsum(1) - 1 + start
         doc = pos * (idx == self.cfg.bos_id)
         known = None if cache is None else cache.get("doc")
@@ -150,6 +153,20 @@ class Walk:
             yield
         finally:
             self.doc_mask = kept
+
+    @contextmanager
+    def segments_every(self, length: int) -> Iterator[None]:
+        """While active, document masking cuts a document every `length` tokens from its start (record
+        2026-04-27's evaluation cuts its flat batches every eval_seq_len, its training every train_seq_len).
+        Compiled forwards: torch.compile guards the value (another graph); an mx.compile trace keeps the
+        length it was made with, which changes nothing for a row no longer than either length (a cut
+        every `length` tokens from a document's start then falls past the row's end)."""
+        kept = self.segment_len
+        self.segment_len = length
+        try:
+            yield
+        finally:
+            self.segment_len = kept
 
     # ------------------------------------------------------------------- RoPE
     def rope_tables(self, length: int) -> Rope:

@@ -20,12 +20,12 @@ import numpy as np
 
 from core.artifact.load import checkpoint_config, load_checkpoint
 from core.artifact.export import quant_label
-from core.artifact.load import saved_config
+from core.artifact.load import SHAPE_FIELDS, artifact_compressor, is_checkpoint, saved_config
 from core.common.compress import check_available
 from core.common.errors import PgolfError
-from core.config.fields import EXPORT_FIELDS, Config
-from core.config.presets import CHALLENGE_DATA_PRESETS
-from core.config.sources import given_values, resolve_sources, resumed_config
+from core.config.fields import EXPORT_FIELDS, WRITING_FIELDS, Config
+from core.config.presets import CHALLENGE_DATA_PRESETS, record_preset_of_env
+from core.config.sources import resolve_sources, resumed_config
 from core.data.manifest import dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.score import EvalData, load_eval_data
@@ -131,8 +131,25 @@ def scoring_config(
 ) -> tuple[Path, Config]:
     """The weights a path means (a run directory: its artifact, else its newest checkpoint) and the
     config to use them with: the run's own when no preset is named (core.artifact.export.saved_config),
-    with whatever a file, the environment or a flag gives on top; else the preset's."""
-    cfg, sources = resolve_sources(preset or "baseline", config, overrides or {})
+    with whatever a file, the environment or a flag gives on top; else the preset's. Weights that keep
+    no settings (a record's artifact) given a record's logged environment start from that record's
+    preset (core.config.presets.record_preset_of_env). How an artifact is written (quant_format, LQER,
+    GPTQ, the compressor...) plays no part: its own format says how it is read."""
+    return _scoring(path, preset, config, overrides)[:2]
+
+
+def _scoring(
+    path: Path, preset: str | None, config: Path | None, overrides: dict[str, Any] | None
+) -> tuple[Path, Config, dict[str, tuple[Any, str]]]:
+    """scoring_config, and what a file, the environment or a flag asked for: {field: (value, source)}."""
+    inferred = None if preset else record_preset_of_env(os.environ)
+    cfg, sources = resolve_sources(preset or inferred or "baseline", config, overrides or {})
+    asked = {
+        name: (getattr(cfg, name), source)
+        for name, source in sources.items()
+        if source.startswith(("env ", "file ", "flag", "dataset "))
+    }
+    cfg = cfg.replace(**{name: getattr(Config(), name) for name in WRITING_FIELDS})
     cfg.validate()  # a bad flag is refused before any file is read
     path = weights_in(path)
     saved = saved_config(path) if preset is None else None
@@ -143,10 +160,28 @@ def scoring_config(
                 found = dataset_settings(str(found["dataset"])) | found
         try:
             kept = Config.from_dict({**Config().to_dict(), **found}).validate()  # types, then ranges
-            cfg = kept.replace(**given_values(cfg, sources))
+            # what was asked for on top; a preset only guessed from the environment gives nothing
+            given = {k: v for k, (v, _) in asked.items() if k not in WRITING_FIELDS}
+            cfg = kept.replace(**given)
         except PgolfError as exc:  # a damaged or hand-made file's settings: name the file they came from
             raise PgolfError(f"{saved[1]} keeps settings pgolf refuses: {exc}") from None
-    return path, cfg
+    return path, cfg, asked
+
+
+def _check_against_file(path: Path, cfg: Config, asked: dict[str, tuple[Any, str]]) -> None:
+    """A setting asked for that the weights contradict (their shapes, a record artifact's compressor) is
+    refused in one line naming both."""
+    for name in SHAPE_FIELDS:
+        if name in asked and asked[name][0] != getattr(cfg, name):
+            value, source = asked[name]
+            raise PgolfError(
+                f"config: {name}={value!r} ({source}), but {path} holds weights with {name}={getattr(cfg, name)!r}"
+            )
+    if "compressor" in asked and not is_checkpoint(path):
+        found = artifact_compressor(path)
+        value, source = asked["compressor"]
+        if found is not None and found != value:
+            raise PgolfError(f"config: compressor={value!r} ({source}), but {path} is {found}-compressed")
 
 
 def weights_and_data(
@@ -156,8 +191,9 @@ def weights_and_data(
 
     Evaluation runs once: unless asked for, nothing is compiled.
     """
-    path, cfg = scoring_config(path, preset, config, overrides)
+    path, cfg, asked = _scoring(path, preset, config, overrides)
     params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
+    _check_against_file(path, cfg, asked)
     if cfg.compile == "auto":
         cfg = cfg.replace(compile="off")
     return params, cfg, load_eval_data(cfg)
@@ -167,8 +203,9 @@ def weights_and_tokenizer(
     path: Path, preset: str | None, config: Path | None, overrides: dict[str, Any] | None, allow_pickle: bool
 ) -> tuple[dict[str, np.ndarray], Config, Any]:
     """(weights, their config, the tokenizer checked against it) for the sample command; nothing compiled."""
-    path, cfg = scoring_config(path, preset, config, overrides)
+    path, cfg, asked = _scoring(path, preset, config, overrides)
     params, cfg = load_weights(path, cfg.replace(compile="off"), allow_pickle=allow_pickle)
+    _check_against_file(path, cfg, asked)
     sp = load_tokenizer(cfg.tokenizer_path)
     check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
     return params, cfg, sp

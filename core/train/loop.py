@@ -42,7 +42,7 @@ from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
-from core.eval.score import Progress, evaluate, evaluators, load_eval_data
+from core.eval.score import Progress, evaluators, figure_protocol, load_eval_data
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
 from core.train.rundir import RunDir
@@ -287,7 +287,7 @@ class Training:
 
     def validate(self) -> None:
         with self.clock.paused():
-            meter = evaluate(self.backend, self.data, self.watch)
+            meter = evaluators(self.cfg)["plain"](self.backend, self.data, self.watch)
             self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
             uniform = math.log(self.cfg.vocab_size)
             late = self.step >= DIVERGENCE_AFTER_STEPS
@@ -399,7 +399,7 @@ class Training:
         if cfg.ema_decay > 0:
             state = backend.optimizer_state()
             backend.load_params({name: state[f"ema/{name}"] for name in backend.params()})
-            meter = evaluate(backend, self.data, self.watch)
+            meter = evaluators(cfg)["plain"](backend, self.data, self.watch)
             self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
             self.say(
                 f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
@@ -466,7 +466,7 @@ class Training:
             tag = f"{prefix}_{'roundtrip' if name == 'plain' else name}"
             self.say(
                 f"{tag} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
-                f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms"
+                f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms protocol:{figure_protocol(name, cfg)}"
             )
             self.say(f"{tag}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
         self.say(f"total_eval_time:{time.perf_counter() - t_scoring:.1f}s (decompression included)")
