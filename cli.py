@@ -674,16 +674,29 @@ def package(
     compress: bool = typer.Option(
         True, "--compress/--plain", help="train_gpt.py minified + lzma + base85 (what counts), or readable."
     ),
+    backend: str = typer.Option(
+        "auto", help="Who scores each run's audit: cuda (PyTorch), mlx, or auto (MLX on Apple silicon)."
+    ),
 ) -> None:
-    """Write a challenge records folder for finished runs: train_gpt.py, submission.json, README.md, logs."""
+    """Write a challenge records folder for finished runs: train_gpt.py, submission.json, README.md, logs.
+    Each run is audited first (`audit`): the folder is written only when all pass, its README with a
+    Compliance section (the results, and the command that reruns them)."""
     import datetime
+    import functools
     import re
 
+    from core.model.backend import create
+    from core.runs.audit import audit
     from core.runs.package import write_record
 
     folder = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "record"
     target = out or Path("records") / "track_10min_16mb" / f"{datetime.date.today().isoformat()}_{folder}"
-    path, size = write_record(list(runs), target, name, author, github_id, blurb, compress)
+
+    def audited(run: Path):
+        console.print(f"auditing {run} ...")
+        return audit(run, functools.partial(create, backend), backend)
+
+    path, size = write_record(list(runs), target, name, author, github_id, blurb, compress, audited)
     console.print(f"wrote {path}")
     console.print(f"train_gpt.py: {size:,} bytes ({'minified + lzma + base85' if compress else 'plain'})")
 

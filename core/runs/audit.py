@@ -70,8 +70,8 @@ def scored_losses(
 
 @dataclass(frozen=True)
 class Swap:
-    """The changed stream: document `document` (its BOS at `start`, the next one at `end`) with its
-    tokens from `first` on permuted, the one at `first` changed."""
+    """The changed stream: document `document` (its BOS at `start`, the next one at `end`, or the end of
+    the tokens) with its tokens from `first` to `end` permuted, the one at `first` changed."""
 
     tokens: np.ndarray
     sidecar: np.ndarray | None
@@ -85,14 +85,15 @@ SPREAD = 8  # chunks (of a document or of the stream) are taken to be a multiple
 
 
 def candidates(tokens: np.ndarray, bos_id: int) -> list[tuple[int, int, int, int]]:
-    """(document, its BOS, the next BOS, where its change starts) of every document followed by another,
-    with at least two different tokens from about its middle on. The change starts mid-chunk: neither at a
+    """(document, its BOS, its end: the next BOS or the end of the tokens, where its change starts) of
+    every document with at least two different tokens from about its middle on. The change starts mid-chunk: neither at a
     multiple of `SPREAD` tokens from the document's first target nor from the stream's start, so that a
     chunk scored at once holds both changed tokens and unchanged ones before them."""
     starts = np.flatnonzero(np.asarray(tokens) == bos_id)
+    ends = [*starts[1:].tolist(), len(tokens)]  # the last document runs to the end of the tokens
     out = []
-    for k in range(len(starts) - 1):
-        start, end = int(starts[k]), int(starts[k + 1])
+    for k in range(len(starts)):
+        start, end = int(starts[k]), int(ends[k])
         middle = start + 1 + (end - start - 1) // 2
         while (middle - start - 1) % SPREAD == 0 or middle % SPREAD == 0:
             middle += 1
@@ -110,7 +111,7 @@ def swap_document(data: EvalData, bos_id: int, order: np.ndarray, seed: int) -> 
     if not found:
         raise PgolfError(
             f"audit: no document of the validation tokens can be changed: they need BOS tokens ({bos_id}) "
-            "around a document of a dozen tokens or more (set --bos-id)"
+            "starting documents of a dozen tokens or more (set --bos-id)"
         )
     n = len(tokens)
     rank = np.sort(order[order >= 0] * n + np.flatnonzero(order >= 0))  # by scoring order, then position
@@ -151,7 +152,7 @@ def compare(
     """The check of the module docstring, on (losses, order) of the evaluations before and after."""
     (loss_a, order_a), (loss_b, order_b) = before, after
     replaced = np.zeros(len(loss_a), dtype=bool)
-    replaced[swap.first : swap.end + 1] = True
+    replaced[swap.first : swap.end + 1] = True  # and the next BOS, predicted from them
     if not (order_a[replaced] >= 0).any():
         raise PgolfError("audit: the evaluation never scored the changed document")
     t_f = int(order_a[replaced & (order_a >= 0)].min())
