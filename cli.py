@@ -459,7 +459,7 @@ def audit(
     else:
         table = Table(title=f"audit of {path}", show_header=False)
         table.add_column("what")
-        table.add_column("value")
+        table.add_column("value", overflow="fold")
         for what, value in result.rows():
             table.add_row(what, value)
         console.print(table)

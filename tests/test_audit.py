@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +194,8 @@ def test_audit_passes_a_ttt_run_and_package_writes_the_compliance_section(ttt_ru
     artifact = Path(found["artifact"])
     assert artifact.parent == ttt_run and found["artifact_bytes"] == artifact.stat().st_size
     assert artifact.with_suffix(".calibration.json").is_file()
+    code = re.search(r"^Code size: (\d+) bytes$", (ttt_run / "train.log").read_text(), re.M)
+    assert found["code_bytes"] == int(code.group(1))  # the run's own figure
     assert found["command"] == f"python cli.py audit {ttt_run} --backend mlx"
     table = cli("audit", str(ttt_run), "--backend", "mlx", "--evaluation", "plain")
     assert table.returncode == 0 and "tokens checked" in table.stdout and "verdict" in table.stdout
