@@ -343,6 +343,8 @@ def audit(
         raise PgolfError(f"audit: --evaluation {name}: this run's evaluations are {', '.join(chosen)}")
     engine = make_backend(cfg)
     try:
+        if engine.world_size > 1:
+            raise PgolfError("audit runs in one process: start it with python, not torchrun")
         swap, check, seconds, meter = perturbed_scores(engine, params, data, chosen[name])
     except BaseException:
         engine.close(failed=True)
