@@ -123,6 +123,10 @@ def test_the_check_covers_what_was_scored_before_the_change_and_nothing_after():
         assert check.checked == 5
         assert (check.leak_position == moved) is caught and (check.leak_position is None) is not caught
     assert compare(swap, 1, tokens, (loss, order), (loss, order[::-1])).order_changed
+    after = loss.copy()
+    after[9] += 0.25
+    check = compare(swap, 1, tokens, (loss, order), (after, order))
+    assert (check.later, check.later_max_change) == (1, 0.25)
 
 
 def test_the_changed_document_keeps_its_length_tokens_and_bos():

@@ -143,6 +143,8 @@ class Check:
     leak_position: int | None  # the first checked target (in scoring order) that moved, if any
     leak_document: int | None
     order_changed: bool  # the order of scoring depended on the changed tokens
+    later: int = 0  # targets outside the change scored after it began (not checked: they may move)
+    later_max_change: float = 0.0  # the largest |loss change| among them
 
 
 def compare(
@@ -161,7 +163,10 @@ def compare(
     checked = scored & ~replaced & ((order_a < t_f) | ((order_a == t_f) & (positions < swap.first)))
     diff = np.abs(loss_a.astype(np.float64) - loss_b.astype(np.float64))
     diff[np.isnan(loss_a) != np.isnan(loss_b)] = np.inf
-    diff = np.where(checked, np.nan_to_num(diff, nan=0.0, posinf=np.inf), 0.0)
+    diff = np.nan_to_num(diff, nan=0.0, posinf=np.inf)
+    later = scored & ~replaced & ~checked
+    later_max = float(diff[later].max()) if later.any() else 0.0
+    diff = np.where(checked, diff, 0.0)
     moved = np.flatnonzero(diff > TOLERANCE)
     position = document = None
     if moved.size:
@@ -174,6 +179,8 @@ def compare(
         leak_position=position,
         leak_document=document,
         order_changed=not np.array_equal(order_a, order_b),
+        later=int(later.sum()),
+        later_max_change=later_max,
     )
 
 
@@ -293,6 +300,8 @@ class Audit:
                         "permuted"),  # fmt: skip
             ("tokens checked", f"{c.checked:,}"),
             ("largest loss change", f"{c.max_change:.3g} nats (must be <= {TOLERANCE:g})"),
+            ("scored after the change", f"{c.later:,} tokens outside it, not checked: moved up to "
+                                        f"{c.later_max_change:.3g} nats"),  # fmt: skip
             ("scoring order", "changed" if c.order_changed else "the same"),
             ("calibration", f"{cal.status}" + (f" ({len(cal.shards)}: {shards})" if cal.shards else "")),
             ("verdict", self.verdict()),
