@@ -255,6 +255,7 @@ class Audit:
     artifact_bytes: int
     code_bytes: int
     eval_seconds: float  # the first evaluation's wall time, on this machine
+    device: str  # what it ran on
     val_bpb: float
     command: str
 
@@ -295,7 +296,7 @@ class Audit:
             ("code (train_gpt.py)", f"{self.code_bytes:,} B"),
             ("total", f"{self.artifact_bytes + self.code_bytes:,} B"),
             ("evaluation", f"{self.evaluation}, {self.tokens:,} tokens, val_bpb {self.val_bpb:.8f}, "
-                           f"{self.eval_seconds:.1f} s ({self.backend}, fp32)"),  # fmt: skip
+                           f"{self.eval_seconds:.1f} s ({self.backend} on {self.device}, fp32)"),  # fmt: skip
             ("changed", f"document {self.document}: tokens {self.document_tokens[0]}..{self.document_tokens[1] - 1} "
                         "permuted"),  # fmt: skip
             ("tokens checked", f"{c.checked:,}"),
@@ -359,6 +360,7 @@ def audit(
         engine.close(failed=True)
         raise
     engine.close()
+    machine = str(getattr(engine, "device", "unknown"))
     return Audit(
         artifact=str(artifact),
         backend=getattr(engine, "name", backend),
@@ -371,6 +373,7 @@ def audit(
         artifact_bytes=artifact.stat().st_size,
         code_bytes=code_bytes(run_cfg),
         eval_seconds=seconds,
+        device=machine,
         val_bpb=float(meter.val_bpb),
         command=rerun_command(path, backend, evaluation, overrides),
     )

@@ -287,6 +287,10 @@ def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
     return cfg, summary
 
 
+def _files(n: int) -> str:
+    return f" ({n} file{'s' if n != 1 else ''})" if n else ""
+
+
 def _compliance(audits: list[tuple[int, Any]]) -> str:
     """The README's Compliance section: each seed's `audit` (core/runs/audit.py), and how to rerun it."""
     if not audits:
@@ -295,11 +299,12 @@ def _compliance(audits: list[tuple[int, Any]]) -> str:
 
     rows = "\n".join(
         f"| {seed} | {a.verdict()} | {a.evaluation} | {a.check.checked:,} | {a.check.max_change:.3g} | "
-        f"{a.calibration.status}{f' ({len(a.calibration.shards)} shards)' if a.calibration.shards else ''} | "
+        f"{a.calibration.status}{_files(len(a.calibration.shards))} | "
         f"{a.artifact_bytes:,} | {a.code_bytes:,} | {a.eval_seconds:.1f} s |"
         for seed, a in audits
     )
     commands = "\n".join(a.command for _, a in audits)
+    machine = ", ".join(dict.fromkeys(f"{a.backend} backend, {a.device}" for _, a in audits))
     return f"""
 ## Compliance
 
@@ -308,7 +313,8 @@ training included where the run used it), the second time with the second half o
 document permuted (same length, every BOS in place). Every token scored before the first changed
 token was scored (in the evaluation's own order) must keep its loss within {TOLERANCE:g} nats: one that
 moves was scored by weights that had learnt from, or a forward that read, tokens not yet scored.
-Calibration: the files GPTQ's Hessians were collected from, as the run recorded them.
+Calibration: the files GPTQ's Hessians were collected from, as the run recorded them. Eval time:
+the first evaluation's wall time on the machine that ran the audit ({machine}).
 
 | seed | verdict | evaluation | tokens checked | largest change (nats) | calibration | artifact bytes | code bytes | eval time |
 |---|---|---|---|---|---|---|---|---|
