@@ -11,7 +11,16 @@ import pytest
 
 from core.config.presets import preset
 from core.eval.score import EvalData, evaluate, evaluate_sliding, evaluate_with_ttt
-from core.runs.audit import Swap, check_calibration, compare, perturbed_scores, swap_document
+from core.runs.audit import (
+    Audit,
+    Calibration,
+    Check,
+    Swap,
+    check_calibration,
+    compare,
+    perturbed_scores,
+    swap_document,
+)
 from tests.test_backends import BACKENDS, busy_params, make_backend, needs
 from tests.test_cli import cli, data_flags
 from tests.test_ttt import LEGAL_CFG, stream, unit_tables
@@ -223,3 +232,40 @@ def test_audit_refuses_a_checkpoint_and_an_unknown_evaluation(ttt_run):
     assert_one_line_error(
         cli("audit", str(ttt_run), "--backend", "mlx", "--evaluation", "sliding_window"), "evaluations are"
     )
+
+
+def fake_run(folder: Path, seed: int) -> Path:
+    """A finished run's files, as `package` reads them (no weights: the audit below is given)."""
+    from core.config.fields import Config
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(Config(seed=seed).to_dict()))
+    record = {"kind": "final", "steps": 1, "train_time_ms": 1.0, "roundtrip_val_loss": 2.0,
+              "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
+    (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    (folder / "train.log").write_text("log\n")
+    return folder
+
+
+def made_audit(path: Path, leak: int | None) -> Audit:
+    check = Check(checked=900, max_change=0.0 if leak is None else 0.5, leak_position=leak,
+                  leak_document=None if leak is None else 4, order_changed=False)  # fmt: skip
+    calibration = Calibration("training shards only", ["fineweb_train_000000.bin"], [], "x.calibration.json")
+    return Audit(str(path / "final_model.int8.pgolf"), "cuda", "ttt", 2049, 7, (1026, 2049), check, calibration,
+                 1000, 500, 1.5, "cpu", 1.2, f"python cli.py audit {path}")  # fmt: skip
+
+
+def test_package_writes_the_audits_and_refuses_a_run_that_fails_one(tmp_path):
+    from core.common.errors import PgolfError
+    from core.runs.package import write_record
+
+    runs = [fake_run(tmp_path / "a", 1), fake_run(tmp_path / "b", 2)]
+    with pytest.raises(PgolfError, match=r"b fails the audit: LEAK: the loss of token 77 \(document 4\)"):
+        write_record(
+            runs, tmp_path / "bad", "x", audit=lambda p: made_audit(p, 77 if p.name == "b" else None)
+        )
+    assert not (tmp_path / "bad").exists()
+    folder, _ = write_record(runs, tmp_path / "good", "x", audit=lambda p: made_audit(p, None))
+    section = (folder / "README.md").read_text().split("## Compliance", 1)[1]
+    assert "| 1 | pass | ttt | 900 | 0 | training shards only (1 file) | 1,000 | 500 | 1.5 s |" in section
+    assert f"python cli.py audit {runs[0]}\npython cli.py audit {runs[1]}" in section
