@@ -86,9 +86,9 @@ SPREAD = 8  # chunks (of a document or of the stream) are taken to be a multiple
 
 def candidates(tokens: np.ndarray, bos_id: int) -> list[tuple[int, int, int, int]]:
     """(document, its BOS, its end: the next BOS or the end of the tokens, where its change starts) of
-    every document with at least two different tokens from about its middle on. The change starts mid-chunk: neither at a
-    multiple of `SPREAD` tokens from the document's first target nor from the stream's start, so that a
-    chunk scored at once holds both changed tokens and unchanged ones before them."""
+    every document with at least two different tokens from about its middle on. The change starts
+    mid-chunk: neither at a multiple of `SPREAD` tokens from the document's first target nor from the
+    stream's start, so that a chunk scored at once holds changed tokens and unchanged ones before them."""
     starts = np.flatnonzero(np.asarray(tokens) == bos_id)
     ends = [*starts[1:].tolist(), len(tokens)]  # the last document runs to the end of the tokens
     out = []
