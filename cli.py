@@ -428,6 +428,46 @@ def eval_command(
             console.print(f"token losses of eval:{list(meters)[-1]} written to {save_token_losses}")
 
 
+@app.command()
+@config_flags
+def audit(
+    path: Path = typer.Argument(..., help="Run directory (its artifact and config.json) or artifact."),
+    backend: str = BACKEND,
+    evaluation: str | None = typer.Option(
+        None,
+        help="Which of the run's evaluations: plain, sliding_window or ttt (default: the last, its score).",
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    allow_pickle: bool = ALLOW_PICKLE,
+    overrides: dict | None = None,
+) -> None:
+    """Check that a run's evaluation scores every token before learning from it: its artifact scored
+    twice in fp32 with the run's own settings (test-time training included), the second time with half
+    a document's tokens permuted; no token scored before them may move. Also: calibration read only
+    training shards, artifact and code bytes, evaluation time. Exit 0: legal; 1: a leak (named)."""
+    import functools
+    import json
+
+    from rich.table import Table
+
+    from core.model.backend import create
+    from core.runs.audit import audit as run_audit
+
+    result = run_audit(path, functools.partial(create, backend), backend, evaluation, overrides, allow_pickle)
+    if json_out:
+        console.print_json(json.dumps(result.to_json()))
+    else:
+        table = Table(title=f"audit of {path}", show_header=False)
+        table.add_column("what")
+        table.add_column("value", overflow="fold")
+        for what, value in result.rows():
+            table.add_row(what, value)
+        console.print(table)
+        console.print(f"rerun: {result.command}", markup=False)
+    if not result.legal:
+        raise PgolfError(f"audit: {result.verdict()}")
+
+
 def _output_file(path: Path, suffix: str, flag: str) -> Path:
     """A file a command will write: its folder must exist, and it must not be a folder itself."""
     if path.suffix != suffix:
@@ -585,6 +625,11 @@ def export_command(
 
         table, fitted = write_fit(fit, target)
         extra = {"fit": str(table), "fit_config": str(fitted)}
+    if hessians is not None:
+        from core.train.fitting import fit_shards
+        from core.train.loop import write_calibration
+
+        extra["calibration"] = str(write_calibration(target, cfg, fit_shards(cfg) if fit is not None else ()))
     if json_out:
         console.print_json(json.dumps({"artifact": str(target), **extra, **json.loads(report.to_json())}))
         return
@@ -629,16 +674,29 @@ def package(
     compress: bool = typer.Option(
         True, "--compress/--plain", help="train_gpt.py minified + lzma + base85 (what counts), or readable."
     ),
+    backend: str = typer.Option(
+        "auto", help="Who scores each run's audit: cuda (PyTorch), mlx, or auto (MLX on Apple silicon)."
+    ),
 ) -> None:
-    """Write a challenge records folder for finished runs: train_gpt.py, submission.json, README.md, logs."""
+    """Write a challenge records folder for finished runs: train_gpt.py, submission.json, README.md, logs.
+    Each run is audited first (`audit`): the folder is written only when all pass, its README with a
+    Compliance section (the results, and the command that reruns them)."""
     import datetime
+    import functools
     import re
 
+    from core.model.backend import create
+    from core.runs.audit import audit
     from core.runs.package import write_record
 
     folder = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "record"
     target = out or Path("records") / "track_10min_16mb" / f"{datetime.date.today().isoformat()}_{folder}"
-    path, size = write_record(list(runs), target, name, author, github_id, blurb, compress)
+
+    def audited(run: Path):
+        console.print(f"auditing {run} ...")
+        return audit(run, functools.partial(create, backend), backend)
+
+    path, size = write_record(list(runs), target, name, author, github_id, blurb, compress, audited)
     console.print(f"wrote {path}")
     console.print(f"train_gpt.py: {size:,} bytes ({'minified + lzma + base85' if compress else 'plain'})")
 

@@ -29,7 +29,9 @@ import bz2
 import functools
 import json
 import lzma
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from core.config.fields import Config
 from core.common.errors import PgolfError
@@ -285,7 +287,50 @@ def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
     return cfg, summary
 
 
-def _readme(name: str, blurb: str, cfg: Config, results: list[RunSummary], bytes_code: int) -> str:
+def _files(n: int) -> str:
+    return f" ({n} file{'s' if n != 1 else ''})" if n else ""
+
+
+def _compliance(audits: list[tuple[int, Any]]) -> str:
+    """The README's Compliance section: each seed's `audit` (core/runs/audit.py), and how to rerun it."""
+    if not audits:
+        return ""
+    from core.runs.audit import TOLERANCE
+
+    rows = "\n".join(
+        f"| {seed} | {a.verdict()} | {a.evaluation} | {a.check.checked:,} | {a.check.max_change:.3g} | "
+        f"{a.calibration.status}{_files(len(a.calibration.shards))} | "
+        f"{a.artifact_bytes:,} | {a.code_bytes:,} | {a.eval_seconds:.1f} s |"
+        for seed, a in audits
+    )
+    commands = "\n".join(a.command for _, a in audits)
+    machine = ", ".join(dict.fromkeys(f"{a.backend} backend, {a.device}" for _, a in audits))
+    return f"""
+## Compliance
+
+`cli.py audit` scored each run's artifact twice with the run's own evaluation in fp32 (test-time
+training included where the run used it), the second time with the second half of one validation
+document permuted (same length, every BOS in place). Every token scored before the first changed
+token was scored (in the evaluation's own order) must keep its loss within {TOLERANCE:g} nats: one that
+moves was scored by weights that had learnt from, or a forward that read, tokens not yet scored.
+Calibration: the files GPTQ's Hessians were collected from, as the run recorded them. Eval time:
+the first evaluation's wall time on the machine that ran the audit ({machine}).
+
+| seed | verdict | evaluation | tokens checked | largest change (nats) | calibration | artifact bytes | code bytes | eval time |
+|---|---|---|---|---|---|---|---|---|
+{rows}
+
+Rerun:
+
+```bash
+{commands}
+```
+"""
+
+
+def _readme(
+    name: str, blurb: str, cfg: Config, results: list[RunSummary], bytes_code: int, compliance: str = ""
+) -> str:
     baseline = Config()
     changed = {k: v for k, v in cfg.to_dict().items() if k not in VARYING and getattr(baseline, k) != v}
     rows = "\n".join(f"| `{k.upper()}` | {v} |" for k, v in sorted(changed.items()))
@@ -324,7 +369,7 @@ SEED={results[0].seed} DATA_PATH={cfg.data_path} TOKENIZER_PATH={cfg.tokenizer_p
 
 Every setting above can be overridden by its environment variable. The logs of the runs are
 `train_seed<N>.log`.
-"""
+{compliance}"""
 
 
 def write_record(
@@ -335,9 +380,12 @@ def write_record(
     github_id: str = "",
     blurb: str = "",
     compressed: bool = True,
+    audit: Callable[[Path], Any] | None = None,
 ) -> tuple[Path, int]:
     """The records folder for the runs of one config (one per seed): train_gpt.py, submission.json,
-    README.md and train_seed<N>.log. Returns the folder and the bytes of its train_gpt.py."""
+    README.md and train_seed<N>.log. Returns the folder and the bytes of its train_gpt.py.
+    `audit` (run directory -> core.runs.audit.Audit): each run is audited first, the folder written only
+    when all pass, its README with their Compliance section."""
     import datetime
     import shutil
     import tempfile
@@ -356,6 +404,12 @@ def write_record(
         raise PgolfError("package: two runs share a seed")
     if out.exists():
         raise PgolfError(f"package: {out} exists already: choose another --out")
+    audits = []
+    for r in results if audit is not None else ():
+        found = audit(r.path)
+        if not found.legal:
+            raise PgolfError(f"package: {r.path} fails the audit: {found.verdict()} (rerun: {found.command})")
+        audits.append((r.seed, found))
     text = script(cfg, compressed)
     size = len(text.encode("utf-8"))
     mean_bpb, std = mean_std([r.score_val_bpb for r in results])
@@ -388,7 +442,7 @@ def write_record(
     try:
         (staging / "train_gpt.py").write_text(text, encoding="utf-8")
         (staging / "submission.json").write_text(json.dumps(submission, indent=2) + "\n", encoding="utf-8")
-        (staging / "README.md").write_text(_readme(name, blurb, cfg, results, size), encoding="utf-8")
+        (staging / "README.md").write_text(_readme(name, blurb, cfg, results, size, _compliance(audits)), encoding="utf-8")
         for r in results:
             shutil.copyfile(r.path / "train.log", staging / f"train_seed{r.seed}.log")
         staging.rename(out)

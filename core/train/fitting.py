@@ -20,29 +20,46 @@ from core.artifact.fit import FIT_FIELDS, Fit, fit_artifact
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.config.fields import Config
-from core.data.shards import find_shards, read_shard
+from core.data.shards import find_shards, read_shard, read_shard_header
 
 if TYPE_CHECKING:
     from core.model.backend import Backend
 
-__all__ = ["calibration_loss", "calibration_tokens", "fit_on_backend", "shared_fit", "write_fit"]
+__all__ = [
+    "calibration_loss",
+    "calibration_tokens",
+    "fit_on_backend",
+    "fit_shards",
+    "shared_fit",
+    "write_fit",
+]
 
 BATCH_SEQS = 8  # sequences per eval_nll call
 FIT_KEY = "pgolf/artifact_fit"  # what rank 0 chose, or why it failed, for the other ranks
 FIT_WAIT_SECONDS = 6 * 3600.0  # the longest the other ranks wait for rank 0's fit
 
 
-def calibration_tokens(cfg: Config) -> np.ndarray:
-    """The last tokens of the training shards: whole sequences of `train_seq_len`, at most
-    `artifact_fit_tokens` targets, plus the token before the first target."""
-    seq = cfg.train_seq_len
-    want = max(cfg.artifact_fit_tokens // seq, 1) * seq + 1
-    parts, have = [], 0
+def _wanted_tokens(cfg: Config) -> int:
+    return max(cfg.artifact_fit_tokens // cfg.train_seq_len, 1) * cfg.train_seq_len + 1
+
+
+def fit_shards(cfg: Config) -> list[Path]:
+    """The training shards the fit's calibration tokens come from: the last ones, as many as they take."""
+    shards, have = [], 0
     for path in reversed(find_shards(cfg.data_path, "train")):
-        parts.insert(0, read_shard(path, cfg.vocab_size))
-        have += parts[0].size
-        if have >= want:
+        shards.insert(0, path)
+        have += read_shard_header(path)
+        if have >= _wanted_tokens(cfg):
             break
+    return shards
+
+
+def calibration_tokens(cfg: Config) -> np.ndarray:
+    """The last tokens of the training shards (`fit_shards`): whole sequences of `train_seq_len`, at
+    most `artifact_fit_tokens` targets, plus the token before the first target."""
+    seq = cfg.train_seq_len
+    want = _wanted_tokens(cfg)
+    parts = [read_shard(path, cfg.vocab_size) for path in fit_shards(cfg)]
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.uint16)
     usable = (min(tokens.size, want) - 1) // seq * seq
     if usable <= 0:

@@ -25,6 +25,7 @@ was taken off the cap: `Config.train_cap_seconds`), the artifact is written
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,7 @@ from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
 from core.common.errors import PgolfError
+from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
@@ -93,6 +95,25 @@ class RunResult:
         return self.roundtrip_val_bpb
 
 
+def calibration_shards(cfg: Config) -> list[Path]:
+    """The files GPTQ's calibration reads its batches from: the training shards, never validation ones."""
+    return find_shards(cfg.data_path, "train")
+
+
+def write_calibration(artifact: Path, cfg: Config, fit_shards: Sequence[Path] = ()) -> Path:
+    """Beside the artifact (`.calibration.json`): the files its calibration read, GPTQ's Hessians and the
+    artifact fit's scoring (`fit_shards`, when there was a fit), by name, for `audit` to check."""
+    record = {
+        "data_path": str(cfg.data_path),
+        "gptq_shards": [p.name for p in calibration_shards(cfg)],
+        "gptq_batches": cfg.gptq_calibration_batches,
+        "fit_shards": [Path(p).name for p in fit_shards],
+    }
+    return write_atomic(
+        artifact.with_suffix(".calibration.json"), (json.dumps(record, indent=1) + "\n").encode()
+    )
+
+
 def calibrate_gptq(backend: Backend, log: Log | None = None) -> dict[str, np.ndarray]:
     """GPTQ's Hessians: `gptq_calibration_batches` training micro-batches per rank, read from the start
     of the training stream, through the backend's `input_hessians`; the mean over every rank's batches."""
@@ -100,7 +121,7 @@ def calibrate_gptq(backend: Backend, log: Log | None = None) -> dict[str, np.nda
     t0 = time.perf_counter()
     loader = make_train_loader(
         cfg.train_loader,
-        find_shards(cfg.data_path, "train"),
+        calibration_shards(cfg),
         backend.rank,
         backend.world_size,
         cfg.vocab_size,
@@ -433,10 +454,12 @@ class Training:
                 params, cfg, self.dtypes, artifact, self.code_bytes, hessians, quantized=quantized
             )
             if fit is not None:
-                from core.train.fitting import write_fit
+                from core.train.fitting import fit_shards, write_fit
 
                 for path in write_fit(fit, artifact):
                     self.say(f"fit:wrote {path}")
+            if hessians is not None:
+                write_calibration(artifact, cfg, fit_shards(cfg) if fit is not None else ())
             sizes = report.sizes
             fits = "fits" if sizes["total_bytes"] <= sizes["budget_bytes"] else "OVER BUDGET"
             kind = f"{label}+{cfg.compressor}"
