@@ -201,6 +201,7 @@ def test_a_packaged_run_writes_and_reads_a_pergroup_artifact(sotu_dataset, pgolf
     assert "the pergroup compressor needs the lrzip program, which is not installed" in result.stderr
 
 
+@pytest.mark.slow  # the run it packages: ~100 s on 2 loaded cores
 @needs("cuda")
 def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     run_dir, stdout = pgolf_run

@@ -280,6 +280,7 @@ def script(cfg: Config, compressed: bool = True) -> str:
     return _packed(text)
 
 
+@functools.lru_cache(maxsize=8)  # the same script is asked for again (its size, then the file)
 def _packed(text: str) -> str:
     """`text` compressed by brotli (quality 11) and base85-encoded, in a script that runs it."""
     blob = base64.b85encode(brotli.compress(text.encode("utf-8"), quality=11)).decode()
