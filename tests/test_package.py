@@ -309,3 +309,14 @@ def test_messages_name_a_flag_for_the_cli_and_a_variable_for_a_packaged_script(m
         "CASEOPS_ENABLED=1",
     )
     assert errors.setting("run_id") == "RUN_ID" and errors.hint("cli", "env") == "env"
+
+
+def test_a_bug_in_a_packaged_script_shows_its_traceback_without_the_encoded_line(tmp_path):
+    from core.runs.package import _packed
+
+    plain = script(preset("tiny"), compressed=False)
+    buggy = plain.replace("def run():\n", "def run():\n    raise RuntimeError('a bug')\n", 1)
+    assert buggy != plain
+    result = run_alone(_packed(buggy), tmp_path)
+    assert result.returncode == 1 and "RuntimeError: a bug" in result.stderr
+    assert "Traceback" in result.stderr and len(result.stderr) < 2000, result.stderr[:3000]  # not the blob
