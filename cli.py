@@ -49,7 +49,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, one_line
 from core.config.fields import Config
 from core.config.presets import PRESETS
 
@@ -1105,11 +1105,8 @@ def _end_soon_after_sigterm(grace_s: float = 5.0) -> None:
 
 def _ending(exc: BaseException) -> tuple[int, str | None]:
     """The exit status and the one line an exception ends a command with; None: a bug, show its traceback."""
-    if isinstance(exc, PgolfError):
-        return 1, f"error: {exc}"
-    if isinstance(exc, OSError):  # a file problem not caught nearer its cause: still one line
-        where = f": {exc.filename}" if exc.filename else ""
-        return 1, f"error: {exc.strerror or exc}{where}"
+    if isinstance(exc, PgolfError | OSError):
+        return 1, one_line(exc)
     if isinstance(exc, (KeyboardInterrupt, typer.Abort)):
         return 130, "interrupted"
     if isinstance(exc, Terminated):

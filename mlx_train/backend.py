@@ -10,7 +10,7 @@ of the CPU ops (mlx_train/ops.py), most likely by merging their backward-pass
 recomputations with the forward pass.
 
 Several processes (or Macs) train together through MLX's own `mx.distributed`,
-started by `mlx.launch` (see the README): each rank reads its own share of every
+started by `mlx.launch` (see docs/distributed.md): each rank reads its own share of every
 batch, the gradients are averaged with one `all_sum` per tensor, and every rank
 then applies the same update (Muon's orthogonalisation is computed on every rank).
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,10 @@ from core.config.fields import Config
 from core.config.presets import preset
 
 CHALLENGE = Path(__file__).resolve().parent / "fixtures" / "challenge"  # the challenge's sp1024 files
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers: one thread each, and for what it starts
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
 
 
 @dataclass(frozen=True)

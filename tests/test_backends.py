@@ -229,6 +229,7 @@ def test_compiled_step_equals_eager(backend_name):
         np.testing.assert_allclose(compiled[k], eager[k], rtol=0, atol=1e-4, err_msg=k)
 
 
+@pytest.mark.slow  # compiles the step twice: minutes on 2 cores
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_compiled_loop_switch_equals_eager(backend_name):
     """Depth recurrence switched on mid-run takes effect under compile: the losses and weights of
@@ -300,6 +301,7 @@ def test_mlx_step_compiles_once():
     assert len(traces) == 1
 
 
+@pytest.mark.slow  # ~45 s on 2 loaded cores
 @pytest.mark.mlx
 @pytest.mark.skipif(not importlib.util.find_spec("mlx"), reason="mlx not installed")
 def test_mlx_loop_switch_traces_each_layout_once():
@@ -343,6 +345,7 @@ def test_mlx_rms_norm_equals_torch_in_both_dtypes(dtype):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)
 
 
+@pytest.mark.slow  # torch.compile on a CPU: minutes on 2 cores
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16: autocast, as on CUDA
 def test_torch_compiled_steady_state_has_no_recompiles(dtype):

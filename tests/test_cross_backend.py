@@ -88,7 +88,7 @@ MIXED = {
     "artifact",
     [
         pytest.param({"mlp_mult": 20.0}, id="int8"),
-        pytest.param({**MIXED, "mlp_mult": 20.0}, id="mixed"),
+        pytest.param({**MIXED, "mlp_mult": 20.0}, id="mixed", marks=pytest.mark.slow),  # ~50 s: GPTQ, LQER
         pytest.param(  # ~30 s: lrzip's ZPAQ on 2 cores
             {**MIXED, "mlp_mult": 20.0, "compressor": "pergroup"},
             id="pergroup",

@@ -166,7 +166,9 @@ def model_loss_and_grads(cfg, params, ops_, dtype, compiled=False):
     return float(loss), {k: np.array(g.astype(mx.float32)) for k, g in tree_flatten(grads)}
 
 
-@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize(
+    "tie", [pytest.param(True, marks=pytest.mark.slow), False]
+)  # True: minutes on 2 cores
 def test_model_with_cpu_ops_equals_model_with_gpu_ops_compiled(tie, small_blocks):
     cfg = preset("smoke").replace(tie_embeddings=tie)
     params = busy_params(cfg)

@@ -115,8 +115,8 @@ def test_minify_drops_annotations_and_all_but_keeps_dataclass_fields():
     )
     small = minify(source)
     assert "__all__" not in small and ": int =" not in small.split("class P")[0]
-    assert "->" not in small and "y: int" not in small and "z: int" not in small and "rest: int" not in small
-    assert "x: int = 1" in small  # dataclasses read a class body's annotations
+    assert "->" not in small and not re.search(r"\b[yz] ?: ?int|rest ?: ?int", small)
+    assert "x:int=1" in small.replace(" ", "")  # dataclasses read a class body's annotations
     namespace: dict = {}
     exec(compile(small, "minified", "exec"), namespace)
     assert namespace["P"](2).f(3, 0, 0) == 7 and namespace["P"]().f(20) == 10
@@ -202,6 +202,7 @@ def test_a_packaged_run_writes_and_reads_a_pergroup_artifact(sotu_dataset, pgolf
     assert "the pergroup compressor needs the lrzip program, which is not installed" in result.stderr
 
 
+@pytest.mark.slow  # the run it packages: ~100 s on 2 loaded cores
 @needs("cuda")
 def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     run_dir, stdout = pgolf_run
@@ -246,3 +247,77 @@ def test_runs_of_different_configs_or_unfinished_runs_are_refused(tmp_path):
     with pytest.raises(PgolfError, match="did not finish"):
         write_record([tmp_path / "c"], tmp_path / "out", "x")
     assert not (tmp_path / "out").exists()
+
+
+def run_alone(text: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """A train_gpt.py of `text` run alone in an empty folder, pgolf hidden, with `env` set."""
+    here = tmp_path / "alone"
+    here.mkdir(parents=True)
+    (here / "train_gpt.py").write_text(text)
+    (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATA_PATH", "TOKENIZER_PATH")}
+    return subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=environ | env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def assert_one_line(result: subprocess.CompletedProcess, *names: str) -> None:
+    """Exit 1 with one `error:` line naming `names`, no traceback (the encoded blob is 40 KB), no cli.py."""
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "cli.py" not in lines[0] and len(lines[0]) < 400
+    assert all(name in lines[0] for name in names), lines[0]
+    assert "step:" not in result.stdout
+
+
+@pytest.mark.slow  # a process importing torch, up to 30 s on 2 loaded cores
+@needs("cuda")
+def test_a_packaged_script_alone_without_data_or_tokenizer_says_so_in_one_line(sotu_dataset, tmp_path):
+    text = script(preset("tiny"))
+    assert_one_line(run_alone(text, tmp_path / "a", DATA_PATH="/nonexistent"), "TOKENIZER_PATH")
+    result = run_alone(text, tmp_path / "b", DATA_PATH="/nonexistent",
+                       TOKENIZER_PATH=str(sotu_dataset.tokenizer_path))  # fmt: skip
+    assert_one_line(result, "/nonexistent", "DATA_PATH")
+    assert_one_line(run_alone(text, tmp_path / "c", ITERATIONS="many"), "iterations", "'many'")
+    assert not (tmp_path / "c" / "alone" / "runs").exists()  # nothing written
+
+
+@pytest.mark.slow  # a process importing torch, up to 30 s on 2 loaded cores
+@needs("cuda")
+def test_a_packaged_pergroup_script_without_lrzip_says_so_in_one_line(sotu_dataset, tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    text = script(preset("tiny").replace(compressor="pergroup", byte_shuffle=2))
+    result = run_alone(text, tmp_path, PATH=str(empty), DATA_PATH=str(sotu_dataset.data_path),
+                       TOKENIZER_PATH=str(sotu_dataset.tokenizer_path))  # fmt: skip
+    assert_one_line(result, "lrzip", "COMPRESSOR=brotli")
+    assert "--compressor" not in result.stderr
+
+
+def test_messages_name_a_flag_for_the_cli_and_a_variable_for_a_packaged_script(monkeypatch):
+    from core.common import errors
+
+    assert (errors.setting("compressor", "brotli"), errors.setting("caseops_enabled", True)) == (
+        "--compressor brotli",
+        "--caseops-enabled",
+    )
+    assert (
+        errors.hint("run: python cli.py data prepare", "set DATA_PATH") == "run: python cli.py data prepare"
+    )
+    monkeypatch.setattr(errors, "PACKAGED", True)
+    assert (errors.setting("compressor", "brotli"), errors.setting("caseops_enabled", True)) == (
+        "COMPRESSOR=brotli",
+        "CASEOPS_ENABLED=1",
+    )
+    assert errors.setting("run_id") == "RUN_ID" and errors.hint("cli", "env") == "env"
+
+
+def test_a_bug_in_a_packaged_script_shows_its_traceback_without_the_encoded_line(tmp_path):
+    from core.runs.package import _packed
+
+    plain = script(preset("tiny"), compressed=False)
+    buggy = plain.replace("def run():\n", "def run():\n    raise RuntimeError('a bug')\n", 1)
+    assert buggy != plain
+    result = run_alone(_packed(buggy), tmp_path)
+    assert result.returncode == 1 and "RuntimeError: a bug" in result.stderr
+    assert "Traceback" in result.stderr and len(result.stderr) < 2000, result.stderr[:3000]  # not the blob

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from core.common import pergroup
-from core.common.errors import PgolfError, first_line
+from core.common.errors import PgolfError, first_line, setting
 
 __all__ = [
     "COMPRESSORS",
@@ -151,7 +151,7 @@ def _require_lrzip(doing: str) -> None:
     if not lrzip_installed():
         raise PgolfError(
             f"{doing} needs the lrzip program, which is not installed: apt-get install lrzip (Debian, "
-            "Ubuntu) or brew install lrzip (macOS), or choose another compressor (--compressor brotli)"
+            f"Ubuntu) or brew install lrzip (macOS), or choose another compressor ({setting('compressor', 'brotli')})"
         )
 
 

@@ -9,9 +9,40 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+# Who reads the messages: the CLI's user (False), or a packaged train_gpt.py's (True), whose settings are
+# environment variables and beside which there is no cli.py. The packaged script sets it as it starts.
+PACKAGED = False
+
 
 class PgolfError(Exception):
     """A problem with the user's input (file, flag, config), explained in one line."""
+
+
+def setting(name: str, value: Any = None) -> str:
+    """How the reader sets config field `name` (to `value`): `--compressor brotli`, or in a packaged
+    train_gpt.py `COMPRESSOR=brotli` (an on/off field: `--caseops-enabled`, `CASEOPS_ENABLED=1`)."""
+    if PACKAGED:
+        return name.upper() + (
+            "" if value is None else f"={int(value) if isinstance(value, bool) else value}"
+        )
+    flag = "--" + name.replace("_", "-")
+    return flag if value is None or value is True else f"{flag} {value}"
+
+
+def hint(cli: str, packaged: str) -> str:
+    """The advice that fits the reader: the CLI's, or a packaged train_gpt.py's."""
+    return packaged if PACKAGED else cli
+
+
+def one_line(exc: BaseException) -> str | None:
+    """The line a user's problem ends a command with (a PgolfError, or a file problem not caught nearer its
+    cause); None for anything else: a bug, whose traceback is shown."""
+    if isinstance(exc, PgolfError):
+        return f"error: {exc}"
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"error: {exc.strerror or exc}{where}"
+    return None
 
 
 def first_line(exc: BaseException) -> str:

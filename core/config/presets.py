@@ -63,7 +63,7 @@ RECORD_0401: dict[str, Any] = {
     "gptq_reserve_seconds": 10.0,
 }
 # Record 2026-04-27 (val_bpb 1.0611, 3-seed mean), from its README and the hyperparameters its seed-42
-# log prints. What pgolf cannot express is listed in README.md ("Record 2026-04-27 as a preset").
+# log prints. What pgolf cannot express is listed in docs/records.md ("Record 2026-04-27 as a preset").
 RECORD_0427: dict[str, Any] = {
     **RECORD_STACK,
     "data_path": "data/datasets/fineweb10B_sp8192_lossless_caps_caseops_v1_reserved",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, hint
 from core.common.files import open_regular
 
 SHARD_MAGIC = 20240520
@@ -75,7 +75,7 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
     names the validation byte sidecar (CaseOps data), which "val" does not include."""
     folder = Path(data_path)
     if not folder.is_dir():
-        raise PgolfError(f"dataset folder {folder} does not exist (run: python cli.py data prepare)")
+        raise PgolfError(f"dataset folder {folder} does not exist ({hint('run: python cli.py data prepare', 'set DATA_PATH')})")
     try:
         os.listdir(folder)  # glob finds nothing in a folder it may not list: say so instead
     except OSError as exc:

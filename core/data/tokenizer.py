@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, hint
 from core.common.files import read_file
 
 SPACE = "\u2581"  # the "▁" SentencePiece writes for a space
@@ -25,7 +25,7 @@ MAX_TOKENIZER_BYTES = 2**28  # 256 MiB; a 65,536-piece model is a few MB
 def load_tokenizer(path: str | Path) -> spm.SentencePieceProcessor:
     path = Path(path)
     if not path.exists():
-        raise PgolfError(f"tokenizer {path} does not exist (run: python cli.py data prepare)")
+        raise PgolfError(f"tokenizer {path} does not exist ({hint('run: python cli.py data prepare', 'set TOKENIZER_PATH')})")
     if path.suffix != ".model":
         raise PgolfError(f"tokenizer {path} should be a SentencePiece .model file")
     # Read here, so that an unreadable file is said to be one, not "not a SentencePiece model".

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, hint, setting
 from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens, val_spans
@@ -62,7 +62,7 @@ def load_eval_data(cfg: Config) -> EvalData:
         what = "SmearGate would smear" if cfg.smear_gate_enabled else "attention would reach"
         raise PgolfError(
             f"bos_id={cfg.bos_id}, but the tokenizer {cfg.tokenizer_path} starts documents with {sp.bos_id()}: "
-            f"{what} across document starts (set --bos-id)"
+            f"{what} across document starts (set {setting('bos_id')})"
         )
     files = find_shards(cfg.data_path, "val")
     tokens = load_val_tokens(files, cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size)
@@ -71,7 +71,11 @@ def load_eval_data(cfg: Config) -> EvalData:
         raise PgolfError(
             f"caseops_enabled is {'off' if has else 'on'}, but {cfg.data_path} has {'a' if has else 'no'} "
             "validation byte sidecar (fineweb_val_bytes_*.bin, CaseOps data): "
-            + ("set --caseops-enabled (CASEOPS_ENABLED=1)" if has else "data prepare --caseops makes one")
+            + (
+                f"set {setting('caseops_enabled', True)}"
+                if has
+                else hint("data prepare --caseops makes one", "set DATA_PATH to CaseOps data")
+            )
         )
     sidecar = load_val_bytes(files, len(tokens)) if has else None
     return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size), sidecar=sidecar)

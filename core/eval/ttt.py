@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, setting
 from core.eval.bpb import BPBMeter
 from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows, sliding_enabled
 from core.model.lora import adapter_shapes, initial_a
@@ -65,7 +65,7 @@ def find_documents(tokens: np.ndarray, bos_id: int) -> list[Document]:
     if starts.size == 0 or starts[0] != 0:
         raise PgolfError(
             f"test-time training: the validation tokens should start with a document's BOS ({bos_id}), "
-            f"but start with {int(tokens[0]) if len(tokens) else 'nothing'} (set --bos-id)"
+            f"but start with {int(tokens[0]) if len(tokens) else 'nothing'} (set {setting('bos_id')})"
         )
     ends = np.append(starts[1:] + 1, len(tokens))
     return [

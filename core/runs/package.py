@@ -14,29 +14,33 @@ such paths import. A packaged run that took one would stop at that import.
 
 Two forms:
 - plain: the modules' sources as they are, readable;
-- compressed (the default, and the size every report calls the run's code bytes):
-  each module minified (docstrings, comments, the config fields' help texts, the
-  annotations of functions and `__all__` dropped by a round trip through `ast`), the
-  whole script compressed (lzma or bz2, whichever is smaller) and base85-encoded in a
-  two-line script that decompresses and runs it.
+- compressed (the default, and the size every report calls the run's code bytes): each module
+  minified as the records minify theirs (python-minifier, the records' `pyminify --no-rename-locals
+  --no-hoist-literals --remove-literal-statements --remove-asserts`), after dropping what only the CLI
+  reads (the config fields' help texts, `__all__`); the whole script compressed by brotli (quality 11,
+  smaller than lzma's or bz2's best here) and base85-encoded in a two-line script that runs it.
+
+Its errors are one line (`error: ...`, as the CLI's) naming its own environment variables, never a
+traceback through the encoded blob.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
-import bz2
 import functools
 import json
-import lzma
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.config.fields import Config
+import brotli
+import python_minifier
+
 from core.common.errors import PgolfError
-from core.runs.summary import RunSummary, summarize
+from core.config.fields import Config
 from core.runs.stats import mean_std
+from core.runs.summary import RunSummary, summarize
 
 __all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
@@ -116,9 +120,8 @@ class _Minifier(ast.NodeTransformer):
 
     def _scope(self, node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
         first = node.body[0] if node.body else None
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-            if isinstance(first.value.value, str):
-                node.body = node.body[1:] or [ast.Pass()]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            node.body = node.body[1:] or [ast.Pass()]
         outer, self.in_class = self.in_class, isinstance(node, ast.ClassDef)
         self.generic_visit(node)
         self.in_class = outer
@@ -153,9 +156,16 @@ class _Minifier(ast.NodeTransformer):
 
 @functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
 def minify(source: str) -> str:
-    """The same code without docstrings, comments or formatting, nor what `_Minifier` drops."""
+    """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops."""
     tree = _Minifier().visit(ast.parse(source))
-    return ast.unparse(tree) + "\n"
+    small = python_minifier.minify(
+        ast.unparse(tree),
+        rename_locals=False,
+        hoist_literals=False,
+        remove_literal_statements=True,
+        remove_asserts=True,
+    )
+    return small + "\n"
 
 
 def _literal(source: str) -> str:
@@ -171,6 +181,7 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 
 PACKAGES = {packages!r}
 RUN_CONFIG = json.loads({config!r})
@@ -196,9 +207,28 @@ class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def main():
     sys.meta_path.insert(0, BundledModules())
-{imports}
+    from core.common import errors
 
-    cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()
+    errors.PACKAGED = True  # the messages name this script's environment variables
+    try:
+        run()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # one line for a user's problem; a bug's traceback, without this file's blob
+        line = errors.one_line(exc)
+        if line is None:
+            traceback.print_exception(exc)  # from main() down: not this file's encoded line
+        else:
+            print(line, file=sys.stderr)
+        sys.exit(1)
+
+
+def run():
+{config_import}
+
+    cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()  # before the slow imports
+{imports}
     check_config(cfg)
     backend = create_backend(cfg)
     try:
@@ -242,22 +272,20 @@ def script(cfg: Config, compressed: bool = True) -> str:
     runner = RUNNER.format(
         packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
         config=json.dumps(_run_config(cfg), sort_keys=True),
-        imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS),
+        config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
+        imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS[1:]),
     )
     text = "\n".join(lines) + "\n" + runner
     if not compressed:
         return text
-    return min((_packed(text, "lzma"), _packed(text, "bz2")), key=len)
+    return _packed(text)
 
 
-def _packed(text: str, codec: str) -> str:
-    """`text` compressed by `codec` (lzma or bz2) and base85-encoded, in a script that runs it."""
-    data = text.encode("utf-8")
-    if codec == "lzma":
-        blob = lzma.compress(data, format=lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME)
-    else:
-        blob = bz2.compress(data, 9)
-    return f'import {codec},base64\nexec({codec}.decompress(base64.b85decode("{base64.b85encode(blob).decode()}")))\n'
+@functools.lru_cache(maxsize=8)  # the same script is asked for again (its size, then the file)
+def _packed(text: str) -> str:
+    """`text` compressed by brotli (quality 11) and base85-encoded, in a script that runs it."""
+    blob = base64.b85encode(brotli.compress(text.encode("utf-8"), quality=11)).decode()
+    return f'import brotli,base64\nexec(brotli.decompress(base64.b85decode("{blob}")))\n'
 
 
 def code_bytes(cfg: Config) -> int:

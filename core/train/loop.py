@@ -39,7 +39,7 @@ import numpy as np
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, hint, setting
 from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
@@ -280,7 +280,7 @@ class Training:
         if ckpt.step > cfg.iterations:
             raise PgolfError(
                 f"checkpoint {self.resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
-                "raise --iterations to train on"
+                f"raise {setting('iterations')} to train on"
             )
         backend.load_params(ckpt.params)
         backend.load_optimizer_state(ckpt.optimizer)
@@ -404,7 +404,8 @@ class Training:
             then = (
                 f"export it with: export {path}, or score and export it with: train --resume {self.run.path}"
             )
-        self.say(f"stopped at step {self.step}: checkpoint {path}; {then}")
+        then = hint(f"; {then}", "")  # a packaged train_gpt.py does not resume: pgolf does
+        self.say(f"stopped at step {self.step}: checkpoint {path}{then}")
         raise exc
 
     def watch(self, done: int, total: int) -> None:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, setting
 from core.common.files import WriterLock, append_line, make_dir, remove_stale_temps, write_atomic
 
 
@@ -36,7 +36,7 @@ class RunDir:
         self.lock: WriterLock | None = None
         if not enabled:
             return
-        taken = f"run directory {self.path} already holds a run: choose another --run-id"
+        taken = f"run directory {self.path} already holds a run: choose another {setting('run_id')}"
         if not reuse and (self.path / "config.json").exists():
             raise PgolfError(taken)
         self.fresh = not self.path.exists()  # removed again if its first write fails
