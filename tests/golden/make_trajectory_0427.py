@@ -30,6 +30,17 @@ Triton kernel and the fused cross-entropy are off (``mlp.use_fused = False``, ``
 the record's own eager paths); ``torch.cuda.Stream`` / ``stream`` / ``current_stream`` (the side stream
 of ``Optimizers.step``) are no-ops; pinned memory is ordinary memory.
 
+The initial weights are the record's own initialisation except for the tensors it initialises to all
+zeros (``mlp_down_bank``, ``skip_gates``, ``smear_lambda``, ``smear_gate.weight``, each layer's
+``attn_gate_w``; listed in the metadata as ``unzeroed``), which get N(0, ``ZERO_INIT_STD``) values from
+``default_rng(SEED + 1)``; the attention output projections, zero halves of ``qo_bank``, stay zero. Why:
+with every MLP and attention output zero, the two parallel lanes are the same multiple of the input at
+the final RMSNorm, whose scale invariance makes the gradient of ``parallel_resid_lambdas`` zero but for
+round-off (1e-10); Adam's first step, lr * g / (|g| + eps), turns that round-off into a step of up to lr,
+so a backend rounding differently ends 9e-4 apart in those lambdas after one step (the same holds in the
+record: its first step moves them by round-off). Likewise ``smear_gate.weight`` has no gradient while
+``smear_lambda`` is zero. From the unzeroed init every gradient is a real one.
+
 The record has no weight-decay taper (that came with 2026-04-18; pgolf's ``wd_taper_*`` stay off here).
 
 The batches: the record packs ``TRAIN_BATCH_TOKENS / 8`` tokens a micro-batch as one flat sequence,
@@ -77,6 +88,7 @@ TOKENS = 9_000
 VOCAB = 1024
 BOS = 1
 DOC_LENGTHS = (4, 60)
+ZERO_INIT_STD = 0.02
 SETTINGS = dict(
     vocab_size=VOCAB, num_layers=5, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=2.5, rope_dims=4,
     ln_scale=True, xsa_last_n=5, qk_gain_init=5.0, skip_gates_enabled=True, tie_embeddings=True,
@@ -150,6 +162,19 @@ def make_optimizers(rec, h, model):
     return opts
 
 
+def unzero(model, rng) -> list[str]:
+    """Give each all-zero tensor of the record's init N(0, ZERO_INIT_STD) values (the docstring says why)."""
+    names = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not p.any():
+                p.copy_(
+                    torch.from_numpy(rng.normal(0.0, ZERO_INIT_STD, size=tuple(p.shape)).astype(np.float32))
+                )
+                names.append(name)
+    return names
+
+
 def rows_checked(next_batch, tokens: np.ndarray, seq_len: int):
     """The loader's next_batch, checked to give pgolf's sequential rows and its BOS segments."""
     count = 0
@@ -183,6 +208,7 @@ def main() -> None:
         model = rec.GPT(h).float()
         for block in model.blocks:
             block.mlp.use_fused = False
+        zeros = unzero(model, np.random.default_rng(SEED + 1))
         init = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
         opts = make_optimizers(rec, h, model)
         loader = rec.DocumentPackingLoader(h, torch.device("cpu"))
@@ -218,6 +244,7 @@ def main() -> None:
         "env": json.dumps(ENV),
         "record_only_env": json.dumps(RECORD_ONLY_ENV),
         "loops_on_at_step": str(loop_step),
+        "unzeroed": json.dumps(zeros),
         "transcribed": "train_model: the step loop, the switch to looping, the moving average after each step",
         "substituted": "float32 model; float32 Newton-Schulz and Muon buffers; AdamW fused=False; eager MLP "
         "and cross-entropy; CUDA streams and pinned memory as no-ops",
@@ -232,7 +259,7 @@ def main() -> None:
     }
     save_file(tensors, str(out / "trajectory_0427.safetensors"), metadata=meta)
     print(
-        f"wrote {out / 'trajectory_0427.safetensors'} and the init beside it (loops on at step {loop_step})"
+        f"wrote {out / 'trajectory_0427.safetensors'} and the init beside it (loops on at step {loop_step}; unzeroed: {', '.join(zeros)})"
     )
 
 
