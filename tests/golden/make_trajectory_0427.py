@@ -53,12 +53,12 @@ attention segments are pgolf's document mask (``varlen_attn_enabled``) of each r
 a seeded random walk over ids 2..1023 (each 3 x the previous plus 0..7), and it starts with BOS.
 
 Settings (``ENV``): 5 layers of width 32 (4 heads, 2 KV heads), MLP x2.5, partial RoPE (4 of 8), LN
-scale, XSA on all 5, QK gain 5, skip gates; layers 1..2 looped once more from 35% of training (step 11
-of 30), two parallel lanes from layer 3; SmearGate (window 8) and the sparse attention gate (scale 0.5,
-zero init); tied embeddings, vocabulary 1024; 8 micro-batches of one 32-token row; 30 steps, warm-down
-over the last 0.85 to a floor of 0.1, Muon momentum 0.92 to 0.97 over 10 steps, weight decay (Muon 0.095,
-embedding 0.085, Adam 0.02), grad clip 0.3, beta2 0.99, EMA decay 0.9, Adam eps 1e-10 (see
-make_trajectory_0401.py for why not 1e-8 or 1e-12).
+scale, XSA on all 5, QK gain 5, skip gates; layers 1..2 looped once more from 35% of training (the 12th
+of the 30 steps is the first looped one), two parallel lanes from layer 3; SmearGate (window 8) and the
+sparse attention gate (scale 0.5); tied embeddings, vocabulary 1024; 8 micro-batches of one 32-token row;
+30 steps, warm-down over the last 0.85 to a floor of 0.1, Muon momentum 0.92 to 0.97 over 10 steps,
+weight decay (Muon 0.095, embedding 0.085, Adam 0.02), grad clip 0.3, beta2 0.99, EMA decay 0.9, Adam eps
+1e-10 (see make_trajectory_0401.py for why not 1e-8 or 1e-12; here eps 1e-8 puts MLX 1.4e-4 apart).
 """
 
 from __future__ import annotations
