@@ -116,3 +116,24 @@ def test_the_record_0401_trajectory(sotu_dataset, backend_name, tmp_path):
         assert loss_diff <= LOSS_TOL, loss_diff
         assert diff <= WEIGHT_RTOL, (label, worst, diff)
         assert ve_diff <= ve_rtol, (label, ve_worst, ve_diff)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_the_record_0427_trajectory(sotu_dataset, backend_name, tmp_path):
+    """Record 2026-04-27, 30 steps: its banks under Muon (Polar Express, MuonEq-R, weight decay), its
+    document-packing loader (rows that start at BOS-led documents, attention cut at each BOS), the loops
+    switched on at 35% of training, two parallel lanes, SmearGate masked at BOS, the sparse attention
+    gate, XSA, warm-down by fraction to MIN_LR, and the moving average of the weights."""
+    losses, params, golden_losses, golden_params, ema, golden_ema = trajectory(
+        "0427", "record_0427", sotu_dataset, backend_name, tmp_path,
+        # The record's packed micro-batch of TRAIN_BATCH_TOKENS / 8 = TRAIN_SEQ_LEN tokens is one row of
+        # pgolf's sequential loader (make_trajectory_0427.py); the rest only touches the export and scoring.
+        train_loader="sequential", rope_precision="float32", caseops_enabled=False, ttt_enabled=False,
+        gptq_enabled=False, eval_stride=0, compressor="brotli",
+    )  # fmt: skip
+    for label, got, want in (("weights", params, golden_params), ("ema", ema, golden_ema)):
+        loss_diff, diff, worst = largest_differences(losses, got, golden_losses, want)
+        print(f"0427 {backend_name} {label}: loss {loss_diff:.3g}, {diff:.3g} ({worst})")
+        assert loss_diff <= LOSS_TOL, loss_diff
+        assert diff <= WEIGHT_RTOL, (label, worst, diff)
