@@ -35,12 +35,13 @@ from core.artifact.lqer import LqerSettings
 from core.artifact.mixed import MixedModel
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError, first_line
-from core.common.files import read_file
+from core.common.files import file_sha256, read_file
 from core.config.fields import SCORING_FIELDS, Config
 from core.model.params import artifact_classes
 
 __all__ = [
     "ExportReport",
+    "check_tokenizer",
     "class_bits",
     "class_clips",
     "dequantize",
@@ -50,6 +51,7 @@ __all__ = [
     "quant_label",
     "quantize_mixed_for",
     "read_pgolf_artifact",
+    "tokenizer_digest",
 ]
 
 FP16_BITS = 16  # a bits setting that keeps the class in fp16
@@ -150,10 +152,35 @@ def quantize_mixed_for(
     )
 
 
+def tokenizer_digest(cfg: Config) -> str | None:
+    """The SHA-256 of `cfg`'s tokenizer file, which an artifact keeps (int8.TOKENIZER_KEY); None when
+    the file is not at hand (an export on another machine than the training)."""
+    path = Path(cfg.tokenizer_path)
+    return file_sha256(path, "tokenizer") if path.is_file() else None
+
+
+def check_tokenizer(model: Int8Model | MixedModel, path: str | Path, tokenizer_path: str | Path) -> None:
+    """Refuse to score the artifact `path` with another tokenizer than the one it keeps the SHA-256 of
+    (an artifact without one, or a tokenizer file that is not there, is not checked here)."""
+    kept = getattr(model, "tokenizer_sha256", None)
+    if kept is None or not Path(tokenizer_path).is_file():
+        return
+    given = file_sha256(tokenizer_path, "tokenizer")
+    if given != kept:
+        raise PgolfError(
+            f"artifact {path} was trained with another tokenizer than {tokenizer_path} (SHA-256 "
+            f"{kept[:12]}…, this file's {given[:12]}…): set --tokenizer-path (or --dataset) to its own"
+        )
+
+
 def mixed_blob(model: MixedModel, cfg: Config) -> bytes:
     """The artifact file's bytes for a model quantized with `cfg`'s settings."""
     return mixed.mixed_artifact_bytes(
-        model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+        model,
+        cfg.compressor,
+        shuffle=cfg.byte_shuffle,
+        config=scoring_config(cfg),
+        tokenizer=tokenizer_digest(cfg),
     )
 
 
@@ -187,7 +214,12 @@ def export_artifact(
             info = save_upstream_torch(path, model)
         else:
             info = int8.save_artifact(
-                path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+                path,
+                model,
+                cfg.compressor,
+                shuffle=cfg.byte_shuffle,
+                config=scoring_config(cfg),
+                tokenizer=tokenizer_digest(cfg),
             )
         gptq = 0
     else:

@@ -34,7 +34,7 @@ from core.artifact.checkpoint import (
     tensors_digest,
 )
 from core.artifact.checks import check_mixed, check_model
-from core.artifact.export import dequantize, open_artifact
+from core.artifact.export import check_tokenizer, dequantize, open_artifact
 from core.artifact.int8 import Int8Model, check_finite, open_container
 from core.artifact.mixed import MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact
@@ -340,6 +340,8 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
         return None
     try:
         kept = int8.open_container(blob, path).meta.get("config")
+    except PgolfError as exc:  # not damage: e.g. the program its compressor needs is not installed
+        raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # a damaged file: its reader names the problem when the weights are read
         raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
     return (kept, f"artifact {path}") if isinstance(kept, dict) and kept else None
@@ -359,7 +361,9 @@ def load_weights(
     if is_checkpoint(path):
         params = load_checkpoint(path).params
     else:
-        params = dequantize(read_artifact(path, allow_pickle=allow_pickle))
+        model = read_artifact(path, allow_pickle=allow_pickle)
+        check_tokenizer(model, path, cfg.tokenizer_path)
+        params = dequantize(model)
     return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()}).validate()
 
 

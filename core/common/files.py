@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import stat
@@ -54,6 +55,26 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     finally:
         if tmp is not None:  # gone already when the rename succeeded
             Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def check_writable(path: str | Path, what: str) -> Path:
+    """Refuse, before any work, a file `write_atomic` could not write: a folder, or a file in a folder
+    that is missing or takes no new file (no permission, read-only, /proc). Tried the way `write_atomic`
+    writes: a temp file made beside it, then removed. `what` names the file (e.g. "--out")."""
+    path = Path(path)
+    if path.name in ("", ".", "..") or path.is_dir():
+        raise PgolfError(f"{what} {path}: a folder, not a file")
+    if not path.parent.is_dir():
+        raise PgolfError(f"{what} {path}: its folder {path.parent} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.pgolf-{os.getpid()}-", suffix=".tmp"
+        )
+    except OSError as exc:
+        raise PgolfError(f"{what} {path}: cannot write in {path.parent} ({exc.strerror or exc})") from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
     return path
 
 
@@ -139,6 +160,15 @@ def read_file(path: str | Path, what: str, max_bytes: int | None = None) -> byte
             return f.read()
         except OSError as exc:
             raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+
+
+def file_sha256(path: str | Path, what: str = "shard") -> str:
+    """The SHA-256 of a file, read in pieces (a shard is ~200 MB); `what` names it in an error."""
+    digest = hashlib.sha256()
+    with open_regular(path, what) as f:
+        while piece := f.read(1 << 23):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 class WriterLock:

@@ -23,6 +23,7 @@ from core.artifact.export import quant_label
 from core.artifact.load import saved_config
 from core.common.compress import check_available
 from core.common.errors import PgolfError
+from core.common.files import check_writable
 from core.config.fields import EXPORT_FIELDS, Config
 from core.config.presets import CHALLENGE_DATA_PRESETS
 from core.config.sources import given_values, resolve_sources, resumed_config
@@ -207,6 +208,8 @@ def export_setup(
     config, `.fit.toml`, names them all)."""
     from core.config.sources import load_file
 
+    if out is not None:  # refused now, not after a fit of minutes
+        check_writable(out, "--out")
     given = load_file(config) if config is not None else {}
     overrides = {k: v for k, v in given.items() if k in EXPORT_FIELDS} | dict(overrides or {})
     if format not in ("pgolf", "upstream"):
@@ -230,6 +233,7 @@ def export_setup(
     target = out or checkpoint.with_suffix(suffix)
     if target.resolve() == checkpoint.resolve():
         raise PgolfError(f"--out {target} is the checkpoint itself: choose another file")
+    check_writable(target, "--out" if out is not None else "the artifact (beside the checkpoint)")
     params = ckpt.params
     if cfg.ema_decay > 0:
         params = {name: ckpt.optimizer[f"ema/{name}"] for name in params}

@@ -37,7 +37,7 @@ import numpy as np
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, memory_hint
 from core.config.fields import Config
 from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
@@ -50,7 +50,9 @@ if TYPE_CHECKING:  # only annotations name the backend's interface
     from core.model.backend import Backend
 
 Log = Callable[[str], None]
-# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written.
+# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written. When the
+# poll has a `release()` method too, the loop calls it once its last checkpoint is on disk: from then on,
+# through the export and the final scores (test-time training: minutes), a stop may end the run at once.
 StopPoll = Callable[[], BaseException | None]
 
 # A run has diverged, and stops with an error, when a logged training loss or a validation loss is
@@ -308,7 +310,8 @@ class Training:
         lr_mult = lr_multiplier(cfg, self.step, self.elapsed_ms)
         momentum = muon_momentum(cfg, self.step)
         wd_mult = muon_wd_multiplier(cfg, self.step, self.elapsed_ms)
-        loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum, wd_mult)
+        with memory_hint("a training step", "--train-batch-tokens, or raise --grad-accum-steps"):
+            loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum, wd_mult)
         self.step += 1
         self.elapsed_ms = self.agreed_ms()
         if self.main and self.step_progress is not None:
@@ -516,6 +519,9 @@ class Training:
             self.say(f"peak memory allocated: {self.peak_memory // 2**20} MiB")
         self.save_checkpoint()
         self.stop_if_asked()
+        release = getattr(self.stop, "release", None)
+        if release is not None:  # nothing is left to save: a stop need not wait for a poll
+            release()
         result = self.export_and_score()
         self.metric(
             kind="final", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}
