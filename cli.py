@@ -855,6 +855,7 @@ class Signals:
     def __init__(self) -> None:
         self.holding = False
         self.pending: BaseException | None = None
+        self.note = ""  # said when a signal arrives after `release`
 
     def handle(self, signum, frame) -> None:
         exc = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
@@ -862,27 +863,30 @@ class Signals:
             self.pending = exc
             os.write(2, f"\n{HOLDING_NOTICE}\n".encode())  # at once: a validation pass can take a while
             return
+        if self.note:
+            os.write(2, f"\n{self.note}\n".encode())
+            self.note = ""
         raise exc
 
     def __call__(self) -> BaseException | None:
         """The poll the training loop calls between steps: the signal held, if one came."""
         return self.pending
 
-    def release(self) -> None:
-        """From now on a signal is raised at once (the training loop calls this once its last checkpoint
-        is on disk: nothing is left to save); one held until now is raised here."""
-        self.holding = False
+    def release(self, note: str = "") -> None:
+        """From now on a signal is raised at once, after `note` on stderr (the training loop calls this once
+        its last checkpoint is on disk: nothing is left to save; the note says where it is); one held
+        until now is raised here."""
+        self.holding, self.note = False, note
         if self.pending is not None:
             raise self.pending
 
     @contextlib.contextmanager
     def held(self):
-        self.holding = True
-        self.pending = None
+        self.holding, self.pending = True, None
         try:
             yield self
         finally:
-            self.holding = False
+            self.holding, self.note = False, ""
 
 
 HOLDING_NOTICE = "stopping after the current step, with a checkpoint (again: stop now, without one)"

@@ -98,7 +98,10 @@ class Poll:
     def __call__(self):
         return None
 
-    def release(self) -> None:
+    def release(self, note: str) -> None:
+        assert (
+            note.startswith("stopped after the last step: checkpoint ") and "export it with: export" in note
+        )
         self.released_with = sorted(p.name for p in (self.run / "checkpoints").glob("*.safetensors"))
         assert not list(self.run.glob("final_model.*"))  # before the export
 
@@ -141,6 +144,7 @@ def test_sigterm_during_trains_test_time_training_ends_it_within_seconds(sotu_da
     stdout, stderr = process.communicate(timeout=600)
     assert time.monotonic() - sent < 5.0
     assert process.returncode == 143 and stderr.strip().endswith("terminated"), stderr
+    assert "stopped after the last step: checkpoint " in stderr  # where it is, how to export it
     assert "final_int8_zlib_ttt" not in stdout
     assert load_checkpoint(tmp_path / "r" / "checkpoints" / "step_000002.safetensors").step == 2
 

@@ -51,8 +51,9 @@ if TYPE_CHECKING:  # only annotations name the backend's interface
 
 Log = Callable[[str], None]
 # Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written. When the
-# poll has a `release()` method too, the loop calls it once its last checkpoint is on disk: from then on,
-# through the export and the final scores (test-time training: minutes), a stop may end the run at once.
+# poll has a `release(note)` method too, the loop calls it once its last checkpoint is on disk: from then
+# on, through the export and the final scores (test-time training: minutes), a stop may end the run at
+# once, saying the note (where the checkpoint is, how to export it).
 StopPoll = Callable[[], BaseException | None]
 
 # A run has diverged, and stops with an error, when a logged training loss or a validation loss is
@@ -521,7 +522,11 @@ class Training:
         self.stop_if_asked()
         release = getattr(self.stop, "release", None)
         if release is not None:  # nothing is left to save: a stop need not wait for a poll
-            release()
+            path = self.run.checkpoint_path(self.step)
+            release(
+                f"stopped after the last step: checkpoint {path}; export it with: export {path}, or score "
+                f"and export it with: train --resume {self.run.path}"
+            )
         result = self.export_and_score()
         self.metric(
             kind="final", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}
