@@ -95,6 +95,10 @@ def read_back(load, path: Path, blob: bytes):
     return None
 
 
+# The SHA-256 of a tokenizer, which pgolf's artifacts keep in their metadata.
+TOKENIZER = "5f" * 32
+
+
 # ------------------------------------------------------------ pgolf's int8 container
 INT8_KINDS = {"none": ("none", 0), "zlib": ("zlib", 0), "bz2": ("bz2", 0), "zstd": ("zstd", 0),
               "brotli+shuffle": ("brotli", 2)}  # fmt: skip
@@ -103,14 +107,20 @@ INT8_KINDS = {"none": ("none", 0), "zlib": ("zlib", 0), "bz2": ("bz2", 0), "zstd
 @pytest.fixture(scope="module")
 def int8_blobs() -> dict[str, bytes]:
     model = quantize(*golden_state())
-    return {k: quant.artifact_bytes(model, compressor=c, shuffle=s) for k, (c, s) in INT8_KINDS.items()}
+    return {
+        k: quant.artifact_bytes(model, compressor=c, shuffle=s, tokenizer=TOKENIZER)
+        for k, (c, s) in INT8_KINDS.items()
+    }
 
 
 def check_int8(path: Path, blob: bytes, original: bytes, kind: str) -> None:
     model = read_back(upstream.load_artifact, path, blob)
     if model is not None:  # accepted: it must be exactly what was written
         compressor, shuffle = INT8_KINDS[kind]
-        assert quant.artifact_bytes(model, compressor=compressor, shuffle=shuffle) == original
+        written = quant.artifact_bytes(
+            model, compressor=compressor, shuffle=shuffle, tokenizer=model.tokenizer_sha256
+        )
+        assert written == original
 
 
 @FUZZ
@@ -138,14 +148,20 @@ def mixed_blobs() -> dict[str, bytes]:
     classes = {"tok_emb.weight": "embedding", "blocks.0.mlp.fc.weight": "mlp", "blocks.0.attn.q_gain": "control",
                "extra.cube": "other", "extra.bias": "other", "extra.step": "other"}  # fmt: skip
     model = mixed.quantize_mixed(state, classes, bits={"mlp": 5}, orig_dtypes=dtypes)
-    return {k: mixed.mixed_artifact_bytes(model, c, shuffle=s) for k, (c, s) in MIXED_KINDS.items()}
+    return {
+        k: mixed.mixed_artifact_bytes(model, c, shuffle=s, tokenizer=TOKENIZER)
+        for k, (c, s) in MIXED_KINDS.items()
+    }
 
 
 def check_mixed(path: Path, blob: bytes, original: bytes, kind: str) -> None:
     model = read_back(load_mixed_artifact, path, blob)
     if model is not None:
         compressor, shuffle = MIXED_KINDS[kind]
-        assert mixed.mixed_artifact_bytes(model, compressor, shuffle=shuffle) == original
+        written = mixed.mixed_artifact_bytes(
+            model, compressor, shuffle=shuffle, tokenizer=model.tokenizer_sha256
+        )
+        assert written == original
 
 
 @FUZZ
