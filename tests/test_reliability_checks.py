@@ -23,8 +23,8 @@ from core.common import compress
 from core.common.errors import PgolfError, memory_hint
 from core.common.files import file_sha256
 from core.config.presets import preset
-from core.data.manifest import read_manifest
-from core.eval.score import EvalData, evaluate_with_ttt, load_eval_data
+from core.data.manifest import check_tokenizer, read_manifest
+from core.eval.score import EvalData, evaluate_with_ttt
 from core.model.params import init_params, storage_dtypes
 from core.runs.setup import export_setup
 from core.train.fitting import fit_files
@@ -243,10 +243,15 @@ def test_a_tokenizer_that_did_not_make_the_data_is_refused_by_name(sotu_dataset,
     with pytest.raises(
         PgolfError, match=r"tokenizer \S+fineweb_1024_bpe.model did not make dataset sotu_sp1024: "
     ):
-        load_eval_data(cfg)
+        check_tokenizer(cfg.data_path, cfg.tokenizer_path)
+    from core.runs.setup import training_runs
+
+    flags = {"data_path": str(sotu_dataset.data_path), "tokenizer_path": str(OTHER_TOKENIZER)}
+    with pytest.raises(PgolfError, match="did not make dataset sotu_sp1024"):  # train: before anything runs
+        training_runs("cuda", "smoke", None, flags)
     copy = tmp_path / "copy.model"  # the same file elsewhere is the same tokenizer
     shutil.copy(sotu_dataset.tokenizer_path, copy)
-    load_eval_data(sotu_dataset.config().replace(tokenizer_path=str(copy)))
+    check_tokenizer(sotu_dataset.data_path, copy)
     # A manifest written before the hash was recorded: nothing to check against.
     old = tmp_path / "old"
     shutil.copytree(sotu_dataset.root, old)
@@ -254,7 +259,7 @@ def test_a_tokenizer_that_did_not_make_the_data_is_refused_by_name(sotu_dataset,
     for entry in manifest["datasets"]:
         entry.pop("tokenizer_sha256")
     (old / "manifest.json").write_text(json.dumps(manifest))
-    load_eval_data(cfg.replace(data_path=str(old / "datasets" / "sotu_sp1024")))
+    check_tokenizer(old / "datasets" / "sotu_sp1024", OTHER_TOKENIZER)
 
 
 def test_an_artifact_keeps_its_tokenizer_and_refuses_another(sotu_dataset, tmp_path):

@@ -109,11 +109,11 @@ def check_tokenizer(data_path: str | Path, tokenizer_path: str | Path) -> None:
     """Refuse a tokenizer that did not make the dataset in `data_path`: the manifest of its data folder
     (`<root>/manifest.json` for `<root>/datasets/<name>`) records the SHA-256 of the tokenizer file
     of each dataset it lists. A folder no manifest lists, or an entry without that hash (written by an
-    older pgolf), is not checked."""
+    older pgolf), is not checked. Called by the commands (core/runs/setup.py: train, eval, verify)."""
     folder = Path(data_path).resolve()
     root = folder.parent.parent
-    if not (root / "manifest.json").is_file():
-        return
+    if not (root / "manifest.json").is_file() or not Path(tokenizer_path).is_file():
+        return  # nothing to check against, or a tokenizer its reader will refuse by name
     for entry in read_manifest(root)["datasets"]:
         name, recorded = entry.get("name"), entry.get("tokenizer_sha256")
         try:

@@ -18,7 +18,6 @@ import numpy as np
 from core.common.errors import PgolfError, memory_hint
 from core.common.files import write_atomic
 from core.config.fields import Config
-from core.data.manifest import check_tokenizer
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter, stream_bytes
@@ -59,7 +58,6 @@ def load_eval_data(cfg: Config) -> EvalData:
     bytes would not be the text's)."""
     sp = load_tokenizer(cfg.tokenizer_path)
     check_vocab(sp, cfg.vocab_size, cfg.tokenizer_path)
-    check_tokenizer(cfg.data_path, cfg.tokenizer_path)  # the one that made the data, as its manifest says
     if (cfg.smear_gate_enabled or cfg.varlen_attn_enabled) and sp.bos_id() != cfg.bos_id:
         what = "SmearGate would smear" if cfg.smear_gate_enabled else "attention would reach"
         raise PgolfError(

@@ -27,7 +27,7 @@ from core.common.files import check_writable
 from core.config.fields import EXPORT_FIELDS, Config
 from core.config.presets import CHALLENGE_DATA_PRESETS
 from core.config.sources import given_values, resolve_sources, resumed_config
-from core.data.manifest import dataset_settings
+from core.data.manifest import check_tokenizer, dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.score import EvalData, load_eval_data
 from core.artifact.load import load_weights
@@ -74,6 +74,7 @@ def training_runs(
     for run_cfg in configs:  # every run refused before the first one starts, and before any data is prepared
         check_config(backend, run_cfg)
         check_available(run_cfg.compressor)  # its artifact can be written after training
+        check_tokenizer(run_cfg.data_path, run_cfg.tokenizer_path)  # the one that made the data
     return configs, resume, notes
 
 
@@ -158,6 +159,7 @@ def weights_and_data(
     Evaluation runs once: unless asked for, nothing is compiled.
     """
     path, cfg = scoring_config(path, preset, config, overrides)
+    check_tokenizer(cfg.data_path, cfg.tokenizer_path)  # the one that made the data, as its manifest says
     params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
     if cfg.compile == "auto":
         cfg = cfg.replace(compile="off")
