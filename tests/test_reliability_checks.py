@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ from core.train.fitting import fit_files
 from tests.conftest import CHALLENGE
 from tests.test_backends import make_backend, needs
 from tests.test_checkpoint import make_checkpoint
-from tests.test_cli import assert_one_line_error, cli
+from tests.test_cli import ROOT, assert_one_line_error, cli, data_flags
 from tests.test_ttt import LEGAL_CFG, unit_tables
 
 OTHER_TOKENIZER = CHALLENGE / "fineweb_1024_bpe.model"  # vocab 1024 too, but not the one of sotu_sp1024
@@ -196,6 +197,27 @@ def test_memory_errors_and_only_they_become_one_line():
     code, line = cli_module._ending(real)  # where no step names its settings
     assert code == 1 and line.startswith("error: out of memory (") and "lower" in line and "\n" not in line
     assert cli_module._ending(RuntimeError("a bug")) == (1, None)  # a traceback
+
+
+@pytest.mark.slow  # a CLI eval: ~10 s
+def test_eval_with_a_ttt_too_large_for_4_gb_is_one_line(sotu_dataset, tmp_path):
+    """The reported case: LoRA adapters of rank 4096 for 64 documents under a 4 GB address space."""
+    import resource
+
+    path = tmp_path / "a.pgolf"
+    cfg = preset("tiny")
+    export_artifact(init_params(cfg), cfg, storage_dtypes(cfg, False), path, 0)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4_000_000_000, 4_000_000_000))
+
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "eval", str(path), "--backend", "cuda", "--preset", "tiny",
+         "--val-max-tokens", "8192", "--ttt-enabled", "--ttt-lora-rank", "4096", "--ttt-batch-size", "64",
+         *data_flags(sotu_dataset)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit,
+    )  # fmt: skip
+    assert_one_line_error(result, "error: out of memory during test-time training (", "--ttt-lora-rank")
 
 
 # ------------------------------------------------- output paths, before any work
