@@ -432,7 +432,7 @@ def eval_command(
 
 def _output_file(path: Path, suffix: str, flag: str) -> Path:
     """A file a command will write, checked before any work: its name, and that it can be written."""
-    from core.common.files import check_writable
+    from core.runs.setup import check_writable
 
     if path.suffix != suffix:
         raise PgolfError(f"{flag} {path}: the file name should end with {suffix}")

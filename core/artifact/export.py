@@ -41,7 +41,6 @@ from core.model.params import artifact_classes
 
 __all__ = [
     "ExportReport",
-    "check_tokenizer",
     "class_bits",
     "class_clips",
     "dequantize",
@@ -157,20 +156,6 @@ def tokenizer_digest(cfg: Config) -> str | None:
     the file is not at hand (an export on another machine than the training)."""
     path = Path(cfg.tokenizer_path)
     return file_sha256(path, "tokenizer") if path.is_file() else None
-
-
-def check_tokenizer(model: Int8Model | MixedModel, path: str | Path, tokenizer_path: str | Path) -> None:
-    """Refuse to score the artifact `path` with another tokenizer than the one it keeps the SHA-256 of
-    (an artifact without one, or a tokenizer file that is not there, is not checked here)."""
-    kept = getattr(model, "tokenizer_sha256", None)
-    if kept is None or not Path(tokenizer_path).is_file():
-        return
-    given = file_sha256(tokenizer_path, "tokenizer")
-    if given != kept:
-        raise PgolfError(
-            f"artifact {path} was trained with another tokenizer than {tokenizer_path} (SHA-256 "
-            f"{kept[:12]}…, this file's {given[:12]}…): set --tokenizer-path (or --dataset) to its own"
-        )
 
 
 def mixed_blob(model: MixedModel, cfg: Config) -> bytes:

@@ -34,13 +34,13 @@ from core.artifact.checkpoint import (
     tensors_digest,
 )
 from core.artifact.checks import check_mixed, check_model
-from core.artifact.export import check_tokenizer, dequantize, open_artifact
+from core.artifact.export import dequantize, open_artifact
 from core.artifact.int8 import Int8Model, check_finite, open_container
 from core.artifact.mixed import MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact
 from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line
-from core.common.files import open_regular, read_file
+from core.common.files import file_sha256, open_regular, read_file
 from core.config.fields import MAX_LAYERS, Config
 from core.config.sources import MAX_CONFIG_BYTES
 from core.data.shards import BatchLoader, CoprimeLoader, TokenStream, read_shard
@@ -348,6 +348,22 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
 
 
 # --------------------------------------------------------- weights and config
+def check_artifact_tokenizer(
+    model: Int8Model | MixedModel, path: str | Path, tokenizer_path: str | Path
+) -> None:
+    """Refuse to score the artifact `path` with another tokenizer than the one it keeps the SHA-256 of
+    (an artifact without one, or a tokenizer file that is not there, is not checked here)."""
+    kept = getattr(model, "tokenizer_sha256", None)
+    if kept is None or not Path(tokenizer_path).is_file():
+        return
+    given = file_sha256(tokenizer_path, "tokenizer")
+    if given != kept:
+        raise PgolfError(
+            f"artifact {path} was trained with another tokenizer than {tokenizer_path} (SHA-256 "
+            f"{kept[:12]}…, this file's {given[:12]}…): set --tokenizer-path (or --dataset) to its own"
+        )
+
+
 def load_weights(
     path: str | Path, cfg: Config, allow_pickle: bool = False
 ) -> tuple[dict[str, np.ndarray], Config]:
@@ -362,7 +378,7 @@ def load_weights(
         params = load_checkpoint(path).params
     else:
         model = read_artifact(path, allow_pickle=allow_pickle)
-        check_tokenizer(model, path, cfg.tokenizer_path)
+        check_artifact_tokenizer(model, path, cfg.tokenizer_path)
         params = dequantize(model)
     return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()}).validate()
 

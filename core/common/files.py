@@ -58,26 +58,6 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     return path
 
 
-def check_writable(path: str | Path, what: str) -> Path:
-    """Refuse, before any work, a file `write_atomic` could not write: a folder, or a file in a folder
-    that is missing or takes no new file (no permission, read-only, /proc). Tried the way `write_atomic`
-    writes: a temp file made beside it, then removed. `what` names the file (e.g. "--out")."""
-    path = Path(path)
-    if path.name in ("", ".", "..") or path.is_dir():
-        raise PgolfError(f"{what} {path}: a folder, not a file")
-    if not path.parent.is_dir():
-        raise PgolfError(f"{what} {path}: its folder {path.parent} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.pgolf-{os.getpid()}-", suffix=".tmp"
-        )
-    except OSError as exc:
-        raise PgolfError(f"{what} {path}: cannot write in {path.parent} ({exc.strerror or exc})") from None
-    os.close(fd)
-    Path(tmp).unlink(missing_ok=True)
-    return path
-
-
 def sync(path: str | Path) -> None:
     """fsync a file, or a folder so that a rename into it survives a power loss (where the system allows it)."""
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ from core.artifact.export import quant_label
 from core.artifact.load import saved_config
 from core.common.compress import check_available
 from core.common.errors import PgolfError
-from core.common.files import check_writable
 from core.config.fields import EXPORT_FIELDS, Config
 from core.config.presets import CHALLENGE_DATA_PRESETS
 from core.config.sources import given_values, resolve_sources, resumed_config
@@ -186,6 +186,27 @@ def installed_backends() -> dict[str, Callable[[Config], Any]]:
 
 
 # ----------------------------------------------------------------------- export
+
+def check_writable(path: str | Path, what: str) -> Path:
+    """Refuse, before any work, a file `write_atomic` could not write: a folder, or a file in a folder
+    that is missing or takes no new file (no permission, read-only, /proc). Tried the way `write_atomic`
+    writes: a temp file made beside it, then removed. `what` names the file (e.g. "--out")."""
+    path = Path(path)
+    if path.name in ("", ".", "..") or path.is_dir():
+        raise PgolfError(f"{what} {path}: a folder, not a file")
+    if not path.parent.is_dir():
+        raise PgolfError(f"{what} {path}: its folder {path.parent} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.pgolf-{os.getpid()}-", suffix=".tmp"
+        )
+    except OSError as exc:
+        raise PgolfError(f"{what} {path}: cannot write in {path.parent} ({exc.strerror or exc})") from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+    return path
+
+
 @dataclass(frozen=True)
 class Export:
     """What `export` writes: the weights of a checkpoint, their config and where they go."""
