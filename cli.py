@@ -49,7 +49,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from core.common.errors import PgolfError, one_line
+from core.common.errors import PgolfError, first_line, one_line, out_of_memory
 from core.config.fields import Config
 from core.config.presets import PRESETS
 
@@ -370,12 +370,14 @@ def config_show(
     config: Path | None = CONFIG_FILE,
     overrides: dict | None = None,
 ) -> None:
-    """Print the resolved config as TOML (usable as --config), each value with where it came from."""
+    """Print the resolved config as TOML (usable as --config), each value with where it came from;
+    a setting train or eval would refuse is refused here too (the same check)."""
     import json
 
     from core.config.sources import resolve_sources
 
     cfg, sources = resolve_sources(preset, config, overrides or {})
+    cfg.validate()
     for name, value in cfg.to_dict().items():
         text = str(value).lower() if isinstance(value, bool) else json.dumps(value)
         console.print(f"{name} = {text}  # {sources[name]}", markup=False)
@@ -469,12 +471,12 @@ def audit(
 
 
 def _output_file(path: Path, suffix: str, flag: str) -> Path:
-    """A file a command will write: its folder must exist, and it must not be a folder itself."""
+    """A file a command will write, checked before any work: its name, and that it can be written."""
+    from core.runs.setup import check_writable
+
     if path.suffix != suffix:
         raise PgolfError(f"{flag} {path}: the file name should end with {suffix}")
-    if path.is_dir() or not path.parent.is_dir():
-        raise PgolfError(f"{flag} {path}: not a file in an existing folder")
-    return path
+    return check_writable(path, flag)
 
 
 @app.command()
@@ -584,8 +586,8 @@ def export_command(
     their flags (--quant-format mixed --matrix-bits 6 --compressor brotli --byte-shuffle 2
     --gptq-enabled ...). GPTQ's calibration reads the run's training data. --fit-bytes N
     searches the settings (bits and clips per class, GPTQ, LQER, compressor) scored on the
-    training data's last tokens, and writes beside the artifact the candidates tried (.fit.json)
-    and the chosen config (.fit.toml).
+    training data's last tokens, and writes beside the artifact the candidates tried
+    (<artifact>.fit.json) and the chosen config (<artifact>.fit.toml).
     """
     import json
 
@@ -1053,11 +1055,13 @@ class Terminated(Exception):
 class Signals:
     """Ctrl-C and SIGTERM while a command runs: raised at once (KeyboardInterrupt, Terminated), except
     while `held`, when the first one is kept for the training loop to act on between steps (it writes
-    a checkpoint, then raises it); a second one is raised at once."""
+    a checkpoint, then raises it); a second one is raised at once, and so is every one after the loop
+    has `release`d them (its last checkpoint written, for the final export and scores)."""
 
     def __init__(self) -> None:
         self.holding = False
         self.pending: BaseException | None = None
+        self.note = ""  # said when a signal arrives after `release`
 
     def handle(self, signum, frame) -> None:
         exc = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
@@ -1065,18 +1069,30 @@ class Signals:
             self.pending = exc
             os.write(2, f"\n{HOLDING_NOTICE}\n".encode())  # at once: a validation pass can take a while
             return
+        if self.note:
+            os.write(2, f"\n{self.note}\n".encode())
+            self.note = ""
         raise exc
 
-    def poll(self) -> BaseException | None:
+    def __call__(self) -> BaseException | None:
+        """The poll the training loop calls between steps: the signal held, if one came."""
         return self.pending
+
+    def release(self, note: str = "") -> None:
+        """From now on a signal is raised at once, after `note` on stderr (the training loop calls this once
+        its last checkpoint is on disk: nothing is left to save; the note says where it is); one held
+        until now is raised here."""
+        self.holding, self.note = False, note
+        if self.pending is not None:
+            raise self.pending
 
     @contextlib.contextmanager
     def held(self):
-        self.holding = True
+        self.holding, self.pending = True, None
         try:
-            yield self.poll
+            yield self
         finally:
-            self.holding = False
+            self.holding, self.note = False, ""
 
 
 HOLDING_NOTICE = "stopping after the current step, with a checkpoint (again: stop now, without one)"
@@ -1111,6 +1127,8 @@ def _ending(exc: BaseException) -> tuple[int, str | None]:
         return 130, "interrupted"
     if isinstance(exc, Terminated):
         return 143, "terminated"
+    if out_of_memory(exc):  # where no nearer step named its settings (core.common.errors.memory_hint)
+        return 1, f"error: out of memory ({first_line(exc)}): lower the batch or model settings"
     return 1, None
 
 
@@ -1145,8 +1163,18 @@ def main() -> None:
         command = exc.ctx.command_path if exc.ctx else "cli.py"
         err_console.print(f"error: {exc.format_message()} (see {command} --help)", markup=False)
         raise SystemExit(2) from None
-    except (PgolfError, OSError, KeyboardInterrupt, typer.Abort, Terminated) as exc:
+    except (
+        PgolfError,
+        OSError,
+        KeyboardInterrupt,
+        typer.Abort,
+        Terminated,
+        MemoryError,
+        RuntimeError,
+    ) as exc:
         code, line = _ending(exc)
+        if line is None:  # a bug: its traceback
+            raise
         err_console.print(line, markup=False)
         raise SystemExit(code) from None
     if code == 130:  # typer turns Ctrl-C into exit code 130

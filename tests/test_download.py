@@ -115,6 +115,8 @@ def test_layout_manifest_and_idempotence(tmp_path, remote):
     assert [t["name"] for t in manifest["tokenizers"]] == ["sotu_1024_bpe", "sp_bpe_1024"]
     fetched = {**manifest["datasets"][1]}
     digests = fetched.pop("sha256")  # recorded at download, for `data verify`
+    tokenizer = fetched.pop("tokenizer_sha256")  # the file that made the shards, checked when they are read
+    assert tokenizer == file_sha256(out / "tokenizers" / "fineweb_1024_bpe.model")
     assert fetched == fake_manifest()["datasets"][0]
     assert digests == {p.name: file_sha256(p) for p in sorted((out / DATASET).glob("fineweb_*.bin"))}
     assert summary["downloaded"] == 5 and summary["already_present"] == 0

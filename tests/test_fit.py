@@ -129,14 +129,16 @@ def test_export_fit_writes_the_table_and_a_config_that_makes_the_same_artifact(r
     result = cli("export", str(run), "--fit-bytes", str(cap), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "artifact fit" in result.stdout and "calibration loss" in result.stdout
-    table = json.loads(out.with_suffix(".fit.json").read_text())
+    table = json.loads(out.with_name(out.name + ".fit.json").read_text())
     assert table["cap"] == cap and table["trials"][table["chosen"]]["bytes"] <= cap
-    settings = tomllib.loads(out.with_suffix(".fit.toml").read_text())
+    settings = tomllib.loads(out.with_name(out.name + ".fit.toml").read_text())
     total = out.stat().st_size + code_bytes(Config.from_dict(settings))
     assert total == table["trials"][table["chosen"]]["bytes"]
     assert settings["artifact_fit_bytes"] == 0 and settings["quant_format"] == "mixed"
     again = tmp_path / "again.pgolf"
-    result = cli("export", str(run), "--config", str(out.with_suffix(".fit.toml")), "--out", str(again))
+    result = cli(
+        "export", str(run), "--config", str(out.with_name(out.name + ".fit.toml")), "--out", str(again)
+    )
     assert result.returncode == 0, result.stderr
     assert again.read_bytes() == out.read_bytes()
 

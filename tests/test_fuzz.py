@@ -1,7 +1,9 @@
 """Fuzzing every file pgolf reads: artifacts of each format, checkpoints and shards.
 
 Random byte changes (mostly where parsing happens) and truncations of a valid file, and
-changes inside a pgolf container's payload compressed again (damage no compressor sees).
+changes inside a pgolf container's payload compressed again (damage no compressor sees). pgolf's
+containers keep a tokenizer's SHA-256 in their metadata, as a run's artifact does; the mixed ones
+are fuzzed under every compressor, pergroup among them (lrzip, or a stand-in where it is missing).
 Every outcome must be one of: a PgolfError naming the file in one line, or, for pgolf's
 own artifacts and checkpoints, exactly the content that was written (their checksums
 refuse anything else); for files with no checksum of their own (the challenge's and the
@@ -16,6 +18,8 @@ Each test runs FUZZ_EXAMPLES cases (60 by default, seconds in all); for a longer
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -95,6 +99,10 @@ def read_back(load, path: Path, blob: bytes):
     return None
 
 
+# The SHA-256 of a tokenizer, which pgolf's artifacts keep in their metadata.
+TOKENIZER = "5f" * 32
+
+
 # ------------------------------------------------------------ pgolf's int8 container
 INT8_KINDS = {"none": ("none", 0), "zlib": ("zlib", 0), "bz2": ("bz2", 0), "zstd": ("zstd", 0),
               "brotli+shuffle": ("brotli", 2)}  # fmt: skip
@@ -103,14 +111,20 @@ INT8_KINDS = {"none": ("none", 0), "zlib": ("zlib", 0), "bz2": ("bz2", 0), "zstd
 @pytest.fixture(scope="module")
 def int8_blobs() -> dict[str, bytes]:
     model = quantize(*golden_state())
-    return {k: quant.artifact_bytes(model, compressor=c, shuffle=s) for k, (c, s) in INT8_KINDS.items()}
+    return {
+        k: quant.artifact_bytes(model, compressor=c, shuffle=s, tokenizer=TOKENIZER)
+        for k, (c, s) in INT8_KINDS.items()
+    }
 
 
 def check_int8(path: Path, blob: bytes, original: bytes, kind: str) -> None:
     model = read_back(upstream.load_artifact, path, blob)
     if model is not None:  # accepted: it must be exactly what was written
         compressor, shuffle = INT8_KINDS[kind]
-        assert quant.artifact_bytes(model, compressor=compressor, shuffle=shuffle) == original
+        written = quant.artifact_bytes(
+            model, compressor=compressor, shuffle=shuffle, tokenizer=model.tokenizer_sha256
+        )
+        assert written == original
 
 
 @FUZZ
@@ -129,23 +143,47 @@ def test_int8_artifacts_changed_inside_their_payload(tmp_path, int8_blobs, data,
 
 # ------------------------------------------------------ pgolf's mixed-precision container
 MIXED_KINDS = {"none": ("none", 0), "zlib+shuffle": ("zlib", 2), "zstd": ("zstd", 0),
-               "brotli+shuffle": ("brotli", 2)}  # fmt: skip
+               "brotli+shuffle": ("brotli", 2), "pergroup": ("pergroup", 0)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def mixed_blobs() -> dict[str, bytes]:
+def lrzip_on_path(tmp_path_factory):
+    """The lrzip program for pergroup's groups: the installed one, else a stand-in that only frames the
+    bytes (tests/test_reliability_checks.py: FAKE_LRZIP), so that damage reaches pgolf's own checks."""
+    if shutil.which("lrzip") is not None:
+        yield
+        return
+    from tests.test_reliability_checks import FAKE_LRZIP
+
+    folder = tmp_path_factory.mktemp("bin")
+    (folder / "lrzip").write_text(FAKE_LRZIP.format(python=sys.executable))
+    (folder / "lrzip").chmod(0o755)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+        patch.setenv("FAKE_LRZIP", "")
+        yield
+
+
+@pytest.fixture(scope="module")
+def mixed_blobs(lrzip_on_path) -> dict[str, bytes]:
     state, dtypes = golden_state()
     classes = {"tok_emb.weight": "embedding", "blocks.0.mlp.fc.weight": "mlp", "blocks.0.attn.q_gain": "control",
                "extra.cube": "other", "extra.bias": "other", "extra.step": "other"}  # fmt: skip
     model = mixed.quantize_mixed(state, classes, bits={"mlp": 5}, orig_dtypes=dtypes)
-    return {k: mixed.mixed_artifact_bytes(model, c, shuffle=s) for k, (c, s) in MIXED_KINDS.items()}
+    return {
+        k: mixed.mixed_artifact_bytes(model, c, shuffle=s, tokenizer=TOKENIZER)
+        for k, (c, s) in MIXED_KINDS.items()
+    }
 
 
 def check_mixed(path: Path, blob: bytes, original: bytes, kind: str) -> None:
     model = read_back(load_mixed_artifact, path, blob)
     if model is not None:
         compressor, shuffle = MIXED_KINDS[kind]
-        assert mixed.mixed_artifact_bytes(model, compressor, shuffle=shuffle) == original
+        written = mixed.mixed_artifact_bytes(
+            model, compressor, shuffle=shuffle, tokenizer=model.tokenizer_sha256
+        )
+        assert written == original
 
 
 @FUZZ

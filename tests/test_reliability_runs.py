@@ -88,6 +88,68 @@ def test_sigterm_after_the_last_step_ends_the_run_within_seconds(sotu_dataset, t
     assert load_checkpoint(run / "checkpoints" / "step_000003.safetensors").step == 3
 
 
+# ------------------------------------------------- a stop during the final scores (test-time training)
+class Poll:
+    """A stop poll with `release`, as the CLI's: records whether the last checkpoint was on disk then."""
+
+    def __init__(self, run: Path):
+        self.run, self.released_with = run, None
+
+    def __call__(self):
+        return None
+
+    def release(self, note: str) -> None:
+        assert (
+            note.startswith("stopped after the last step: checkpoint ") and "export it with: export" in note
+        )
+        self.released_with = sorted(p.name for p in (self.run / "checkpoints").glob("*.safetensors"))
+        assert not list(self.run.glob("final_model.*"))  # before the export
+
+
+@needs("cuda")
+def test_stops_are_released_once_the_last_checkpoint_is_written(sotu_dataset, tmp_path):
+    cfg = sotu_dataset.config(out_dir=str(tmp_path), run_id="r", iterations=2)
+    poll = Poll(tmp_path / "r")
+    train_quietly(cfg, stop=poll)
+    assert poll.released_with == ["step_000002.safetensors"]
+
+
+def test_a_released_signal_is_raised_at_once_and_one_held_before_is_raised_on_release():
+    import cli as cli_module
+
+    signals = cli_module.Signals()
+    with signals.held() as stop:
+        signals.release()
+        with pytest.raises(cli_module.Terminated):
+            signals.handle(signal.SIGTERM, None)  # the final scores: at once
+    with signals.held() as stop:
+        signals.handle(signal.SIGINT, None)  # held: between the last poll and the release
+        assert isinstance(stop(), KeyboardInterrupt)
+        with pytest.raises(KeyboardInterrupt):
+            stop.release()
+
+
+@needs("cuda")
+@pytest.mark.slow  # one CLI run to its test-time training: ~10 s
+def test_sigterm_during_trains_test_time_training_ends_it_within_seconds(sotu_dataset, tmp_path):
+    command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
+               "--iterations", "2", "--out-dir", str(tmp_path), "--run-id", "r", "--ttt-enabled",
+               "--ttt-batch-size", "8", "--ttt-chunk-size", "8", "--ttt-eval-seq-len", "64",
+               *data_flags(sotu_dataset)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Then the TTT score: its 4 documents in one batch, ~40 s on 2 cores, which a stop used to wait for.
+    read_until(process, "final_int8_zlib_roundtrip_exact")
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    stdout, stderr = process.communicate(timeout=600)
+    assert time.monotonic() - sent < 5.0
+    assert process.returncode == 143 and stderr.strip().endswith("terminated"), stderr
+    assert "stopped after the last step: checkpoint " in stderr  # where it is, how to export it
+    assert "final_int8_zlib_ttt" not in stdout
+    assert load_checkpoint(tmp_path / "r" / "checkpoints" / "step_000002.safetensors").step == 2
+
+
 # ------------------------------------------------- divergence the old rule let through
 @needs("cuda")
 def test_a_run_worse_than_uniform_fails_by_name(sotu_dataset, tmp_path):

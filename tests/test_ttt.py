@@ -261,7 +261,7 @@ def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_data
     bad = cli(
         "eval", artifact, "--save-token-losses", str(tmp_path / "no" / "x.npz"), *data_flags(sotu_dataset)
     )
-    assert_one_line_error(bad, "--save-token-losses", "not a file in an existing folder")
+    assert_one_line_error(bad, "--save-token-losses", "does not exist")
 
 
 @pytest.mark.slow

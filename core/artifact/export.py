@@ -35,7 +35,7 @@ from core.artifact.lqer import LqerSettings
 from core.artifact.mixed import MixedModel
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError, first_line
-from core.common.files import read_file
+from core.common.files import file_sha256, read_file
 from core.config.fields import SCORING_FIELDS, Config
 from core.model.params import artifact_classes
 
@@ -50,6 +50,7 @@ __all__ = [
     "quant_label",
     "quantize_mixed_for",
     "read_pgolf_artifact",
+    "tokenizer_digest",
 ]
 
 FP16_BITS = 16  # a bits setting that keeps the class in fp16
@@ -150,10 +151,21 @@ def quantize_mixed_for(
     )
 
 
+def tokenizer_digest(cfg: Config) -> str | None:
+    """The SHA-256 of `cfg`'s tokenizer file, which an artifact keeps (int8.TOKENIZER_KEY); None when
+    the file is not at hand (an export on another machine than the training)."""
+    path = Path(cfg.tokenizer_path)
+    return file_sha256(path, "tokenizer") if path.is_file() else None
+
+
 def mixed_blob(model: MixedModel, cfg: Config) -> bytes:
     """The artifact file's bytes for a model quantized with `cfg`'s settings."""
     return mixed.mixed_artifact_bytes(
-        model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+        model,
+        cfg.compressor,
+        shuffle=cfg.byte_shuffle,
+        config=scoring_config(cfg),
+        tokenizer=tokenizer_digest(cfg),
     )
 
 
@@ -187,7 +199,12 @@ def export_artifact(
             info = save_upstream_torch(path, model)
         else:
             info = int8.save_artifact(
-                path, model, cfg.compressor, shuffle=cfg.byte_shuffle, config=scoring_config(cfg)
+                path,
+                model,
+                cfg.compressor,
+                shuffle=cfg.byte_shuffle,
+                config=scoring_config(cfg),
+                tokenizer=tokenizer_digest(cfg),
             )
         gptq = 0
     else:

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,8 +46,8 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from core.common import compress
-from core.common.errors import PgolfError
-from core.common.files import write_atomic
+from core.common.errors import PgolfError, first_line
+from core.common.files import read_file, write_atomic
 from core.model.params import round_to_bfloat16
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "container_bytes",
     "dequantize_int8",
     "int8_from_container",
+    "kept_tokenizer",
     "open_container",
     "payload_bytes",
     "quantize_int8",
@@ -71,6 +74,9 @@ CONTAINER_VERSION = 1
 MAGIC = b"PGOLF-INT8\x01"  # the container with the payload's checksum
 MAGIC_V1 = b"PGOLF-INT8\x00"  # the first container: no checksum
 DIGEST_BYTES = 32  # sha256
+# The metadata key of the SHA-256 of the tokenizer file a model was trained with (absent in older
+# artifacts, and where the file was not at hand): a reader given another tokenizer refuses it.
+TOKENIZER_KEY = "tokenizer_sha256"
 MAX_ARTIFACT_BYTES = 2**30  # 1 GiB, 67 times the challenge's whole budget: anything larger is not an artifact
 META_KEY = "pgolf"
 KEEP_FLOAT_MAX_NUMEL = 65_536
@@ -90,6 +96,7 @@ class Int8Model:
     passthrough_orig_dtypes: dict[str, str] = field(default_factory=dict)  # of those stored as fp16
     qmeta: dict[str, dict[str, Any]] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)  # filled by quantize_int8 only
+    tokenizer_sha256: str | None = None  # read from the container's metadata (TOKENIZER_KEY)
 
 
 @dataclass(frozen=True)
@@ -316,20 +323,26 @@ def artifact_bytes(
     level: int | None = None,
     shuffle: int = 0,
     config: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
 ) -> bytes:
     """The file content of pgolf's container for `model` (`shuffle`: byte-shuffle stride, 0 for none;
-    `config`: the run settings it is scored with, kept in the metadata)."""
+    `config`: the run settings it is scored with, kept in the metadata, and `tokenizer`: the SHA-256
+    of the tokenizer it was trained with)."""
     tensors = {f"q/{k}": v for k, v in model.quantized.items()}
     tensors |= {f"s/{k}": v for k, v in model.scales.items()}
     tensors |= {f"p/{k}": v for k, v in model.passthrough.items()}
-    meta = {
-        "format": CONTAINER_FORMAT,
-        "version": CONTAINER_VERSION,
-        "quant_format": QUANT_FORMAT,
-        "dtypes": model.dtypes,
-        "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
-        "qmeta": model.qmeta,
-    } | ({"config": config} if config else {})
+    meta = (
+        {
+            "format": CONTAINER_FORMAT,
+            "version": CONTAINER_VERSION,
+            "quant_format": QUANT_FORMAT,
+            "dtypes": model.dtypes,
+            "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
+            "qmeta": model.qmeta,
+        }
+        | ({"config": config} if config else {})
+        | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
+    )
     return container_bytes(tensors, meta, compressor, level, shuffle)
 
 
@@ -340,13 +353,42 @@ def save_artifact(
     level: int | None = None,
     shuffle: int = 0,
     config: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
 ) -> ArtifactInfo:
-    return write_artifact(path, artifact_bytes(model, compressor, level, shuffle, config), compressor)
+    return write_artifact(
+        path, artifact_bytes(model, compressor, level, shuffle, config, tokenizer), compressor
+    )
 
 
-def write_artifact(path: str | Path, blob: bytes, compressor: str) -> ArtifactInfo:
-    """Write an artifact's bytes atomically and describe what was written."""
-    return ArtifactInfo(write_atomic(path, blob), len(blob), hashlib.sha256(blob).hexdigest(), compressor)
+def write_artifact(
+    path: str | Path, blob: bytes, compressor: str, read: Callable[[bytes], object] | None = None
+) -> ArtifactInfo:
+    """Write an artifact's bytes atomically and describe what was written, once both are read back:
+    `blob` decoded as a reader will (`read`, by default pgolf's container: decompressed, by lrzip
+    too, its payload checked against its checksum) before the file is touched, and the file's bytes
+    compared with `blob` after. A compressor whose output does not give back its input, or a disk
+    that does not keep the bytes, is a PgolfError, and no file is left at `path`."""
+    try:
+        (read or open_container)(blob)
+    except PgolfError as exc:  # e.g. a compressor's program that failed
+        raise PgolfError(f"artifact {path} not written: {exc}") from None
+    except Exception as exc:  # what the compressor made does not decompress to what it was given
+        raise PgolfError(
+            f"artifact {path} not written: its {compressor} bytes do not read back ({first_line(exc)})"
+        ) from None
+    written = write_atomic(path, blob)
+    if read_file(written, "artifact", max(MAX_ARTIFACT_BYTES, len(blob))) != blob:
+        written.unlink(missing_ok=True)
+        raise PgolfError(f"artifact {path}: the file read back differs from what was written (removed it)")
+    return ArtifactInfo(written, len(blob), hashlib.sha256(blob).hexdigest(), compressor)
+
+
+def kept_tokenizer(meta: dict[str, Any]) -> str | None:
+    """The tokenizer's SHA-256 a container's metadata keeps, or None; ValueError when malformed."""
+    digest = meta.get(TOKENIZER_KEY)
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest)):
+        raise ValueError(f"{TOKENIZER_KEY} is not a SHA-256")
+    return digest
 
 
 def int8_from_container(box: Container) -> Int8Model:
@@ -364,6 +406,7 @@ def int8_from_container(box: Container) -> Int8Model:
         dtypes=_names_to(meta, "dtypes", str),
         passthrough_orig_dtypes=_names_to(meta, "passthrough_orig_dtypes", str),
         qmeta=_names_to(meta, "qmeta", dict),
+        tokenizer_sha256=kept_tokenizer(meta),
     )
     roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
     for key, value in box.tensors.items():

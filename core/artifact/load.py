@@ -44,7 +44,7 @@ from core.artifact.mixed import MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact, record_compressor
 from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line
-from core.common.files import open_regular, read_file
+from core.common.files import file_sha256, open_regular, read_file
 from core.config.fields import MAX_LAYERS, Config
 from core.config.sources import MAX_CONFIG_BYTES
 from core.data.shards import BatchLoader, CoprimeLoader, TokenStream, read_shard
@@ -347,12 +347,30 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
         return None
     try:
         kept = int8.open_container(blob, path).meta.get("config")
+    except PgolfError as exc:  # not damage: e.g. the program its compressor needs is not installed
+        raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # a damaged file: its reader names the problem when the weights are read
         raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
     return (kept, f"artifact {path}") if isinstance(kept, dict) and kept else None
 
 
 # --------------------------------------------------------- weights and config
+def check_artifact_tokenizer(
+    model: Int8Model | MixedModel, path: str | Path, tokenizer_path: str | Path
+) -> None:
+    """Refuse to score the artifact `path` with another tokenizer than the one it keeps the SHA-256 of
+    (an artifact without one, or a tokenizer file that is not there, is not checked here)."""
+    kept = getattr(model, "tokenizer_sha256", None)
+    if kept is None or not Path(tokenizer_path).is_file():
+        return
+    given = file_sha256(tokenizer_path, "tokenizer")
+    if given != kept:
+        raise PgolfError(
+            f"artifact {path} was trained with another tokenizer than {tokenizer_path} (SHA-256 "
+            f"{kept[:12]}…, this file's {given[:12]}…): set --tokenizer-path (or --dataset) to its own"
+        )
+
+
 def load_weights(
     path: str | Path, cfg: Config, allow_pickle: bool = False
 ) -> tuple[dict[str, np.ndarray], Config]:
@@ -366,7 +384,9 @@ def load_weights(
     if is_checkpoint(path):
         params = load_checkpoint(path).params
     else:
-        params = dequantize(read_artifact(path, allow_pickle=allow_pickle))
+        model = read_artifact(path, allow_pickle=allow_pickle)
+        check_artifact_tokenizer(model, path, cfg.tokenizer_path)
+        params = dequantize(model)
     return params, config_for_params(cfg, {k: tuple(v.shape) for k, v in params.items()}).validate()
 
 

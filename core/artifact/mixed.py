@@ -37,11 +37,13 @@ from core.artifact.gptq import gptq_quantize
 from core.artifact.int8 import (
     FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
+    TOKENIZER_KEY,
     ArtifactInfo,
     Container,
     _check_float16_range,
     _in_dtype,
     container_bytes,
+    kept_tokenizer,
     write_artifact,
 )
 from core.artifact.lqer import LqerSettings, correction, lqer_corrections
@@ -83,6 +85,7 @@ class MixedModel:
     # and "lqer" (its kind) when it has a correction.
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
     lqer: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> {qA, sA, qB, sB}
+    tokenizer_sha256: str | None = None  # read from the container's metadata (int8.TOKENIZER_KEY)
 
     def arrays(self) -> list[np.ndarray]:
         """Every array the model stores."""
@@ -253,17 +256,23 @@ def mixed_artifact_bytes(
     level: int | None = None,
     shuffle: int = 2,
     config: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
 ) -> bytes:
     """The file content for `model`: by default the records' brotli-11 over a stride-2 byte shuffle;
-    `config`, the run settings it is scored with, goes in the metadata."""
-    meta = {
-        "format": MIXED_FORMAT,
-        "version": MIXED_VERSION,
-        "compressor": compressor,
-        "level": compress.resolve_level(compressor, level),
-        "shuffle": shuffle,
-        "tensors": model.info,
-    } | ({"config": config} if config else {})
+    `config`, the run settings it is scored with, and `tokenizer`, the SHA-256 of the tokenizer it was
+    trained with, go in the metadata."""
+    meta = (
+        {
+            "format": MIXED_FORMAT,
+            "version": MIXED_VERSION,
+            "compressor": compressor,
+            "level": compress.resolve_level(compressor, level),
+            "shuffle": shuffle,
+            "tensors": model.info,
+        }
+        | ({"config": config} if config else {})
+        | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
+    )
     return container_bytes(_tensors(model), meta, compressor, level, shuffle)
 
 
@@ -294,7 +303,7 @@ def mixed_from_container(box: Container) -> MixedModel:
     info = meta.get("tensors")
     if not isinstance(info, dict) or not all(isinstance(v, dict) for v in info.values()):
         raise ValueError("'tensors' is not a map of names to descriptions")
-    model = MixedModel(info=info)
+    model = MixedModel(info=info, tokenizer_sha256=kept_tokenizer(meta))
     roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
     for key, value in box.tensors.items():
         role, _, name = key.partition("/")

@@ -127,4 +127,10 @@ def save_upstream_torch(path: str | Path, model: Int8Model) -> ArtifactInfo:
         obj["passthrough_orig_dtypes"] = dict(model.passthrough_orig_dtypes)
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    return write_artifact(path, zlib.compress(buffer.getvalue(), level=9), "upstream-torch")
+    raw = buffer.getvalue()
+
+    def read(blob: bytes) -> None:
+        if zlib.decompress(blob) != raw:
+            raise ValueError("zlib gave back other bytes")
+
+    return write_artifact(path, zlib.compress(raw, level=9), "upstream-torch", read)

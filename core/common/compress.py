@@ -147,26 +147,49 @@ def lrzip_installed() -> bool:
     return shutil.which("lrzip") is not None
 
 
-def _require_lrzip(doing: str) -> None:
+def _require_lrzip(doing: str, writing: bool = True) -> None:
+    """Refuse in one line when the lrzip program is missing: how to install it, and, when `writing`,
+    the compressors that need no program (a file already written needs lrzip to be read)."""
     if not lrzip_installed():
+        other = f", or choose another compressor ({setting('compressor', 'brotli')})" if writing else ""
         raise PgolfError(
             f"{doing} needs the lrzip program, which is not installed: apt-get install lrzip (Debian, "
-            f"Ubuntu) or brew install lrzip (macOS), or choose another compressor ({setting('compressor', 'brotli')})"
+            f"Ubuntu) or brew install lrzip (macOS){other}"
         )
+
+
+# An lrzip that has not finished by then is stopped: a hung program never hangs a command. ZPAQ at level 9
+# runs at 0.1-1 MB/s on one core; the limit allows a 16 KB/s machine (a busy one) with room to spare.
+LRZIP_TIMEOUT_S = 120.0
+LRZIP_MIN_BYTES_PER_S = 16_000
+
+
+def lrzip_timeout(nbytes: int) -> float:
+    """Seconds one lrzip call on `nbytes` of uncompressed data may take."""
+    return LRZIP_TIMEOUT_S + nbytes / LRZIP_MIN_BYTES_PER_S
 
 
 def _lrzip(data: bytes, args: tuple[str, ...]) -> bytes:
     """`data` through the lrzip program (temp files in a folder of their own, removed after). A failure
-    to decompress is ValueError (damaged data); to compress, PgolfError."""
+    to decompress is ValueError (damaged data); to compress, PgolfError; a call past `lrzip_timeout`
+    is stopped, a PgolfError."""
+    size = _lrzip_size(data) if "-d" in args and len(data) >= 14 and data[:4] == b"LRZI" else len(data)
+    limit = lrzip_timeout(min(size, 2**27))  # a damaged header cannot stretch it past ~2.5 h
     with tempfile.TemporaryDirectory(prefix="pgolf-lrzip-") as tmp:
         src, out = Path(tmp) / "in", Path(tmp) / "out"
         src.write_bytes(data)
-        done = subprocess.run(
-            ["lrzip", "-q", *args, "-o", str(out), str(src)],
-            capture_output=True,
-            env={**os.environ, "LRZIP": "NOCONFIG"},  # no lrzip.conf changes the settings
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                ["lrzip", "-q", *args, "-o", str(out), str(src)],
+                capture_output=True,
+                env={**os.environ, "LRZIP": "NOCONFIG"},  # no lrzip.conf changes the settings
+                check=False,
+                timeout=limit,
+            )
+        except subprocess.TimeoutExpired:  # subprocess.run has killed it
+            raise PgolfError(
+                f"lrzip {' '.join(args)} did not finish within {limit:.0f} s on {size:,} bytes: stopped"
+            ) from None
         if done.returncode != 0:
             error = ValueError if "-d" in args else PgolfError
             text = (done.stdout + done.stderr).decode(errors="replace").replace("Fatal error - exiting", "")
@@ -195,7 +218,7 @@ def _each(fn: Callable[[bytes], bytes], items: list[bytes]) -> list[bytes]:
 def lrzip_decompress(streams: list[bytes]) -> list[bytes]:
     """What each lrzip stream holds (in parallel); ValueError when one is damaged."""
     if streams:
-        _require_lrzip("reading a pergroup artifact")
+        _require_lrzip("reading a pergroup artifact", writing=False)
     return _each(lambda s: _lrzip(s, ("-d",)), streams)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import stat
@@ -139,6 +140,15 @@ def read_file(path: str | Path, what: str, max_bytes: int | None = None) -> byte
             return f.read()
         except OSError as exc:
             raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+
+
+def file_sha256(path: str | Path, what: str = "shard") -> str:
+    """The SHA-256 of a file, read in pieces (a shard is ~200 MB); `what` names it in an error."""
+    digest = hashlib.sha256()
+    with open_regular(path, what) as f:
+        while piece := f.read(1 << 23):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 class WriterLock:

@@ -8,14 +8,13 @@ cut or padded shard fails at once); a flipped token inside a shard only the full
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import open_regular, write_atomic
+from core.common.files import file_sha256, write_atomic
 from core.data.shards import read_shard_header
 
 DATA_ROOT = "data"  # datasets/, tokenizers/ and manifest.json, relative to the working folder
@@ -43,7 +42,11 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
 
 
 def merge_manifest(root: Path, dataset: dict[str, Any], tokenizer: dict[str, Any]) -> None:
-    """Add or replace one dataset and its tokenizer, keeping every other entry."""
+    """Add or replace one dataset and its tokenizer, keeping every other entry. The dataset's entry
+    records the SHA-256 of the tokenizer file that made it (`tokenizer_sha256`, see `check_tokenizer`)."""
+    model = Path(root) / manifest_path(tokenizer.get("model_path") or "")
+    if model.is_file():
+        dataset = {**dataset, "tokenizer_sha256": file_sha256(model, "tokenizer")}
     manifest = read_manifest(root)
     for key, entry in (("datasets", dataset), ("tokenizers", tokenizer)):
         others = [e for e in manifest[key] if e.get("name") != entry["name"]]
@@ -100,13 +103,33 @@ def dataset_settings(name: str, root: str | Path = DATA_ROOT) -> dict[str, Any]:
     }
 
 
-def file_sha256(path: str | Path) -> str:
-    """The SHA-256 of a file, read in pieces (a shard is ~200 MB)."""
-    digest = hashlib.sha256()
-    with open_regular(path, "shard") as f:
-        while piece := f.read(1 << 23):
-            digest.update(piece)
-    return digest.hexdigest()
+
+
+def check_tokenizer(data_path: str | Path, tokenizer_path: str | Path) -> None:
+    """Refuse a tokenizer that did not make the dataset in `data_path`: the manifest of its data folder
+    (`<root>/manifest.json` for `<root>/datasets/<name>`) records the SHA-256 of the tokenizer file
+    of each dataset it lists. A folder no manifest lists, or an entry without that hash (written by an
+    older pgolf), is not checked. Called by the commands (core/runs/setup.py: train, eval, verify)."""
+    folder = Path(data_path).resolve()
+    root = folder.parent.parent
+    if not (root / "manifest.json").is_file() or not Path(tokenizer_path).is_file():
+        return  # nothing to check against, or a tokenizer its reader will refuse by name
+    for entry in read_manifest(root)["datasets"]:
+        name, recorded = entry.get("name"), entry.get("tokenizer_sha256")
+        try:
+            listed = (root / manifest_path(entry.get("path") or f"datasets/{name}")).resolve()
+        except PgolfError:
+            continue
+        if listed != folder or not isinstance(recorded, str):
+            continue
+        given = file_sha256(tokenizer_path, "tokenizer")
+        if given != recorded:
+            raise PgolfError(
+                f"tokenizer {tokenizer_path} did not make dataset {name}: {root / 'manifest.json'} records its "
+                f"tokenizer's SHA-256 as {recorded[:12]}…, this file's is {given[:12]}… (set --tokenizer-path "
+                f"to the dataset's, or choose the data with --dataset)"
+            )
+        return
 
 
 def shard_digests(folder: str | Path) -> dict[str, str]:

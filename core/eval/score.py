@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.common.errors import PgolfError, hint, setting
+from core.common.errors import PgolfError, hint, memory_hint, setting
 from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens, val_spans
@@ -87,6 +87,13 @@ def evaluate(
     """val_loss and val_bpb over non-overlapping sequences of `eval_window` tokens, split over ranks.
     `sink` (one float per token) receives each target's loss at its stream position, which costs a
     copy of every loss to the host."""
+    with memory_hint("validation", "--val-batch-size"):
+        return _evaluate(backend, data, progress, sink)
+
+
+def _evaluate(
+    backend: Backend, data: EvalData, progress: Progress | None, sink: np.ndarray | None
+) -> BPBMeter:
     cfg = backend.cfg
     if sink is not None:  # the same windows, scored token by token
         ev = SlidingEval(cfg.eval_window, cfg.eval_window, max(cfg.val_batch_size // cfg.eval_window, 1))
@@ -146,9 +153,9 @@ def evaluate_sliding(
 ) -> BPBMeter:
     """val_loss and val_bpb with sliding windows (`eval_stride`, see core/eval/sliding.py), split over ranks."""
     cfg = backend.cfg
-    return _score_windows(
-        backend, data, SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs), progress, sink
-    )
+    ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
+    with memory_hint("the sliding-window score", "--eval-batch-seqs"):
+        return _score_windows(backend, data, ev, progress, sink)
 
 
 def _score_windows(
@@ -178,10 +185,21 @@ def evaluate_with_ttt(
         cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
     )
     before = backend.params() if trains_weights else None
-    meter = evaluate_ttt(backend, data, progress, token_losses=sink)
+    with memory_hint("test-time training", ttt_memory_settings(cfg)):
+        meter = evaluate_ttt(backend, data, progress, token_losses=sink)
     if before is not None:
         backend.load_params(before)
     return meter
+
+
+def ttt_memory_settings(cfg: Config) -> str:
+    """The settings that size test-time training's memory, in `cfg`'s mode."""
+    if cfg.ttt_mode == "full":
+        return "--ttt-batch-seqs"
+    phases = cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
+    return "--ttt-batch-size, --ttt-lora-rank or --ttt-eval-seq-len" + (
+        " (global phases: --global-ttt-batch-seqs)" if phases else ""
+    )
 
 
 Evaluator = Callable[..., BPBMeter]  # (backend, data, progress=None, sink=None)

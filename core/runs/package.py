@@ -307,7 +307,7 @@ def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
     if cfg.artifact_fit_bytes:
         raise PgolfError(
             f"package: {run_dir} chose its artifact settings at the end (artifact_fit_bytes); train_gpt.py "
-            f"does not search: train again with the chosen ones (train --config {run_dir}/final_model.*.fit.toml)"
+            f"does not search: train again with the chosen ones (train --config {run_dir}/final_model.*.pgolf.fit.toml)"
         )
     summary = summarize(run_dir)
     if not summary.finished:

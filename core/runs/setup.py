@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from core.common.errors import PgolfError
 from core.config.fields import EXPORT_FIELDS, WRITING_FIELDS, Config
 from core.config.presets import CHALLENGE_DATA_PRESETS, record_preset_of_env
 from core.config.sources import resolve_sources, resumed_config
-from core.data.manifest import dataset_settings
+from core.data.manifest import check_tokenizer, dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.score import EvalData, load_eval_data
 from core.artifact.load import load_weights
@@ -73,6 +74,7 @@ def training_runs(
     for run_cfg in configs:  # every run refused before the first one starts, and before any data is prepared
         check_config(backend, run_cfg)
         check_available(run_cfg.compressor)  # its artifact can be written after training
+        check_tokenizer(run_cfg.data_path, run_cfg.tokenizer_path)  # the one that made the data
     return configs, resume, notes
 
 
@@ -192,6 +194,7 @@ def weights_and_data(
     Evaluation runs once: unless asked for, nothing is compiled.
     """
     path, cfg, asked = _scoring(path, preset, config, overrides)
+    check_tokenizer(cfg.data_path, cfg.tokenizer_path)  # the one that made the data, as its manifest says
     params, cfg = load_weights(path, cfg, allow_pickle=allow_pickle)
     _check_against_file(path, cfg, asked)
     if cfg.compile == "auto":
@@ -220,6 +223,27 @@ def installed_backends() -> dict[str, Callable[[Config], Any]]:
 
 
 # ----------------------------------------------------------------------- export
+
+def check_writable(path: str | Path, what: str) -> Path:
+    """Refuse, before any work, a file `write_atomic` could not write: a folder, or a file in a folder
+    that is missing or takes no new file (no permission, read-only, /proc). Tried the way `write_atomic`
+    writes: a temp file made beside it, then removed. `what` names the file (e.g. "--out")."""
+    path = Path(path)
+    if path.name in ("", ".", "..") or path.is_dir():
+        raise PgolfError(f"{what} {path}: a folder, not a file")
+    if not path.parent.is_dir():
+        raise PgolfError(f"{what} {path}: its folder {path.parent} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.pgolf-{os.getpid()}-", suffix=".tmp"
+        )
+    except OSError as exc:
+        raise PgolfError(f"{what} {path}: cannot write in {path.parent} ({exc.strerror or exc})") from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+    return path
+
+
 @dataclass(frozen=True)
 class Export:
     """What `export` writes: the weights of a checkpoint, their config and where they go."""
@@ -244,6 +268,8 @@ def export_setup(
     config, `.fit.toml`, names them all)."""
     from core.config.sources import load_file
 
+    if out is not None:  # refused now, not after a fit of minutes
+        check_writable(out, "--out")
     given = load_file(config) if config is not None else {}
     overrides = {k: v for k, v in given.items() if k in EXPORT_FIELDS} | dict(overrides or {})
     if format not in ("pgolf", "upstream"):
@@ -267,6 +293,7 @@ def export_setup(
     target = out or checkpoint.with_suffix(suffix)
     if target.resolve() == checkpoint.resolve():
         raise PgolfError(f"--out {target} is the checkpoint itself: choose another file")
+    check_writable(target, "--out" if out is not None else "the artifact (beside the checkpoint)")
     params = ckpt.params
     if cfg.ema_decay > 0:
         params = {name: ckpt.optimizer[f"ema/{name}"] for name in params}

@@ -109,14 +109,18 @@ def toml_text(cfg: Config) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fit_files(artifact: Path) -> tuple[Path, Path]:
+    """Where a fit's files go, beside its artifact: `<artifact>.fit.json` and `<artifact>.fit.toml`."""
+    return artifact.with_name(artifact.name + ".fit.json"), artifact.with_name(artifact.name + ".fit.toml")
+
+
 def write_fit(fit: Fit, artifact: Path) -> tuple[Path, Path]:
-    """Beside the artifact: the candidates tried as JSON (`.fit.json`), and the chosen settings as a
-    config (`.fit.toml`: the whole config, no run id, the fit off) that `train --config` or
-    `export --config` reproduces the artifact with."""
-    table = write_atomic(
-        artifact.with_suffix(".fit.json"), (json.dumps(fit.to_json(), indent=1) + "\n").encode()
-    )
-    config = write_atomic(artifact.with_suffix(".fit.toml"), toml_text(fit.cfg.replace(run_id="")).encode())
+    """Beside the artifact (`fit_files`): the candidates tried as JSON, and the chosen settings as a
+    config (the whole config, no run id, the fit off) that `train --config` or `export --config`
+    reproduces the artifact with."""
+    table, config = fit_files(artifact)
+    write_atomic(table, (json.dumps(fit.to_json(), indent=1) + "\n").encode())
+    write_atomic(config, toml_text(fit.cfg.replace(run_id="")).encode())
     return table, config
 
 

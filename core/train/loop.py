@@ -39,7 +39,7 @@ import numpy as np
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
-from core.common.errors import PgolfError, hint, setting
+from core.common.errors import PgolfError, hint, memory_hint, setting
 from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
@@ -53,7 +53,10 @@ if TYPE_CHECKING:  # only annotations name the backend's interface
     from core.model.backend import Backend
 
 Log = Callable[[str], None]
-# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written.
+# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written. When the
+# poll has a `release(note)` method too, the loop calls it once its last checkpoint is on disk: from then
+# on, through the export and the final scores (test-time training: minutes), a stop may end the run at
+# once, saying the note (where the checkpoint is, how to export it).
 StopPoll = Callable[[], BaseException | None]
 
 # A run has diverged, and stops with an error, when a logged training loss or a validation loss is
@@ -334,7 +337,8 @@ class Training:
         lr_mult = lr_multiplier(cfg, self.step, self.elapsed_ms)
         momentum = muon_momentum(cfg, self.step)
         wd_mult = muon_wd_multiplier(cfg, self.step, self.elapsed_ms)
-        loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum, wd_mult)
+        with memory_hint("a training step", "--train-batch-tokens, or raise --grad-accum-steps"):
+            loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum, wd_mult)
         self.step += 1
         self.elapsed_ms = self.agreed_ms()
         if self.main and self.step_progress is not None:
@@ -545,6 +549,13 @@ class Training:
             self.say(f"peak memory allocated: {self.peak_memory // 2**20} MiB")
         self.save_checkpoint()
         self.stop_if_asked()
+        release = getattr(self.stop, "release", None)
+        if release is not None:  # nothing is left to save: a stop need not wait for a poll
+            path = self.run.checkpoint_path(self.step)
+            release(
+                f"stopped after the last step: checkpoint {path}; export it with: export {path}, or score "
+                f"and export it with: train --resume {self.run.path}"
+            )
         result = self.export_and_score()
         self.metric(
             kind="final", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}
