@@ -104,6 +104,9 @@ def score_0427_point(grid: dict, name: str, backend_name: str, data_path: Path, 
              "GATE_WINDOW", "PARALLEL_START_LAYER")  # fmt: skip
     overrides = {k.lower(): int(env[k]) for k in names} | {
         "eval_stride": int(env["EVAL_SEQ_LEN"]),
+        # one row a batch, as the golden's eval_val ran: the flat protocol's batch is then pgolf's row
+        "val_batch_size": int(env["EVAL_SEQ_LEN"]),
+        "grad_accum_steps": 1,
         "ttt_enabled": False,
         "data_path": str(data_path),
         "tokenizer_path": str(tokenizer),
