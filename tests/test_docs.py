@@ -104,7 +104,7 @@ def test_every_command_and_flag_the_docs_name_exists():
             if not words:
                 continue
             where = f"{page.relative_to(ROOT)}: {line.strip()}"
-            starts = [i for i, w in enumerate(words) if w.endswith("cli.py")]
+            starts = [i for i, w in enumerate(words) if w == "cli.py" or w.endswith("/cli.py")]
             if starts:
                 for i in starts:
                     problems += [f"{where}: {p}" for p in _check_invocation(words[i + 1 :])]
