@@ -139,6 +139,8 @@ class Fit:
     cfg: Config  # the base config with the chosen settings (artifact_fit_bytes off)
     model: MixedModel  # the chosen artifact's quantized model
     notes: list[str] = field(default_factory=list)  # the steps down, said in the log too
+    # Per class: the settings priced by the models (bits x clip x floor) and those on its frontier.
+    priced: dict[str, list[int]] = field(default_factory=dict)
     seconds: float = 0.0  # the search's wall time
 
     def to_json(self) -> dict[str, Any]:
@@ -148,6 +150,7 @@ class Fit:
             "chosen": self.trials.index(self.chosen),
             "settings": {k: getattr(self.cfg, k) for k in FIT_FIELDS},
             "notes": self.notes,
+            "priced": self.priced,
             "seconds": round(self.seconds, 1),
             "trials": [t.to_json() for t in self.trials],
         }
@@ -527,6 +530,12 @@ class _Search:
                 self.decided, base = {"gptq_enabled": not self.base.gptq_enabled}, other
         self.calibrate_losses(base.loss)
         combos = self.combos()
+        self.priced = {cls: [len(self.options[cls]), len(self.frontier[cls])] for cls in self.options}
+        self.say(
+            "priced "
+            + ", ".join(f"{cls} {n:,} settings ({f} on its frontier)" for cls, (n, f) in self.priced.items())
+            + f"; {len(combos):,} combinations on the joint frontier"
+        )
         for b in SEARCH_BITS:  # the uniform settings, at the highest floor the size model says may fit
             for floor in [None, *sorted(SEARCH_FLOORS, reverse=True)] if b != 16 else [None]:
                 combo = {c: self.option(c, b, floor) for c in self.options}
@@ -570,7 +579,17 @@ class _Search:
             f"(float {float_loss:.5f}); {len(self.trials)} candidates evaluated in {seconds:.0f} s"
         )
         cfg = self.base.replace(**chosen.changes)
-        return Fit(self.cap, float_loss, self.trials, chosen, cfg, model, self.notes, seconds)
+        return Fit(
+            self.cap,
+            float_loss,
+            self.trials,
+            chosen,
+            cfg,
+            model,
+            self.notes,
+            seconds=seconds,
+            priced=self.priced,
+        )
 
 
 def default_compression() -> tuple[tuple[str, int], ...]:
