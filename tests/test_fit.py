@@ -353,6 +353,7 @@ def test_a_small_model_is_fitted_by_quantizing_tensors_under_the_records_floor()
     }
 
 
+@pytest.mark.slow  # two fits: ~10 s of CPU
 def test_a_records_shaped_model_keeps_its_floor_unless_the_fit_finds_better(monkeypatch):
     """An embedding over the records' floor, the matrices under it, a cap the records' int8 artifact
     fits: the fit with the floors to choose is at least as good as the fit at the records' floor alone,
