@@ -5,8 +5,9 @@ What is searched: each tensor class's bits (5-8, or fp16), clip (its `*_clip_sig
 class's default rule or SDClip at a few k) and floor (its `*_passthrough_numel`: its tensors of at
 most that many values stay in fp16; the records' 65,536 or one of SEARCH_FLOORS below it, so that
 a small model's matrices can be quantized too), GPTQ on or off, LQER off or on with its
-`lqer_top_k` and `lqer_rank`, and the compressor with its byte shuffle. Every candidate is a Config, so the chosen one
-is a config a run can be given again, and its artifact is what `export_artifact` writes for it.
+`lqer_top_k` and `lqer_rank`, and the compressor with its byte shuffle. Every candidate is a Config,
+so the chosen one is a config a run can be given again, and its artifact is what `export_artifact`
+writes for it.
 
 The search is cheap: real evaluations (quantize, compress, score) are few, and a model of size and
 loss chooses what to evaluate.
@@ -26,9 +27,10 @@ loss chooses what to evaluate.
   the classes are joined one at a time, each join cut to the combinations no other beats in both
   (a few hundred, of millions); the one predicted lowest in loss within the cap is evaluated for
   real. If it does not fit, the size model was wrong by the overshoot: the cap is lowered by it,
-  said in the log, and the next is tried. Then, one class at a time, the winner with that class at the two settings predicted best
-  that fit; then GPTQ is toggled on the winner, one real evaluation. (GPTQ on or off is first
-  decided on the base settings, one more real evaluation, and kept for the trials between.)
+  said in the log, and the next is tried. Then, one class at a time, the winner with that class at
+  the two settings of its frontier predicted best that fit; then GPTQ is toggled on the winner, one
+  real evaluation. (GPTQ on or off is first decided on the base settings, one more real evaluation,
+  and kept for the trials between.)
 - LQER: on each of the LQER_BASES candidates scored lowest that fit, every (top_k, rank) is priced
   from that candidate's own rounding: the errors LQER would correct (largest first, as it does), each
   one's SVD once, its factors at each rank packed as the artifact stores them; their entropy (times
