@@ -5,6 +5,7 @@ same in both backends, and reproducible from the config it writes."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tomllib
 from types import SimpleNamespace
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 
 from core.artifact.export import export_artifact, mixed_blob, quantize_mixed_for
-from core.artifact.fit import SEARCH_BITS, entropy_bytes, fit_artifact
+from core.artifact.fit import SEARCH_BITS, SEARCH_FLOORS, entropy_bytes, fit_artifact
+from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
 from core.artifact.load import load_checkpoint
 from core.artifact.mixed import dequantize_mixed
 from core.common.errors import PgolfError
@@ -239,18 +241,17 @@ def test_two_ranks_train_and_score_the_fitted_artifact(sotu_dataset, tmp_path):
     seconds = float(done.stdout.split("candidates evaluated in ")[1].split()[0])
     total = int(next(ln for ln in done.stdout.splitlines() if ln.startswith("Total submission")).split()[-3])
     assert seconds > 5 and total <= 250_000
-    assert "final_mixed_roundtrip val_loss" in done.stdout  # both ranks read the artifact the fit named
+    # Both ranks read the artifact the fit named (int<N> where its matrices share their bits, else mixed).
+    assert re.search(r"final_(mixed|int[5-8])_roundtrip val_loss", done.stdout), done.stdout[-3000:]
 
 
 @needs("cuda")
 @pytest.mark.slow  # ~15 s
 def test_a_fit_that_fails_on_rank_0_ends_both_ranks_with_its_line(sotu_dataset, tmp_path):
-    done = two_ranks_train(
-        sotu_dataset, tmp_path, "--model-dim", "64", "--mlp-mult", "2"
-    )  # nothing to quantize
+    done = two_ranks_train(sotu_dataset, tmp_path, "--artifact-fit-bytes", "1000")  # nothing fits
     output = done.stdout + done.stderr
     assert done.returncode != 0
-    assert output.count("[rank0]: error: fit: no tensor of this model is large enough") == 1, output[-3000:]
+    assert output.count("[rank0]: error: --fit-bytes 1,000: nothing fits") == 1, output[-3000:]
     # Rank 1 hears of it and leaves (torchrun may stop it first); no traceback from either rank.
     assert "[rank1]: stopped: rank 0 failed first" in output or "[rank1]: terminated" in output, output[
         -3000:
@@ -264,7 +265,8 @@ NUMPY_CODE_BYTES = 40_000
 @pytest.fixture(scope="module")
 def numpy_fit():
     """A fit of the embeddings (an untied head among them) and the MLP, scored by a stand-in loss (the
-    weights' squared distance to the float ones): fast, and no backend needed."""
+    weights' squared distance to the float ones): fast, and no backend needed. Floors held at the
+    records' 65,536 (the tests below are of the classes' bits and of LQER; the floors have theirs)."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
     from tests.test_backends import busy_params
@@ -275,7 +277,9 @@ def numpy_fit():
     def loss(weights):
         return float(sum(np.square(weights[n] - params[n]).sum() for n in params))
 
-    fit = fit_artifact(params, cfg, dtypes, 380_000, loss, lambda c: NUMPY_CODE_BYTES, compression=())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("core.artifact.fit.SEARCH_FLOORS", (KEEP_FLOAT_MAX_NUMEL,))
+        fit = fit_artifact(params, cfg, dtypes, 380_000, loss, lambda c: NUMPY_CODE_BYTES, compression=())
     return params, dtypes, loss, fit
 
 
@@ -302,3 +306,82 @@ def test_lqer_top_k_and_rank_are_chosen_where_the_default_does_worse(numpy_fit):
     assert over or loss(dequantize_mixed(model)) > fit.chosen.loss
     chosen = quantize_mixed_for(params, fit.cfg, dtypes)  # the trial's model made on its own rounding
     assert mixed_blob(chosen, fit.cfg) == mixed_blob(fit.model, fit.cfg)
+
+
+def stand_in_loss(params):
+    """The weights' squared distance to the float ones: a loss with no backend."""
+    return lambda weights: float(sum(np.square(weights[n] - params[n]).sum() for n in params))
+
+
+def uniform_settings(params, dtypes, cfg: Config, cap: int, loss) -> dict[tuple[int, int], float]:
+    """(bits, floor) -> the loss of every class at those bits and that floor, where it fits in `cap`."""
+    out = {}
+    for bits in SEARCH_BITS[:-1]:
+        for floor in SEARCH_FLOORS:
+            c = cfg.replace(quant_format="mixed", embed_bits=bits, matrix_bits=bits, other_bits=bits,
+                            **dict.fromkeys(FLOOR_FIELDS, floor))  # fmt: skip
+            model = quantize_mixed_for(params, c, dtypes)
+            if len(mixed_blob(model, c)) + NUMPY_CODE_BYTES <= cap:
+                out[bits, floor] = loss(dequantize_mixed(model))
+    return out
+
+
+FLOOR_FIELDS = ("embed_passthrough_numel", "attn_passthrough_numel", "mlp_passthrough_numel",
+                "other_passthrough_numel")  # fmt: skip
+
+
+def test_a_small_model_is_fitted_by_quantizing_tensors_under_the_records_floor():
+    """The smoke preset's tensors all hold at most 65,536 values: at the records' floor every one stays
+    in fp16, and at 85% of that artifact's bytes nothing at that floor fits. The fit lowers floors, fits,
+    and beats every uniform setting (every class at one bits and one floor) that fits."""
+    from core.config.presets import preset
+    from core.model.params import storage_dtypes
+    from tests.test_backends import busy_params
+
+    cfg = preset("smoke").replace(compressor="zlib")
+    params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
+    loss = stand_in_loss(params)
+    records = cfg.replace(quant_format="mixed", embed_bits=5, matrix_bits=5)  # the smallest at 65,536
+    kept = quantize_mixed_for(params, records, dtypes)
+    assert not kept.quantized  # nothing over the floor
+    cap = int(0.85 * (len(mixed_blob(kept, records)) + NUMPY_CODE_BYTES))
+    fit = fit_artifact(params, cfg, dtypes, cap, loss, lambda c: NUMPY_CODE_BYTES, compression=())
+    assert fit.chosen.bytes <= cap
+    assert min(getattr(fit.cfg, f) for f in FLOOR_FIELDS) < KEEP_FLOAT_MAX_NUMEL
+    again = quantize_mixed_for(params, fit.cfg, dtypes)  # the chosen config makes the chosen artifact
+    assert len(mixed_blob(again, fit.cfg)) + NUMPY_CODE_BYTES == fit.chosen.bytes
+    assert loss(dequantize_mixed(again)) == pytest.approx(fit.chosen.loss, rel=1e-6)
+    uniform = uniform_settings(params, dtypes, cfg, cap, loss)
+    assert uniform and not any(floor == KEEP_FLOAT_MAX_NUMEL for _, floor in uniform)
+    assert all(fit.chosen.loss < v for v in uniform.values()), (fit.chosen.loss, uniform)
+    json.loads(json.dumps(fit.to_json()))  # the table says the floors it chose
+    assert {f: getattr(fit.cfg, f) for f in FLOOR_FIELDS} == {
+        f: fit.to_json()["settings"][f] for f in FLOOR_FIELDS
+    }
+
+
+@pytest.mark.slow  # two fits: ~10 s of CPU
+def test_a_records_shaped_model_keeps_its_floor_unless_the_fit_finds_better(monkeypatch):
+    """An embedding over the records' floor, the matrices under it, a cap the records' int8 artifact
+    fits: the fit with the floors to choose is at least as good as the fit at the records' floor alone,
+    and moves a floor only for a lower loss."""
+    import core.artifact.fit as fit_module
+    from core.config.presets import preset
+    from core.model.params import storage_dtypes
+    from tests.test_backends import busy_params
+
+    cfg = preset("smoke").replace(vocab_size=2048, compressor="zlib")
+    params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
+    loss = stand_in_loss(params)
+    cap = int8_bytes(SimpleNamespace(params=params, dtypes=dtypes), cfg) - code_bytes(cfg) + NUMPY_CODE_BYTES
+
+    def fitted():
+        return fit_artifact(params, cfg, dtypes, cap, loss, lambda c: NUMPY_CODE_BYTES, compression=())
+
+    free = fitted()
+    monkeypatch.setattr(fit_module, "SEARCH_FLOORS", (KEEP_FLOAT_MAX_NUMEL,))
+    records = fitted()
+    assert all(getattr(records.cfg, f) == KEEP_FLOAT_MAX_NUMEL for f in FLOOR_FIELDS)
+    assert free.chosen.bytes <= cap and free.chosen.loss <= records.chosen.loss
+    if any(getattr(free.cfg, f) != KEEP_FLOAT_MAX_NUMEL for f in FLOOR_FIELDS):
+        assert free.chosen.loss < records.chosen.loss

@@ -3,7 +3,8 @@
 Writing (`export_artifact`):
 - `quant_format = "int8"`: the challenge's per-row int8 format (core/artifact/int8.py);
 - `quant_format = "mixed"`: each tensor class at its own bits (`embed_bits`,
-  `matrix_bits` or `attn_bits`/`mlp_bits`, `other_bits`; 16 keeps a class in fp16),
+  `matrix_bits` or `attn_bits`/`mlp_bits`, `other_bits`; 16 keeps a class in fp16), the tensors
+  of at most `*_passthrough_numel` values of each class kept in fp16 (the records: 65,536),
   the clip of each row by SDClip (k times the row's std, `*_clip_sigmas` > 0) or by
   the search over five percentiles, and GPTQ for every matrix whose input Hessian
   is given (core/artifact/mixed.py, core/artifact/gptq.py).
@@ -43,6 +44,7 @@ __all__ = [
     "ExportReport",
     "class_bits",
     "class_clips",
+    "class_floors",
     "dequantize",
     "export_artifact",
     "mixed_blob",
@@ -71,6 +73,16 @@ def class_bits(cfg: Config) -> dict[str, int | str]:
         "other": cfg.other_bits,
     }
     return {cls: "fp16" if b == FP16_BITS else b for cls, b in bits.items()}
+
+
+def class_floors(cfg: Config) -> dict[str, int]:
+    """The mixed format's floor per tensor class: its tensors of at most this many values stay in fp16."""
+    return {
+        "embedding": cfg.embed_passthrough_numel,
+        "attention": cfg.attn_passthrough_numel,
+        "mlp": cfg.mlp_passthrough_numel,
+        "other": cfg.other_passthrough_numel,
+    }
 
 
 def class_clips(cfg: Config) -> dict[str, Clip]:
@@ -148,6 +160,7 @@ def quantize_mixed_for(
         dtypes,
         lqer=lqer_settings(cfg),
         quant_gate=cfg.gated_attn_quant_gate,
+        floors=class_floors(cfg),
     )
 
 

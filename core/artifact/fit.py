@@ -1,10 +1,13 @@
 """Fit the artifact to a byte cap: the artifact settings with the lowest calibration loss whose
 artifact + code bytes stay within the cap (`export --fit-bytes`, `artifact_fit_bytes`).
 
-What is searched: each tensor class's bits (5-8, or fp16) and clip (its `*_clip_sigmas`: the
-class's default rule or SDClip at a few k), GPTQ on or off, LQER off or on with its `lqer_top_k` and
-`lqer_rank`, and the compressor with its byte shuffle. Every candidate is a Config, so the chosen one
-is a config a run can be given again, and its artifact is what `export_artifact` writes for it.
+What is searched: each tensor class's bits (5-8, or fp16), clip (its `*_clip_sigmas`: the
+class's default rule or SDClip at a few k) and floor (its `*_passthrough_numel`: its tensors of at
+most that many values stay in fp16; the records' 65,536 or one of SEARCH_FLOORS below it, so that
+a small model's matrices can be quantized too), GPTQ on or off, LQER off or on with its
+`lqer_top_k` and `lqer_rank`, and the compressor with its byte shuffle. Every candidate is a Config,
+so the chosen one is a config a run can be given again, and its artifact is what `export_artifact`
+writes for it.
 
 The search is cheap: real evaluations (quantize, compress, score) are few, and a model of size and
 loss chooses what to evaluate.
@@ -13,16 +16,21 @@ loss chooses what to evaluate.
   to the model's entropy is the size model's scale.
 - Size: per class and setting, the order-0 entropy of the stored bytes (each byte lane of the values,
   scales and fp16 tensors on its own), quantized with per-row rounding: compressed size follows it.
+  Each tensor is priced once per bits and clip, and once kept in fp16; a floor sums the one or the
+  other, tensor by tensor (entropy and error are sums over the tensors).
 - Loss: per class and setting, the rounding error weighted by the diagonal of its layer's input
   Hessian (GPTQ's calibration; 1 where there is none), normalised to mean 1: sum (W - Q)^2_ij h_j.
   One real evaluation per class (the class at its coarsest setting, the rest as the base) turns
   that into nats of calibration loss.
-- Choice: every combination of the classes' settings (a few thousand at most) is priced by the two
-  models; the one predicted lowest in loss within the cap is evaluated for real. If it does not fit,
-  the size model was wrong by the overshoot: the cap is lowered by it, said in the log, and the next
-  is tried. Then, one class at a time, the winner with that class at the two settings predicted best
-  that fit; then GPTQ is toggled on the winner, one real evaluation. (GPTQ on or off is first
-  decided on the base settings, one more real evaluation, and kept for the trials between.)
+- Choice: the combinations of the classes' settings are priced by the two models. Both are sums over
+  the classes, so a setting another of its class beats in both size and error is never best, and
+  the classes are joined one at a time, each join cut to the combinations no other beats in both
+  (a few hundred, of millions); the one predicted lowest in loss within the cap is evaluated for
+  real. If it does not fit, the size model was wrong by the overshoot: the cap is lowered by it,
+  said in the log, and the next is tried. Then, one class at a time, the winner with that class at
+  the two settings of its frontier predicted best that fit; then GPTQ is toggled on the winner, one
+  real evaluation. (GPTQ on or off is first decided on the base settings, one more real evaluation,
+  and kept for the trials between.)
 - LQER: on each of the LQER_BASES candidates scored lowest that fit, every (top_k, rank) is priced
   from that candidate's own rounding: the errors LQER would correct (largest first, as it does), each
   one's SVD once, its factors at each rank packed as the artifact stores them; their entropy (times
@@ -30,9 +38,10 @@ loss chooses what to evaluate.
   bytes they add, their weighted error taken off (times the class's nats) the loss.
   In the order of their predicted loss, settings predicted to fit are evaluated for real until
   LQER_TRIALS fit (at most twice as many tried: one over the cap is not scored).
-- The uniform settings (every class at the same bits) predicted to fit are evaluated too, for the
-  table. The result is the evaluated candidate with the lowest loss among those whose real bytes fit;
-  none: one error line (nothing is written by this module).
+- The uniform settings (every class at the same bits and floor: per bits, the base's floors or the
+  highest of SEARCH_FLOORS predicted to fit) are evaluated too, for the table. The result is the
+  evaluated candidate with the lowest loss among those whose real bytes fit; none: one error line
+  (nothing is written by this module).
 
 The calibration loss is a callable (weights -> mean nats per token), so that this module needs no
 framework: core/train/fitting.py scores it with a backend on tokens from the training data.
@@ -41,7 +50,6 @@ framework: core/train/fitting.py scores it with a backend on tokens from the tra
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -50,7 +58,14 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact.export import class_bits, class_clips, lqer_settings, mixed_blob, quantize_mixed_for
+from core.artifact.export import (
+    class_bits,
+    class_clips,
+    class_floors,
+    lqer_settings,
+    mixed_blob,
+    quantize_mixed_for,
+)
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
 from core.artifact.lqer import correction, factors, ranked_errors
 from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed, rounding_of, with_lqer
@@ -63,20 +78,24 @@ __all__ = ["FIT_FIELDS", "Fit", "Trial", "default_compression", "entropy_bytes",
 
 SEARCH_BITS = (5, 6, 7, 8, 16)  # 16: the class kept in fp16
 SEARCH_SIGMAS = (0.0, 6.0, 10.0, 14.0)  # 0: the class's default clip rule
+# Each class's floor: its tensors of at most this many values stay in fp16 (the records: 65,536).
+SEARCH_FLOORS = (65_536, 32_768, 16_384, 8_192, 4_096, 2_048, 1_024)
 # (compressor, byte shuffle) pairs tried besides the base config's own; pergroup where lrzip is installed.
 COMPRESSION = (("brotli", 2), ("zstd", 2), ("lzma", 2), ("brotli", 0))
 PERGROUP = (compress.PERGROUP, 2)
-# Each searched class: its bits field and its clip field ("other" follows matrix_clip_sigmas).
+# Each searched class: its bits field, its clip field ("other" follows matrix_clip_sigmas) and its
+# floor field.
 CLASS_FIELDS = {
-    "embedding": ("embed_bits", "embed_clip_sigmas"),
-    "attention": ("attn_bits", "attn_clip_sigmas"),
-    "mlp": ("mlp_bits", "mlp_clip_sigmas"),
-    "other": ("other_bits", None),
+    "embedding": ("embed_bits", "embed_clip_sigmas", "embed_passthrough_numel"),
+    "attention": ("attn_bits", "attn_clip_sigmas", "attn_passthrough_numel"),
+    "mlp": ("mlp_bits", "mlp_clip_sigmas", "mlp_passthrough_numel"),
+    "other": ("other_bits", None, "other_passthrough_numel"),
 }
 # Every field a fit may set: what its config file carries over the run's own.
 FIT_FIELDS = (
     "quant_format", "embed_bits", "attn_bits", "mlp_bits", "other_bits", "embed_clip_sigmas",
-    "attn_clip_sigmas", "mlp_clip_sigmas", "gptq_enabled", "lqer_enabled", "lqer_top_k", "lqer_rank",
+    "attn_clip_sigmas", "mlp_clip_sigmas", "embed_passthrough_numel", "attn_passthrough_numel",
+    "mlp_passthrough_numel", "other_passthrough_numel", "gptq_enabled", "lqer_enabled", "lqer_top_k", "lqer_rank",
     "compressor", "byte_shuffle",
 )  # fmt: skip
 MAX_STEPS_DOWN = 4
@@ -122,6 +141,8 @@ class Fit:
     cfg: Config  # the base config with the chosen settings (artifact_fit_bytes off)
     model: MixedModel  # the chosen artifact's quantized model
     notes: list[str] = field(default_factory=list)  # the steps down, said in the log too
+    # Per class: the settings priced by the models (bits x clip x floor) and those on its frontier.
+    priced: dict[str, list[int]] = field(default_factory=dict)
     seconds: float = 0.0  # the search's wall time
 
     def to_json(self) -> dict[str, Any]:
@@ -131,6 +152,7 @@ class Fit:
             "chosen": self.trials.index(self.chosen),
             "settings": {k: getattr(self.cfg, k) for k in FIT_FIELDS},
             "notes": self.notes,
+            "priced": self.priced,
             "seconds": round(self.seconds, 1),
             "trials": [t.to_json() for t in self.trials],
         }
@@ -160,28 +182,53 @@ class Option:
     error: float
 
 
-def _label(cfg: Config, present: list[str]) -> str:
-    bits, clips = class_bits(cfg), class_clips(cfg)
+def _label(cfg: Config, largest: dict[str, int]) -> str:
+    """A candidate in log lines: per searched class (`largest`: its largest tensor's size) its bits,
+    its SDClip k, and its floor where it is not the records' ("mlp:int6>4096": the MLP tensors of
+    more than 4,096 values at 6 bits, the others fp16); "fp16" where it quantizes none."""
+    bits, clips, floors = class_bits(cfg), class_clips(cfg), class_floors(cfg)
     parts = []
-    for cls in present:
+    for cls, size in largest.items():
         b = bits[cls]
-        text = f"{cls[:4]}:{'fp16' if b == 'fp16' else f'int{b}'}"
-        if b != "fp16" and clips[cls].kind == "sdclip":
+        if b == "fp16" or floors[cls] >= size:
+            parts.append(f"{cls[:4]}:fp16")
+            continue
+        text = f"{cls[:4]}:int{b}"
+        if clips[cls].kind == "sdclip":
             text += f"@{clips[cls].k:g}σ"
+        if floors[cls] != KEEP_FLOAT_MAX_NUMEL:
+            text += f">{floors[cls]}"
         parts.append(text)
     extras = ["gptq"] * cfg.gptq_enabled + [f"lqer:k{cfg.lqer_top_k}r{cfg.lqer_rank}"] * cfg.lqer_enabled
     shuffle = f"+shuffle{cfg.byte_shuffle}" if cfg.byte_shuffle else ""
     return " ".join(parts + extras + [cfg.compressor + shuffle])
 
 
-def _quantized_classes(params: dict[str, np.ndarray], classes: dict[str, str]) -> dict[str, list[str]]:
-    """The searched classes that hold a tensor the mixed format quantizes (its bits matter)."""
+def _searched_classes(
+    params: dict[str, np.ndarray], classes: dict[str, str], cfg: Config
+) -> dict[str, list[str]]:
+    """The classes with a float tensor the mixed format can quantize (larger than the lowest floor
+    searched, or than `cfg`'s), each with all its float tensors (those kept in fp16 priced too)."""
     out: dict[str, list[str]] = {}
     for name, w in sorted(params.items()):
-        cls = classes[name]
-        if cls in CLASS_FIELDS and np.issubdtype(w.dtype, np.floating) and w.size > KEEP_FLOAT_MAX_NUMEL:
-            out.setdefault(cls, []).append(name)
-    return {cls: out[cls] for cls in CLASS_FIELDS if cls in out}
+        if classes[name] in CLASS_FIELDS and np.issubdtype(w.dtype, np.floating):
+            out.setdefault(classes[name], []).append(name)
+    floors = class_floors(cfg)
+    return {
+        cls: out[cls]
+        for cls in CLASS_FIELDS
+        if cls in out and max(params[n].size for n in out[cls]) > min(*SEARCH_FLOORS, floors[cls])
+    }
+
+
+def _pareto(items: list, loss: Callable[[Any], float], size: Callable[[Any], float]) -> list:
+    """The items no other beats in both loss and size (of equals, the first), in order of loss."""
+    out, smallest = [], math.inf
+    for item in sorted(items, key=lambda x: (loss(x), size(x))):  # stable: of equals, the first
+        if size(item) < smallest:
+            out.append(item)
+            smallest = size(item)
+    return out
 
 
 def _weighted(error: np.ndarray, h: np.ndarray | None) -> float:
@@ -207,7 +254,8 @@ class _Search:
         self.hessians = hessians or {}
         self.base = cfg.replace(quant_format="mixed", artifact_fit_bytes=0).validate()
         self.classes = artifact_classes(self.base)
-        self.groups = _quantized_classes(params, self.classes)
+        self.groups = _searched_classes(params, self.classes, self.base)
+        self.largest = {cls: max(params[n].size for n in names) for cls, names in self.groups.items()}
         self.trials: list[Trial] = []
         self.kept: list[tuple[Trial, MixedModel]] = []  # the LQER_BASES scored lowest that fit
         self.notes: list[str] = []
@@ -234,7 +282,7 @@ class _Search:
         if model is None:
             model = quantize_mixed_for(self.params, cfg, self.dtypes, self.hessians)
         total = len(mixed_blob(model, cfg)) + self.code_bytes(cfg)
-        t = Trial(_label(cfg, list(self.groups)), changes, kind, round(predicted), total, cap=self.cap)
+        t = Trial(_label(cfg, self.largest), changes, kind, round(predicted), total, cap=self.cap)
         if t.fits or kind in ("base", "gptq-base", "probe"):  # a loss where it may be chosen, or is needed
             t.loss = float(self.loss_of(dequantize_mixed(model)))
             if not math.isfinite(t.loss):
@@ -273,39 +321,60 @@ class _Search:
             + f": {size:,} B for the base settings"
         )
 
+    def price(self, name: str, cfg: Config) -> tuple[float, float]:
+        """Tensor `name` as `cfg` stores it (rounded per row): its entropy bytes and weighted error."""
+        model = quantize_mixed(
+            {name: self.params[name]}, self.classes, class_bits(cfg), class_clips(cfg), None, self.dtypes,
+            floors=class_floors(cfg),
+        )  # fmt: skip
+        return entropy_bytes(model.arrays()), _weighted_error(model, {name: self.params[name]}, self.hessians)
+
     def price_options(self) -> None:
-        """Each class's settings with their entropy and weighted error (per-row rounding)."""
+        """Each class's settings with their entropy and weighted error (per-row rounding): each tensor
+        priced once per bits and clip, quantized and kept in fp16; a floor sums the one or the other."""
         self.options: dict[str, list[Option]] = {}
+        self.frontier: dict[str, list[Option]] = {}  # the options no other beats in size and error
         self.base_option: dict[str, Option] = {}
         self.base_clip: dict[str, tuple[tuple[str, Any], ...]] = {}
+        self.base_floor: dict[str, int] = {}
         for cls, names in self.groups.items():
-            bits_field, clip_field = CLASS_FIELDS[cls]
-            sub = {n: self.params[n] for n in names}
+            bits_field, clip_field, floor_field = CLASS_FIELDS[cls]
             base_bits = class_bits(self.base)[cls]
             base_bits = 16 if base_bits == "fp16" else base_bits
             base_k = getattr(self.base, clip_field) if clip_field else None
+            base_floor = getattr(self.base, floor_field)
             sigmas = sorted({*SEARCH_SIGMAS, base_k}) if clip_field else [None]
-            settings = [(b, k) for b in SEARCH_BITS for k in (sigmas if b != 16 else [None])]
-            options = []
-            for b, k in [(base_bits, base_k), *settings]:
-                changes = ((bits_field, b),) + (((clip_field, k),) if k is not None and b != 16 else ())
-                if any(o.changes == changes for o in options):
-                    continue
-                cfg = self.base.replace(**dict(changes))
-                model = quantize_mixed(
-                    sub, self.classes, class_bits(cfg), class_clips(cfg), None, self.dtypes
-                )
-                options.append(
-                    Option(changes, entropy_bytes(model.arrays()), _weighted_error(model, sub, self.hessians))
-                )
+            floors = sorted({*SEARCH_FLOORS, base_floor}, reverse=True)
+            kept = {n: self.price(n, self.base.replace(**{bits_field: 16})) for n in names}
+            options, rounded = [], {}
+            settings = [(b, k, f) for b in SEARCH_BITS if b != 16 for k in sigmas for f in floors]
+            for b, k, f in [(base_bits, base_k, base_floor), *settings, (16, None, None)]:
+                if b == 16:
+                    changes: tuple[tuple[str, Any], ...] = ((bits_field, 16),)
+                    entropy, error = (sum(p[i] for p in kept.values()) for i in (0, 1))
+                else:
+                    clip = ((clip_field, k),) if clip_field else ()
+                    changes = ((bits_field, b), *clip, (floor_field, f))
+                    if (b, k) not in rounded:
+                        cfg = self.base.replace(**{bits_field: b, floor_field: 0, **dict(clip)})
+                        rounded[b, k] = {n: self.price(n, cfg) for n in names}
+                    chosen = [rounded[b, k][n] if self.params[n].size > f else kept[n] for n in names]
+                    entropy, error = (sum(p[i] for p in chosen) for i in (0, 1))
+                if all(o.changes != changes for o in options):
+                    options.append(Option(changes, entropy, error))
             self.base_option[cls] = options[0]
             self.base_clip[cls] = ((clip_field, base_k),) if clip_field else ()
+            self.base_floor[cls] = base_floor
             self.options[cls] = options
+            self.frontier[cls] = _pareto(options, lambda o: o.error, lambda o: o.entropy)
 
-    def option(self, cls: str, bits: int) -> Option:
-        """Class `cls` at `bits`, its clip as the base's."""
-        clip = self.base_clip[cls] if bits != 16 else ()
-        return next(o for o in self.options[cls] if o.changes == ((o.changes[0][0], bits), *clip))
+    def option(self, cls: str, bits: int, floor: int | None = None) -> Option:
+        """Class `cls` at `bits`, its clip as the base's, its floor `floor` (None: the base's)."""
+        bits_field, _, floor_field = CLASS_FIELDS[cls]
+        want: tuple[tuple[str, Any], ...] = ((bits_field, bits),)
+        if bits != 16:
+            want += (*self.base_clip[cls], (floor_field, self.base_floor[cls] if floor is None else floor))
+        return next(o for o in self.options[cls] if o.changes == want)
 
     def predicted_bytes(self, combo: dict[str, Option]) -> float:
         entropy = self.base_entropy + sum(o.entropy - self.base_option[c].entropy for c, o in combo.items())
@@ -327,37 +396,48 @@ class _Search:
         return sum(self.scale[c] * (o.error - self.base_option[c].error) for c, o in combo.items())
 
     def combos(self) -> list[tuple[float, float, dict[str, Option]]]:
-        """Every combination of the classes' settings: (predicted loss change, bytes, combination)."""
-        classes = list(self.options)
-        out = []
-        for choice in itertools.product(*(self.options[c] for c in classes)):
-            combo = dict(zip(classes, choice, strict=True))
-            out.append((self.predicted_loss(combo), self.predicted_bytes(combo), combo))
-        out.sort(key=lambda x: (x[0], x[1], [o.changes for o in x[2].values()]))
-        return out
+        """The combinations of the classes' settings that no other beats in both predicted loss and
+        bytes, in order of loss: (predicted loss change, bytes, combination). Loss and bytes are sums
+        over the classes, so the classes are joined one at a time, each join cut to its frontier."""
+        joined: list[tuple[float, float, dict[str, Option]]] = [(0.0, 0.0, {})]
+        for cls, options in self.frontier.items():
+            base = self.base_option[cls]
+            joined = _pareto(
+                [
+                    (loss + self.scale[cls] * (o.error - base.error), entropy + o.entropy - base.entropy, combo | {cls: o})
+                    for loss, entropy, combo in joined
+                    for o in options
+                ],
+                lambda x: x[0], lambda x: x[1],
+            )  # fmt: skip
+        return [(loss, self.predicted_bytes(combo), combo) for loss, _, combo in joined]
 
     def combo_of(self, changes: dict[str, Any]) -> dict[str, Option]:
         """The classes' settings a trial's changes make (the base's where it changes none)."""
         out = {}
         for cls, options in self.options.items():
-            bits_field, clip_field = CLASS_FIELDS[cls]
+            bits_field, clip_field, floor_field = CLASS_FIELDS[cls]
             bits = changes.get(bits_field, self.base_option[cls].changes[0][1])
             want: tuple[tuple[str, Any], ...] = ((bits_field, bits),)
             if clip_field and bits != 16:
                 want += ((clip_field, changes.get(clip_field, getattr(self.base, clip_field))),)
+            if bits != 16:
+                want += ((floor_field, changes.get(floor_field, self.base_floor[cls])),)
             out[cls] = next((o for o in options if o.changes == want), self.base_option[cls])
         return out
 
     def refine(self) -> None:
         """One class at a time, the winner with that class at each of the REFINE settings predicted
-        lowest in loss and to fit (the others as the winner's): a few more real trials."""
+        lowest in loss and to fit (the others as the winner's; settings another beats in both size
+        and error left out, and those priced the same as the winner's): a few more real trials."""
         for cls in list(self.options):
             winner = self.best[0]  # type: ignore[index]
             combo = self.combo_of(winner.changes)
+            same = (combo[cls].entropy, combo[cls].error)
             priced = []
-            for o in self.options[cls]:
+            for o in self.frontier[cls]:
                 trial = combo | {cls: o}
-                if o != combo[cls] and self.predicted_bytes(trial) <= self.cap:
+                if (o.entropy, o.error) != same and self.predicted_bytes(trial) <= self.cap:
                     priced.append((self.predicted_loss(trial), o.changes, trial))
             for _, _, trial in sorted(priced, key=lambda x: x[:2])[:REFINE]:
                 self.trial(winner.changes | self.changes(trial), "refine", self.predicted_bytes(trial))
@@ -452,11 +532,19 @@ class _Search:
                 self.decided, base = {"gptq_enabled": not self.base.gptq_enabled}, other
         self.calibrate_losses(base.loss)
         combos = self.combos()
-        for b in SEARCH_BITS:  # the uniform settings, where the size model says they may fit
-            combo = {c: self.option(c, b) for c in self.options}
-            predicted = self.predicted_bytes(combo)
-            if predicted <= 1.02 * self.cap:
-                self.trial(self.changes(combo), "uniform", predicted)
+        self.priced = {cls: [len(self.options[cls]), len(self.frontier[cls])] for cls in self.options}
+        self.say(
+            "priced "
+            + ", ".join(f"{cls} {n:,} settings ({f} on its frontier)" for cls, (n, f) in self.priced.items())
+            + f"; {len(combos):,} combinations on the joint frontier"
+        )
+        for b in SEARCH_BITS:  # the uniform settings, at the highest floor the size model says may fit
+            for floor in [None, *sorted(SEARCH_FLOORS, reverse=True)] if b != 16 else [None]:
+                combo = {c: self.option(c, b, floor) for c in self.options}
+                predicted = self.predicted_bytes(combo)
+                if predicted <= 1.02 * self.cap:
+                    self.trial(self.changes(combo), "uniform", predicted)
+                    break
         budget, kind = self.cap, "fit"
         for _ in range(MAX_STEPS_DOWN):
             pick = next((c for c in combos if c[1] <= budget), None)
@@ -493,7 +581,17 @@ class _Search:
             f"(float {float_loss:.5f}); {len(self.trials)} candidates evaluated in {seconds:.0f} s"
         )
         cfg = self.base.replace(**chosen.changes)
-        return Fit(self.cap, float_loss, self.trials, chosen, cfg, model, self.notes, seconds)
+        return Fit(
+            self.cap,
+            float_loss,
+            self.trials,
+            chosen,
+            cfg,
+            model,
+            self.notes,
+            seconds=seconds,
+            priced=self.priced,
+        )
 
 
 def default_compression() -> tuple[tuple[str, int], ...]:

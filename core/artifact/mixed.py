@@ -5,8 +5,9 @@ The caller names each parameter's class ("embedding", "attention", "mlp", "other
 of each class. Then, per tensor:
 - non-float tensors pass through unchanged;
 - "control" tensors pass through in fp32, whatever their size;
-- float tensors of at most 65,536 elements, and every tensor of a class set to
-  "fp16", pass through in fp16 (their original dtype recorded);
+- float tensors of at most their class's floor of elements (the records: 65,536 for every
+  class), and every tensor of a class set to "fp16", pass through in fp16 (their original dtype
+  recorded);
 - the rest are quantized to int-N with one fp16 scale per row (`core.artifact.rowquant`), or
   by GPTQ (`core.artifact.gptq`) when a Hessian of the layer's inputs is given for them;
 - with `quant_gate`, the attention gates' weights (`*.attn_gate_w`, 32 to 8,192 values; control
@@ -126,6 +127,7 @@ def quantize_mixed(
     block_size: int = 128,
     lqer: LqerSettings | None = None,
     quant_gate: bool = False,
+    floors: dict[str, int] | None = None,
 ) -> MixedModel:
     """Quantize `state` class by class (see the module docstring).
 
@@ -133,7 +135,8 @@ def quantize_mixed(
     Clip or one per class (default: the records' search); `hessians` maps a matrix's
     name to the (cols, cols) Hessian of its inputs, for GPTQ; `orig_dtypes` names the
     dtype each float tensor had in the model (bf16 ones are rounded to bf16 first); `lqer` adds
-    the low-rank corrections of core/artifact/lqer.py.
+    the low-rank corrections of core/artifact/lqer.py; `floors` maps classes to the most elements
+    a tensor of theirs may have and stay in fp16 (default: the records' 65,536).
     """
     table = _bits_table(bits)
     hessians = hessians or {}
@@ -173,7 +176,7 @@ def quantize_mixed(
             info |= {"store": "int", "bits": 8, "clip": Clip.percentile(1.0).to_json(), "method": "gate"}
         elif cls == "control":
             out.passthrough[name], info["store"] = w, "fp32"
-        elif t.size <= KEEP_FLOAT_MAX_NUMEL or table[cls] == "fp16":
+        elif t.size <= (floors or {}).get(cls, KEEP_FLOAT_MAX_NUMEL) or table[cls] == "fp16":
             with np.errstate(over="ignore"):  # an overflow to inf is refused just below
                 kept = w.astype(np.float16)
             _check_float16_range(name, w, kept)

@@ -540,6 +540,22 @@ class Config:
     other_bits: int = opt(
         8, "mixed: bits of the other large tensors (e.g. an untied head)", "artifact", bits(*QUANT_BITS)
     )
+    embed_passthrough_numel: int = opt(
+        65_536, "mixed: embedding tensors of at most this many values stay in fp16 (the records: 65,536)",
+        "artifact", NON_NEGATIVE,
+    )  # fmt: skip
+    attn_passthrough_numel: int = opt(
+        65_536, "mixed: attention matrices of at most this many values stay in fp16 (the records: 65,536)",
+        "artifact", NON_NEGATIVE,
+    )  # fmt: skip
+    mlp_passthrough_numel: int = opt(
+        65_536, "mixed: MLP matrices of at most this many values stay in fp16 (the records: 65,536)",
+        "artifact", NON_NEGATIVE,
+    )  # fmt: skip
+    other_passthrough_numel: int = opt(
+        65_536, "mixed: other tensors of at most this many values stay in fp16 (the records: 65,536)",
+        "artifact", NON_NEGATIVE,
+    )  # fmt: skip
     embed_clip_sigmas: float = opt(
         0.0, "mixed: clip each embedding row at k * its std (SDClip); 0 = search the best of 5 percentiles",
         "artifact", NON_NEGATIVE,
@@ -585,8 +601,8 @@ class Config:
         "artifact", NON_NEGATIVE,
     )  # fmt: skip
     artifact_fit_bytes: int = opt(
-        0, "choose the artifact settings (bits, clips, GPTQ, LQER, compressor) with the lowest calibration "
-        "loss whose artifact + code fits in this many bytes (mixed format); 0 = off", "artifact", NON_NEGATIVE,
+        0, "choose the artifact settings (bits, clips, fp16 floors, GPTQ, LQER, compressor) with the lowest "
+        "calibration loss whose artifact + code fits in this many bytes (mixed format); 0 = off", "artifact", NON_NEGATIVE,
     )  # fmt: skip
     artifact_fit_tokens: int = opt(
         131_072, "the artifact fit: training tokens it scores settings on, from the end of the training "
