@@ -420,7 +420,7 @@ def test_export_refuses_to_overwrite_its_input_or_write_where_it_cannot(trained,
     (tmp_path / "a_file").write_text("x")
     for out, message in [
         (ckpt, "is the checkpoint itself"),
-        (tmp_path, "Is a directory"),
+        (tmp_path, "a folder, not a file"),
         (tmp_path / "a_file" / "x.pgolf", "cannot write"),
     ]:
         assert_one_line_error(cli("export", str(ckpt), "--out", str(out)), message)

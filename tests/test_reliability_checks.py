@@ -225,7 +225,7 @@ def test_export_refuses_an_output_it_cannot_write_before_reading_the_checkpoint(
     missing = tmp_path / "none.safetensors"  # read after the check: never reached
     for out, message in (
         (tmp_path, "a folder, not a file"),
-        (tmp_path / "no" / "a.pgolf", "its folder .* does not exist"),
+        (tmp_path / "no" / "a.pgolf", "cannot write there: .* does not exist"),
         (Path("/proc/a.pgolf"), r"cannot write in /proc \("),
     ):
         with pytest.raises(PgolfError, match=f"--out {out}: {message}"):

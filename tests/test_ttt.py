@@ -242,7 +242,7 @@ def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_data
                  str(tmp_path), "--run-id", "r", *data_flags(sotu_dataset), *TTT_FLAGS)  # fmt: skip
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("final_int8_zlib_ttt_exact "))
-    trained_bpb = float(line.split("val_bpb:")[1])
+    trained_bpb = float(line.split("val_bpb:")[1].split()[0])
     assert "total_eval_time:" in result.stdout and "with test-time training" in result.stdout
     artifact = str(tmp_path / "r" / "final_model.int8.pgolf")
     out = tmp_path / "losses.npz"
@@ -251,7 +251,7 @@ def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_data
     )
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if "eval:ttt" in x)
-    assert float(line.split("val_bpb:")[1]) == pytest.approx(
+    assert float(line.split("val_bpb:")[1].split()[0]) == pytest.approx(
         trained_bpb, abs=1e-8
     )  # the run's settings were kept
     saved = np.load(out)
@@ -290,7 +290,7 @@ def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, tmp_path):
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr[-3000:]
 
     def ttt_bpb(out: str) -> float:
-        return float(next(x for x in out.splitlines() if "eval:ttt" in x).split("val_bpb:")[1])
+        return float(next(x for x in out.splitlines() if "eval:ttt" in x).split("val_bpb:")[1].split()[0])
 
     assert abs(ttt_bpb(one.stdout) - ttt_bpb(no_phase.stdout)) > 1e-4  # the global phase moved the score
     assert ttt_bpb(two.stdout) == pytest.approx(ttt_bpb(one.stdout), abs=1e-6)

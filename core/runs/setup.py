@@ -232,7 +232,8 @@ def check_writable(path: str | Path, what: str) -> Path:
     if path.name in ("", ".", "..") or path.is_dir():
         raise PgolfError(f"{what} {path}: a folder, not a file")
     if not path.parent.is_dir():
-        raise PgolfError(f"{what} {path}: its folder {path.parent} does not exist")
+        problem = "is a file, not a folder" if path.parent.exists() else "does not exist"
+        raise PgolfError(f"{what} {path}: cannot write there: {path.parent} {problem}")
     try:
         fd, tmp = tempfile.mkstemp(
             dir=path.parent, prefix=f".{path.name}.pgolf-{os.getpid()}-", suffix=".tmp"
