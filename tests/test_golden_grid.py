@@ -6,9 +6,10 @@ eval_val and eval_val_sliding at MLP_MULT 3 and 4, VE_DIM below and above the kv
 its int8 path and passed through, the MLP through GPTQ int6 and passed through, sequences of 128 and
 512, lzma and brotli; record 2026-04-27's deserialize + eval_val (one row a batch) at MLP_MULT 3 and
 4, tok_emb through GPTQ int7 and passed through, the MLP through GPTQ int6 and passed through,
-sequences of 128 and 512, lzma and brotli. Here each file is read and scored as `cli.py eval --preset
-record_0401` (`record_0427`) reads and scores it, in both backends, in fp32 (the goldens' arithmetic):
-val_loss and val_bpb within 1e-6.
+sequences of 128 and 512, lzma and brotli. Here each file is read and scored as `cli.py eval ARTIFACT` reads and
+scores it given only the record's logged environment (its whole Hyperparameters block, with the point's
+shape, compressor and batch in place of the logged run's; no preset, no pgolf-only name), in both
+backends, in fp32 (the goldens' arithmetic): val_loss and val_bpb within 1e-6.
 """
 
 from __future__ import annotations
@@ -68,51 +69,83 @@ def val_dir_0427(grid_0427, tmp_path_factory) -> Path:
     return val_folder(tmp_path_factory, grid_0427)
 
 
-def score(artifact: Path, preset: str, overrides: dict, backend_name: str, tokens: int) -> dict:
-    """{"plain" | "sliding_window": (val_loss, val_bpb)} of a record's artifact as `cli.py eval --preset`
-    scores it with `overrides` (the shapes are read off the file), in fp32."""
-    overrides = overrides | {"compute_dtype": "float32"}
-    params, cfg, data = weights_and_data(artifact, preset, None, overrides, False)
-    backend = make_backend(backend_name, cfg)
+LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK")  # torchrun's variables, not settings: one process here
+
+
+def logged_env(key: str) -> dict[str, str]:
+    """Record `key`'s whole logged Hyperparameters block (tests/golden/make_record_eval_protocol.py read
+    it from the record's train log), without the launcher's variables."""
+    logged = json.loads((GOLDEN / "record_eval_protocol.json").read_text())["logged_env"][key]
+    assert len(logged) > 60  # the whole block, not a few names
+    return {k: v for k, v in logged.items() if k not in LAUNCH}
+
+
+def score(
+    artifact: Path, env: dict[str, str], backend_name: str, tokens: int, monkeypatch, kinds: tuple
+) -> dict:
+    """{"plain" | "sliding_window": (val_loss, val_bpb)} of a record's artifact as `cli.py eval ARTIFACT`
+    scores it with no preset and no flag, given only the environment `env` (the shapes are read off the
+    file, the preset from the record's own names); of the evaluations that config runs, `kinds` are scored."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    params, cfg, data = weights_and_data(artifact, None, None, {}, False)
+    backend = make_backend(backend_name, cfg.replace(compute_dtype="float32"))  # the goldens' arithmetic
     backend.load_params(params)
     out = {}
-    for kind, evaluator in evaluators(cfg).items():
-        meter = evaluator(backend, data)
+    runs = evaluators(cfg)
+    assert set(kinds) <= set(runs), (kinds, list(runs))
+    for kind in kinds:
+        meter = runs[kind](backend, data)
         assert meter.tokens == tokens - 1, kind
         out[kind] = (meter.val_loss, meter.val_bpb)
     return out
 
 
-def score_0401_point(grid: dict, name: str, backend_name: str, data_path: Path, tokenizer: Path) -> dict:
-    """One 2026-04-01 point by the record_0401 preset with the point's settings its file does not hold."""
+def score_0401_point(
+    grid: dict, name: str, backend_name: str, data_path: Path, tokenizer: Path, monkeypatch
+) -> dict:
+    """One 2026-04-01 point: the record's logged environment with the point's shape and compressor."""
     s = grid["points"][name]["settings"]
-    names = ("vocab_size", "train_seq_len", "eval_stride", "rope_dims", "ve_dim", "ve_layers", "xsa_last_n")
-    overrides = {k: s[k] for k in names} | {
-        "eval_batch_seqs": grid["eval_batch_seqs"],
-        "data_path": str(data_path),
-        "tokenizer_path": str(tokenizer),
+    shape = {
+        k.upper(): str(int(v) if isinstance(v, bool) else v) for k, v in s.items() if k != "embedding_dim"
     }
+    env = (
+        logged_env("0401")
+        | shape
+        | {
+            "EVAL_BATCH_SEQS": str(grid["eval_batch_seqs"]),
+            "COMPRESSOR": grid["points"][name]["compressor"],
+            "DATA_PATH": str(data_path),
+            "TOKENIZER_PATH": str(tokenizer),
+        }
+    )
     artifact = GOLDEN / "record_eval_grid" / f"{name}.ptz"
-    return score(artifact, "record_0401", overrides, backend_name, len(grid["val_tokens"]))
+    return score(
+        artifact, env, backend_name, len(grid["val_tokens"]), monkeypatch, ("plain", "sliding_window")
+    )
 
 
-def score_0427_point(grid: dict, name: str, backend_name: str, data_path: Path, tokenizer: Path) -> dict:
-    """One 2026-04-27 point by the record_0427 preset with its record environment's settings that the
-    file does not hold; no test-time training (the golden is its eval_val)."""
-    env = grid["points"][name]["env"]
-    names = ("VOCAB_SIZE", "TRAIN_SEQ_LEN", "ROPE_DIMS", "XSA_LAST_N", "NUM_LOOPS", "LOOP_START", "LOOP_END",
-             "GATE_WINDOW", "PARALLEL_START_LAYER")  # fmt: skip
-    overrides = {k.lower(): int(env[k]) for k in names} | {
-        "eval_stride": int(env["EVAL_SEQ_LEN"]),
-        # one row a batch, as the golden's eval_val ran: the flat protocol's batch is then pgolf's row
-        "val_batch_size": int(env["EVAL_SEQ_LEN"]),
-        "grad_accum_steps": 1,
-        "ttt_enabled": False,
-        "data_path": str(data_path),
-        "tokenizer_path": str(tokenizer),
-    }
+def score_0427_point(
+    grid: dict, name: str, backend_name: str, data_path: Path, tokenizer: Path, monkeypatch
+) -> dict:
+    """One 2026-04-27 point: the record's logged environment with the point's shape and compressor,
+    batches of one row (as the golden's eval_val ran), no test-time training (the golden is its
+    eval_val)."""
+    point = grid["points"][name]["env"]
+    env = (
+        logged_env("0427")
+        | point
+        | {
+            "VAL_BATCH_TOKENS": point["EVAL_SEQ_LEN"],
+            "GRAD_ACCUM_STEPS": "1",
+            "TTT_ENABLED": "0",
+            "DATA_PATH": str(data_path),
+            "TOKENIZER_PATH": str(tokenizer),
+        }
+    )
     artifact = GOLDEN / "record_eval_grid" / f"0427_{name}.ptz"
-    return score(artifact, "record_0427", overrides, backend_name, len(grid["val_tokens"]))
+    # the record logs EVAL_STRIDE but runs no sliding evaluation: its eval_val is the plain figure
+    return score(artifact, env, backend_name, len(grid["val_tokens"]), monkeypatch, ("plain",))
 
 
 def assert_within(scores: dict, golden: dict, label: str) -> None:
@@ -128,11 +161,10 @@ POINTS_0401 = ("gptq4_ve128", "gptq3_ve16", "gptq4_ve16", "pass4_ve16", "pass3_v
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("point", POINTS_0401)
-def test_record_0401_grid(point, backend_name, grid_0401, val_dir, challenge_dir):
+def test_record_0401_grid(point, backend_name, grid_0401, val_dir, challenge_dir, monkeypatch):
     golden = grid_0401["points"][point]
-    scores = score_0401_point(
-        grid_0401, point, backend_name, val_dir, challenge_dir / "fineweb_1024_bpe.model"
-    )
+    tokenizer = challenge_dir / "fineweb_1024_bpe.model"
+    scores = score_0401_point(grid_0401, point, backend_name, val_dir, tokenizer, monkeypatch)
     assert sorted(scores) == ["plain", "sliding_window"]
     assert_within(scores, golden, f"2026-04-01 {point} {backend_name}")
 
@@ -142,10 +174,10 @@ POINTS_0427 = ("gptq4_int7", "pass3_int7", "pass3_pass", "pass4_pass")
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("point", POINTS_0427)
-def test_record_0427_grid(point, backend_name, grid_0427, val_dir_0427, challenge_dir):
+def test_record_0427_grid(point, backend_name, grid_0427, val_dir_0427, challenge_dir, monkeypatch):
     golden = grid_0427["points"][point]
     tokenizer = challenge_dir / "fineweb_1024_bpe.model"
-    scores = score_0427_point(grid_0427, point, backend_name, val_dir_0427, tokenizer)
+    scores = score_0427_point(grid_0427, point, backend_name, val_dir_0427, tokenizer, monkeypatch)
     assert sorted(scores) == ["plain"]
     assert_within(scores, golden, f"2026-04-27 {point} {backend_name}")
 
