@@ -5,8 +5,6 @@ same in both backends, and reproducible from the config it writes."""
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 import tomllib
 from types import SimpleNamespace
 
@@ -21,12 +19,10 @@ from core.artifact.mixed import dequantize_mixed
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.runs.package import code_bytes
-from core.train.fitting import calibration_loss, calibration_tokens, shared_fit
+from core.train.fitting import calibration_loss, calibration_tokens
 from core.train.loop import calibrate_gptq
-from tests.test_backends import BACKENDS, make_backend, needs
+from tests.test_backends import make_backend, needs
 from tests.test_cli import assert_one_line_error, cli, data_flags
-from tests.test_training import ROOT, launcher, torchrun_env
-from tests.torchrun_fit import CHOSEN
 
 # record_0401_tiny's artifact at a size the tests can afford: an embedding (1024 x 96) and MLP
 # matrices (768 x 96) past the 65,536-value floor, GPTQ, a byte shuffle.
@@ -146,28 +142,6 @@ def test_export_fit_writes_the_table_and_a_config_that_makes_the_same_artifact(r
 
 
 @needs("cuda")
-@pytest.mark.slow  # two short runs and a fit
-def test_train_ends_with_the_fit_and_its_config_trains_the_same_artifact(sotu_dataset, tmp_path):
-    common = ["train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), *SHAPE, *ARTIFACT,
-              *data_flags(sotu_dataset)]  # fmt: skip
-    first = cli(*common, "--run-id", "a", env={"ARTIFACT_FIT_BYTES": "250000"})
-    assert first.returncode == 0, first.stderr
-    assert "fit: chosen" in first.stdout
-    (toml,) = (tmp_path / "a").glob("final_model.*.fit.toml")
-    (artifact,) = (tmp_path / "a").glob("final_model.*.pgolf")
-    total = int(
-        next(line for line in first.stdout.splitlines() if line.startswith("Total submission")).split()[-3]
-    )
-    assert total <= 250_000
-    # The config file alone (flags would override it): it holds every field.
-    second = cli(
-        "train", "--backend", "cuda", "--config", str(toml), "--out-dir", str(tmp_path), "--run-id", "b"
-    )
-    assert second.returncode == 0, second.stderr
-    assert (tmp_path / "b" / artifact.name).read_bytes() == artifact.read_bytes()
-
-
-@needs("cuda")
 @needs("mlx")
 @pytest.mark.slow
 def test_both_backends_choose_alike_and_write_the_same_bytes(run, fitted):
@@ -179,84 +153,6 @@ def test_both_backends_choose_alike_and_write_the_same_bytes(run, fitted):
     assert mixed_blob(other.model, other.cfg) == mixed_blob(fit.model, fit.cfg)
     for a, b in zip(other.trials, fit.trials, strict=True):
         assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-6) if a.loss is not None else b.loss is None
-
-
-def test_one_process_gets_its_own_fit_and_a_failure_is_raised_as_it_is():
-    class One:
-        rank, world_size = 0, 1
-
-        def from_rank_0(self, key, text, wait_seconds):
-            return text
-
-    cfg = Config().replace(artifact_fit_bytes=9)
-    chosen = SimpleNamespace(cfg=cfg.replace(embed_bits=7, artifact_fit_bytes=0))
-    assert shared_fit(One(), cfg, lambda: chosen) == (chosen.cfg, chosen)
-
-    def fails():
-        raise PgolfError("no room")
-
-    with pytest.raises(PgolfError, match="^no room$"):
-        shared_fit(One(), cfg, fails)
-
-
-@pytest.mark.parametrize("backend_name", BACKENDS)
-@pytest.mark.parametrize("mode", ["chooses", "fails"])
-@pytest.mark.slow  # ~24 s: a fit of 16 s
-def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backend_name, mode, tmp_path):
-    """Rank 0's fit takes 16 s, the collectives time out after 8 s (PyTorch): rank 1 waits for its
-    settings, or for its failure, which it ends with in one line; the job's collectives still work."""
-    done = subprocess.run(
-        [*launcher(backend_name), "tests/torchrun_fit.py", backend_name, mode, "16", "8", str(tmp_path)],
-        cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = {path.name: path.read_text() for path in tmp_path.glob("rank*")}
-    if mode == "fails":
-        assert lines == {
-            "rank0": "error: injected fit failure",
-            "rank1": "error: rank 0's artifact fit failed: injected fit failure",
-        }
-    else:
-        settings = json.loads(lines["rank1"])
-        assert lines["rank0"] == lines["rank1"] and settings["fit_bytes"] == 0
-        assert {k: settings[k] for k in CHOSEN} == CHOSEN
-
-
-def two_ranks_train(sotu_dataset, tmp_path, *flags: str) -> subprocess.CompletedProcess:
-    """`train` of the shape above by two ranks under torchrun, fitted to 250,000 B, collectives timing
-    out after 5 s (the fit takes longer)."""
-    args = ["cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "a",
-            *SHAPE, *ARTIFACT, "--iterations", "4", "--collective-timeout-seconds", "5", *data_flags(sotu_dataset),
-            *flags]  # fmt: skip
-    return subprocess.run([*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(ARTIFACT_FIT_BYTES="250000"),
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-
-
-@needs("cuda")
-@pytest.mark.slow  # ~60 s: a fit of ~40 s on a loaded CPU
-def test_two_ranks_train_and_score_the_fitted_artifact(sotu_dataset, tmp_path):
-    done = two_ranks_train(sotu_dataset, tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("fit: chosen") == 1  # rank 0 alone
-    seconds = float(done.stdout.split("candidates evaluated in ")[1].split()[0])
-    total = int(next(ln for ln in done.stdout.splitlines() if ln.startswith("Total submission")).split()[-3])
-    assert seconds > 5 and total <= 250_000
-    # Both ranks read the artifact the fit named (int<N> where its matrices share their bits, else mixed).
-    assert re.search(r"final_(mixed|int[5-8])_roundtrip val_loss", done.stdout), done.stdout[-3000:]
-
-
-@needs("cuda")
-@pytest.mark.slow  # ~15 s
-def test_a_fit_that_fails_on_rank_0_ends_both_ranks_with_its_line(sotu_dataset, tmp_path):
-    done = two_ranks_train(sotu_dataset, tmp_path, "--artifact-fit-bytes", "1000")  # nothing fits
-    output = done.stdout + done.stderr
-    assert done.returncode != 0
-    assert output.count("[rank0]: error: --fit-bytes 1,000: nothing fits") == 1, output[-3000:]
-    # Rank 1 hears of it and leaves (torchrun may stop it first); no traceback from either rank.
-    assert "[rank1]: stopped: rank 0 failed first" in output or "[rank1]: terminated" in output, output[
-        -3000:
-    ]
-    assert "[rank0]: Traceback" not in output and "[rank1]: Traceback" not in output, output[-3000:]
 
 
 NUMPY_CODE_BYTES = 40_000
