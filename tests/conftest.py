@@ -49,3 +49,15 @@ def sotu_dataset(tmp_path_factory) -> Dataset:
 def challenge_dir() -> Path:
     """The challenge's sp1024 tokenizer (fineweb_1024_bpe.model, .vocab) and export manifest.json."""
     return CHALLENGE
+
+
+# The files whose tests take longest, longest first (`pytest --durations=0`, summed per file, on a
+# 2-core CPU): parallel workers take whole files (`--dist loadfile`) in collection order, so these
+# start first and the workers end together instead of one finishing a long file alone.
+LONGEST_FIRST = ("test_fit_runs.py", "test_cli.py", "test_training.py", "test_fit.py", "test_ttt.py",
+                 "test_package.py", "test_sweep.py", "test_cross_backend.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
