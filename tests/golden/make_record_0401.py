@@ -174,8 +174,10 @@ def nested(rec, name: str, **free):
 
 
 def newton_schulz_fp32(rec):
-    """The record's Newton-Schulz iteration in float32: coefficients and defaults read from its function."""
-    orig = rec.zeropower_via_newtonschulz5._torchdynamo_orig_callable
+    """The script's Newton-Schulz iteration in float32: coefficients and defaults read from its function
+    (the record's is compiled: its original function is read)."""
+    fn = rec.zeropower_via_newtonschulz5
+    orig = getattr(fn, "_torchdynamo_orig_callable", fn)
     ((a, b, c),) = [k for k in orig.__code__.co_consts if isinstance(k, tuple) and len(k) == 3]
     default_steps, default_eps = orig.__defaults__
 

@@ -45,7 +45,6 @@ the script after one step, and Muon carries that to 7e-4 in the attention projec
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -57,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from make_record_0401 import _TorchBf16AsFp32, newton_schulz_fp32, patched
 from safetensors.numpy import save_file
 
 SCRIPT_BLOB = "651beb2b895c3ff8ba4a232914d8b3772baaa868"
@@ -117,48 +117,6 @@ def nested(mod, name: str, **free):
     code = next(c for c in mod.main.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == name)
     cells = tuple(types.CellType(free[v]) for v in code.co_freevars)
     return types.FunctionType(code, vars(mod), name, None, cells)
-
-
-def newton_schulz_fp32(mod):
-    """The script's Newton-Schulz iteration in float32: coefficients and defaults read from its function."""
-    orig = mod.zeropower_via_newtonschulz5
-    ((a, b, c),) = [k for k in orig.__code__.co_consts if isinstance(k, tuple) and len(k) == 3]
-    default_steps, default_eps = orig.__defaults__
-
-    def ns(G, steps=default_steps, eps=default_eps):
-        X = G.float()
-        X /= X.norm() + eps
-        transposed = G.size(0) > G.size(1)
-        if transposed:
-            X = X.T
-        for _ in range(steps):
-            A = X @ X.T
-            B = b * A + c * A @ A
-            X = a * X + B @ X
-        return X.T if transposed else X
-
-    return ns
-
-
-class _TorchBf16AsFp32:
-    """torch, except that torch.bfloat16 is float32 (for Muon's update buffer)."""
-
-    bfloat16 = torch.float32
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-@contextlib.contextmanager
-def patched(obj, **attrs):
-    saved = {k: getattr(obj, k) for k in attrs}
-    for k, v in attrs.items():
-        setattr(obj, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(obj, k, v)
 
 
 def optimizers(mod, args, base_model):
