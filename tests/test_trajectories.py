@@ -19,9 +19,9 @@ import pytest
 from core.artifact.load import load_checkpoint
 from core.config.fields import from_env
 from core.config.presets import preset
+from core.datasets.writers import write_shard
 from core.runs.summary import read_metrics
 from core.train.loop import train
-from tests.golden.make_trajectory_baseline import write_shard
 from tests.test_backends import BACKENDS, make_backend
 from tests.test_golden_records import read_golden
 from tests.test_training import final_params
