@@ -62,12 +62,22 @@ def read_shard(path: str | Path, vocab_size: int | None = None) -> np.ndarray:
     """The token ids of a shard (uint16), checked against the vocabulary when given."""
     count = read_shard_header(path)
     tokens = np.fromfile(path, dtype="<u2", count=count, offset=HEADER_BYTES)
+    check_ids(tokens, vocab_size, path)
+    return tokens
+
+
+def check_ids(tokens: np.ndarray, vocab_size: int | None, path: str | Path) -> None:
+    """Refuse token ids of shard `path` past the vocabulary (when one is given)."""
     if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
         raise PgolfError(
             f"shard {path}: token id {int(tokens.max())} >= vocab_size {vocab_size}; "
             "the shards do not match the tokenizer vocabulary"
         )
-    return tokens
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    if not 0 <= rank < world_size:
+        raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
 
 
 def find_shards(data_path: str | Path, split: str) -> list[Path]:
@@ -75,7 +85,9 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
     names the validation byte sidecar (CaseOps data), which "val" does not include."""
     folder = Path(data_path)
     if not folder.is_dir():
-        raise PgolfError(f"dataset folder {folder} does not exist ({hint('run: python cli.py data prepare', 'set DATA_PATH')})")
+        raise PgolfError(
+            f"dataset folder {folder} does not exist ({hint('run: python cli.py data prepare', 'set DATA_PATH')})"
+        )
     try:
         os.listdir(folder)  # glob finds nothing in a folder it may not list: say so instead
     except OSError as exc:
@@ -90,8 +102,6 @@ class TokenStream:
     """Shards read in order, one at a time, wrapping around forever."""
 
     def __init__(self, files: list[Path], vocab_size: int | None = None):
-        if not files:
-            raise PgolfError("the token stream needs at least one shard")
         self.files, self.vocab_size = list(files), vocab_size
         # Check every header now: a bad shard should fail at start-up, not hours into a run.
         if sum(read_shard_header(f) for f in self.files) == 0:
@@ -149,8 +159,7 @@ class BatchLoader:
     """
 
     def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
-        if not 0 <= rank < world_size:
-            raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
+        check_rank(rank, world_size)
         self.stream = TokenStream(files, vocab_size)
         self.rank, self.world_size = rank, world_size
 
@@ -200,17 +209,13 @@ class CoprimeLoader:
     """
 
     def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
-        if not 0 <= rank < world_size:
-            raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
-        if not files:
-            raise PgolfError("the coprime loader needs at least one shard")
+        check_rank(rank, world_size)
         self.files = sorted((Path(f) for f in files), key=lambda p: (p.name, str(p)))
         self.rank, self.world_size, self.vocab_size = rank, world_size, vocab_size
         # Check every header now: a bad shard should fail at start-up, not hours into a run.
         self.num_tokens = np.array([read_shard_header(f) for f in self.files], dtype=np.int64)
-        for f, n in zip(self.files, self.num_tokens.tolist(), strict=True):
-            if n == 0:
-                raise PgolfError(f"shard {f}: holds no tokens")
+        if not self.num_tokens.all():
+            raise PgolfError(f"shard {self.files[int(np.argmin(self.num_tokens))]}: holds no tokens")
         self.seed = shard_names_seed(self.files)
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
         self.seq_len = 0  # fixed by the first call: the cursors are in blocks of seq_len
@@ -261,57 +266,37 @@ class CoprimeLoader:
 
     # ------------------------------------------------------------------ sampling
     def _global_windows(self, global_seqs: int) -> list[tuple[int, int]]:
-        """One call's windows for all ranks, with the record's RNG draws in the record's order."""
-        eligible = self._eligible
+        """One call's windows for all ranks, with the record's RNG draws in the record's order.
+
+        Every shard of `eligible` holds a window (`_fix_seq_len` refuses a dataset without one) and so
+        weighs at least 1: the weights are positive and finite, and `mix` is at least 1.
+        """
+        whole_blocks = (self.num_tokens - 1) // self.seq_len
+        eligible = np.nonzero(whole_blocks > 0)[0]  # in file order
         ec = len(eligible)
-        progress = min(self.calls / float(MIX_RAMP_CALLS), 1.0)
-        remaining = np.array(
-            [
-                float(max(int(self.blocks[si]) - int(self.next[si]), 1))
-                if self.active[si]
-                else float((int(self.num_tokens[si]) - 1) // self.seq_len)
-                for si in eligible.tolist()
-            ],
-            dtype=np.float64,
-        )
-        weights = np.power(remaining, 0.90 - 0.40 * progress)
-        total = float(weights.sum())
-        if not np.isfinite(total) or total <= 0.0:
-            weights = np.ones(ec, dtype=np.float64)
-            total = float(weights.sum())
-        probs = weights / total
+        progress = min(self.calls / MIX_RAMP_CALLS, 1.0)
+        remaining = np.where(self.active, np.maximum(self.blocks - self.next, 1), whole_blocks)
+        weights = np.power(remaining[eligible].astype(np.float64), 0.90 - 0.40 * progress)
+        probs = weights / weights.sum()
         low = min(max(8, self.world_size), ec, global_seqs)
         high = min(max(32, self.world_size * 8), ec, global_seqs)
-        mix = max(1, min(round(low + progress * (high - low)), ec, global_seqs))
+        mix = round(low + progress * (high - low))
 
         picked = self.rng.choice(ec, size=mix, replace=False, p=probs)
-        chosen = eligible[picked]
-        chosen_probs = probs[picked].copy()
-        chosen_probs /= chosen_probs.sum()
         counts = np.ones(mix, dtype=np.int64)
         if global_seqs > mix:
-            counts += self.rng.multinomial(global_seqs - mix, chosen_probs).astype(np.int64)
+            counts += self.rng.multinomial(global_seqs - mix, probs[picked] / probs[picked].sum())
         order = self.rng.permutation(mix)
-        chosen, counts = chosen[order], counts[order]
-
-        buckets: list[list[tuple[int, int]]] = []
-        for si, count in zip(chosen.tolist(), counts.tolist(), strict=True):
-            bucket = self._take(si, count)
-            if len(bucket) > 1:
-                bucket = [bucket[k] for k in self.rng.permutation(len(bucket)).tolist()]
-            if bucket:
-                buckets.append(bucket)
+        buckets = []
+        for si, count in zip(eligible[picked][order].tolist(), counts[order].tolist(), strict=True):
+            buckets.append(self._take(si, count))
+            self.rng.shuffle(buckets[-1])
         # Round-robin in a fresh random order each round; each bucket gives its last window.
         windows: list[tuple[int, int]] = []
-        live = list(range(len(buckets)))
-        while live:
-            still = []
-            for i in self.rng.permutation(len(live)).tolist():
-                bucket = buckets[live[i]]
-                windows.append(bucket.pop())
-                if bucket:
-                    still.append(live[i])
-            live = still
+        while buckets:
+            self.rng.shuffle(buckets)
+            windows += [bucket.pop() for bucket in buckets]
+            buckets = [bucket for bucket in buckets if bucket]
         return windows
 
     def _shard(self, si: int) -> np.memmap:
@@ -321,15 +306,9 @@ class CoprimeLoader:
             )
         return self._memmaps[si]
 
-    @property
-    def _eligible(self) -> np.ndarray:
-        """Shards holding at least one window of seq_len+1 tokens, in file order."""
-        return np.nonzero((self.num_tokens - 1) // self.seq_len > 0)[0].astype(np.int64)
-
     def _fix_seq_len(self, seq_len: int) -> None:
+        """Fix the cursors' block size at the first call (Config.validate has checked it is positive)."""
         if self.seq_len == 0:
-            if seq_len <= 0:
-                raise PgolfError(f"sequence length must be positive, got {seq_len}")
             self.seq_len = seq_len
             short = [
                 f.name for f, n in zip(self.files, self.num_tokens.tolist(), strict=True) if n <= seq_len
@@ -361,12 +340,8 @@ class CoprimeLoader:
         batch = np.empty((len(windows), seq_len + 1), dtype=np.int32)
         for row, (si, pos) in enumerate(windows):
             batch[row] = self._shard(si)[pos : pos + seq_len + 1]
-        if self.vocab_size is not None and batch.size and int(batch.max()) >= self.vocab_size:
-            row = int(np.argmax(batch.max(axis=1)))
-            raise PgolfError(
-                f"shard {self.files[windows[row][0]]}: token id {int(batch[row].max())} >= vocab_size "
-                f"{self.vocab_size}; the shards do not match the tokenizer vocabulary"
-            )
+        row = int(batch.max(axis=1).argmax())  # the row holding the largest id
+        check_ids(batch[row], self.vocab_size, self.files[windows[row][0]])
         self.calls += 1
         return batch[:, :-1], batch[:, 1:]
 
@@ -386,15 +361,11 @@ class CoprimeLoader:
                 "has_uint32": int(rng["has_uint32"]),
                 "uinteger": int(rng["uinteger"]),
             },
-            "cursors": {
-                "phase": self.phase.tolist(),
-                "blocks": self.blocks.tolist(),
-                "next": self.next.tolist(),
-                "start": self.start.tolist(),
-                "stride": self.stride.tolist(),
-                "active": self.active.tolist(),
-            },
+            "cursors": {key: getattr(self, key).tolist() for key in CURSORS},
         }
+
+
+CURSORS = ("phase", "blocks", "next", "start", "stride", "active")  # CoprimeLoader's per-shard arrays
 
 
 TRAIN_LOADERS = {"sequential": BatchLoader, "coprime": CoprimeLoader}  # Config.train_loader's choices

@@ -25,7 +25,9 @@ MAX_TOKENIZER_BYTES = 2**28  # 256 MiB; a 65,536-piece model is a few MB
 def load_tokenizer(path: str | Path) -> spm.SentencePieceProcessor:
     path = Path(path)
     if not path.exists():
-        raise PgolfError(f"tokenizer {path} does not exist ({hint('run: python cli.py data prepare', 'set TOKENIZER_PATH')})")
+        raise PgolfError(
+            f"tokenizer {path} does not exist ({hint('run: python cli.py data prepare', 'set TOKENIZER_PATH')})"
+        )
     if path.suffix != ".model":
         raise PgolfError(f"tokenizer {path} should be a SentencePiece .model file")
     # Read here, so that an unreadable file is said to be one, not "not a SentencePiece model".
