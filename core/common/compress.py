@@ -25,6 +25,7 @@ stream ends, and a stream cut short is refused.
 from __future__ import annotations
 
 import bz2
+import importlib
 import itertools
 import lzma
 import os
@@ -71,24 +72,22 @@ PERGROUP = "pergroup"
 LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")
 
 
-def _brotli() -> Any:
+def _package(compressor: str, package: str, version: str) -> Any:
+    """The module of an optional compressor's package, or a PgolfError saying how to install it."""
     try:
-        import brotli
+        return importlib.import_module(package)
     except ImportError:
         raise PgolfError(
-            "the brotli compressor needs the brotli package: pip install 'brotli>=1.1'"
+            f"the {compressor} compressor needs the {package} package: pip install '{package}>={version}'"
         ) from None
-    return brotli
+
+
+def _brotli() -> Any:
+    return _package("brotli", "brotli", "1.1")
 
 
 def _zstd() -> Any:
-    try:
-        import zstandard
-    except ImportError:
-        raise PgolfError(
-            "the zstd compressor needs the zstandard package: pip install 'zstandard>=0.22'"
-        ) from None
-    return zstandard
+    return _package("zstd", "zstandard", "0.22")
 
 
 def _too_large(out: bytes, name: str) -> None:
@@ -173,7 +172,7 @@ def _lrzip(data: bytes, args: tuple[str, ...]) -> bytes:
     """`data` through the lrzip program (temp files in a folder of their own, removed after). A failure
     to decompress is ValueError (damaged data); to compress, PgolfError; a call past `lrzip_timeout`
     is stopped, a PgolfError."""
-    size = _lrzip_size(data) if "-d" in args and len(data) >= 14 and data[:4] == b"LRZI" else len(data)
+    size = _lrzip_size(data) if "-d" in args else len(data)
     limit = lrzip_timeout(min(size, 2**27))  # a damaged header cannot stretch it past ~2.5 h
     with tempfile.TemporaryDirectory(prefix="pgolf-lrzip-") as tmp:
         src, out = Path(tmp) / "in", Path(tmp) / "out"
@@ -208,10 +207,8 @@ def _lrzip_size(stream: bytes) -> int:
 
 
 def _each(fn: Callable[[bytes], bytes], items: list[bytes]) -> list[bytes]:
-    """fn over items, a thread each (lrzip runs in its own process), results in order."""
-    if len(items) <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1)) as pool:
+    """fn over items, one thread per CPU at most (lrzip runs in its own process), results in order."""
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
         return list(pool.map(fn, items))
 
 
@@ -252,9 +249,9 @@ def split_streams(data: bytes, counts: range) -> list[bytes]:
 def _pergroup_unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
     """(payload, shuffle stride) of `_pergroup_pack`'s bytes; ValueError when damaged."""
     streams = split_streams(body, range(1, len(pergroup.GROUPS) + 2))
-    main = _brotli_decompress(streams[0])
-    stride = main[4] if shuffled and len(main) >= 5 else 0
-    main = byte_unshuffle(main, strict=True) if shuffled else main
+    main, stride = _brotli_decompress(streams[0]), 0
+    if shuffled:
+        main, stride = byte_unshuffle(main, strict=True), main[4]
     size = int.from_bytes(main[:4], "little")
     layout = main[4 : 4 + size]
     try:
@@ -309,7 +306,6 @@ COMPRESSORS: dict[str, Compressor] = {
         ),
     )
 }  # fmt: skip
-_BY_ID = {c.id: c for c in COMPRESSORS.values()}
 
 
 def get(name: str) -> Compressor:
@@ -330,9 +326,10 @@ def check_available(name: str) -> None:
 
 
 def compressor_by_id(code: int) -> Compressor:
-    if code not in _BY_ID:
-        raise ValueError(f"unknown compressor id {code}")
-    return _BY_ID[code]
+    for c in COMPRESSORS.values():
+        if c.id == code:
+            return c
+    raise ValueError(f"unknown compressor id {code}")
 
 
 def resolve_level(name: str, level: int | None) -> int | None:
@@ -420,5 +417,4 @@ def unpack(blob: bytes) -> tuple[bytes, str, int]:
     body = c.decompress(blob[1:])
     if not code & SHUFFLE_FLAG:
         return body, c.name, 0
-    stride = body[4] if len(body) >= 5 else 0
-    return byte_unshuffle(body, strict=True), c.name, stride
+    return byte_unshuffle(body, strict=True), c.name, body[4]
