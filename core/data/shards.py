@@ -120,20 +120,16 @@ class TokenStream:
         self.position = 0
 
     def take(self, n: int) -> np.ndarray:
-        """The next n tokens (uint16); the result may be a view of the loaded shard."""
-        if n <= 0:
-            return np.zeros(0, dtype=np.uint16)
-        parts, remaining = [], n
-        while remaining > 0:
-            available = len(self.tokens) - self.position
-            if available <= 0:
+        """The next n tokens (uint16)."""
+        parts = [self.tokens[:0]]
+        while n > 0:
+            if self.position == len(self.tokens):
                 self._next_file()
                 continue
-            k = min(remaining, available)
-            parts.append(self.tokens[self.position : self.position + k])
-            self.position += k
-            remaining -= k
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+            parts.append(self.tokens[self.position : self.position + n])
+            self.position += len(parts[-1])
+            n -= len(parts[-1])
+        return np.concatenate(parts)
 
     def state(self) -> dict[str, Any]:
         return {"file_index": self.file_index, "position": self.position, "epoch": self.epoch}
@@ -227,7 +223,10 @@ class CoprimeLoader:
         self.start = np.zeros(n, dtype=np.int64)
         self.stride = np.ones(n, dtype=np.int64)
         self.active = np.zeros(n, dtype=np.bool_)  # the shard has a cursor
-        self._memmaps: dict[int, np.memmap] = {}
+        self.tokens = [
+            np.memmap(f, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(count),))
+            for f, count in zip(self.files, self.num_tokens, strict=True)
+        ]
 
     # ------------------------------------------------------------------ cursors
     def _coprime_stride(self, blocks: int) -> int:
@@ -299,13 +298,6 @@ class CoprimeLoader:
             buckets = [bucket for bucket in buckets if bucket]
         return windows
 
-    def _shard(self, si: int) -> np.memmap:
-        if si not in self._memmaps:
-            self._memmaps[si] = np.memmap(
-                self.files[si], dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(self.num_tokens[si]),)
-            )
-        return self._memmaps[si]
-
     def _fix_seq_len(self, seq_len: int) -> None:
         """Fix the cursors' block size at the first call (Config.validate has checked it is positive)."""
         if self.seq_len == 0:
@@ -339,7 +331,7 @@ class CoprimeLoader:
         windows = self._global_windows(local // seq_len * self.world_size)[self.rank :: self.world_size]
         batch = np.empty((len(windows), seq_len + 1), dtype=np.int32)
         for row, (si, pos) in enumerate(windows):
-            batch[row] = self._shard(si)[pos : pos + seq_len + 1]
+            batch[row] = self.tokens[si][pos : pos + seq_len + 1]
         row = int(batch.max(axis=1).argmax())  # the row holding the largest id
         check_ids(batch[row], self.vocab_size, self.files[windows[row][0]])
         self.calls += 1
@@ -354,13 +346,9 @@ class CoprimeLoader:
             "shards": len(self.files),
             "seq_len": self.seq_len,
             "calls": self.calls,
-            # 128-bit integers as decimal strings: JSON readers other than Python's lose their digits.
-            "rng": {
-                "state": str(rng["state"]["state"]),
-                "inc": str(rng["state"]["inc"]),
-                "has_uint32": int(rng["has_uint32"]),
-                "uinteger": int(rng["uinteger"]),
-            },
+            # PCG64's 128-bit state and inc as decimal strings: JSON readers other than Python's lose their digits.
+            "rng": {key: str(value) for key, value in rng["state"].items()}
+            | {"has_uint32": rng["has_uint32"], "uinteger": rng["uinteger"]},
             "cursors": {key: getattr(self, key).tolist() for key in CURSORS},
         }
 
