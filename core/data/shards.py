@@ -216,35 +216,34 @@ class CoprimeLoader:
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
         self.seq_len = 0  # fixed by the first call: the cursors are in blocks of seq_len
         self.calls = 0
-        n = len(self.files)
-        self.phase = np.zeros(n, dtype=np.int64)
-        self.blocks = np.zeros(n, dtype=np.int64)
-        self.next = np.zeros(n, dtype=np.int64)  # blocks of the current pass already taken
-        self.start = np.zeros(n, dtype=np.int64)
-        self.stride = np.ones(n, dtype=np.int64)
-        self.active = np.zeros(n, dtype=np.bool_)  # the shard has a cursor
+        # Each shard's cursor (see `_new_cursor`); `next`: blocks of the current pass already taken.
+        self.phase, self.blocks, self.next, self.start = np.zeros((4, len(self.files)), dtype=np.int64)
+        self.stride = np.ones(len(self.files), dtype=np.int64)
+        self.active = np.zeros(len(self.files), dtype=np.bool_)  # the shard has a cursor
         self.tokens = [
             np.memmap(f, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(count),))
             for f, count in zip(self.files, self.num_tokens, strict=True)
         ]
 
     # ------------------------------------------------------------------ cursors
-    def _coprime_stride(self, blocks: int) -> int:
-        if blocks <= 1:
-            return 1
-        while True:
-            stride = int(self.rng.integers(1, blocks))
-            if math.gcd(stride, blocks) == 1:
-                return stride
-
     def _new_cursor(self, si: int) -> None:
+        """A new pass over shard si (one holding a window): a random phase, start, and stride coprime
+        to its number of blocks, drawn as the record draws them."""
         n, seq_len = int(self.num_tokens[si]), self.seq_len
-        max_phase = min(seq_len - 1, max(0, n - seq_len - 1))
+        max_phase = min(seq_len - 1, n - seq_len - 1)
         phase = int(self.rng.integers(max_phase + 1)) if max_phase > 0 else 0
         blocks = (n - 1 - phase) // seq_len
-        self.phase[si], self.blocks[si], self.next[si] = phase, blocks, 0
-        self.start[si] = int(self.rng.integers(blocks)) if blocks > 1 else 0
-        self.stride[si] = self._coprime_stride(blocks)
+        start = int(self.rng.integers(blocks)) if blocks > 1 else 0
+        stride = int(self.rng.integers(1, blocks)) if blocks > 1 else 1
+        while math.gcd(stride, blocks) != 1:
+            stride = int(self.rng.integers(1, blocks))
+        self.phase[si], self.blocks[si], self.next[si], self.start[si], self.stride[si] = (
+            phase,
+            blocks,
+            0,
+            start,
+            stride,
+        )
         self.active[si] = True
 
     def _take(self, si: int, count: int) -> list[tuple[int, int]]:
