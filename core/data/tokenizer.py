@@ -62,13 +62,8 @@ def byte_tables(sp: spm.SentencePieceProcessor, vocab_size: int) -> ByteTables:
     for i in range(sp.vocab_size()):
         if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
             continue
-        boundary[i] = False
-        if sp.is_byte(i):  # "<0xE2>": one raw byte, whatever its text form says
-            base[i] = 1
-            continue
         piece = sp.id_to_piece(i)
-        if piece.startswith(SPACE):
-            space[i] = True
-            piece = piece[1:]
-        base[i] = len(piece.encode("utf-8"))
+        boundary[i], space[i] = False, piece.startswith(SPACE)
+        # A byte piece ("<0xE2>") is one raw byte, whatever its text form says.
+        base[i] = 1 if sp.is_byte(i) else len(piece.removeprefix(SPACE).encode("utf-8"))
     return ByteTables(base, space, boundary)
