@@ -252,13 +252,11 @@ class CoprimeLoader:
         while count > 0:
             if not self.active[si] or self.next[si] >= self.blocks[si]:
                 self._new_cursor(si)
-            blocks, done = int(self.blocks[si]), int(self.next[si])
-            phase, start, stride = int(self.phase[si]), int(self.start[si]), int(self.stride[si])
+            blocks, done = self.blocks[si], self.next[si]
             k = min(count, blocks - done)
-            out.extend(
-                (si, phase + (start + j * stride) % blocks * self.seq_len) for j in range(done, done + k)
-            )
-            self.next[si] = done + k
+            steps = (self.start[si] + np.arange(done, done + k) * self.stride[si]) % blocks
+            out += [(si, first) for first in (self.phase[si] + steps * self.seq_len).tolist()]
+            self.next[si] += k
             count -= k
         return out
 
@@ -328,9 +326,7 @@ class CoprimeLoader:
         self._fix_seq_len(seq_len)
         # Sizes follow each call's arguments (the record fixes them at its first call; the loop's never change).
         windows = self._global_windows(local // seq_len * self.world_size)[self.rank :: self.world_size]
-        batch = np.empty((len(windows), seq_len + 1), dtype=np.int32)
-        for row, (si, pos) in enumerate(windows):
-            batch[row] = self.tokens[si][pos : pos + seq_len + 1]
+        batch = np.array([self.tokens[si][pos : pos + seq_len + 1] for si, pos in windows], dtype=np.int32)
         row = int(batch.max(axis=1).argmax())  # the row holding the largest id
         check_ids(batch[row], self.vocab_size, self.files[windows[row][0]])
         self.calls += 1
