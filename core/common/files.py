@@ -148,32 +148,30 @@ class WriterLock:
     While it is held, `.writer.pid` in the folder names the holder, so that a refused writer can.
     A file can be locked too (without the name of its holder)."""
 
-    PID_FILE = ".writer.pid"
-
     def __init__(self, folder: str | Path, what: str):
-        self.folder = Path(folder)
+        folder = Path(folder)
+        self.pid_file = folder / ".writer.pid"
         try:
-            self.fd = os.open(self.folder, os.O_RDONLY)
+            self.fd = os.open(folder, os.O_RDONLY)
         except OSError as exc:
-            raise PgolfError(f"cannot lock {what} {self.folder}: {exc.strerror or exc}") from None
+            raise PgolfError(f"cannot lock {what} {folder}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
             try:
-                holder = "process " + (self.folder / self.PID_FILE).read_text(encoding="ascii").strip()
+                holder = "process " + self.pid_file.read_text(encoding="ascii").strip()
             except (OSError, UnicodeDecodeError):
                 holder = "another process"
-            raise PgolfError(f"{what} {self.folder} is in use by {holder}: one writer at a time") from None
-        with contextlib.suppress(
-            OSError
-        ):  # the lock holds without it; a refused writer cannot name the holder
-            (self.folder / self.PID_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
+            raise PgolfError(f"{what} {folder} is in use by {holder}: one writer at a time") from None
+        # The lock holds without it; a refused writer then cannot name the holder.
+        with contextlib.suppress(OSError):
+            self.pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
 
     def release(self) -> None:
         if self.fd >= 0:
             with contextlib.suppress(OSError):  # none beside a locked file (a sweep spec)
-                (self.folder / self.PID_FILE).unlink(missing_ok=True)
+                self.pid_file.unlink(missing_ok=True)
             os.close(self.fd)  # closing drops the lock
             self.fd = -1
 
