@@ -227,7 +227,7 @@ def _pergroup_pack(payload: bytes, shuffle: int) -> bytes:
     if shuffle and len(main) < shuffle:
         raise PgolfError(f"byte shuffle stride {shuffle} is longer than the per-group layout and rest")
     streams = [
-        _brotli().compress(byte_shuffle(main, shuffle) if shuffle else main, quality=11),
+        _brotli().compress(byte_shuffle(main, shuffle), quality=11),
         *_each(lambda g: _lrzip(g, LRZIP_ARGS), parts.groups),
     ]
     return struct.pack(f"<{len(streams) + 1}I", len(streams), *map(len, streams)) + b"".join(streams)
@@ -353,7 +353,8 @@ def decompress(data: bytes, name: str) -> bytes:
 
 # ---------------------------------------------------------------- byte shuffle
 def byte_shuffle(data: bytes, stride: int = 2) -> bytes:
-    """The records' shuffle: b"BSHF" + bytes([stride]) + byte planes (unchanged data if it cannot apply)."""
+    """The records' shuffle: b"BSHF" + bytes([stride]) + byte planes (unchanged data if it cannot apply,
+    as with stride 0: no shuffle)."""
     if stride <= 1 or len(data) < stride:
         return data
     if stride > 255:
@@ -375,13 +376,12 @@ def byte_unshuffle(data: bytes, strict: bool = False) -> bytes:
             raise ValueError(f"byte-shuffle stride {stride} (at least 2 expected)")
         return data[5:]
     src = np.frombuffer(data, dtype=np.uint8, offset=5)
-    n = src.size
-    out = np.empty(n, dtype=np.uint8)
+    out = np.empty_like(src)
     start = 0
     for pos in range(stride):
-        count = n // stride + (1 if pos < n % stride else 0)
-        out[pos::stride] = src[start : start + count]
-        start += count
+        plane = out[pos::stride]  # a view: filling it fills `out`
+        plane[:] = src[start : start + len(plane)]
+        start += len(plane)
     return out.tobytes()
 
 
@@ -401,8 +401,7 @@ def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: 
     code = bytes([c.id | (SHUFFLE_FLAG if shuffle else 0)])
     if c.name == PERGROUP:
         return code + _pergroup_pack(payload, shuffle)
-    body = byte_shuffle(payload, shuffle) if shuffle else payload
-    return code + c.compress(body, lv)
+    return code + c.compress(byte_shuffle(payload, shuffle), lv)
 
 
 def unpack(blob: bytes) -> tuple[bytes, str, int]:
