@@ -104,7 +104,7 @@ def split(payload: bytes) -> Split:
                 order = similarity_order(matrix)
                 orders.append(order.astype("<u2").tobytes())
                 matrix = matrix[order]
-            blobs.append(np.ascontiguousarray(matrix.T).tobytes())
+            blobs.append(matrix.T.tobytes())  # tobytes writes C order: the transpose's rows
             keep[start : start + rows * cols] = False
             entries.append([start, rows, cols, int(sort)])
         layout.append({"name": kind, "tensors": entries})
@@ -159,7 +159,7 @@ def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> byte
         values, offset = np.frombuffer(blob, dtype=np.int8), 0
         for start, rows, cols, sort in group["tensors"]:
             order = perms[used : used + rows] if sort else None
-            used += rows if sort else 0
+            used += rows * sort
             matrix = unstack(values[offset : offset + rows * cols], rows, cols, order)
             offset += rows * cols
             out[start : start + rows * cols] = matrix.reshape(-1).view(np.uint8)
