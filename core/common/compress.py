@@ -179,10 +179,9 @@ def _lrzip(data: bytes, args: tuple[str, ...]) -> bytes:
         src.write_bytes(data)
         try:
             done = subprocess.run(
-                ["lrzip", "-q", *args, "-o", str(out), str(src)],
+                ["lrzip", "-q", *args, "-o", out, src],
                 capture_output=True,
                 env={**os.environ, "LRZIP": "NOCONFIG"},  # no lrzip.conf changes the settings
-                check=False,
                 timeout=limit,
             )
         except subprocess.TimeoutExpired:  # subprocess.run has killed it
