@@ -237,14 +237,8 @@ class CoprimeLoader:
         stride = int(self.rng.integers(1, blocks)) if blocks > 1 else 1
         while math.gcd(stride, blocks) != 1:
             stride = int(self.rng.integers(1, blocks))
-        self.phase[si], self.blocks[si], self.next[si], self.start[si], self.stride[si] = (
-            phase,
-            blocks,
-            0,
-            start,
-            stride,
-        )
-        self.active[si] = True
+        self.phase[si], self.blocks[si], self.next[si] = phase, blocks, 0
+        self.start[si], self.stride[si], self.active[si] = start, stride, True
 
     def _take(self, si: int, count: int) -> list[tuple[int, int]]:
         """The next `count` windows (shard, first token) of shard si, starting new passes as needed."""
