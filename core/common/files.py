@@ -110,13 +110,11 @@ def open_regular(path: str | Path, what: str, max_bytes: int | None = None) -> B
     except OSError as exc:
         raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
     info = os.fstat(fd)
-    problem = (
-        "is not a regular file (a folder, a FIFO or a device)"
-        if not stat.S_ISREG(info.st_mode)
-        else f"is {info.st_size:,} bytes, over the limit of {max_bytes:,}"
-        if max_bytes is not None and info.st_size > max_bytes
-        else None
-    )
+    problem = None
+    if not stat.S_ISREG(info.st_mode):
+        problem = "is not a regular file (a folder, a FIFO or a device)"
+    elif max_bytes is not None and info.st_size > max_bytes:
+        problem = f"is {info.st_size:,} bytes, over the limit of {max_bytes:,}"
     if problem:
         os.close(fd)
         raise PgolfError(f"{what} {path} {problem}")
