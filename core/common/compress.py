@@ -25,6 +25,7 @@ stream ends, and a stream cut short is refused.
 from __future__ import annotations
 
 import bz2
+import importlib
 import itertools
 import lzma
 import os
@@ -71,24 +72,22 @@ PERGROUP = "pergroup"
 LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")
 
 
-def _brotli() -> Any:
+def _package(compressor: str, package: str, version: str) -> Any:
+    """The module of an optional compressor's package, or a PgolfError saying how to install it."""
     try:
-        import brotli
+        return importlib.import_module(package)
     except ImportError:
         raise PgolfError(
-            "the brotli compressor needs the brotli package: pip install 'brotli>=1.1'"
+            f"the {compressor} compressor needs the {package} package: pip install '{package}>={version}'"
         ) from None
-    return brotli
+
+
+def _brotli() -> Any:
+    return _package("brotli", "brotli", "1.1")
 
 
 def _zstd() -> Any:
-    try:
-        import zstandard
-    except ImportError:
-        raise PgolfError(
-            "the zstd compressor needs the zstandard package: pip install 'zstandard>=0.22'"
-        ) from None
-    return zstandard
+    return _package("zstd", "zstandard", "0.22")
 
 
 def _too_large(out: bytes, name: str) -> None:
@@ -173,17 +172,16 @@ def _lrzip(data: bytes, args: tuple[str, ...]) -> bytes:
     """`data` through the lrzip program (temp files in a folder of their own, removed after). A failure
     to decompress is ValueError (damaged data); to compress, PgolfError; a call past `lrzip_timeout`
     is stopped, a PgolfError."""
-    size = _lrzip_size(data) if "-d" in args and len(data) >= 14 and data[:4] == b"LRZI" else len(data)
+    size = _lrzip_size(data) if "-d" in args else len(data)
     limit = lrzip_timeout(min(size, 2**27))  # a damaged header cannot stretch it past ~2.5 h
     with tempfile.TemporaryDirectory(prefix="pgolf-lrzip-") as tmp:
         src, out = Path(tmp) / "in", Path(tmp) / "out"
         src.write_bytes(data)
         try:
             done = subprocess.run(
-                ["lrzip", "-q", *args, "-o", str(out), str(src)],
+                ["lrzip", "-q", *args, "-o", out, src],
                 capture_output=True,
                 env={**os.environ, "LRZIP": "NOCONFIG"},  # no lrzip.conf changes the settings
-                check=False,
                 timeout=limit,
             )
         except subprocess.TimeoutExpired:  # subprocess.run has killed it
@@ -208,10 +206,8 @@ def _lrzip_size(stream: bytes) -> int:
 
 
 def _each(fn: Callable[[bytes], bytes], items: list[bytes]) -> list[bytes]:
-    """fn over items, a thread each (lrzip runs in its own process), results in order."""
-    if len(items) <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1)) as pool:
+    """fn over items, one thread per CPU at most (lrzip runs in its own process), results in order."""
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
         return list(pool.map(fn, items))
 
 
@@ -230,7 +226,7 @@ def _pergroup_pack(payload: bytes, shuffle: int) -> bytes:
     if shuffle and len(main) < shuffle:
         raise PgolfError(f"byte shuffle stride {shuffle} is longer than the per-group layout and rest")
     streams = [
-        _brotli().compress(byte_shuffle(main, shuffle) if shuffle else main, quality=11),
+        _brotli().compress(byte_shuffle(main, shuffle), quality=11),
         *_each(lambda g: _lrzip(g, LRZIP_ARGS), parts.groups),
     ]
     return struct.pack(f"<{len(streams) + 1}I", len(streams), *map(len, streams)) + b"".join(streams)
@@ -252,9 +248,9 @@ def split_streams(data: bytes, counts: range) -> list[bytes]:
 def _pergroup_unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
     """(payload, shuffle stride) of `_pergroup_pack`'s bytes; ValueError when damaged."""
     streams = split_streams(body, range(1, len(pergroup.GROUPS) + 2))
-    main = _brotli_decompress(streams[0])
-    stride = main[4] if shuffled and len(main) >= 5 else 0
-    main = byte_unshuffle(main, strict=True) if shuffled else main
+    main, stride = _brotli_decompress(streams[0]), 0
+    if shuffled:
+        main, stride = byte_unshuffle(main, strict=True), main[4]
     size = int.from_bytes(main[:4], "little")
     layout = main[4 : 4 + size]
     try:
@@ -309,7 +305,6 @@ COMPRESSORS: dict[str, Compressor] = {
         ),
     )
 }  # fmt: skip
-_BY_ID = {c.id: c for c in COMPRESSORS.values()}
 
 
 def get(name: str) -> Compressor:
@@ -330,9 +325,10 @@ def check_available(name: str) -> None:
 
 
 def compressor_by_id(code: int) -> Compressor:
-    if code not in _BY_ID:
-        raise ValueError(f"unknown compressor id {code}")
-    return _BY_ID[code]
+    for c in COMPRESSORS.values():
+        if c.id == code:
+            return c
+    raise ValueError(f"unknown compressor id {code}")
 
 
 def resolve_level(name: str, level: int | None) -> int | None:
@@ -356,7 +352,8 @@ def decompress(data: bytes, name: str) -> bytes:
 
 # ---------------------------------------------------------------- byte shuffle
 def byte_shuffle(data: bytes, stride: int = 2) -> bytes:
-    """The records' shuffle: b"BSHF" + bytes([stride]) + byte planes (unchanged data if it cannot apply)."""
+    """The records' shuffle: b"BSHF" + bytes([stride]) + byte planes (unchanged data if it cannot apply,
+    as with stride 0: no shuffle)."""
     if stride <= 1 or len(data) < stride:
         return data
     if stride > 255:
@@ -378,13 +375,12 @@ def byte_unshuffle(data: bytes, strict: bool = False) -> bytes:
             raise ValueError(f"byte-shuffle stride {stride} (at least 2 expected)")
         return data[5:]
     src = np.frombuffer(data, dtype=np.uint8, offset=5)
-    n = src.size
-    out = np.empty(n, dtype=np.uint8)
+    out = np.empty_like(src)
     start = 0
     for pos in range(stride):
-        count = n // stride + (1 if pos < n % stride else 0)
-        out[pos::stride] = src[start : start + count]
-        start += count
+        plane = out[pos::stride]  # a view: filling it fills `out`
+        plane[:] = src[start : start + len(plane)]
+        start += len(plane)
     return out.tobytes()
 
 
@@ -404,8 +400,7 @@ def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: 
     code = bytes([c.id | (SHUFFLE_FLAG if shuffle else 0)])
     if c.name == PERGROUP:
         return code + _pergroup_pack(payload, shuffle)
-    body = byte_shuffle(payload, shuffle) if shuffle else payload
-    return code + c.compress(body, lv)
+    return code + c.compress(byte_shuffle(payload, shuffle), lv)
 
 
 def unpack(blob: bytes) -> tuple[bytes, str, int]:
@@ -420,5 +415,4 @@ def unpack(blob: bytes) -> tuple[bytes, str, int]:
     body = c.decompress(blob[1:])
     if not code & SHUFFLE_FLAG:
         return body, c.name, 0
-    stride = body[4] if len(body) >= 5 else 0
-    return byte_unshuffle(body, strict=True), c.name, stride
+    return byte_unshuffle(body, strict=True), c.name, body[4]

@@ -7,7 +7,6 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
-import difflib
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,12 +49,6 @@ def one_line(exc: BaseException) -> str | None:
 def first_line(exc: BaseException) -> str:
     """What a low-level failure (a decoder's, a parser's) says, as one short line for a PgolfError."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-
-
-def did_you_mean(name: str, choices: Any) -> str:
-    """' (did you mean X?)' for the closest of `choices`, or '' when none is close."""
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # What the frameworks say when an allocation fails: PyTorch on the CPU ("DefaultCPUAllocator: can't

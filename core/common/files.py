@@ -37,8 +37,6 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_dir():
-            raise IsADirectoryError(21, "Is a directory")
         remove_stale_temps(path.parent)
         fd, tmp = tempfile.mkstemp(
             dir=path.parent, prefix=f".{path.name}.pgolf-{os.getpid()}-", suffix=".tmp"
@@ -48,7 +46,7 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes files private; outputs are ordinary files
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # onto a folder: IsADirectoryError
         sync(path.parent)
     except OSError as exc:
         raise PgolfError(f"cannot write {path}: {exc.strerror or exc}") from None
@@ -60,16 +58,12 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
 
 def sync(path: str | Path) -> None:
     """fsync a file, or a folder so that a rename into it survives a power loss (where the system allows it)."""
-    try:
+    with contextlib.suppress(OSError):  # some file systems do not sync folders; a rename is still atomic
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems do not sync folders; the rename itself is still atomic
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def remove_stale_temps(folder: str | Path) -> None:
@@ -80,18 +74,13 @@ def remove_stale_temps(folder: str | Path) -> None:
         return
     for name in names:
         match = _TEMP.fullmatch(name)
-        if match and not _process_alive(int(match.group(1))):
-            Path(folder, name).unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: nothing is sent, the process is only looked up
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        pass  # it exists, another user's
-    return True
+        if match:
+            try:
+                os.kill(int(match[1]), 0)  # signal 0: nothing is sent, the process is only looked up
+            except (ProcessLookupError, OverflowError):  # gone (PermissionError: another user's)
+                Path(folder, name).unlink(missing_ok=True)
+            except PermissionError:
+                pass
 
 
 def append_line(path: str | Path, line: str) -> None:
@@ -126,7 +115,7 @@ def open_regular(path: str | Path, what: str, max_bytes: int | None = None) -> B
         problem = "is not a regular file (a folder, a FIFO or a device)"
     elif max_bytes is not None and info.st_size > max_bytes:
         problem = f"is {info.st_size:,} bytes, over the limit of {max_bytes:,}"
-    if problem is not None:
+    if problem:
         os.close(fd)
         raise PgolfError(f"{what} {path} {problem}")
     os.set_blocking(fd, True)
@@ -157,32 +146,30 @@ class WriterLock:
     While it is held, `.writer.pid` in the folder names the holder, so that a refused writer can.
     A file can be locked too (without the name of its holder)."""
 
-    PID_FILE = ".writer.pid"
-
     def __init__(self, folder: str | Path, what: str):
-        self.folder = Path(folder)
+        folder = Path(folder)
+        self.pid_file = folder / ".writer.pid"
         try:
-            self.fd = os.open(self.folder, os.O_RDONLY)
+            self.fd = os.open(folder, os.O_RDONLY)
         except OSError as exc:
-            raise PgolfError(f"cannot lock {what} {self.folder}: {exc.strerror or exc}") from None
+            raise PgolfError(f"cannot lock {what} {folder}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
             try:
-                holder = "process " + (self.folder / self.PID_FILE).read_text(encoding="ascii").strip()
+                holder = "process " + self.pid_file.read_text(encoding="ascii").strip()
             except (OSError, UnicodeDecodeError):
                 holder = "another process"
-            raise PgolfError(f"{what} {self.folder} is in use by {holder}: one writer at a time") from None
-        with contextlib.suppress(
-            OSError
-        ):  # the lock holds without it; a refused writer cannot name the holder
-            (self.folder / self.PID_FILE).write_text(f"{os.getpid()}\n", encoding="ascii")
+            raise PgolfError(f"{what} {folder} is in use by {holder}: one writer at a time") from None
+        # The lock holds without it; a refused writer then cannot name the holder.
+        with contextlib.suppress(OSError):
+            self.pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
 
     def release(self) -> None:
         if self.fd >= 0:
             with contextlib.suppress(OSError):  # none beside a locked file (a sweep spec)
-                (self.folder / self.PID_FILE).unlink(missing_ok=True)
+                self.pid_file.unlink(missing_ok=True)
             os.close(self.fd)  # closing drops the lock
             self.fd = -1
 

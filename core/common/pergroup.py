@@ -36,11 +36,10 @@ _LAYER = re.compile(r"blocks\.(\d+)\.(.+)")
 
 
 def similarity_order(matrix: np.ndarray) -> np.ndarray:
-    """The rows of an int8 matrix in greedy nearest-neighbour order (uint16): from row 0, each next row
-    is the unused one closest in L1 distance to the last, the lowest index among equals."""
+    """The rows of an int8 matrix (at most MAX_SORTED_ROWS) in greedy nearest-neighbour order (uint16):
+    from row 0, each next row is the unused one closest in L1 distance to the last, the lowest index among
+    equals."""
     n = matrix.shape[0]
-    if n > MAX_SORTED_ROWS:
-        raise ValueError(f"{n} rows do not fit a uint16 order")
     rest = matrix.astype(np.int16)  # unused rows, compacted: `left` holds their indices
     left = np.arange(n)
     work = np.empty_like(rest)
@@ -70,26 +69,18 @@ class Split:
 
 def _int8_matrices(payload: bytes) -> dict[str, tuple[int, int, int]]:
     """name -> (offset in the payload, rows, cols) of every 2-D int8 tensor `q/...` of a safetensors file;
-    nothing when the bytes are not one."""
+    nothing when the bytes are not one (or a tensor entry is malformed)."""
+    found = {}
     try:
         size = int.from_bytes(payload[:8], "little")
-        header = json.loads(payload[8 : 8 + size]) if 8 + size <= len(payload) else None
-    except (UnicodeDecodeError, ValueError):
+        header = json.loads(payload[8 : 8 + size]) if 8 + size <= len(payload) else {}
+        for name, entry in header.items():
+            if name.startswith("q/") and entry["dtype"] == "I8" and len(entry["shape"]) == 2:
+                (rows, cols), (start, end) = entry["shape"], entry["data_offsets"]
+                if rows * cols == end - start > 0 and 8 + size + end <= len(payload):
+                    found[name[2:]] = (8 + size + start, rows, cols)
+    except (AttributeError, KeyError, TypeError, UnicodeDecodeError, ValueError):
         return {}
-    if not isinstance(header, dict):
-        return {}
-    found = {}
-    for name, entry in header.items():
-        if not (name.startswith("q/") and isinstance(entry, dict) and entry.get("dtype") == "I8"):
-            continue
-        shape, offsets = entry.get("shape"), entry.get("data_offsets")
-        if not (
-            isinstance(shape, list) and len(shape) == 2 and isinstance(offsets, list) and len(offsets) == 2
-        ):
-            continue
-        start, end = 8 + size + offsets[0], 8 + size + offsets[1]
-        if shape[0] * shape[1] == end - start > 0 and end <= len(payload):
-            found[name[2:]] = (start, shape[0], shape[1])
     return found
 
 
@@ -113,7 +104,7 @@ def split(payload: bytes) -> Split:
                 order = similarity_order(matrix)
                 orders.append(order.astype("<u2").tobytes())
                 matrix = matrix[order]
-            blobs.append(np.ascontiguousarray(matrix.T).tobytes())
+            blobs.append(matrix.T.tobytes())  # tobytes writes C order: the transpose's rows
             keep[start : start + rows * cols] = False
             entries.append([start, rows, cols, int(sort)])
         layout.append({"name": kind, "tensors": entries})
@@ -168,7 +159,7 @@ def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> byte
         values, offset = np.frombuffer(blob, dtype=np.int8), 0
         for start, rows, cols, sort in group["tensors"]:
             order = perms[used : used + rows] if sort else None
-            used += rows if sort else 0
+            used += rows * sort
             matrix = unstack(values[offset : offset + rows * cols], rows, cols, order)
             offset += rows * cols
             out[start : start + rows * cols] = matrix.reshape(-1).view(np.uint8)

@@ -13,8 +13,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from core.common.errors import PgolfError, did_you_mean
+from core.common.errors import PgolfError
 from core.common.files import read_file
+from core.common.spelling import did_you_mean
 from core.config.fields import RESUMABLE_FIELDS, Config, env_names, field_names, from_env
 from core.config.presets import preset_values
 

@@ -62,12 +62,22 @@ def read_shard(path: str | Path, vocab_size: int | None = None) -> np.ndarray:
     """The token ids of a shard (uint16), checked against the vocabulary when given."""
     count = read_shard_header(path)
     tokens = np.fromfile(path, dtype="<u2", count=count, offset=HEADER_BYTES)
+    check_ids(tokens, vocab_size, path)
+    return tokens
+
+
+def check_ids(tokens: np.ndarray, vocab_size: int | None, path: str | Path) -> None:
+    """Refuse token ids of shard `path` past the vocabulary (when one is given)."""
     if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
         raise PgolfError(
             f"shard {path}: token id {int(tokens.max())} >= vocab_size {vocab_size}; "
             "the shards do not match the tokenizer vocabulary"
         )
-    return tokens
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    if not 0 <= rank < world_size:
+        raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
 
 
 def find_shards(data_path: str | Path, split: str) -> list[Path]:
@@ -75,7 +85,9 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
     names the validation byte sidecar (CaseOps data), which "val" does not include."""
     folder = Path(data_path)
     if not folder.is_dir():
-        raise PgolfError(f"dataset folder {folder} does not exist ({hint('run: python cli.py data prepare', 'set DATA_PATH')})")
+        raise PgolfError(
+            f"dataset folder {folder} does not exist ({hint('run: python cli.py data prepare', 'set DATA_PATH')})"
+        )
     try:
         os.listdir(folder)  # glob finds nothing in a folder it may not list: say so instead
     except OSError as exc:
@@ -90,8 +102,6 @@ class TokenStream:
     """Shards read in order, one at a time, wrapping around forever."""
 
     def __init__(self, files: list[Path], vocab_size: int | None = None):
-        if not files:
-            raise PgolfError("the token stream needs at least one shard")
         self.files, self.vocab_size = list(files), vocab_size
         # Check every header now: a bad shard should fail at start-up, not hours into a run.
         if sum(read_shard_header(f) for f in self.files) == 0:
@@ -110,20 +120,16 @@ class TokenStream:
         self.position = 0
 
     def take(self, n: int) -> np.ndarray:
-        """The next n tokens (uint16); the result may be a view of the loaded shard."""
-        if n <= 0:
-            return np.zeros(0, dtype=np.uint16)
-        parts, remaining = [], n
-        while remaining > 0:
-            available = len(self.tokens) - self.position
-            if available <= 0:
+        """The next n tokens (uint16)."""
+        parts = [self.tokens[:0]]
+        while n > 0:
+            if self.position == len(self.tokens):
                 self._next_file()
                 continue
-            k = min(remaining, available)
-            parts.append(self.tokens[self.position : self.position + k])
-            self.position += k
-            remaining -= k
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+            parts.append(self.tokens[self.position : self.position + n])
+            self.position += len(parts[-1])
+            n -= len(parts[-1])
+        return np.concatenate(parts)
 
     def state(self) -> dict[str, Any]:
         return {"file_index": self.file_index, "position": self.position, "epoch": self.epoch}
@@ -149,8 +155,7 @@ class BatchLoader:
     """
 
     def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
-        if not 0 <= rank < world_size:
-            raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
+        check_rank(rank, world_size)
         self.stream = TokenStream(files, vocab_size)
         self.rank, self.world_size = rank, world_size
 
@@ -200,48 +205,40 @@ class CoprimeLoader:
     """
 
     def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
-        if not 0 <= rank < world_size:
-            raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
-        if not files:
-            raise PgolfError("the coprime loader needs at least one shard")
+        check_rank(rank, world_size)
         self.files = sorted((Path(f) for f in files), key=lambda p: (p.name, str(p)))
         self.rank, self.world_size, self.vocab_size = rank, world_size, vocab_size
         # Check every header now: a bad shard should fail at start-up, not hours into a run.
         self.num_tokens = np.array([read_shard_header(f) for f in self.files], dtype=np.int64)
-        for f, n in zip(self.files, self.num_tokens.tolist(), strict=True):
-            if n == 0:
-                raise PgolfError(f"shard {f}: holds no tokens")
+        if not self.num_tokens.all():
+            raise PgolfError(f"shard {self.files[int(np.argmin(self.num_tokens))]}: holds no tokens")
         self.seed = shard_names_seed(self.files)
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
         self.seq_len = 0  # fixed by the first call: the cursors are in blocks of seq_len
         self.calls = 0
-        n = len(self.files)
-        self.phase = np.zeros(n, dtype=np.int64)
-        self.blocks = np.zeros(n, dtype=np.int64)
-        self.next = np.zeros(n, dtype=np.int64)  # blocks of the current pass already taken
-        self.start = np.zeros(n, dtype=np.int64)
-        self.stride = np.ones(n, dtype=np.int64)
-        self.active = np.zeros(n, dtype=np.bool_)  # the shard has a cursor
-        self._memmaps: dict[int, np.memmap] = {}
+        # Each shard's cursor (see `_new_cursor`); `next`: blocks of the current pass already taken.
+        self.phase, self.blocks, self.next, self.start = np.zeros((4, len(self.files)), dtype=np.int64)
+        self.stride = np.ones(len(self.files), dtype=np.int64)
+        self.active = np.zeros(len(self.files), dtype=np.bool_)  # the shard has a cursor
+        self.tokens = [
+            np.memmap(f, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(count),))
+            for f, count in zip(self.files, self.num_tokens, strict=True)
+        ]
 
     # ------------------------------------------------------------------ cursors
-    def _coprime_stride(self, blocks: int) -> int:
-        if blocks <= 1:
-            return 1
-        while True:
-            stride = int(self.rng.integers(1, blocks))
-            if math.gcd(stride, blocks) == 1:
-                return stride
-
     def _new_cursor(self, si: int) -> None:
+        """A new pass over shard si (one holding a window): a random phase, start, and stride coprime
+        to its number of blocks, drawn as the record draws them."""
         n, seq_len = int(self.num_tokens[si]), self.seq_len
-        max_phase = min(seq_len - 1, max(0, n - seq_len - 1))
+        max_phase = min(seq_len - 1, n - seq_len - 1)
         phase = int(self.rng.integers(max_phase + 1)) if max_phase > 0 else 0
         blocks = (n - 1 - phase) // seq_len
+        start = int(self.rng.integers(blocks)) if blocks > 1 else 0
+        stride = int(self.rng.integers(1, blocks)) if blocks > 1 else 1
+        while math.gcd(stride, blocks) != 1:
+            stride = int(self.rng.integers(1, blocks))
         self.phase[si], self.blocks[si], self.next[si] = phase, blocks, 0
-        self.start[si] = int(self.rng.integers(blocks)) if blocks > 1 else 0
-        self.stride[si] = self._coprime_stride(blocks)
-        self.active[si] = True
+        self.start[si], self.stride[si], self.active[si] = start, stride, True
 
     def _take(self, si: int, count: int) -> list[tuple[int, int]]:
         """The next `count` windows (shard, first token) of shard si, starting new passes as needed."""
@@ -249,87 +246,52 @@ class CoprimeLoader:
         while count > 0:
             if not self.active[si] or self.next[si] >= self.blocks[si]:
                 self._new_cursor(si)
-            blocks, done = int(self.blocks[si]), int(self.next[si])
-            phase, start, stride = int(self.phase[si]), int(self.start[si]), int(self.stride[si])
+            blocks, done = self.blocks[si], self.next[si]
             k = min(count, blocks - done)
-            out.extend(
-                (si, phase + (start + j * stride) % blocks * self.seq_len) for j in range(done, done + k)
-            )
-            self.next[si] = done + k
+            steps = (self.start[si] + np.arange(done, done + k) * self.stride[si]) % blocks
+            out += [(si, first) for first in (self.phase[si] + steps * self.seq_len).tolist()]
+            self.next[si] += k
             count -= k
         return out
 
     # ------------------------------------------------------------------ sampling
     def _global_windows(self, global_seqs: int) -> list[tuple[int, int]]:
-        """One call's windows for all ranks, with the record's RNG draws in the record's order."""
-        eligible = self._eligible
+        """One call's windows for all ranks, with the record's RNG draws in the record's order.
+
+        Every shard of `eligible` holds a window (`_fix_seq_len` refuses a dataset without one) and so
+        weighs at least 1: the weights are positive and finite, and `mix` is at least 1.
+        """
+        whole_blocks = (self.num_tokens - 1) // self.seq_len
+        eligible = np.nonzero(whole_blocks > 0)[0]  # in file order
         ec = len(eligible)
-        progress = min(self.calls / float(MIX_RAMP_CALLS), 1.0)
-        remaining = np.array(
-            [
-                float(max(int(self.blocks[si]) - int(self.next[si]), 1))
-                if self.active[si]
-                else float((int(self.num_tokens[si]) - 1) // self.seq_len)
-                for si in eligible.tolist()
-            ],
-            dtype=np.float64,
-        )
-        weights = np.power(remaining, 0.90 - 0.40 * progress)
-        total = float(weights.sum())
-        if not np.isfinite(total) or total <= 0.0:
-            weights = np.ones(ec, dtype=np.float64)
-            total = float(weights.sum())
-        probs = weights / total
+        progress = min(self.calls / MIX_RAMP_CALLS, 1.0)
+        remaining = np.where(self.active, np.maximum(self.blocks - self.next, 1), whole_blocks)
+        weights = np.power(remaining[eligible].astype(np.float64), 0.90 - 0.40 * progress)
+        probs = weights / weights.sum()
         low = min(max(8, self.world_size), ec, global_seqs)
         high = min(max(32, self.world_size * 8), ec, global_seqs)
-        mix = max(1, min(round(low + progress * (high - low)), ec, global_seqs))
+        mix = round(low + progress * (high - low))
 
         picked = self.rng.choice(ec, size=mix, replace=False, p=probs)
-        chosen = eligible[picked]
-        chosen_probs = probs[picked].copy()
-        chosen_probs /= chosen_probs.sum()
         counts = np.ones(mix, dtype=np.int64)
         if global_seqs > mix:
-            counts += self.rng.multinomial(global_seqs - mix, chosen_probs).astype(np.int64)
+            counts += self.rng.multinomial(global_seqs - mix, probs[picked] / probs[picked].sum())
         order = self.rng.permutation(mix)
-        chosen, counts = chosen[order], counts[order]
-
-        buckets: list[list[tuple[int, int]]] = []
-        for si, count in zip(chosen.tolist(), counts.tolist(), strict=True):
-            bucket = self._take(si, count)
-            if len(bucket) > 1:
-                bucket = [bucket[k] for k in self.rng.permutation(len(bucket)).tolist()]
-            if bucket:
-                buckets.append(bucket)
+        buckets = []
+        for si, count in zip(eligible[picked][order].tolist(), counts[order].tolist(), strict=True):
+            buckets.append(self._take(si, count))
+            self.rng.shuffle(buckets[-1])
         # Round-robin in a fresh random order each round; each bucket gives its last window.
         windows: list[tuple[int, int]] = []
-        live = list(range(len(buckets)))
-        while live:
-            still = []
-            for i in self.rng.permutation(len(live)).tolist():
-                bucket = buckets[live[i]]
-                windows.append(bucket.pop())
-                if bucket:
-                    still.append(live[i])
-            live = still
+        while buckets:
+            self.rng.shuffle(buckets)
+            windows += [bucket.pop() for bucket in buckets]
+            buckets = [bucket for bucket in buckets if bucket]
         return windows
 
-    def _shard(self, si: int) -> np.memmap:
-        if si not in self._memmaps:
-            self._memmaps[si] = np.memmap(
-                self.files[si], dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(self.num_tokens[si]),)
-            )
-        return self._memmaps[si]
-
-    @property
-    def _eligible(self) -> np.ndarray:
-        """Shards holding at least one window of seq_len+1 tokens, in file order."""
-        return np.nonzero((self.num_tokens - 1) // self.seq_len > 0)[0].astype(np.int64)
-
     def _fix_seq_len(self, seq_len: int) -> None:
+        """Fix the cursors' block size at the first call (Config.validate has checked it is positive)."""
         if self.seq_len == 0:
-            if seq_len <= 0:
-                raise PgolfError(f"sequence length must be positive, got {seq_len}")
             self.seq_len = seq_len
             short = [
                 f.name for f, n in zip(self.files, self.num_tokens.tolist(), strict=True) if n <= seq_len
@@ -358,15 +320,9 @@ class CoprimeLoader:
         self._fix_seq_len(seq_len)
         # Sizes follow each call's arguments (the record fixes them at its first call; the loop's never change).
         windows = self._global_windows(local // seq_len * self.world_size)[self.rank :: self.world_size]
-        batch = np.empty((len(windows), seq_len + 1), dtype=np.int32)
-        for row, (si, pos) in enumerate(windows):
-            batch[row] = self._shard(si)[pos : pos + seq_len + 1]
-        if self.vocab_size is not None and batch.size and int(batch.max()) >= self.vocab_size:
-            row = int(np.argmax(batch.max(axis=1)))
-            raise PgolfError(
-                f"shard {self.files[windows[row][0]]}: token id {int(batch[row].max())} >= vocab_size "
-                f"{self.vocab_size}; the shards do not match the tokenizer vocabulary"
-            )
+        batch = np.array([self.tokens[si][pos : pos + seq_len + 1] for si, pos in windows], dtype=np.int32)
+        row = int(batch.max(axis=1).argmax())  # the row holding the largest id
+        check_ids(batch[row], self.vocab_size, self.files[windows[row][0]])
         self.calls += 1
         return batch[:, :-1], batch[:, 1:]
 
@@ -379,22 +335,14 @@ class CoprimeLoader:
             "shards": len(self.files),
             "seq_len": self.seq_len,
             "calls": self.calls,
-            # 128-bit integers as decimal strings: JSON readers other than Python's lose their digits.
-            "rng": {
-                "state": str(rng["state"]["state"]),
-                "inc": str(rng["state"]["inc"]),
-                "has_uint32": int(rng["has_uint32"]),
-                "uinteger": int(rng["uinteger"]),
-            },
-            "cursors": {
-                "phase": self.phase.tolist(),
-                "blocks": self.blocks.tolist(),
-                "next": self.next.tolist(),
-                "start": self.start.tolist(),
-                "stride": self.stride.tolist(),
-                "active": self.active.tolist(),
-            },
+            # PCG64's 128-bit state and inc as decimal strings: JSON readers other than Python's lose their digits.
+            "rng": {key: str(value) for key, value in rng["state"].items()}
+            | {"has_uint32": rng["has_uint32"], "uinteger": rng["uinteger"]},
+            "cursors": {key: getattr(self, key).tolist() for key in CURSORS},
         }
+
+
+CURSORS = ("phase", "blocks", "next", "start", "stride", "active")  # CoprimeLoader's per-shard arrays
 
 
 TRAIN_LOADERS = {"sequential": BatchLoader, "coprime": CoprimeLoader}  # Config.train_loader's choices

@@ -25,7 +25,9 @@ MAX_TOKENIZER_BYTES = 2**28  # 256 MiB; a 65,536-piece model is a few MB
 def load_tokenizer(path: str | Path) -> spm.SentencePieceProcessor:
     path = Path(path)
     if not path.exists():
-        raise PgolfError(f"tokenizer {path} does not exist ({hint('run: python cli.py data prepare', 'set TOKENIZER_PATH')})")
+        raise PgolfError(
+            f"tokenizer {path} does not exist ({hint('run: python cli.py data prepare', 'set TOKENIZER_PATH')})"
+        )
     if path.suffix != ".model":
         raise PgolfError(f"tokenizer {path} should be a SentencePiece .model file")
     # Read here, so that an unreadable file is said to be one, not "not a SentencePiece model".
@@ -60,13 +62,8 @@ def byte_tables(sp: spm.SentencePieceProcessor, vocab_size: int) -> ByteTables:
     for i in range(sp.vocab_size()):
         if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
             continue
-        boundary[i] = False
-        if sp.is_byte(i):  # "<0xE2>": one raw byte, whatever its text form says
-            base[i] = 1
-            continue
         piece = sp.id_to_piece(i)
-        if piece.startswith(SPACE):
-            space[i] = True
-            piece = piece[1:]
-        base[i] = len(piece.encode("utf-8"))
+        boundary[i], space[i] = False, piece.startswith(SPACE)
+        # A byte piece ("<0xE2>") is one raw byte, whatever its text form says.
+        base[i] = 1 if sp.is_byte(i) else len(piece.removeprefix(SPACE).encode("utf-8"))
     return ByteTables(base, space, boundary)

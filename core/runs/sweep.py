@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.common.errors import PgolfError, did_you_mean
+from core.common.errors import PgolfError
+from core.common.spelling import did_you_mean
 from core.common.files import WriterLock, read_file, write_atomic
 from core.config.fields import Config, field_names
 from core.config.presets import PRESETS
