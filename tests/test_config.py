@@ -15,8 +15,6 @@ from core.artifact.export import scoring_config
 from core.artifact.load import config_for_params, saved_config
 from core.common.errors import PgolfError
 from core.config.fields import (
-    EXPORT_FIELDS,
-    RESUMABLE_FIELDS,
     SCORING_FIELDS,
     SECTIONS,
     Check,
@@ -25,7 +23,14 @@ from core.config.fields import (
     from_env,
 )
 from core.config.presets import PRESETS, preset
-from core.config.sources import load_file, parse_overrides, resolve, resolve_sources
+from core.config.sources import (
+    EXPORT_FIELDS,
+    RESUMABLE_FIELDS,
+    load_file,
+    parse_overrides,
+    resolve,
+    resolve_sources,
+)
 from core.model.params import artifact_classes, param_shapes, storage_dtypes
 from tests.reference import reference_logits
 from tests.test_backends import FEATURES, LOOPS_LANES, busy_params

@@ -4,7 +4,8 @@ A field's declaration holds all there is to know about it: its default, its one-
 (the --flag help), its section, the checks a value must pass, whether a resumed run may change
 it (`resume`), and whether an artifact keeps it to be scored alone (`scoring`: the settings the
 tensors' shapes do not tell). The lists other modules use are computed from the declarations
-(`RESUMABLE_FIELDS`, `SCORING_FIELDS`, `EXPORT_FIELDS`); `Config.validate` runs each field's
+(`SCORING_FIELDS` here; `RESUMABLE_FIELDS`, `WRITING_FIELDS`, `EXPORT_FIELDS` in
+core/config/sources.py, as only the CLI's commands read them); `Config.validate` runs each field's
 checks, then the rules that span several fields.
 
 Presets live in core/config/presets.py; files, the environment and flags in core/config/sources.py.
@@ -12,7 +13,6 @@ Presets live in core/config/presets.py; files, the environment and flags in core
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -713,22 +713,16 @@ class Config:
         )
         require(
             self.eval_protocol != "flat" or self.varlen_attn_enabled,
-            "eval_protocol=flat needs varlen_attn_enabled (the records' flat batches attend within documents)",
+            "eval_protocol=flat needs varlen_attn_enabled",
         )
         require(
             self.eval_stride <= self.eval_window,
-            f"eval_stride={self.eval_stride} is longer than the evaluation window ({self.eval_window}): "
-            "tokens between windows would never be scored",
+            f"eval_stride={self.eval_stride} is longer than the evaluation window ({self.eval_window})",
         )
-        require(
-            not self.lqer_enabled or self.quant_format == "mixed", "lqer_enabled needs quant_format=mixed"
-        )
-        require(
-            not self.gated_attn_quant_gate or self.quant_format == "mixed",
-            "gated_attn_quant_gate needs quant_format=mixed",
-        )
-        if self.gptq_enabled:
-            require(self.quant_format == "mixed", "gptq_enabled needs quant_format=mixed")
+        for name in ("lqer_enabled", "gated_attn_quant_gate", "gptq_enabled"):
+            require(
+                not getattr(self, name) or self.quant_format == "mixed", f"{name} needs quant_format=mixed"
+            )
         if self.gptq_enabled or self.artifact_fit_bytes > 0:
             require(self.gptq_calibration_batches > 0, "gptq_calibration_batches must be positive")
             require(
@@ -788,7 +782,7 @@ class Config:
                 require(
                     lanes == sorted(lanes),
                     f"parallel_start_layer={psl}: the decoder order {decoder} runs a layer below {psl} "
-                    "after a parallel one; raise parallel_start_layer or move the looped segment",
+                    "after a parallel one",
                 )
         return self
 
@@ -827,48 +821,35 @@ class Config:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, strict: bool = False) -> Config:
         """Build from a dict; unknown keys raise when strict, else are ignored (old checkpoints)."""
-        known = field_names()
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - field_names())
         if strict and unknown:
             raise PgolfError(f"config: unknown key {unknown[0]!r}")
-        return cls(**{k: _coerce(k, v) for k, v in data.items() if k in known})
+        return cls(**{k: _coerce(k, v) for k, v in data.items() if k not in unknown})
 
     def replace(self, **changes: Any) -> Config:
-        known = field_names()
-        for key in changes:
-            if key not in known:
-                raise PgolfError(f"config: unknown key {key!r}")
-        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in changes.items()})
+        return self.from_dict(self.to_dict() | changes, strict=True)
 
 
 def field_names() -> set[str]:
     return {f.name for f in fields(Config)}
 
 
-def _field_type(name: str) -> type:
-    default = getattr(Config(), name)
-    return type(default)
-
-
 def _coerce(name: str, value: Any) -> Any:
     """Convert strings (env vars, flags) and TOML values to the field's type, with a clear error."""
-    kind = _field_type(name)
+    kind = type(Config.__dataclass_fields__[name].default)
     try:
         if isinstance(value, (list, dict, tuple)) or (isinstance(value, bool) and kind is not bool):
             raise ValueError(value)
+        if isinstance(value, kind):
+            return value
+        text = str(value).strip()
         if kind is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("1", "true", "yes", "on"):
+            if text.lower() in ("1", "true", "yes", "on"):
                 return True
-            if text in ("0", "false", "no", "off"):
+            if text.lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError(value)
         if kind is int:
-            if isinstance(value, int):
-                return value
-            text = str(value).strip()
             if re.fullmatch(r"[+-]?\d[\d_]*", text):  # exact, however large (a seed, say)
                 return int(text)
             number = float(text.replace("_", ""))  # 2e4 or 100.0: whole numbers only
@@ -882,21 +863,10 @@ def _coerce(name: str, value: Any) -> Any:
         raise PgolfError(f"config: {name} expects {kind.__name__}, got {value!r}") from None
 
 
-def _names(keep: Callable[[dict], bool]) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(Config) if keep(f.metadata))
-
-
-# What a resumed run may set differently from its checkpoint: how long, how often it reports and
-# checkpoints, and how it executes; not what it computes.
-RESUMABLE_FIELDS = _names(lambda m: m["resume"])
 # What an artifact keeps (where it differs from the default) so that scoring it alone rebuilds the
-# same model and evaluation: what the tensors' shapes do not tell.
-SCORING_FIELDS = _names(lambda m: m["scoring"])
-# How an artifact is written: nothing a reader of it needs (its own format says how it is read).
-WRITING_FIELDS = _names(lambda m: m["section"] == "artifact" and not m["scoring"])
-# What `export` may change: how the artifact is written, where GPTQ's calibration data is and how it
-# runs; never what the artifact is scored with.
-EXPORT_FIELDS = _names(lambda m: m["section"] in ("artifact", "data", "execution") and not m["scoring"])
+# same model and evaluation: what the tensors' shapes do not tell. (The lists only the CLI's commands
+# use, from `resume` and `section`, are core/config/sources.py's.)
+SCORING_FIELDS = tuple(f.name for f in fields(Config) if f.metadata["scoring"])
 
 
 # The records' environment names are the fields' names upper-cased; other scripts' names besides (the

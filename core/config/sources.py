@@ -10,14 +10,31 @@ import json
 import os
 import stat
 import tomllib
+from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
 from core.common.files import read_file
 from core.common.spelling import did_you_mean
-from core.config.fields import RESUMABLE_FIELDS, Config, env_names, field_names, from_env
+from core.config.fields import Config, env_names, field_names, from_env
 from core.config.presets import preset_values
+
+
+def _names(keep: Callable[[dict], bool]) -> tuple[str, ...]:
+    """The fields whose declaration (core/config/fields.py) `keep` accepts."""
+    return tuple(f.name for f in fields(Config) if keep(f.metadata))
+
+
+# What a resumed run may set differently from its checkpoint: how long, how often it reports and
+# checkpoints, and how it executes; not what it computes.
+RESUMABLE_FIELDS = _names(lambda m: m["resume"])
+# How an artifact is written: nothing a reader of it needs (its own format says how it is read).
+WRITING_FIELDS = _names(lambda m: m["section"] == "artifact" and not m["scoring"])
+# What `export` may change: how the artifact is written, where GPTQ's calibration data is and how it
+# runs; never what the artifact is scored with.
+EXPORT_FIELDS = _names(lambda m: m["section"] in ("artifact", "data", "execution") and not m["scoring"])
 
 # Upstream spellings that are not simply FIELD.upper().
 MAX_CONFIG_BYTES = 2**20  # a TOML file of every field is a few KB

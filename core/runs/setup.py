@@ -24,9 +24,9 @@ from core.artifact.export import quant_label
 from core.artifact.load import SHAPE_FIELDS, artifact_compressor, is_checkpoint, saved_config
 from core.common.compress import check_available
 from core.common.errors import PgolfError
-from core.config.fields import EXPORT_FIELDS, WRITING_FIELDS, Config
+from core.config.fields import Config
 from core.config.presets import CHALLENGE_DATA_PRESETS, record_preset_of_env
-from core.config.sources import resolve_sources, resumed_config
+from core.config.sources import EXPORT_FIELDS, WRITING_FIELDS, resolve_sources, resumed_config
 from core.data.manifest import check_tokenizer, dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.score import EvalData, load_eval_data
