@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.common.errors import PgolfError
+from core.config.presets import preset
 from core.data.tokenizer import ByteTables, byte_tables, load_tokenizer
 from core.eval.bpb import BPBMeter, stream_bytes
 from core.eval.sliding import (
@@ -88,16 +89,17 @@ def test_batches_and_arrays():
 
 
 def test_settings():
+    """The window settings come from a validated Config (its checks refuse a stride past the window,
+    and batches of no window), so SlidingEval takes them as they are."""
     assert sliding_enabled(64, 2048) and not sliding_enabled(0, 2048) and not sliding_enabled(2048, 2048)
-    for kwargs, match in [
-        (dict(seq_len=64, stride=65), "stride 65 is longer than the window"),
-        (dict(seq_len=64, stride=0), "stride = 0"),
-        (dict(seq_len=0), "seq_len = 0"),
-        (dict(seq_len=64, batch_seqs=0), "batch_seqs = 0"),
-        (dict(seq_len=64.0), "seq_len = 64.0"),
+    for change, match in [
+        ({"eval_stride": 65}, r"eval_stride=65 is longer than the evaluation window \(64\)"),
+        ({"eval_batch_seqs": 0}, "eval_batch_seqs must be positive"),
+        ({"ttt_batch_seqs": 0}, "ttt_batch_seqs must be positive"),
+        ({"eval_seq_len": -1}, "eval_seq_len must be >= 0"),
     ]:
         with pytest.raises(PgolfError, match=match):
-            SlidingEval(**kwargs)
+            preset("smoke").replace(**change).validate()
 
 
 # ------------------------------------------------------------- a numpy toy model
