@@ -403,6 +403,7 @@ def eval_command(
     test-time training."""
     from core.eval.score import evaluators, figure_protocol
     from core.eval.score import save_token_losses as save_losses
+    from core.eval.verify import require_finite
     from core.runs.setup import weights_and_data
 
     if save_token_losses is not None:
@@ -419,7 +420,7 @@ def eval_command(
                     meter = save_losses(engine, data, evaluator, save_token_losses, tracker)
                 else:
                     meter = evaluator(engine, data, tracker)
-                meters[name] = meter.require_finite(f"eval of {path} ({name})")
+                meters[name] = require_finite(meter, f"eval of {path} ({name})")
     if engine.rank == 0:
         for name, meter in meters.items():
             console.print(

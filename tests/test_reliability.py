@@ -37,7 +37,7 @@ from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
 from core.datasets.embedded import prepare_sotu
 from core.eval.score import evaluate, load_eval_data
-from core.eval.verify import verify
+from core.eval.verify import require_finite, verify
 from core.model import backend as backends
 from core.model.memory import DeviceMemory, check_config, check_memory, memory_estimate
 from core.model.params import count_params, init_params
@@ -250,7 +250,7 @@ def test_a_score_that_is_not_finite_is_an_error_in_eval_and_verify(sotu_dataset)
     cfg = sotu_dataset.config()
     data = load_eval_data(cfg)
     with pytest.raises(PgolfError, match=r"eval of x: the score is not finite \(val_loss nan"):
-        evaluate(NanBackend(cfg), data).require_finite("eval of x")
+        require_finite(evaluate(NanBackend(cfg), data), "eval of x")
     with pytest.raises(PgolfError, match="the nan backend's plain score: the score is not finite"):
         verify({}, cfg, data, {"nan": NanBackend})
 

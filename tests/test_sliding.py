@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.data.tokenizer import ByteTables, byte_tables, load_tokenizer
-from core.eval.bpb import BPBMeter, stream_bytes
+from core.eval.bpb import BPBMeter, stream_bytes, token_bytes
 from core.eval.sliding import (
     SlidingEval,
     batch_arrays,
@@ -136,11 +136,12 @@ class ToyModel:
 
 
 def non_overlapping(tokens: np.ndarray, model: ToyModel, tables: ByteTables, seq_len: int) -> BPBMeter:
-    meter = BPBMeter(tables)
+    meter = BPBMeter()
     for s in range(0, len(tokens) - 1, seq_len):
         x, y = tokens[s : s + seq_len][None], tokens[s + 1 : s + seq_len + 1][None]
         x = x[:, : y.shape[1]]
-        meter.add(model(x, y).astype(np.float64).sum(), x, y)
+        meter.nats += float(model(x, y).astype(np.float64).sum())
+        meter.count_bytes(token_bytes(x, y, tables))
     return meter
 
 
@@ -190,9 +191,10 @@ def test_scored_bytes_follow_the_tables(toy_tokens):
     meter = score_sliding(
         toy_tokens, ToyModel(), stream_bytes(toy_tokens, tables), SlidingEval(40, 12, batch_seqs=3)
     )
-    everything = BPBMeter(tables)
-    everything.add(0.0, toy_tokens[:-1], toy_tokens[1:])
-    assert meter.nbytes == everything.nbytes and meter.tokens == len(toy_tokens) - 1
+    assert (
+        meter.nbytes == token_bytes(toy_tokens[:-1], toy_tokens[1:], tables).sum()
+        and meter.tokens == len(toy_tokens) - 1
+    )
 
 
 def test_scored_bytes_are_the_given_bytes_of_each_target(toy_tokens):

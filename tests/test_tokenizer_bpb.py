@@ -114,8 +114,9 @@ def test_bpb_of_a_uniform_model_is_log2_vocab_times_tokens_per_byte(challenge_di
     tables = byte_tables(sp, 1024)
     ids = np.array([sp.bos_id(), *sp.encode("The quick brown fox jumps over the lazy dog.")])
     prev, target = ids[:-1], ids[1:]
-    meter = BPBMeter(tables)
-    meter.add(len(target) * math.log(1024), prev, target)  # uniform: ln(1024) nats per token
+    meter = BPBMeter()
+    meter.nats = len(target) * math.log(1024)  # uniform: ln(1024) nats per token
+    meter.count_bytes(token_bytes(prev, target, tables))
     n_bytes = len(b"The quick brown fox jumps over the lazy dog.")
     assert meter.val_loss == pytest.approx(math.log(1024))
     assert meter.val_bpb == pytest.approx(10.0 * len(target) / n_bytes)
@@ -126,11 +127,15 @@ def test_meter_merges_like_one_pass(challenge_dir):
     tables = byte_tables(sp, 1024)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 1024, 201)
-    whole, a, b = BPBMeter(tables), BPBMeter(tables), BPBMeter(tables)
-    whole.add(300.0, ids[:-1], ids[1:])
-    a.add(100.0, ids[:100], ids[1:101])
-    b.add(200.0, ids[100:-1], ids[101:])
-    merged = BPBMeter.from_array(tables, a.as_array() + b.as_array())
+    whole, a, b = BPBMeter(), BPBMeter(), BPBMeter()
+    for meter, nats, prev, target in [
+        (whole, 300.0, ids[:-1], ids[1:]),
+        (a, 100.0, ids[:100], ids[1:101]),
+        (b, 200.0, ids[100:-1], ids[101:]),
+    ]:
+        meter.nats = nats
+        meter.count_bytes(token_bytes(prev, target, tables))
+    merged = BPBMeter.from_array(a.as_array() + b.as_array())
     assert merged.val_bpb == pytest.approx(whole.val_bpb) and merged.tokens == whole.tokens == 200
 
 
@@ -144,9 +149,10 @@ def test_bpb_against_hand_built_tables():
     prev, target = np.array([0, 1, 2, 1]), np.array([1, 2, 1, 3])
     # "the" after BOS: 3 (no space); "ing": 3; "▁the" mid-text: 4; byte: 1 -> 11 bytes
     assert token_bytes(prev, target, tables).tolist() == [3, 3, 4, 1]
-    meter = BPBMeter(tables)
-    meter.add(2.0, prev[:2], target[:2])
-    meter.add(6.0, prev[2:], target[2:])
+    meter = BPBMeter()
+    meter.nats = 2.0 + 6.0
+    meter.count_bytes(token_bytes(prev[:2], target[:2], tables))
+    meter.count_bytes(token_bytes(prev[2:], target[2:], tables))
     assert (meter.tokens, meter.nbytes) == (4, 11)
     assert meter.val_loss == pytest.approx(8.0 / 4)
     assert meter.val_bpb == pytest.approx(8.0 / math.log(2) / 11)

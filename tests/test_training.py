@@ -161,14 +161,19 @@ def test_wallclock_cap_stops_early(sotu_dataset, backend_name, tmp_path):
 def unigram_bpb(dataset) -> float:
     """BPB of the best context-free model: training-set token frequencies scored on validation."""
     from core.data.tokenizer import byte_tables, load_tokenizer
-    from core.eval.bpb import BPBMeter
+    from core.eval.bpb import BPBMeter, token_bytes
 
     train_ids = np.concatenate([read_shard(f) for f in find_shards(dataset.data_path, "train")])
     val = read_shard(find_shards(dataset.data_path, "val")[0]).astype(np.int64)
     counts = np.bincount(train_ids, minlength=dataset.vocab_size) + 1.0
     logp = np.log(counts / counts.sum())
-    meter = BPBMeter(byte_tables(load_tokenizer(dataset.tokenizer_path), dataset.vocab_size))
-    meter.add(-logp[val[1:]].sum(), val[:-1], val[1:])
+    meter = BPBMeter()
+    meter.nats = float(-logp[val[1:]].sum())
+    meter.count_bytes(
+        token_bytes(
+            val[:-1], val[1:], byte_tables(load_tokenizer(dataset.tokenizer_path), dataset.vocab_size)
+        )
+    )
     return meter.val_bpb
 
 
@@ -296,11 +301,12 @@ def test_evaluation_waits_for_the_device_once(sotu_dataset):
             return values
 
     DeviceScalar.waits = 0
-    meter = evaluate(Backend(), load_eval_data(cfg))
+    data = load_eval_data(cfg)
+    meter = evaluate(Backend(), data)
     assert len(batches) > 2 and DeviceScalar.waits == 1
     assert meter.nats == sum(nll for _, _, nll in batches)
     assert meter.tokens == sum(y.size for _, y, _ in batches)
-    assert meter.nbytes == sum(int(token_bytes(x, y, meter.tables).sum()) for x, y, _ in batches)
+    assert meter.nbytes == sum(int(token_bytes(x, y, data.tables).sum()) for x, y, _ in batches)
 
 
 def torchrun_env(**extra: str) -> dict[str, str]:

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 
-from core.common.errors import PgolfError
 from core.data.tokenizer import ByteTables
 
 
@@ -27,23 +26,11 @@ def stream_bytes(tokens: np.ndarray, tables: ByteTables) -> np.ndarray:
 
 
 class BPBMeter:
-    """float64 sums of nats, tokens and bytes; mergeable across ranks as a 3-vector.
+    """float64 sums of nats, tokens and bytes; mergeable across ranks as a 3-vector. The bytes are given
+    per target (`count_bytes`: from EvalData.target_bytes, or `token_bytes` of the tokenizer's tables)."""
 
-    The bytes come from the tokenizer's tables (`add`, `count`: those need `tables`) or are given
-    per target (`count_bytes`: what the evaluators pass, from EvalData.target_bytes).
-    """
-
-    def __init__(self, tables: ByteTables | None = None):
-        self.tables = tables
+    def __init__(self) -> None:
         self.nats = self.tokens = self.nbytes = 0.0
-
-    def add(self, nll_sum: float, prev_ids: np.ndarray, target_ids: np.ndarray) -> None:
-        self.nats += float(nll_sum)
-        self.count(prev_ids, target_ids)
-
-    def count(self, prev_ids: np.ndarray, target_ids: np.ndarray) -> None:
-        """The tokens and their bytes alone: host numpy, while the device computes their loss."""
-        self.count_bytes(token_bytes(prev_ids, target_ids, self.tables))
 
     def count_bytes(self, target_bytes: np.ndarray) -> None:
         """Targets whose bytes are given, one entry each."""
@@ -54,8 +41,8 @@ class BPBMeter:
         return np.array([self.nats, self.tokens, self.nbytes], dtype=np.float64)
 
     @classmethod
-    def from_array(cls, tables: ByteTables | None, values: np.ndarray) -> BPBMeter:
-        meter = cls(tables)
+    def from_array(cls, values: np.ndarray) -> BPBMeter:
+        meter = cls()
         meter.nats, meter.tokens, meter.nbytes = (float(v) for v in values)
         return meter
 
@@ -67,12 +54,3 @@ class BPBMeter:
     @property
     def val_bpb(self) -> float:
         return self.nats / math.log(2.0) / self.nbytes if self.nbytes else math.nan
-
-    def require_finite(self, what: str) -> BPBMeter:
-        """self, or a PgolfError naming `what` when the score is not a finite number."""
-        if not (math.isfinite(self.val_loss) and math.isfinite(self.val_bpb)):
-            raise PgolfError(
-                f"{what}: the score is not finite (val_loss {self.val_loss}, val_bpb {self.val_bpb}): "
-                "the weights give NaN or infinite losses"
-            )
-        return self

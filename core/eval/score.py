@@ -101,7 +101,7 @@ def _evaluate(
     seq = cfg.eval_window
     batch_seqs = max(cfg.val_batch_size // cfg.grad_accum_steps // seq, 1)
     spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size)
-    meter = BPBMeter(data.tables)
+    meter = BPBMeter()
     nll = 0.0  # then the framework's 0-d array: the sum stays on the device
     for i, (start, end) in enumerate(spans):
         chunk = data.tokens[start:end].astype(np.int32)
@@ -111,7 +111,7 @@ def _evaluate(
         if progress is not None:
             progress(i + 1, len(spans))  # batches queued: the device may be a little behind
     meter.nats = float(nll)  # the one wait for the device
-    return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+    return BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
 
 
 def evaluate_flat(
@@ -127,7 +127,7 @@ def evaluate_flat(
     seq = cfg.eval_window
     batch_seqs = cfg.val_batch_size // cfg.grad_accum_steps // seq  # Config.validate: at least one
     spans = val_spans(len(data.tokens), seq, batch_seqs, backend.rank, backend.world_size, whole=True)
-    meter = BPBMeter(data.tables)
+    meter = BPBMeter()
     with backend.segments_every(seq):
         for i, (start, end) in enumerate(spans):
             chunk = data.tokens[start:end].astype(np.int32)
@@ -138,7 +138,7 @@ def evaluate_flat(
                 sink[start + 1 : end] = losses
             if progress is not None:
                 progress(i + 1, len(spans))
-    total = BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+    total = BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
     if total.tokens == 0:
         raise PgolfError(
             f"eval_protocol=flat: {len(data.tokens):,} validation tokens hold no whole batch of "
@@ -172,7 +172,7 @@ def _score_windows(
         progress,
         sink,
     )
-    return BPBMeter.from_array(data.tables, backend.all_reduce_sum(meter.as_array()))
+    return BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
 
 
 def evaluate_with_ttt(

@@ -200,7 +200,7 @@ def evaluate_ttt(
     score = _score_full if backend.cfg.ttt_mode == "full" else _score_lora
     nats, counted, nbytes = score(backend, data, progress, log, token_losses)
     sums = backend.all_reduce_sum(np.array([nats, counted, nbytes], dtype=np.float64))
-    return BPBMeter.from_array(data.tables, sums)
+    return BPBMeter.from_array(sums)
 
 
 def _score_full(

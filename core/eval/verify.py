@@ -11,18 +11,31 @@ by about its learning rate whatever the gradient's size), so its bound is ten ti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from core.common.errors import PgolfError
 from core.config.fields import Config
+from core.eval.bpb import BPBMeter
 from core.eval.score import EvalData, evaluators
 from core.model.backend import Backend
 
 BPB_TOLERANCE = 1e-5
 TTT_BPB_TOLERANCE = 1e-4
 LOGIT_TOLERANCE = 1e-3
+
+
+def require_finite(meter: BPBMeter, what: str) -> BPBMeter:
+    """`meter`, or a PgolfError naming `what` when its score is not a finite number."""
+    if not (math.isfinite(meter.val_loss) and math.isfinite(meter.val_bpb)):
+        raise PgolfError(
+            f"{what}: the score is not finite (val_loss {meter.val_loss}, val_bpb {meter.val_bpb}): "
+            "the weights give NaN or infinite losses"
+        )
+    return meter
 
 
 def bpb_tolerance(kind: str) -> float:
@@ -74,7 +87,7 @@ def verify(
         try:
             backend.load_params(params)
             meters = {
-                kind: evaluator(backend, data, None).require_finite(f"the {name} backend's {kind} score")
+                kind: require_finite(evaluator(backend, data, None), f"the {name} backend's {kind} score")
                 for kind, evaluator in evaluators(cfg).items()
             }
             figures = {kind: (m.val_loss, m.val_bpb) for kind, m in meters.items()}
