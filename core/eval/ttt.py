@@ -30,7 +30,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -102,10 +102,13 @@ def chunk_window(c: int, targets: int, chunk_size: int, seq_len: int) -> ChunkWi
 def phase_boundaries(cfg, num_docs: int) -> list[int]:
     """Documents scored (in batch order) at the end of each global phase."""
     prefix = min(num_docs, cfg.phased_ttt_prefix_docs)
-    if cfg.phased_ttt_num_phases == 0 or prefix == 0:
-        return []
-    phases = cfg.phased_ttt_num_phases
+    phases = cfg.phased_ttt_num_phases if prefix else 0
     return [prefix * (p + 1) // phases for p in range(phases)]
+
+
+def cosine(peak: float, step: int, steps: int) -> float:
+    """A learning rate decaying from `peak` at step 0 to 0 at step `steps` along a half cosine."""
+    return peak * 0.5 * (1.0 + math.cos(math.pi * step / max(steps, 1)))
 
 
 def global_lr(cfg, chunk: int, chunks: int) -> float:
@@ -114,8 +117,7 @@ def global_lr(cfg, chunk: int, chunks: int) -> float:
     if chunk < warmup:
         t = chunk / max(warmup - 1, 1)
         return cfg.global_ttt_warmup_start_lr + (cfg.global_ttt_lr - cfg.global_ttt_warmup_start_lr) * t
-    decay = max(chunks - 1 - warmup, 1)
-    return cfg.global_ttt_lr * 0.5 * (1.0 + math.cos(math.pi * max(chunk - warmup, 0) / decay))
+    return cosine(cfg.global_ttt_lr, max(chunk - warmup, 0), chunks - 1 - warmup)
 
 
 def sgd_over(
@@ -172,20 +174,6 @@ def train_global(backend: Backend, tokens: np.ndarray, log: Log | None = None) -
             log(f"ttt_global: chunk {c + 1}/{chunks} lr:{lr:.6f}")
 
 
-class _Adapters:
-    """The adapters of the batches of one size: A drawn when made, kept warm if the config says so."""
-
-    def __init__(self, backend: Backend, rng: np.random.Generator, batch: int, looping: bool):
-        self.backend, self.rng, self.looping, self.batch = backend, rng, looping, batch
-        self.handle = backend.new_adapters(self.draw())
-
-    def draw(self) -> dict[str, np.ndarray]:
-        return initial_a(adapter_shapes(self.backend.cfg, self.batch, self.looping), self.rng)
-
-    def restart(self) -> None:
-        self.backend.restart_adapters(self.handle, None if self.backend.cfg.ttt_warm_start_a else self.draw())
-
-
 def evaluate_ttt(
     backend: Backend,
     data: EvalData,
@@ -198,9 +186,8 @@ def evaluate_ttt(
     `token_losses` (float32, one per token, NaN at first) receives each scored target's loss at its
     stream position."""
     score = _score_full if backend.cfg.ttt_mode == "full" else _score_lora
-    nats, counted, nbytes = score(backend, data, progress, log, token_losses)
-    sums = backend.all_reduce_sum(np.array([nats, counted, nbytes], dtype=np.float64))
-    return BPBMeter.from_array(sums)
+    meter = score(backend, data, progress, log, token_losses)
+    return BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
 
 
 def _score_full(
@@ -209,11 +196,11 @@ def _score_full(
     progress: Progress | None,
     log: Log | None,
     token_losses: np.ndarray | None,
-) -> tuple[float, int, int]:
+) -> BPBMeter:
     """The full mode: the stream cut into chunks of `ttt_chunk_tokens`; the sliding windows (the evaluation's
     window and stride) whose scored part starts in chunk c are scored, then, unless c is the last chunk,
     every weight (but the first `ttt_freeze_blocks` blocks') trains on chunk c by SGD with momentum, its
-    learning rate cosine over the chunks. This rank's sums of nats, targets and bytes."""
+    learning rate cosine over the chunks. This rank's sums."""
     cfg = backend.cfg
     tokens = np.asarray(data.tokens)
     total, size, seq = len(tokens) - 1, cfg.ttt_chunk_tokens, cfg.eval_window
@@ -229,14 +216,14 @@ def _score_full(
         windows = rank_windows(plan[np.flatnonzero(chunk_of == c)], backend.rank, backend.world_size)
         score_windows(meter, tokens, backend.token_losses, data.target_bytes, windows, ev, sink=token_losses)
         if c < chunks - 1 and cfg.ttt_epochs > 0:
-            lr = cfg.ttt_lr * 0.5 * (1.0 + math.cos(math.pi * c / max(chunks - 1, 1)))
+            lr = cosine(cfg.ttt_lr, c, chunks - 1)
             start, end = c * size, min((c + 1) * size, total)
             sgd_over(backend, tokens, start, end, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip)
         if log is not None:
             log(f"ttt_full: chunk {c + 1}/{chunks}")
         if progress is not None:
             progress(c + 1, chunks)
-    return meter.nats, int(meter.tokens), int(meter.nbytes)
+    return meter
 
 
 def _score_lora(
@@ -245,8 +232,8 @@ def _score_lora(
     progress: Progress | None,
     log: Log | None,
     token_losses: np.ndarray | None,
-) -> tuple[float, int, int]:
-    """The LoRA mode (the module's docstring); this rank's sums of nats, targets and bytes."""
+) -> BPBMeter:
+    """The LoRA mode (the module's docstring); this rank's sums."""
     cfg = backend.cfg
     tokens = np.asarray(data.tokens)
     docs = find_documents(tokens, cfg.bos_id)
@@ -256,35 +243,40 @@ def _score_lora(
     cumulative = np.cumsum([len(batch) for _, batch in queue])
     ends = [int(np.searchsorted(cumulative, b)) for b in boundaries]
     ends = [e for e in ends if e < len(queue) - 1]  # a phase after the last batch would change no score
-    looping = cfg.num_loops > 0
     rng = np.random.default_rng(cfg.seed + 7919 * backend.rank)
-    main = _Adapters(backend, rng, cfg.ttt_batch_size, looping)
-    nats, counted, nbytes = 0.0, 0, 0
+
+    def draw(rows: int) -> dict[str, np.ndarray]:
+        """Fresh A matrices for adapters of `rows` documents (B always starts at zero)."""
+        return initial_a(adapter_shapes(cfg, rows, cfg.num_loops > 0), rng)
+
+    # The adapters of full batches are made once (and after each phase), restarted for each batch, A
+    # kept warm if ttt_warm_start_a; a shorter batch gets its own.
+    main = backend.new_adapters(draw(cfg.ttt_batch_size))
+    meter = BPBMeter()
     phase = 0
     key = f"pgolf/ttt/{next(_evaluations)}/next_batch"
     while True:
         q = backend.counter_add(key, 1) - 1
         while phase < len(ends) and q > ends[phase]:
             _run_phase(backend, tokens, queue, ends[phase], boundaries[phase], log)
-            main = _Adapters(backend, rng, cfg.ttt_batch_size, looping)
+            main = backend.new_adapters(draw(cfg.ttt_batch_size))
             phase += 1
         if q >= len(queue):
             break
         _, batch = queue[q]
-        if len(batch) == main.batch:
-            main.restart()
+        if len(batch) == cfg.ttt_batch_size:
+            backend.restart_adapters(main, None if cfg.ttt_warm_start_a else draw(len(batch)))
             adapters = main
         else:
-            adapters = _Adapters(backend, rng, len(batch), looping)
+            adapters = backend.new_adapters(draw(len(batch)))
         for nll, positions in _score_batch(backend, tokens, batch, adapters):
-            nats += float(nll.astype(np.float64).sum())
-            counted += len(positions)
-            nbytes += int(data.target_bytes[positions].sum())
+            meter.nats += float(nll.astype(np.float64).sum())
+            meter.count_bytes(data.target_bytes[positions])
             if token_losses is not None:
                 token_losses[positions] = nll
         if progress is not None:
             progress(min(q + 1, len(queue)), len(queue))
-    return nats, counted, nbytes
+    return meter
 
 
 def _run_phase(
@@ -294,16 +286,16 @@ def _run_phase(
     their documents (by length order, as the batches were cut)."""
     backend.all_reduce_sum(np.zeros(1))  # a barrier: every rank has scored what it took before `last`
     scored = sorted(
-        ((b, i, doc) for b, batch in queue[: last + 1] for i, doc in enumerate(batch)), key=lambda t: t[:2]
+        (doc for _, batch in queue[: last + 1] for doc in batch), key=lambda d: (d.length, d.index)
     )
-    docs = [doc for _, _, doc in scored[:boundary]]
+    docs = scored[:boundary]
     if log is not None:
         log(f"ttt_phase: training on {len(docs)} scored documents")
     if docs:
         train_global(backend, np.concatenate([tokens[d.start : d.start + d.length] for d in docs]), log)
 
 
-def _score_batch(backend: Backend, tokens: np.ndarray, batch: list[Document], adapters: _Adapters):
+def _score_batch(backend: Backend, tokens: np.ndarray, batch: list[Document], adapters: Any):
     """Score a batch chunk by chunk, training after each chunk; yields (losses, stream positions)."""
     cfg = backend.cfg
     size, seq = cfg.ttt_chunk_size, cfg.ttt_eval_seq_len
@@ -313,16 +305,15 @@ def _score_batch(backend: Backend, tokens: np.ndarray, batch: list[Document], ad
             chunk_window(c, doc.targets, size, seq) if c < n else None
             for doc, n in zip(batch, chunks, strict=True)
         ]
-        width = chunk_window(c, (c + 1) * size, size, seq).length  # a full chunk's forward: the widest
-        x = np.zeros((len(batch), width), dtype=np.int32)
+        full = chunk_window(c, (c + 1) * size, size, seq)  # a full chunk's forward: the widest
+        x = np.zeros((len(batch), full.length), dtype=np.int32)
         y = np.zeros_like(x)
         for row, (doc, w) in enumerate(zip(batch, windows, strict=True)):
             if w is not None:
                 run = tokens[doc.start + w.start : doc.start + w.start + w.length + 1]
                 x[row, : w.length], y[row, : w.length] = run[:-1], run[1:]
         train_rows = np.array([c < n - 1 for n in chunks])
-        offset = chunk_window(c, (c + 1) * size, size, seq).offset
-        nll = backend.score_then_adapt(adapters.handle, x, y, train_rows, offset, size)
+        nll = backend.score_then_adapt(adapters, x, y, train_rows, full.offset, size)
         for row, (doc, w) in enumerate(zip(batch, windows, strict=True)):
             if w is not None:
                 first = doc.start + w.start + w.offset + 1  # stream position of the chunk's first target
