@@ -28,7 +28,6 @@ from core.eval.bpb import BPBMeter
 
 __all__ = [
     "SlidingEval",
-    "WindowPlan",
     "batch_arrays",
     "plan_windows",
     "rank_windows",
@@ -53,21 +52,11 @@ class SlidingEval:
     batch_seqs: int = 32  # EVAL_BATCH_SEQS: windows per forward pass on each rank
 
 
-@dataclass(frozen=True)
-class WindowPlan:
-    starts: np.ndarray  # int64: index of each window's first input token
-    lengths: np.ndarray  # int64: tokens in the window (seq_len, fewer only at the end)
-    score_from: np.ndarray  # int64: first scored position in the window
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __getitem__(self, index: slice) -> WindowPlan:
-        return WindowPlan(self.starts[index], self.lengths[index], self.score_from[index])
-
-
-def plan_windows(total_tokens: int, seq_len: int, stride: int) -> WindowPlan:
-    """The windows over `total_tokens` targets (tokens[1:] predicted from tokens[:-1])."""
+def plan_windows(total_tokens: int, seq_len: int, stride: int) -> np.recarray:
+    """The windows over `total_tokens` targets (tokens[1:] predicted from tokens[:-1]): a record array
+    (sliced and indexed as any array), one int64 record per window: `starts`, the index of its first
+    input token; `lengths`, its tokens (seq_len, fewer only at the end); `score_from`, its first scored
+    position."""
     context = seq_len - stride
     # The corrected rule (record 2026-04-01): a start ws is used only while
     # ws + seq_len - stride < total_tokens, i.e. while it has a target of its own to score.
@@ -79,10 +68,10 @@ def plan_windows(total_tokens: int, seq_len: int, stride: int) -> WindowPlan:
     starts = starts[(starts == 0) | (starts + context < total_tokens)]
     lengths = np.minimum(starts + seq_len, total_tokens) - starts
     score_from = np.where(starts == 0, 0, context).astype(np.int64)
-    return WindowPlan(starts, lengths, score_from)
+    return np.rec.fromarrays([starts, lengths, score_from], names=["starts", "lengths", "score_from"])
 
 
-def rank_windows(plan: WindowPlan, rank: int, world_size: int) -> WindowPlan:
+def rank_windows(plan: np.recarray, rank: int, world_size: int) -> np.recarray:
     """This rank's contiguous run of windows: [n*rank // world, n*(rank+1) // world)."""
     if not 0 <= rank < world_size:
         raise PgolfError(f"sliding evaluation: rank {rank} is not in 0..{world_size - 1}")
@@ -90,12 +79,12 @@ def rank_windows(plan: WindowPlan, rank: int, world_size: int) -> WindowPlan:
     return plan[n * rank // world_size : n * (rank + 1) // world_size]
 
 
-def window_batches(plan: WindowPlan, batch_seqs: int) -> Iterator[WindowPlan]:
+def window_batches(plan: np.recarray, batch_seqs: int) -> Iterator[np.recarray]:
     for i in range(0, len(plan), batch_seqs):
         yield plan[i : i + batch_seqs]
 
 
-def batch_arrays(tokens: np.ndarray, batch: WindowPlan, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def batch_arrays(tokens: np.ndarray, batch: np.recarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and targets (B, seq_len) int64; positions past a short window's end are 0."""
     pos = np.arange(seq_len, dtype=np.int64)
     inside = pos[None, :] < batch.lengths[:, None]
@@ -138,7 +127,7 @@ def score_windows(
     tokens: np.ndarray,
     token_losses: TokenLosses,
     target_bytes: np.ndarray,
-    windows: WindowPlan,
+    windows: np.recarray,
     ev: SlidingEval,
     progress: Callable[[int, int], None] | None = None,
     sink: np.ndarray | None = None,
