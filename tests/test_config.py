@@ -16,7 +16,6 @@ from core.artifact.load import config_for_params, saved_config
 from core.common.errors import PgolfError
 from core.config.fields import (
     SCORING_FIELDS,
-    SECTIONS,
     Check,
     Config,
     field_names,
@@ -26,6 +25,7 @@ from core.config.presets import PRESETS, preset
 from core.config.sources import (
     EXPORT_FIELDS,
     RESUMABLE_FIELDS,
+    SECTIONS,
     load_file,
     parse_overrides,
     resolve,

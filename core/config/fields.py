@@ -32,7 +32,6 @@ MAX_LAYERS = 1024
 MAX_NS_STEPS = 100  # Newton-Schulz iterations: the records use 5
 # The mixed format's bits per class: int-N with per-row scales, or 16 = kept in fp16.
 QUANT_BITS = (5, 6, 7, 8, 16)
-SECTIONS = ("data", "run", "schedule", "eval", "model", "optimizer", "artifact", "execution")
 
 
 @dataclass(frozen=True)
@@ -83,9 +82,9 @@ def opt(
     resume: bool = False,
     scoring: bool = False,
 ) -> Any:
-    """A Config field: its default, one-line meaning (the --flag help), section (one of SECTIONS),
+    """A Config field: its default, one-line meaning (the --flag help), section (one of
+    core/config/sources.py's SECTIONS, which tests/test_config.py checks),
     check(s), whether a resumed run may change it, and whether scoring an artifact alone needs it."""
-    assert section in SECTIONS, section
     checks = check if isinstance(check, tuple) else (check,)
     info = {"help": help, "section": section, "checks": checks, "resume": resume, "scoring": scoring}
     return field(default=default, metadata=info)
@@ -773,7 +772,7 @@ class Config:
         if psl > 0:
             require(
                 psl < self.num_layers,
-                f"parallel_start_layer={psl} must be below num_layers={self.num_layers} (0 turns the lanes off)",
+                f"parallel_start_layer={psl} must be below num_layers={self.num_layers}",
             )
             for looping in (False, True):
                 decoder = self.layer_layout(looping)[1]

@@ -21,6 +21,9 @@ from core.common.spelling import did_you_mean
 from core.config.fields import Config, env_names, field_names, from_env
 from core.config.presets import preset_values
 
+# Where each field belongs (its declaration's `section`): what the lists below are drawn from.
+SECTIONS = ("data", "run", "schedule", "eval", "model", "optimizer", "artifact", "execution")
+
 
 def _names(keep: Callable[[dict], bool]) -> tuple[str, ...]:
     """The fields whose declaration (core/config/fields.py) `keep` accepts."""
