@@ -69,8 +69,6 @@ def test_ranks_take_contiguous_runs():
         parts = [rank_windows(plan, r, world) for r in range(world)]
         assert np.array_equal(np.concatenate([p.starts for p in parts]), plan.starts)
         assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
-    with pytest.raises(PgolfError, match="rank 2 is not in 0..1"):
-        rank_windows(plan, 2, 2)
 
 
 def test_batches_and_arrays():
@@ -208,22 +206,6 @@ def test_scored_bytes_are_the_given_bytes_of_each_target(toy_tokens):
         sum(p.nbytes for p in parts) == given[1:].sum()
         and sum(p.tokens for p in parts) == toy_tokens.size - 1
     )
-
-
-def test_bad_token_losses_are_refused(toy_tokens):
-    with pytest.raises(PgolfError, match=r"token losses of shape \(2, 47\), expected \(2, 48\)"):
-        score_sliding(
-            toy_tokens,
-            lambda x, y: np.zeros((x.shape[0], 47)),
-            np.zeros(toy_tokens.size),
-            SlidingEval(48, 48, 2),
-        )
-    with pytest.raises(PgolfError, match="1-D integer array"):
-        score_sliding(
-            toy_tokens.astype(np.float32), ToyModel(), np.zeros(toy_tokens.size), SlidingEval(48, 48)
-        )
-    with pytest.raises(PgolfError, match="144 byte counts for 145 tokens"):
-        score_sliding(toy_tokens, ToyModel(), np.zeros(144), SlidingEval(48, 48))
 
 
 # ---------------------------------------------------- the record's own evaluation
