@@ -93,8 +93,7 @@ class ChunkWindow:
 
 def chunk_window(c: int, targets: int, chunk_size: int, seq_len: int) -> ChunkWindow:
     """Chunk c of a document with `targets` targets: the forward that ends with it."""
-    chunks = -(-targets // chunk_size)
-    end = targets if c == chunks - 1 else (c + 1) * chunk_size
+    end = min((c + 1) * chunk_size, targets)  # the last chunk may be short
     start = max(0, end - seq_len)
     return ChunkWindow(start, end - start, c * chunk_size - start, end - c * chunk_size)
 
@@ -299,22 +298,20 @@ def _score_batch(backend: Backend, tokens: np.ndarray, batch: list[Document], ad
     """Score a batch chunk by chunk, training after each chunk; yields (losses, stream positions)."""
     cfg = backend.cfg
     size, seq = cfg.ttt_chunk_size, cfg.ttt_eval_seq_len
-    chunks = [-(-doc.targets // size) for doc in batch]
-    for c in range(max(chunks)):
-        windows = [
-            chunk_window(c, doc.targets, size, seq) if c < n else None
-            for doc, n in zip(batch, chunks, strict=True)
-        ]
+    for c in range(-(-max(doc.targets for doc in batch) // size)):
         full = chunk_window(c, (c + 1) * size, size, seq)  # a full chunk's forward: the widest
         x = np.zeros((len(batch), full.length), dtype=np.int32)
         y = np.zeros_like(x)
-        for row, (doc, w) in enumerate(zip(batch, windows, strict=True)):
-            if w is not None:
-                run = tokens[doc.start + w.start : doc.start + w.start + w.length + 1]
+        scored = []  # (row, window, stream position of its first input) of the documents with a chunk c
+        for row, doc in enumerate(batch):
+            if c * size < doc.targets:
+                w = chunk_window(c, doc.targets, size, seq)
+                at = doc.start + w.start
+                run = tokens[at : at + w.length + 1]
                 x[row, : w.length], y[row, : w.length] = run[:-1], run[1:]
-        train_rows = np.array([c < n - 1 for n in chunks])
+                scored.append((row, w, at))
+        train_rows = np.array([(c + 1) * size < doc.targets for doc in batch])  # not a document's last chunk
         nll = backend.score_then_adapt(adapters, x, y, train_rows, full.offset, size)
-        for row, (doc, w) in enumerate(zip(batch, windows, strict=True)):
-            if w is not None:
-                first = doc.start + w.start + w.offset + 1  # stream position of the chunk's first target
-                yield nll[row, w.offset : w.offset + w.scored], np.arange(first, first + w.scored)
+        for row, w, at in scored:
+            first = at + w.offset + 1  # stream position of the chunk's first target
+            yield nll[row, w.offset : w.offset + w.scored], np.arange(first, first + w.scored)
