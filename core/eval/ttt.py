@@ -75,12 +75,11 @@ def find_documents(tokens: np.ndarray, bos_id: int) -> list[Document]:
     ]
 
 
-def plan_batches(docs: list[Document], batch_size: int) -> list[tuple[int, list[Document]]]:
-    """Batches of documents of similar length, (index by length, documents), the longest batch first."""
+def plan_batches(docs: list[Document], batch_size: int) -> list[list[Document]]:
+    """Batches of documents of similar length, the longest batch first."""
     by_length = sorted(docs, key=lambda d: d.length)  # stable: equal lengths stay in stream order
     batches = [by_length[i : i + batch_size] for i in range(0, len(by_length), batch_size)]
-    order = sorted(range(len(batches)), key=lambda b: -batches[b][-1].length)
-    return [(b, batches[b]) for b in order]
+    return sorted(batches, key=lambda batch: -batch[-1].length)
 
 
 @dataclass(frozen=True)
@@ -239,7 +238,7 @@ def _score_lora(
     queue = plan_batches(docs, cfg.ttt_batch_size)
     boundaries = phase_boundaries(cfg, len(docs))
     # The global phase p runs once the batches up to ends[p] (in queue order) are scored.
-    cumulative = np.cumsum([len(batch) for _, batch in queue])
+    cumulative = np.cumsum([len(batch) for batch in queue])
     ends = [int(np.searchsorted(cumulative, b)) for b in boundaries]
     ends = [e for e in ends if e < len(queue) - 1]  # a phase after the last batch would change no score
     rng = np.random.default_rng(cfg.seed + 7919 * backend.rank)
@@ -262,7 +261,7 @@ def _score_lora(
             phase += 1
         if q >= len(queue):
             break
-        _, batch = queue[q]
+        batch = queue[q]
         if len(batch) == cfg.ttt_batch_size:
             backend.restart_adapters(main, None if cfg.ttt_warm_start_a else draw(len(batch)))
             adapters = main
@@ -284,9 +283,7 @@ def _run_phase(
     """Wait for every batch up to `last` to be scored, then train globally on the first `boundary` of
     their documents (by length order, as the batches were cut)."""
     backend.all_reduce_sum(np.zeros(1))  # a barrier: every rank has scored what it took before `last`
-    scored = sorted(
-        (doc for _, batch in queue[: last + 1] for doc in batch), key=lambda d: (d.length, d.index)
-    )
+    scored = sorted((doc for batch in queue[: last + 1] for doc in batch), key=lambda d: (d.length, d.index))
     docs = scored[:boundary]
     if log is not None:
         log(f"ttt_phase: training on {len(docs)} scored documents")
