@@ -116,8 +116,8 @@ def test_every_preset_is_valid(name):
         ({"eval_batch_seqs": 0}, "eval_batch_seqs must be positive"),
         ({"quant_format": "int4"}, "quant_format must be int8 or mixed"),
         ({"compressor": "gzip"}, "compressor must be none, zlib, lzma, bz2, brotli, zstd or pergroup"),
-        ({"matrix_bits": 4}, "matrix_bits must be one of 5, 6, 7, 8, 16"),
-        ({"attn_bits": 9}, "attn_bits must be one of 0, 5, 6, 7, 8, 16"),
+        ({"matrix_bits": 4}, "matrix_bits must be 5, 6, 7, 8 or 16"),
+        ({"attn_bits": 9}, "attn_bits must be 0, 5, 6, 7, 8 or 16"),
         ({"byte_shuffle": 1}, "byte_shuffle must be 0"),
         ({"gptq_enabled": True}, "gptq_enabled needs quant_format=mixed"),
         (

@@ -64,13 +64,9 @@ def at_most(cap: int, rule: str = "") -> Check:
     return Check(rule or f"must be at most {cap}", lambda v: v <= cap)
 
 
-def one_of(*allowed: Any, rule: str = "") -> Check:
+def one_of(*allowed: Any) -> Check:
     listed = f"{', '.join(map(str, allowed[:-1]))} or {allowed[-1]}"
-    return Check(rule or f"must be {listed}", lambda v: v in allowed, allowed)
-
-
-def bits(*allowed: int) -> Check:
-    return one_of(*allowed, rule=f"must be one of {', '.join(map(str, allowed))}")
+    return Check(f"must be {listed}", lambda v: v in allowed, allowed)
 
 
 def opt(
@@ -525,19 +521,19 @@ class Config:
         "compresses with brotli); 0 = off", "artifact", BYTE_SHUFFLE,
     )  # fmt: skip
     embed_bits: int = opt(
-        8, "mixed: bits of the embeddings (5-8; 16 = kept in fp16)", "artifact", bits(*QUANT_BITS)
+        8, "mixed: bits of the embeddings (5-8; 16 = kept in fp16)", "artifact", one_of(*QUANT_BITS)
     )
     matrix_bits: int = opt(
-        6, "mixed: bits of the attention and MLP matrices (5-8; 16 = fp16)", "artifact", bits(*QUANT_BITS)
+        6, "mixed: bits of the attention and MLP matrices (5-8; 16 = fp16)", "artifact", one_of(*QUANT_BITS)
     )
     attn_bits: int = opt(
-        0, "mixed: bits of the attention matrices; 0 = matrix_bits", "artifact", bits(0, *QUANT_BITS)
+        0, "mixed: bits of the attention matrices; 0 = matrix_bits", "artifact", one_of(0, *QUANT_BITS)
     )
     mlp_bits: int = opt(
-        0, "mixed: bits of the MLP matrices; 0 = matrix_bits", "artifact", bits(0, *QUANT_BITS)
+        0, "mixed: bits of the MLP matrices; 0 = matrix_bits", "artifact", one_of(0, *QUANT_BITS)
     )
     other_bits: int = opt(
-        8, "mixed: bits of the other large tensors (e.g. an untied head)", "artifact", bits(*QUANT_BITS)
+        8, "mixed: bits of the other large tensors (e.g. an untied head)", "artifact", one_of(*QUANT_BITS)
     )
     embed_passthrough_numel: int = opt(
         65_536, "mixed: embedding tensors of at most this many values stay in fp16 (the records: 65,536)",
