@@ -12,11 +12,18 @@ a path a training run never takes (the CLI's commands, resuming, reading other f
 the run's own, downloads, trackers), so code a run does not need lives in modules that only
 such paths import. A packaged run that took one would stop at that import.
 
+The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
+test-time training, sliding windows, the per-group compressor, the mixed format, GPTQ, LQER) are
+packaged only when the config uses it, the others importing them inside the functions that use them
+(a top-level import of a left-out one is refused here). The packaged script refuses, in one line
+before any work, a config (after the environment's overrides) that needs a feature it lacks.
+
 Two forms:
 - plain: the modules' sources as they are, readable;
 - compressed (the default, and the size every report calls the run's code bytes): each module
-  minified as the records minify theirs (python-minifier, the records' `pyminify --no-rename-locals
-  --no-hoist-literals --remove-literal-statements --remove-asserts`), after dropping what only the CLI
+  minified by python-minifier as the records minify theirs (`pyminify --no-hoist-literals
+  --remove-literal-statements --remove-asserts`), local names shortened too (the records keep theirs:
+  `--no-rename-locals`; 1,300 to 1,700 bytes less here), after dropping what only the CLI
   reads (the config fields' help texts, `__all__`); the whole script compressed by brotli (quality 11,
   smaller than lzma's or bz2's best here) and base85-encoded in a two-line script that runs it.
 
@@ -193,11 +200,12 @@ class _Minifier(ast.NodeTransformer):
 
 @functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
 def minify(source: str) -> str:
-    """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops."""
+    """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops, its
+    local names shortened."""
     tree = _Minifier().visit(ast.parse(source))
     small = python_minifier.minify(
         ast.unparse(tree),
-        rename_locals=False,
+        rename_locals=True,
         hoist_literals=False,
         remove_literal_statements=True,
         remove_asserts=True,
