@@ -272,7 +272,10 @@ def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     code = int(re.search(r"^Code size: (\d+) bytes$", stdout, re.M).group(1))
     assert sub["bytes_code"] == code == (out / "train_gpt.py").stat().st_size  # one number everywhere
     assert f"train_gpt.py: {code:,} bytes" in result.stdout
-    assert "| `NUM_LAYERS` | 4 |" in (out / "README.md").read_text()
+    readme = (out / "README.md").read_text()
+    assert (
+        "| `NUM_LAYERS` | 4 |" in readme and "holds no code for test-time training, sliding windows" in readme
+    )
     again = cli("package", str(run_dir), "--name", "Tiny test", "--out", str(out))
     assert again.returncode != 0 and "exists already" in again.stderr
 

@@ -424,6 +424,10 @@ def _readme(
         for r in results
     )
     mean = mean_std([r.score_val_bpb for r in results])[0]
+    missing = ", ".join(what for what, *_ in left_out(bundled_modules(cfg)))
+    refused = (
+        f" (the script holds no code for {missing}: a setting that needs one is refused)" if missing else ""
+    )
     return f"""# {name}
 
 {blurb}
@@ -451,7 +455,7 @@ SEED={results[0].seed} DATA_PATH={cfg.data_path} TOKENIZER_PATH={cfg.tokenizer_p
   torchrun --standalone --nproc_per_node=8 train_gpt.py
 ```
 
-Every setting above can be overridden by its environment variable. The logs of the runs are
+Every setting above can be overridden by its environment variable{refused}. The logs of the runs are
 `train_seed<N>.log`.
 {compliance}"""
 
