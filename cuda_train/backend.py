@@ -23,7 +23,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.model.lora import adapter_shapes
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear
 from cuda_train.optim import Muon, build_optimizers
@@ -464,6 +463,8 @@ class TorchAdapters:
     """LoRA adapters (core/model/lora.py) as fp32 tensors, and their optimizer."""
 
     def __init__(self, cfg: Config, a: dict[str, np.ndarray], device: torch.device):
+        from core.model.lora import adapter_shapes
+
         shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0], cfg.num_loops > 0)
         self.pairs = {
             name: (

@@ -12,9 +12,9 @@ import pytest
 
 from core.artifact import export as artifact
 from core.artifact import int8 as quant
-from core.artifact import upstream
+from core.artifact import mixed, upstream
 from core.artifact.budget import from_int8
-from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label
+from core.artifact.export import class_bits, class_clips, export_artifact, quant_label
 from core.artifact.load import load_mixed_artifact, read_artifact
 from core.artifact.records import RECORD_BF16_NAMES, load_record_artifact
 from core.artifact.rowquant import Clip

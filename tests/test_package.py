@@ -15,7 +15,17 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.config.presets import preset
-from core.runs.package import ENTRY, _imports, bundled_modules, code_bytes, minify, script, write_record
+from core.runs import package
+from core.runs.package import (
+    ENTRY,
+    OPTIONAL,
+    _imports,
+    bundled_modules,
+    code_bytes,
+    minify,
+    script,
+    write_record,
+)
 from tests.test_backends import needs
 from tests.test_cli import cli, data_flags
 from tests.test_pergroup import NEEDS_LRZIP
@@ -47,7 +57,7 @@ LEFT_OUT = (
 
 
 def test_the_bundle_is_the_training_path():
-    names = set(bundled_modules())
+    names = set(bundled_modules(preset("record_0427")))
     assert (
         set(ENTRY)
         | {
@@ -65,6 +75,35 @@ def test_the_bundle_is_the_training_path():
     assert names & set(LEFT_OUT) == set()
     for name in LEFT_OUT:  # each exists: a renamed module would make this test pass vacuously
         assert (ROOT / (name.replace(".", "/") + ".py")).is_file() or (ROOT / name / "__init__.py").is_file()
+
+
+def test_the_bundle_holds_the_optional_modules_the_config_uses():
+    optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
+    tiny = preset("tiny")  # int8 + zlib, plain scoring, no test-time training
+    assert set(bundled_modules(tiny)) & optional == set()
+    assert optional <= set(bundled_modules(preset("record_0427").replace(compressor="pergroup")))
+    for changes, expected in (
+        ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora", "core.eval.sliding"}),  # ttt imports sliding
+        ({"eval_stride": 64}, {"core.eval.sliding"}),
+        ({"compressor": "pergroup"}, {"core.common.pergroup"}),
+        ({"quant_format": "mixed"}, {"core.artifact.mixed", "core.artifact.rowquant"}),
+        ({"quant_format": "mixed", "gptq_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
+                                                           "core.artifact.gptq"}),
+        ({"quant_format": "mixed", "lqer_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
+                                                           "core.artifact.lqer"}),
+    ):  # fmt: skip
+        assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == expected, changes
+
+
+def test_a_top_level_import_of_a_left_out_module_is_refused_at_package_time(monkeypatch):
+    """core.eval.bpb made optional: the modules always bundled import it at their top level."""
+    monkeypatch.setattr(
+        package, "OPTIONAL", (*OPTIONAL, ("bytes", ("core.eval.bpb",), "False", "eval_stride"))
+    )
+    with pytest.raises(
+        PgolfError, match=r"imports core\.eval\.bpb at its top level, but only runs with bytes"
+    ):
+        bundled_modules(preset("tiny"))
 
 
 def test_only_the_imports_that_run_when_a_module_is_imported_are_followed():
@@ -181,13 +220,18 @@ def test_the_packaged_script_trains_alone_to_the_same_score(sotu_dataset, pgolf_
 @needs("cuda")
 @NEEDS_LRZIP
 def test_a_packaged_run_writes_and_reads_a_pergroup_artifact(sotu_dataset, pgolf_run, tmp_path):
-    """COMPRESSOR=pergroup in a packaged run: its code is in the script; without lrzip on the PATH the
-    run stops before its first step, with one line."""
+    """COMPRESSOR=pergroup: refused by the script of a zlib run (packaged without its code); the script
+    of the same run with pergroup holds it; without lrzip on the PATH the run stops before its first
+    step, with one line."""
     here, _ = packaged_script(pgolf_run[0], tmp_path)
     env = dict(os.environ, DATA_PATH=str(sotu_dataset.data_path), TOKENIZER_PATH=str(sotu_dataset.tokenizer_path),
                COMPRESSOR="pergroup", BYTE_SHUFFLE="2", ITERATIONS="2")  # fmt: skip
     env.pop("PYTHONPATH", None)
     command = [sys.executable, "isolated.py", "train_gpt.py"]
+    result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    assert_one_line(result, "packaged without the per-group compressor", "COMPRESSOR=pergroup")
+    run_cfg = Config.from_dict(json.loads((pgolf_run[0] / "config.json").read_text()))
+    (here / "train_gpt.py").write_text(script(run_cfg.replace(compressor="pergroup", byte_shuffle=2)))
     result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^Serialized model int8\+pergroup: \d+ bytes$", result.stdout, re.M), result.stdout[
@@ -228,7 +272,10 @@ def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     code = int(re.search(r"^Code size: (\d+) bytes$", stdout, re.M).group(1))
     assert sub["bytes_code"] == code == (out / "train_gpt.py").stat().st_size  # one number everywhere
     assert f"train_gpt.py: {code:,} bytes" in result.stdout
-    assert "| `NUM_LAYERS` | 4 |" in (out / "README.md").read_text()
+    readme = (out / "README.md").read_text()
+    assert (
+        "| `NUM_LAYERS` | 4 |" in readme and "holds no code for test-time training, sliding windows" in readme
+    )
     again = cli("package", str(run_dir), "--name", "Tiny test", "--out", str(out))
     assert again.returncode != 0 and "exists already" in again.stderr
 
@@ -280,6 +327,23 @@ def test_a_packaged_script_alone_without_data_or_tokenizer_says_so_in_one_line(s
     assert_one_line(result, "/nonexistent", "DATA_PATH")
     assert_one_line(run_alone(text, tmp_path / "c", ITERATIONS="many"), "iterations", "'many'")
     assert not (tmp_path / "c" / "alone" / "runs").exists()  # nothing written
+
+
+def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged_without(tmp_path):
+    """Refused before torch is imported (a few seconds a process)."""
+    text = script(preset("tiny"))
+    for env, names in (
+        ({"TTT_ENABLED": "1"}, ("test-time training (core.eval.ttt)", "TTT_ENABLED=1")),
+        (
+            {"COMPRESSOR": "pergroup"},
+            ("the per-group compressor (core.common.pergroup)", "COMPRESSOR=pergroup"),
+        ),
+        ({"QUANT_FORMAT": "mixed"}, ("the mixed format (core.artifact.mixed)", "QUANT_FORMAT=mixed")),
+    ):
+        result = run_alone(text, tmp_path / next(iter(env)), **env)
+        assert_one_line(
+            result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
+        )
 
 
 @pytest.mark.slow  # a process importing torch, up to 30 s on 2 loaded cores

@@ -26,19 +26,21 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from core.artifact import int8, mixed
+from core.artifact import int8
 from core.artifact.int8 import Int8Model
-from core.artifact.lqer import LqerSettings
-from core.artifact.mixed import MixedModel
-from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError, first_line
 from core.common.files import file_sha256, read_file
 from core.config.fields import SCORING_FIELDS, Config
 from core.model.params import artifact_classes
+
+if TYPE_CHECKING:  # the mixed format's modules: imported where used, by the runs that use it
+    from core.artifact.lqer import LqerSettings
+    from core.artifact.mixed import MixedModel
+    from core.artifact.rowquant import Clip
 
 __all__ = [
     "ExportReport",
@@ -89,6 +91,8 @@ def class_clips(cfg: Config) -> dict[str, Clip]:
     """Each class's clip rule: SDClip at k std where its `*_clip_sigmas` is set; else, at 8 bits,
     the int8 format's percentile (as the records keep their int8 embedding), and below 8 bits
     the search over five percentiles (GPTQ-lite)."""
+    from core.artifact.rowquant import Clip
+
     sigmas = {
         "embedding": cfg.embed_clip_sigmas,
         "attention": cfg.attn_clip_sigmas or cfg.matrix_clip_sigmas,
@@ -138,6 +142,8 @@ def lqer_settings(cfg: Config) -> LqerSettings | None:
     """The LQER corrections `cfg` asks for (mixed format), or None."""
     if not cfg.lqer_enabled:
         return None
+    from core.artifact.lqer import LqerSettings
+
     return LqerSettings(
         cfg.lqer_rank, cfg.lqer_top_k, cfg.lqer_factor_bits, cfg.lqer_asym_enabled, cfg.lqer_asym_group
     )
@@ -151,6 +157,8 @@ def quantize_mixed_for(
 ) -> MixedModel:
     """The mixed-precision model `cfg`'s artifact settings make of `params` (GPTQ where `cfg` turns it
     on and `hessians` are given)."""
+    from core.artifact import mixed
+
     return mixed.quantize_mixed(
         params,
         artifact_classes(cfg),
@@ -173,6 +181,8 @@ def tokenizer_digest(cfg: Config) -> str | None:
 
 def mixed_blob(model: MixedModel, cfg: Config) -> bytes:
     """The artifact file's bytes for a model quantized with `cfg`'s settings."""
+    from core.artifact import mixed
+
     return mixed.mixed_artifact_bytes(
         model,
         cfg.compressor,
@@ -238,9 +248,11 @@ def open_artifact(blob: bytes, path: str | Path) -> Int8Model | MixedModel:
     damage is one PgolfError line naming it."""
     try:
         box = int8.open_container(blob, path)
-        if box.meta["format"] == mixed.MIXED_FORMAT:
-            return mixed.mixed_from_container(box)
-        return int8.int8_from_container(box)
+        if box.meta["format"] == int8.CONTAINER_FORMAT:
+            return int8.int8_from_container(box)
+        from core.artifact import mixed
+
+        return mixed.mixed_from_container(box)
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
@@ -255,6 +267,8 @@ def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
 
 def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:
     """float32 weights of either quantized model."""
-    if isinstance(model, MixedModel):
-        return mixed.dequantize_mixed(model)
-    return int8.dequantize_int8(model)
+    if isinstance(model, Int8Model):
+        return int8.dequantize_int8(model)
+    from core.artifact import mixed
+
+    return mixed.dequantize_mixed(model)

@@ -103,7 +103,9 @@ REFINE = 2  # settings per class tried around the winner
 LQER_RANKS = (2, 4, 8)  # besides the base config's lqer_rank; top_k: 1, 2, 4, ... and every matrix
 LQER_BASES = 3  # the candidates scored lowest that fit, each priced with every LQER setting
 LQER_TRIALS = 2  # the LQER settings predicted best that fit, scored for real
-CODE_SLACK = 64  # code bytes vary by a few with the settings written into the script
+# Code bytes vary by a few with the settings written into the script, by a module's with GPTQ or LQER
+# (the size model counts GPTQ's once decided on; each trial measures its own candidate's).
+CODE_SLACK = 64
 
 Loss = Callable[[dict[str, np.ndarray]], float]
 Log = Callable[[str], None]
@@ -530,6 +532,7 @@ class _Search:
             )
             if other.loss < base.loss:
                 self.decided, base = {"gptq_enabled": not self.base.gptq_enabled}, other
+                self.code = self.code_bytes(self.base.replace(**self.decided)) + CODE_SLACK  # GPTQ's code too
         self.calibrate_losses(base.loss)
         combos = self.combos()
         self.priced = {cls: [len(self.options[cls]), len(self.frontier[cls])] for cls in self.options}

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from core.artifact.gptq import gptq_quantize
 from core.artifact.int8 import (
     FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
@@ -47,11 +46,13 @@ from core.artifact.int8 import (
     kept_tokenizer,
     write_artifact,
 )
-from core.artifact.lqer import LqerSettings, correction, lqer_corrections
 from core.artifact.rowquant import BITS, Clip, dequantize_rows, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError
 from core.model.params import KINDS
+
+if TYPE_CHECKING:  # GPTQ and LQER are imported where used, by the runs that use them
+    from core.artifact.lqer import LqerSettings
 
 __all__ = [
     "CLASSES",
@@ -186,6 +187,8 @@ def quantize_mixed(
             c = _clip_for(clip, cls)
             with np.errstate(over="ignore", invalid="ignore"):  # a scale past fp16 is refused below
                 if name in hessians and w.ndim == 2:
+                    from core.artifact.gptq import gptq_quantize
+
                     q, s = gptq_quantize(w, np.asarray(hessians[name]), b, c, block_size)
                     method = "gptq"
                 else:
@@ -206,6 +209,8 @@ def with_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSetting
     info = {name: {k: v for k, v in i.items() if k != "lqer"} for name, i in model.info.items()}
     out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough), info)
     if lqer is not None:
+        from core.artifact.lqer import lqer_corrections
+
         for name, (kind, factors) in lqer_corrections(*rounding_of(state, out), lqer).items():
             out.lqer[name] = factors
             out.info[name]["lqer"] = kind
@@ -236,6 +241,8 @@ def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
         if info["store"] == "int":
             w = dequantize_rows(model.quantized[name], model.scales[name])
             if "lqer" in info:
+                from core.artifact.lqer import correction
+
                 w = w + correction(model.lqer[name], info["lqer"])
             out[name] = _in_dtype(w, info["dtype"])
         elif info["store"] == "raw":

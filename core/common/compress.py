@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from core.common import pergroup
 from core.common.errors import PgolfError, first_line, setting
 
 __all__ = [
@@ -219,6 +218,8 @@ def lrzip_decompress(streams: list[bytes]) -> list[bytes]:
 
 
 def _pergroup_pack(payload: bytes, shuffle: int) -> bytes:
+    from core.common import pergroup
+
     parts = pergroup.split(payload)
     if parts.groups:
         _require_lrzip("the pergroup compressor")
@@ -247,6 +248,8 @@ def split_streams(data: bytes, counts: range) -> list[bytes]:
 
 def _pergroup_unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
     """(payload, shuffle stride) of `_pergroup_pack`'s bytes; ValueError when damaged."""
+    from core.common import pergroup
+
     streams = split_streams(body, range(1, len(pergroup.GROUPS) + 2))
     main, stride = _brotli_decompress(streams[0]), 0
     if shuffled:

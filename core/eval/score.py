@@ -21,10 +21,9 @@ from core.config.fields import Config
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens, val_spans
 from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter, stream_bytes
-from core.eval.sliding import SlidingEval, score_sliding, sliding_enabled
-from core.eval.ttt import evaluate_ttt
 
 if TYPE_CHECKING:  # only annotations name the backend's interface
+    from core.eval.sliding import SlidingEval
     from core.model.backend import Backend
 
 Progress = Callable[[int, int], None]  # (done, total) of something long
@@ -96,6 +95,8 @@ def _evaluate(
 ) -> BPBMeter:
     cfg = backend.cfg
     if sink is not None:  # the same windows, scored token by token
+        from core.eval.sliding import SlidingEval
+
         ev = SlidingEval(cfg.eval_window, cfg.eval_window, max(cfg.val_batch_size // cfg.eval_window, 1))
         return _score_windows(backend, data, ev, progress, sink)
     seq = cfg.eval_window
@@ -152,6 +153,8 @@ def evaluate_sliding(
     backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
 ) -> BPBMeter:
     """val_loss and val_bpb with sliding windows (`eval_stride`, see core/eval/sliding.py), split over ranks."""
+    from core.eval.sliding import SlidingEval
+
     cfg = backend.cfg
     ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
     with memory_hint("the sliding-window score", "--eval-batch-seqs"):
@@ -162,6 +165,8 @@ def _score_windows(
     backend: Backend, data: EvalData, ev: SlidingEval, progress: Progress | None, sink: np.ndarray | None
 ) -> BPBMeter:
     """The windows of `ev` over the validation tokens, this rank's share, summed over the ranks."""
+    from core.eval.sliding import score_sliding
+
     meter = score_sliding(
         data.tokens,
         backend.token_losses,
@@ -180,6 +185,8 @@ def evaluate_with_ttt(
 ) -> BPBMeter:
     """val_loss and val_bpb with test-time training (core/eval/ttt.py); the backend's weights are
     the same afterwards."""
+    from core.eval.ttt import evaluate_ttt
+
     cfg = backend.cfg
     trains_weights = cfg.ttt_mode == "full" or (
         cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
@@ -222,7 +229,7 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
     `eval_protocol` flat record 2026-04-27's flat batches), "sliding_window" when `eval_stride` makes the
     windows overlap, and "ttt" with `ttt_enabled`."""
     out: dict[str, Evaluator] = {"plain": evaluate_flat if cfg.eval_protocol == "flat" else evaluate}
-    if sliding_enabled(cfg.eval_stride, cfg.eval_window):
+    if 0 < cfg.eval_stride < cfg.eval_window:  # sliding_enabled (core/eval/sliding.py: imported where used)
         out["sliding_window"] = evaluate_sliding
     if cfg.ttt_enabled:
         out["ttt"] = evaluate_with_ttt

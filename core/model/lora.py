@@ -42,10 +42,6 @@ def adapter_shapes(
     return shapes
 
 
-def lora_scale(cfg: Config) -> float:
-    return cfg.ttt_lora_alpha / cfg.ttt_lora_rank
-
-
 def initial_a(
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:

@@ -57,7 +57,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from core.config.fields import Config
-from core.model.lora import lora_scale
 from core.model.params import num_skip_weights
 
 Array = Any  # a torch tensor or an MLX array
@@ -83,7 +82,7 @@ class Walk:
         self.head_dim = cfg.head_dim
         self.rope_dims = cfg.rope_dims or cfg.head_dim
         self.norm_scales = [1.0 / math.sqrt(i + 1) if cfg.ln_scale else 1.0 for i in range(cfg.num_layers)]
-        self.lora_scale = lora_scale(cfg)
+        self.lora_scale = cfg.ttt_lora_alpha / cfg.ttt_lora_rank  # of the TTT adapters (core/model/lora.py)
         self.doc_mask = cfg.varlen_attn_enabled  # `plain_causal` turns it off for a while
         self.segment_len = cfg.max_doc_len  # `segments_every` changes it for a while
 

@@ -12,11 +12,18 @@ a path a training run never takes (the CLI's commands, resuming, reading other f
 the run's own, downloads, trackers), so code a run does not need lives in modules that only
 such paths import. A packaged run that took one would stop at that import.
 
+The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
+test-time training, sliding windows, the per-group compressor, the mixed format, GPTQ, LQER) are
+packaged only when the config uses it, the others importing them inside the functions that use them
+(a top-level import of a left-out one is refused here). The packaged script refuses, in one line
+before any work, a config (after the environment's overrides) that needs a feature it lacks.
+
 Two forms:
 - plain: the modules' sources as they are, readable;
 - compressed (the default, and the size every report calls the run's code bytes): each module
-  minified as the records minify theirs (python-minifier, the records' `pyminify --no-rename-locals
-  --no-hoist-literals --remove-literal-statements --remove-asserts`), after dropping what only the CLI
+  minified by python-minifier as the records minify theirs (`pyminify --no-hoist-literals
+  --remove-literal-statements --remove-asserts`), local names shortened too (the records keep theirs:
+  `--no-rename-locals`; 1,300 to 1,700 bytes less here), after dropping what only the CLI
   reads (the config fields' help texts, `__all__`); the whole script compressed by brotli (quality 11,
   smaller than lzma's or bz2's best here) and base85-encoded in a two-line script that runs it.
 
@@ -42,7 +49,7 @@ from core.config.fields import Config
 from core.runs.stats import mean_std
 from core.runs.summary import RunSummary, summarize
 
-__all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
+__all__ = ["ENTRY", "OPTIONAL", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the script's main() imports, (module, names): where the bundle starts.
@@ -53,6 +60,19 @@ MAIN_IMPORTS = (
 )
 ENTRY = tuple(module for module, _ in MAIN_IMPORTS)
 PACKAGES = ("core", "cuda_train")
+# The features only some runs use: (feature, its modules, when a training run of `cfg` imports them (a
+# Python expression over `cfg`, which the packaged script evaluates too), the field that asks for it).
+# A run's bundle holds those its config uses; every other module imports them inside the functions
+# that use them.
+OPTIONAL = (
+    ("test-time training", ("core.eval.ttt", "core.model.lora"), "cfg.ttt_enabled", "ttt_enabled"),
+    # core/eval/sliding.py's sliding_enabled (test-time training imports the module too)
+    ("sliding windows", ("core.eval.sliding",), "0 < cfg.eval_stride < cfg.eval_window", "eval_stride"),
+    ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
+    ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
+    ("GPTQ", ("core.artifact.gptq",), "cfg.gptq_enabled", "gptq_enabled"),
+    ("LQER", ("core.artifact.lqer",), "cfg.lqer_enabled", "lqer_enabled"),
+)  # fmt: skip
 
 
 def _file(module: str) -> Path | None:
@@ -93,20 +113,40 @@ def _imports(tree: ast.AST) -> set[str]:
     return {m for m in found if m.split(".")[0] in PACKAGES and _file(m) is not None}
 
 
-def bundled_modules() -> dict[str, str]:
-    """Module name -> source, for every module a training run imports."""
+def bundled_modules(cfg: Config) -> dict[str, str]:
+    """Module name -> source, for every module a training run of `cfg` imports: MAIN_IMPORTS', the
+    OPTIONAL ones `cfg` uses, and what they import at their top level. A module bundled for every run
+    that imports a left-out optional one at its top level is refused: the packaged run would stop there."""
+    used = [m for _, modules, when, _ in OPTIONAL if eval(when, {"cfg": cfg}) for m in modules]
+    feature = {m: (name, field) for name, modules, _, field in OPTIONAL for m in modules}
     sources: dict[str, str] = {}
-    todo = list(ENTRY)
+    todo = [(name, "") for name in (*ENTRY, *used)]
     while todo:
-        name = todo.pop()
+        name, importer = todo.pop()
         if name in sources:
             continue
+        if name in feature and name not in used and importer not in feature:
+            what, field = feature[name]
+            raise PgolfError(
+                f"package: {importer} imports {name} at its top level, but only runs with {what} ({field}) use "
+                "it: import it inside the function that needs it"
+            )
         path = _file(name)
         if path is None:
             raise PgolfError(f"package: module {name} not found under {ROOT}")
         sources[name] = path.read_text(encoding="utf-8")
-        todo += sorted(_imports(ast.parse(sources[name])))
+        todo += [(m, name) for m in sorted(_imports(ast.parse(sources[name])))]
     return dict(sorted(sources.items()))
+
+
+def left_out(modules: dict[str, str]) -> tuple[tuple[str, str, str, str], ...]:
+    """The OPTIONAL features with a module not in `modules`: (feature, that module, when, field)."""
+    out = []
+    for what, names, when, field in OPTIONAL:
+        missing = [m for m in names if m not in modules]
+        if missing:
+            out.append((what, missing[0], when, field))
+    return tuple(out)
 
 
 class _Minifier(ast.NodeTransformer):
@@ -120,7 +160,11 @@ class _Minifier(ast.NodeTransformer):
 
     def _scope(self, node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
         first = node.body[0] if node.body else None
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        if (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+        ):
             node.body = node.body[1:] or [ast.Pass()]
         outer, self.in_class = self.in_class, isinstance(node, ast.ClassDef)
         self.generic_visit(node)
@@ -156,11 +200,12 @@ class _Minifier(ast.NodeTransformer):
 
 @functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
 def minify(source: str) -> str:
-    """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops."""
+    """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops, its
+    local names shortened."""
     tree = _Minifier().visit(ast.parse(source))
     small = python_minifier.minify(
         ast.unparse(tree),
-        rename_locals=False,
+        rename_locals=True,
         hoist_literals=False,
         remove_literal_statements=True,
         remove_asserts=True,
@@ -185,6 +230,7 @@ import traceback
 
 PACKAGES = {packages!r}
 RUN_CONFIG = json.loads({config!r})
+LEFT_OUT = {left_out!r}  # (feature, module, when a run of `cfg` needs it, the field that asks for it)
 
 
 class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -228,6 +274,14 @@ def run():
 {config_import}
 
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()  # before the slow imports
+    from core.common.errors import PgolfError, setting
+
+    for feature, module, when, field in LEFT_OUT:
+        if eval(when, {{"cfg": cfg}}):
+            raise PgolfError(
+                f"this train_gpt.py was packaged without {{feature}} ({{module}}): "
+                f"{{setting(field, getattr(cfg, field))}} needs a package of a run that uses it"
+            )
 {imports}
     check_config(cfg)
     backend = create_backend(cfg)
@@ -260,7 +314,8 @@ def _run_config(cfg: Config) -> dict:
 
 def script(cfg: Config, compressed: bool = True) -> str:
     """The text of `train_gpt.py` for a run of `cfg` (see the module docstring)."""
-    modules = bundled_modules()
+    modules = bundled_modules(cfg)
+    missing = left_out(modules)
     if compressed:
         modules = {name: minify(source) for name, source in modules.items()}
     lines = [
@@ -272,6 +327,7 @@ def script(cfg: Config, compressed: bool = True) -> str:
     runner = RUNNER.format(
         packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
         config=json.dumps(_run_config(cfg), sort_keys=True),
+        left_out=missing,
         config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
         imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS[1:]),
     )
@@ -368,6 +424,10 @@ def _readme(
         for r in results
     )
     mean = mean_std([r.score_val_bpb for r in results])[0]
+    missing = ", ".join(what for what, *_ in left_out(bundled_modules(cfg)))
+    refused = (
+        f" (the script holds no code for {missing}: a setting that needs one is refused)" if missing else ""
+    )
     return f"""# {name}
 
 {blurb}
@@ -395,7 +455,7 @@ SEED={results[0].seed} DATA_PATH={cfg.data_path} TOKENIZER_PATH={cfg.tokenizer_p
   torchrun --standalone --nproc_per_node=8 train_gpt.py
 ```
 
-Every setting above can be overridden by its environment variable. The logs of the runs are
+Every setting above can be overridden by its environment variable{refused}. The logs of the runs are
 `train_seed<N>.log`.
 {compliance}"""
 
@@ -470,7 +530,9 @@ def write_record(
     try:
         (staging / "train_gpt.py").write_text(text, encoding="utf-8")
         (staging / "submission.json").write_text(json.dumps(submission, indent=2) + "\n", encoding="utf-8")
-        (staging / "README.md").write_text(_readme(name, blurb, cfg, results, size, _compliance(audits)), encoding="utf-8")
+        (staging / "README.md").write_text(
+            _readme(name, blurb, cfg, results, size, _compliance(audits)), encoding="utf-8"
+        )
         for r in results:
             shutil.copyfile(r.path / "train.log", staging / f"train_seed{r.seed}.log")
         staging.rename(out)
