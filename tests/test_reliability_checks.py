@@ -20,7 +20,7 @@ import pytest
 from core.artifact import int8
 from core.artifact.export import export_artifact, read_pgolf_artifact
 from core.artifact.load import load_weights, read_artifact, saved_config
-from core.common import compress
+from core.common import pergroup
 from core.common.errors import PgolfError, memory_hint
 from core.common.files import file_sha256
 from core.config.presets import preset
@@ -137,8 +137,8 @@ def test_an_lrzip_that_never_ends_is_stopped(fake_lrzip, tmp_path, monkeypatch):
     path = tmp_path / "a.pgolf"
     export_smoke(path, "pergroup", quant_format="mixed")
     monkeypatch.setenv("FAKE_LRZIP", "hang")
-    monkeypatch.setattr(compress, "LRZIP_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(compress, "LRZIP_MIN_BYTES_PER_S", 10**12)
+    monkeypatch.setattr(pergroup, "LRZIP_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(pergroup, "LRZIP_MIN_BYTES_PER_S", 10**12)
     start = time.monotonic()
     with pytest.raises(PgolfError, match=r"lrzip -d did not finish within 1 s on [\d,]+ bytes: stopped"):
         read_pgolf_artifact(path)
@@ -146,8 +146,8 @@ def test_an_lrzip_that_never_ends_is_stopped(fake_lrzip, tmp_path, monkeypatch):
 
 
 def test_the_lrzip_time_limit_grows_with_the_data():
-    assert compress.lrzip_timeout(0) == compress.LRZIP_TIMEOUT_S
-    assert compress.lrzip_timeout(16_000_000) > 15 * 60  # a whole budget's worth at a busy machine's pace
+    assert pergroup.lrzip_timeout(0) == pergroup.LRZIP_TIMEOUT_S
+    assert pergroup.lrzip_timeout(16_000_000) > 15 * 60  # a whole budget's worth at a busy machine's pace
 
 
 # ------------------------------------------------- out of memory

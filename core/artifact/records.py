@@ -78,14 +78,14 @@ def _pergroup_record(blob: bytes) -> dict[str, Any]:
     import torch
 
     count = len(pergroup.GROUPS) + 2
-    streams = compress.split_streams(blob[len(PERGROUP_MAGIC) :], range(count, count + 1))
+    streams = pergroup.split_streams(blob[len(PERGROUP_MAGIC) :], range(count, count + 1))
     rest = _torch_load(compress.decompress(streams[-2], "brotli"))
     if not isinstance(rest, dict) or not {"r", "m", "s"} <= set(rest):
         raise ValueError("the per-group rest is not a dict with 'r', 'm' and 's'")
     orders = np.frombuffer(compress.decompress(streams[-1], "brotli") if streams[-1] else b"", dtype="<u2")
     kinds = [k for k, stream in zip(pergroup.GROUPS, streams, strict=False) if stream]
     tensors, used = dict(rest["r"]), 0
-    for kind, data in zip(kinds, compress.lrzip_decompress([s for s in streams[:-2] if s]), strict=True):
+    for kind, data in zip(kinds, pergroup.lrzip_decompress([s for s in streams[:-2] if s]), strict=True):
         alone = f"_{kind}.q" in rest["s"]  # a kind outside the blocks (tok_emb): "_" before its key
         shapes = [tuple(s) for s in rest["s"][f"_{kind}.q" if alone else f"{kind}.q"]]
         names = [f"{kind}.q"] if alone else [f"blocks.{i}.{kind}.q" for i in range(len(shapes))]

@@ -10,7 +10,8 @@ then those at 1, 1+s, ..., and so on. With stride 2, the low bytes of every fp16
 scale come together, and so do the high ones, which compress better. Data shorter
 than the stride (or a stride below 2) is returned unchanged, without a header.
 
-`pergroup` compresses pgolf's artifact payload (a safetensors file) in the per-group layout of
+`pergroup` (its code in core/common/pergroup.py, imported only when used) compresses pgolf's artifact
+payload (a safetensors file) in the per-group layout of
 core/common/pergroup.py: each group of int8 matrices with the `lrzip` program (`lrzip -z -L 9`, its
 ZPAQ back end, one thread, no config file: the same bytes on every machine with the same lrzip), the
 layout, row orders and rest with brotli-11, after the byte shuffle when one is asked. Its body:
@@ -26,24 +27,16 @@ from __future__ import annotations
 
 import bz2
 import importlib
-import itertools
 import lzma
-import os
-import re
 import shutil
-import struct
-import subprocess
-import tempfile
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from core.common.errors import PgolfError, first_line, setting
+from core.common.errors import PgolfError
 
 __all__ = [
     "COMPRESSORS",
@@ -56,10 +49,8 @@ __all__ = [
     "compress",
     "compressor_by_id",
     "decompress",
-    "lrzip_decompress",
     "lrzip_installed",
     "pack",
-    "split_streams",
     "unpack",
 ]
 
@@ -67,8 +58,6 @@ SHUFFLE_MAGIC = b"BSHF"
 SHUFFLE_FLAG = 0x80  # set in the container's id byte when the payload was byte-shuffled
 MAX_OUTPUT_BYTES = 2**32  # the most any decompression may give (a record's int6 payload is ~30 MB)
 PERGROUP = "pergroup"
-# ZPAQ at level 9, one thread: lrzip splits its input by its thread count (by default the machine's CPUs).
-LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")
 
 
 def _package(compressor: str, package: str, version: str) -> Any:
@@ -87,6 +76,13 @@ def _brotli() -> Any:
 
 def _zstd() -> Any:
     return _package("zstd", "zstandard", "0.22")
+
+
+def _pergroup() -> Any:
+    """core/common/pergroup.py, imported only by the runs that use the pergroup compressor."""
+    from core.common import pergroup
+
+    return pergroup
 
 
 def _too_large(out: bytes, name: str) -> None:
@@ -145,132 +141,6 @@ def lrzip_installed() -> bool:
     return shutil.which("lrzip") is not None
 
 
-def _require_lrzip(doing: str, writing: bool = True) -> None:
-    """Refuse in one line when the lrzip program is missing: how to install it, and, when `writing`,
-    the compressors that need no program (a file already written needs lrzip to be read)."""
-    if not lrzip_installed():
-        other = f", or choose another compressor ({setting('compressor', 'brotli')})" if writing else ""
-        raise PgolfError(
-            f"{doing} needs the lrzip program, which is not installed: apt-get install lrzip (Debian, "
-            f"Ubuntu) or brew install lrzip (macOS){other}"
-        )
-
-
-# An lrzip that has not finished by then is stopped: a hung program never hangs a command. ZPAQ at level 9
-# runs at 0.1-1 MB/s on one core; the limit allows a 16 KB/s machine (a busy one) with room to spare.
-LRZIP_TIMEOUT_S = 120.0
-LRZIP_MIN_BYTES_PER_S = 16_000
-
-
-def lrzip_timeout(nbytes: int) -> float:
-    """Seconds one lrzip call on `nbytes` of uncompressed data may take."""
-    return LRZIP_TIMEOUT_S + nbytes / LRZIP_MIN_BYTES_PER_S
-
-
-def _lrzip(data: bytes, args: tuple[str, ...]) -> bytes:
-    """`data` through the lrzip program (temp files in a folder of their own, removed after). A failure
-    to decompress is ValueError (damaged data); to compress, PgolfError; a call past `lrzip_timeout`
-    is stopped, a PgolfError."""
-    size = _lrzip_size(data) if "-d" in args else len(data)
-    limit = lrzip_timeout(min(size, 2**27))  # a damaged header cannot stretch it past ~2.5 h
-    with tempfile.TemporaryDirectory(prefix="pgolf-lrzip-") as tmp:
-        src, out = Path(tmp) / "in", Path(tmp) / "out"
-        src.write_bytes(data)
-        try:
-            done = subprocess.run(
-                ["lrzip", "-q", *args, "-o", out, src],
-                capture_output=True,
-                env={**os.environ, "LRZIP": "NOCONFIG"},  # no lrzip.conf changes the settings
-                timeout=limit,
-            )
-        except subprocess.TimeoutExpired:  # subprocess.run has killed it
-            raise PgolfError(
-                f"lrzip {' '.join(args)} did not finish within {limit:.0f} s on {size:,} bytes: stopped"
-            ) from None
-        if done.returncode != 0:
-            error = ValueError if "-d" in args else PgolfError
-            text = (done.stdout + done.stderr).decode(errors="replace").replace("Fatal error - exiting", "")
-            said = [line for line in text.splitlines() if re.search("error|fail", line, re.I)]
-            raise error(
-                f"lrzip {' '.join(args)} failed: {(said or [f'exit {done.returncode}'])[0].strip()[:200]}"
-            )
-        return out.read_bytes()
-
-
-def _lrzip_size(stream: bytes) -> int:
-    """The size an lrzip stream says it holds (its header: b"LRZI", version, uint64 size)."""
-    if len(stream) < 14 or stream[:4] != b"LRZI":
-        raise ValueError("a per-group stream is not lrzip data")
-    return int.from_bytes(stream[6:14], "little")
-
-
-def _each(fn: Callable[[bytes], bytes], items: list[bytes]) -> list[bytes]:
-    """fn over items, one thread per CPU at most (lrzip runs in its own process), results in order."""
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
-        return list(pool.map(fn, items))
-
-
-def lrzip_decompress(streams: list[bytes]) -> list[bytes]:
-    """What each lrzip stream holds (in parallel); ValueError when one is damaged."""
-    if streams:
-        _require_lrzip("reading a pergroup artifact", writing=False)
-    return _each(lambda s: _lrzip(s, ("-d",)), streams)
-
-
-def _pergroup_pack(payload: bytes, shuffle: int) -> bytes:
-    from core.common import pergroup
-
-    parts = pergroup.split(payload)
-    if parts.groups:
-        _require_lrzip("the pergroup compressor")
-    main = struct.pack("<I", len(parts.layout)) + parts.layout + parts.orders + parts.rest
-    if shuffle and len(main) < shuffle:
-        raise PgolfError(f"byte shuffle stride {shuffle} is longer than the per-group layout and rest")
-    streams = [
-        _brotli().compress(byte_shuffle(main, shuffle), quality=11),
-        *_each(lambda g: _lrzip(g, LRZIP_ARGS), parts.groups),
-    ]
-    return struct.pack(f"<{len(streams) + 1}I", len(streams), *map(len, streams)) + b"".join(streams)
-
-
-def split_streams(data: bytes, counts: range) -> list[bytes]:
-    """The streams of a table `data` begins with (a uint32 count, in `counts`, then each one's uint32
-    length) and that fill the rest of it, as `_pergroup_pack` writes them; ValueError when damaged."""
-    count = int.from_bytes(data[:4], "little") if len(data) >= 4 else 0
-    if count not in counts or len(data) < 4 * (count + 1):
-        raise ValueError(f"the per-group stream table is damaged ({count} streams)")
-    lengths = struct.unpack(f"<{count}I", data[4 : 4 * (count + 1)])
-    if 4 * (count + 1) + sum(lengths) != len(data):
-        raise ValueError("the per-group streams do not add up to the data's length")
-    ends = np.cumsum((4 * (count + 1), *lengths)).tolist()
-    return [data[a:b] for a, b in itertools.pairwise(ends)]
-
-
-def _pergroup_unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
-    """(payload, shuffle stride) of `_pergroup_pack`'s bytes; ValueError when damaged."""
-    from core.common import pergroup
-
-    streams = split_streams(body, range(1, len(pergroup.GROUPS) + 2))
-    main, stride = _brotli_decompress(streams[0]), 0
-    if shuffled:
-        main, stride = byte_unshuffle(main, strict=True), main[4]
-    size = int.from_bytes(main[:4], "little")
-    layout = main[4 : 4 + size]
-    try:
-        total, sizes, order_bytes = pergroup.group_bytes(layout)
-    except (KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"the per-group layout is damaged: {first_line(exc)}") from None
-    if total > MAX_OUTPUT_BYTES:
-        raise ValueError(f"per-group data decompresses to more than {MAX_OUTPUT_BYTES:,} bytes")
-    if len(sizes) != len(streams) - 1 or any(
-        _lrzip_size(s) != n for s, n in zip(streams[1:], sizes, strict=False)
-    ):
-        raise ValueError("the per-group streams do not match their layout")
-    groups = lrzip_decompress(streams[1:])
-    orders = main[4 + size : 4 + size + order_bytes]
-    return pergroup.join(layout, groups, orders, main[4 + size + order_bytes :]), stride
-
-
 @dataclass(frozen=True)
 class Compressor:
     name: str
@@ -304,7 +174,7 @@ COMPRESSORS: dict[str, Compressor] = {
         ),
         Compressor(
             PERGROUP, 6, None, None,
-            lambda d, lv: _pergroup_pack(d, 0), lambda d: _pergroup_unpack(d, False)[0],
+            lambda d, lv: _pergroup().pack(d, 0), lambda d: _pergroup().unpack(d, False)[0],
         ),
     )
 }  # fmt: skip
@@ -324,7 +194,7 @@ def check_available(name: str) -> None:
     if name == "zstd":
         _zstd()
     if name == PERGROUP:
-        _require_lrzip("the pergroup compressor")
+        _pergroup().require_lrzip("the pergroup compressor")
 
 
 def compressor_by_id(code: int) -> Compressor:
@@ -402,7 +272,7 @@ def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: 
         raise PgolfError(f"byte shuffle stride {shuffle} is longer than the {len(payload)}-byte payload")
     code = bytes([c.id | (SHUFFLE_FLAG if shuffle else 0)])
     if c.name == PERGROUP:
-        return code + _pergroup_pack(payload, shuffle)
+        return code + _pergroup().pack(payload, shuffle)
     return code + c.compress(byte_shuffle(payload, shuffle), lv)
 
 
@@ -413,7 +283,7 @@ def unpack(blob: bytes) -> tuple[bytes, str, int]:
     code = blob[0]
     c = compressor_by_id(code & ~SHUFFLE_FLAG)
     if c.name == PERGROUP:
-        payload, stride = _pergroup_unpack(blob[1:], bool(code & SHUFFLE_FLAG))
+        payload, stride = _pergroup().unpack(blob[1:], bool(code & SHUFFLE_FLAG))
         return payload, c.name, stride
     body = c.decompress(blob[1:])
     if not code & SHUFFLE_FLAG:

@@ -1,5 +1,5 @@
-"""The per-group layout of an artifact's payload, which the `pergroup` compressor (core/common/compress.py)
-compresses stream by stream.
+"""The `pergroup` compressor (core/common/compress.py names it): the per-group layout of an artifact's
+payload, and its streams (the layout, orders and rest by brotli, each group by the lrzip program).
 
 The payload is pgolf's safetensors file. Its int8 matrices of one kind across the layers form a group:
 `q/blocks.<i>.attn.c_q.weight` for every layer i, and so on for each kind in GROUPS (`q/tok_emb.weight`
@@ -18,12 +18,25 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
+import struct
+import subprocess
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["GROUPS", "SORTED", "Split", "group_bytes", "join", "similarity_order", "split", "unstack"]
+from core.common import compress
+from core.common.errors import PgolfError, first_line, setting
+
+__all__ = [
+    "GROUPS", "SORTED", "Split", "group_bytes", "join", "lrzip_decompress", "lrzip_timeout", "pack",
+    "require_lrzip", "similarity_order", "split", "split_streams", "unpack", "unstack",
+]  # fmt: skip
 
 # The matrix kinds grouped across layers, in stream order, and those whose rows are reordered.
 GROUPS = (
@@ -166,3 +179,132 @@ def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> byte
             keep[start : start + rows * cols] = False
     out[keep] = np.frombuffer(rest, dtype=np.uint8)
     return out.tobytes()
+
+
+# ---------------------------------------------------------------- the compressor's streams
+# ZPAQ at level 9, one thread: lrzip splits its input by its thread count (by default the machine's CPUs).
+LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")
+
+
+def require_lrzip(doing: str, writing: bool = True) -> None:
+    """Refuse in one line when the lrzip program is missing: how to install it, and, when `writing`,
+    the compressors that need no program (a file already written needs lrzip to be read)."""
+    if not compress.lrzip_installed():
+        other = f", or choose another compressor ({setting('compressor', 'brotli')})" if writing else ""
+        raise PgolfError(
+            f"{doing} needs the lrzip program, which is not installed: apt-get install lrzip (Debian, "
+            f"Ubuntu) or brew install lrzip (macOS){other}"
+        )
+
+
+# An lrzip that has not finished by then is stopped: a hung program never hangs a command. ZPAQ at level 9
+# runs at 0.1-1 MB/s on one core; the limit allows a 16 KB/s machine (a busy one) with room to spare.
+LRZIP_TIMEOUT_S = 120.0
+LRZIP_MIN_BYTES_PER_S = 16_000
+
+
+def lrzip_timeout(nbytes: int) -> float:
+    """Seconds one lrzip call on `nbytes` of uncompressed data may take."""
+    return LRZIP_TIMEOUT_S + nbytes / LRZIP_MIN_BYTES_PER_S
+
+
+def _lrzip(data: bytes, args: tuple[str, ...]) -> bytes:
+    """`data` through the lrzip program (temp files in a folder of their own, removed after). A failure
+    to decompress is ValueError (damaged data); to compress, PgolfError; a call past `lrzip_timeout`
+    is stopped, a PgolfError."""
+    size = _lrzip_size(data) if "-d" in args else len(data)
+    limit = lrzip_timeout(min(size, 2**27))  # a damaged header cannot stretch it past ~2.5 h
+    with tempfile.TemporaryDirectory(prefix="pgolf-lrzip-") as tmp:
+        src, out = Path(tmp) / "in", Path(tmp) / "out"
+        src.write_bytes(data)
+        try:
+            done = subprocess.run(
+                ["lrzip", "-q", *args, "-o", out, src],
+                capture_output=True,
+                env={**os.environ, "LRZIP": "NOCONFIG"},  # no lrzip.conf changes the settings
+                timeout=limit,
+            )
+        except subprocess.TimeoutExpired:  # subprocess.run has killed it
+            raise PgolfError(
+                f"lrzip {' '.join(args)} did not finish within {limit:.0f} s on {size:,} bytes: stopped"
+            ) from None
+        if done.returncode != 0:
+            error = ValueError if "-d" in args else PgolfError
+            text = (done.stdout + done.stderr).decode(errors="replace").replace("Fatal error - exiting", "")
+            said = [line for line in text.splitlines() if re.search("error|fail", line, re.I)]
+            raise error(
+                f"lrzip {' '.join(args)} failed: {(said or [f'exit {done.returncode}'])[0].strip()[:200]}"
+            )
+        return out.read_bytes()
+
+
+def _lrzip_size(stream: bytes) -> int:
+    """The size an lrzip stream says it holds (its header: b"LRZI", version, uint64 size)."""
+    if len(stream) < 14 or stream[:4] != b"LRZI":
+        raise ValueError("a per-group stream is not lrzip data")
+    return int.from_bytes(stream[6:14], "little")
+
+
+def _each(fn: Callable[[bytes], bytes], items: list[bytes]) -> list[bytes]:
+    """fn over items, one thread per CPU at most (lrzip runs in its own process), results in order."""
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        return list(pool.map(fn, items))
+
+
+def lrzip_decompress(streams: list[bytes]) -> list[bytes]:
+    """What each lrzip stream holds (in parallel); ValueError when one is damaged."""
+    if streams:
+        require_lrzip("reading a pergroup artifact", writing=False)
+    return _each(lambda s: _lrzip(s, ("-d",)), streams)
+
+
+def pack(payload: bytes, shuffle: int) -> bytes:
+    """The payload as the pergroup compressor stores it: a table of streams, the layout, orders and rest
+    by brotli (byte-shuffled by `shuffle`), each group by lrzip."""
+    parts = split(payload)
+    if parts.groups:
+        require_lrzip("the pergroup compressor")
+    main = struct.pack("<I", len(parts.layout)) + parts.layout + parts.orders + parts.rest
+    if shuffle and len(main) < shuffle:
+        raise PgolfError(f"byte shuffle stride {shuffle} is longer than the per-group layout and rest")
+    streams = [
+        compress._brotli().compress(compress.byte_shuffle(main, shuffle), quality=11),
+        *_each(lambda g: _lrzip(g, LRZIP_ARGS), parts.groups),
+    ]
+    return struct.pack(f"<{len(streams) + 1}I", len(streams), *map(len, streams)) + b"".join(streams)
+
+
+def split_streams(data: bytes, counts: range) -> list[bytes]:
+    """The streams of a table `data` begins with (a uint32 count, in `counts`, then each one's uint32
+    length) and that fill the rest of it, as `pack` writes them; ValueError when damaged."""
+    count = int.from_bytes(data[:4], "little") if len(data) >= 4 else 0
+    if count not in counts or len(data) < 4 * (count + 1):
+        raise ValueError(f"the per-group stream table is damaged ({count} streams)")
+    lengths = struct.unpack(f"<{count}I", data[4 : 4 * (count + 1)])
+    if 4 * (count + 1) + sum(lengths) != len(data):
+        raise ValueError("the per-group streams do not add up to the data's length")
+    ends = np.cumsum((4 * (count + 1), *lengths)).tolist()
+    return [data[a:b] for a, b in itertools.pairwise(ends)]
+
+
+def unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
+    """(payload, shuffle stride) of `pack`'s bytes; ValueError when damaged."""
+    streams = split_streams(body, range(1, len(GROUPS) + 2))
+    main, stride = compress._brotli_decompress(streams[0]), 0
+    if shuffled:
+        main, stride = compress.byte_unshuffle(main, strict=True), main[4]
+    size = int.from_bytes(main[:4], "little")
+    layout = main[4 : 4 + size]
+    try:
+        total, sizes, order_bytes = group_bytes(layout)
+    except (KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"the per-group layout is damaged: {first_line(exc)}") from None
+    if total > compress.MAX_OUTPUT_BYTES:
+        raise ValueError(f"per-group data decompresses to more than {compress.MAX_OUTPUT_BYTES:,} bytes")
+    if len(sizes) != len(streams) - 1 or any(
+        _lrzip_size(s) != n for s, n in zip(streams[1:], sizes, strict=False)
+    ):
+        raise ValueError("the per-group streams do not match their layout")
+    groups = lrzip_decompress(streams[1:])
+    orders = main[4 + size : 4 + size + order_bytes]
+    return join(layout, groups, orders, main[4 + size + order_bytes :]), stride
