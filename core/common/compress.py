@@ -11,8 +11,7 @@ scale come together, and so do the high ones, which compress better. Data shorte
 than the stride (or a stride below 2) is returned unchanged, without a header.
 
 `pergroup` (its code in core/common/pergroup.py, imported only when used) compresses pgolf's artifact
-payload (a safetensors file) in the per-group layout of
-core/common/pergroup.py: each group of int8 matrices with the `lrzip` program (`lrzip -z -L 9`, its
+payload (a safetensors file) in the per-group layout: each group of int8 matrices with the `lrzip` program (`lrzip -z -L 9`, its
 ZPAQ back end, one thread, no config file: the same bytes on every machine with the same lrzip), the
 layout, row orders and rest with brotli-11, after the byte shuffle when one is asked. Its body:
 a uint32 count of streams, their uint32 lengths, then the streams: the brotli one, then one per
