@@ -402,7 +402,7 @@ def eval_command(
     non-overlapping sequences, with --eval-stride with sliding windows, and with --ttt-enabled with
     test-time training."""
     from core.eval.score import evaluators, figure_protocol
-    from core.eval.score import save_token_losses as save_losses
+    from core.eval.token_losses import save_token_losses as save_losses
     from core.runs.setup import weights_and_data
 
     if save_token_losses is not None:
