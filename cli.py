@@ -633,7 +633,17 @@ def export_command(
 
         extra["calibration"] = str(write_calibration(target, cfg, fit_shards(cfg) if fit is not None else ()))
     if json_out:
-        console.print_json(json.dumps({"artifact": str(target), **extra, **json.loads(report.to_json())}))
+        console.print_json(
+            json.dumps(
+                {
+                    "artifact": str(target),
+                    **extra,
+                    "sizes": report.sizes,
+                    "classes": report.budget,
+                    "gptq_tensors": report.gptq_tensors,
+                }
+            )
+        )
         return
     if fit is not None:
         _print_fit(fit)

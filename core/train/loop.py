@@ -226,7 +226,7 @@ class Training:
         trackers = _trackers(cfg.report_to)
         start_ms = 0.0
         if self.resume is not None:
-            from core.train.resume import resume
+            from core.train.interactive import resume
 
             start_ms = resume(self)
         elif cfg.init_from:
@@ -240,10 +240,11 @@ class Training:
         backend.set_looping(self.looping)
         self.clock = Clock(backend, start_ms)
         run_id = _shared_run_id(cfg, backend)
-        # A resumed run goes on writing into its own directory, and into no other run's.
-        own_run = self.resume is not None and Path(self.resume).resolve().is_relative_to(
-            (Path(cfg.out_dir) / run_id).resolve()
-        )
+        own_run = False
+        if self.resume is not None:
+            from core.train.interactive import resumes_in
+
+            own_run = resumes_in(self.resume, Path(cfg.out_dir) / run_id)
         self.run = RunDir(cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
         self.run.write_config(cfg.to_dict())
         self.run.report_to(trackers, cfg.to_dict())
@@ -271,8 +272,7 @@ class Training:
 
     def validate(self) -> None:
         with self.clock.paused():
-            meter = evaluators(self.cfg)["plain"](self.backend, self.data, self.watch)
-            self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            meter = self._score_plain()
             uniform = math.log(self.cfg.vocab_size)
             late = self.step >= DIVERGENCE_AFTER_STEPS
             if not math.isfinite(meter.val_loss) or (late and meter.val_loss > uniform):
@@ -302,7 +302,9 @@ class Training:
         self.step += 1
         self.elapsed_ms = self.agreed_ms()
         if self.main and self.step_progress is not None:
-            self.step_progress(self.step, self._expected_steps())
+            from core.train.interactive import expected_steps
+
+            self.step_progress(self.step, expected_steps(self))
         due = self.step <= 10 or self.step % max(cfg.train_log_every, 1) == 0 or self.stop_after is not None
         if cfg.train_log_every > 0 and due:
             self._log_train(loss, lr_mult, momentum)
@@ -361,7 +363,7 @@ class Training:
         exc = self.stop() if self.stop is not None else None
         if exc is None:
             return
-        from core.train.resume import stopped_note
+        from core.train.interactive import stopped_note
 
         path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
         self.say(stopped_note(self, path))
@@ -380,8 +382,7 @@ class Training:
         if cfg.ema_decay > 0:
             state = backend.optimizer_state()
             backend.load_params({name: state[f"ema/{name}"] for name in backend.params()})
-            meter = evaluators(cfg)["plain"](backend, self.data, self.watch)
-            self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            self._score_plain()
             self.say(
                 f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
             )
@@ -500,16 +501,20 @@ class Training:
         self.stop_if_asked()
         release = getattr(self.stop, "release", None)
         if release is not None:  # nothing is left to save: a stop need not wait for a poll
-            from core.train.resume import release_note
+            from core.train.interactive import release_note
 
             release(release_note(self))
         result = self.export_and_score()
-        self.metric(
-            kind="final", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}
-        )
+        self.metric(kind="final", **vars(result))
         return result
 
     # ---------------------------------------------------------------- helpers
+    def _score_plain(self) -> BPBMeter:
+        """The weights the backend holds scored over non-overlapping sequences (val_loss, val_bpb)."""
+        meter = evaluators(self.cfg)["plain"](self.backend, self.data, self.watch)
+        self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+        return meter
+
     def set_looping(self, active: bool) -> None:
         """Tell the backend which layer layout to run (depth recurrence); log a switch."""
         self.backend.set_looping(active)
@@ -550,16 +555,6 @@ class Training:
             self.loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, self.accum)
             for _ in range(self.accum)
         ]
-
-    def _expected_steps(self) -> int:
-        """Where the run will stop: the iterations, or the cap at the current pace when it comes first."""
-        cap_s = self.cfg.train_cap_seconds
-        if cap_s <= 0:
-            return self.cfg.iterations
-        elapsed = self.clock.ms()
-        ms_per_step = max((elapsed - self.first_ms) / (self.step - self.first_step), 1e-9)
-        left = math.ceil(max(1000.0 * cap_s - elapsed, 0.0) / ms_per_step)
-        return min(self.cfg.iterations, self.step + left)
 
     def _log_train(self, loss, lr_mult: float, momentum: float) -> None:
         """The training log line; the loss is averaged over ranks, so every rank stops alike on divergence."""

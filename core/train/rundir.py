@@ -68,7 +68,7 @@ class RunDir:
 
     def metric(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            append_line(self.path / "metrics.jsonl", json.dumps(record))
+            append_line(self.path / "metrics.jsonl", json.dumps(record, default=str))  # a Path as its text
             for reporter in self.reporters:
                 reporter.record(record)
 

@@ -1,12 +1,16 @@
-"""A training run resumed or stopped, as only pgolf's `train` does it (a packaged train_gpt.py neither
-resumes nor polls for a stop, so these paths stay out of its bundle, core/runs/package.py).
+"""What only pgolf's `train` asks of a training run: to resume it, to stop it on a signal, and to show
+its progress (a packaged train_gpt.py does none of these, so this code stays out of its bundle,
+core/runs/package.py).
 
-`resume`: the checkpoint `Training.resume` names, checked and loaded into the run.
+`resume`: the checkpoint `Training.resume` names, checked and loaded into the run; `resumes_in`:
+whether that checkpoint is the run directory's own.
 `stopped_note`, `release_note`: what a stopped run tells its user to do next.
+`expected_steps`: the total of the training steps' progress display.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +46,12 @@ def resume(training: Training) -> float:
     return ckpt.train_time_ms
 
 
+def resumes_in(checkpoint: str | Path, run_dir: Path) -> bool:
+    """Whether the checkpoint is one of `run_dir`'s: a resumed run goes on writing into its own
+    directory, and into no other run's."""
+    return Path(checkpoint).resolve().is_relative_to(run_dir.resolve())
+
+
 def _export_it(checkpoint: Path, run_dir: Path) -> str:
     return f"export it with: export {checkpoint}, or score and export it with: train --resume {run_dir}"
 
@@ -62,3 +72,15 @@ def release_note(training: Training) -> str:
     return (
         f"stopped after the last step: checkpoint {checkpoint}; {_export_it(checkpoint, training.run.path)}"
     )
+
+
+def expected_steps(training: Training) -> int:
+    """Where the run will stop: the iterations, or the cap at the current pace when it comes first."""
+    cfg, step = training.cfg, training.step
+    cap_s = cfg.train_cap_seconds
+    if cap_s <= 0:
+        return cfg.iterations
+    elapsed = training.clock.ms()
+    ms_per_step = max((elapsed - training.first_ms) / (step - training.first_step), 1e-9)
+    left = math.ceil(max(1000.0 * cap_s - elapsed, 0.0) / ms_per_step)
+    return min(cfg.iterations, step + left)
