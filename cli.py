@@ -402,7 +402,7 @@ def eval_command(
     non-overlapping sequences, with --eval-stride with sliding windows, and with --ttt-enabled with
     test-time training."""
     from core.eval.score import evaluators, figure_protocol
-    from core.eval.score import save_token_losses as save_losses
+    from core.eval.token_losses import save_token_losses as save_losses
     from core.eval.verify import require_finite
     from core.runs.setup import weights_and_data
 
@@ -634,7 +634,17 @@ def export_command(
 
         extra["calibration"] = str(write_calibration(target, cfg, fit_shards(cfg) if fit is not None else ()))
     if json_out:
-        console.print_json(json.dumps({"artifact": str(target), **extra, **json.loads(report.to_json())}))
+        console.print_json(
+            json.dumps(
+                {
+                    "artifact": str(target),
+                    **extra,
+                    "sizes": report.sizes,
+                    "classes": report.budget,
+                    "gptq_tensors": report.gptq_tensors,
+                }
+            )
+        )
         return
     if fit is not None:
         _print_fit(fit)

@@ -60,16 +60,9 @@ def save_checkpoint(path: str | Path, ckpt: Checkpoint) -> Path:
     path = Path(path)
     tensors = {f"param/{k}": np.require(v, requirements="C") for k, v in ckpt.params.items()}
     tensors.update({f"opt/{k}": np.require(v, requirements="C") for k, v in ckpt.optimizer.items()})
-    meta = {
-        "format": CHECKPOINT_FORMAT,
-        "version": CHECKPOINT_VERSION,
-        "config": ckpt.config,
-        "step": ckpt.step,
-        "train_time_ms": ckpt.train_time_ms,
-        "data_state": ckpt.data_state,
-        "backend": ckpt.backend,
-        "dtypes": ckpt.dtypes,
-    }
+    # Every field but the tensors, as they are.
+    meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **vars(ckpt)}
+    del meta["params"], meta["optimizer"]
     meta["sha256"] = checkpoint_digest(tensors, meta)
     blob = st_save(tensors, metadata={"pgolf": json.dumps(meta, sort_keys=True, separators=(",", ":"))})
     write_atomic(path, blob)

@@ -23,7 +23,6 @@ a run reads back what it wrote; core/artifact/load.py reads every format pgolf k
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,9 +133,6 @@ class ExportReport:
 
         return export_budget(self)
 
-    def to_json(self) -> str:
-        return json.dumps({"sizes": self.sizes, "classes": self.budget, "gptq_tensors": self.gptq_tensors})
-
 
 def lqer_settings(cfg: Config) -> LqerSettings | None:
     """The LQER corrections `cfg` asks for (mixed format), or None."""
@@ -208,12 +204,11 @@ def export_artifact(
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
     weights in the mixed format; `upstream` writes the challenge's torch container
-    (int8 only); `code_bytes` are the bytes counted as code (core.runs.package.code_bytes);
+    (int8 only: core/runs/setup.py's `export_setup` refuses another format); `code_bytes` are the
+    bytes counted as code (core.runs.package.code_bytes);
     `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
     classes = artifact_classes(cfg)
-    if upstream and cfg.quant_format != "int8":
-        raise PgolfError("the upstream container holds the int8 format only (quant_format=int8)")
     if cfg.quant_format == "int8":
         model = int8.quantize_int8(params, dtypes, classes)
         if upstream:

@@ -24,14 +24,17 @@ from core.data.shards import find_shards, read_shard, read_shard_header
 
 if TYPE_CHECKING:
     from core.model.backend import Backend
+    from core.train.loop import Training
 
 __all__ = [
     "calibration_loss",
     "calibration_tokens",
+    "fit_in_run",
     "fit_on_backend",
     "fit_shards",
     "shared_fit",
     "write_fit",
+    "write_fit_in_run",
 ]
 
 BATCH_SEQS = 8  # sequences per eval_nll call
@@ -99,6 +102,29 @@ def fit_on_backend(
     left holding some candidate's weights)."""
     loss = calibration_loss(backend, calibration_tokens(cfg))
     return fit_artifact(params, cfg, dtypes, cap, loss, code_bytes, hessians, log)
+
+
+def fit_in_run(
+    training: Training, params: dict[str, np.ndarray], hessians: dict[str, np.ndarray] | None
+) -> tuple[Config, Fit | None]:
+    """A training run's fit (`artifact_fit_bytes`) of its final weights, run on rank 0 and shared
+    (`shared_fit`): the run's config with the chosen settings, and on rank 0 the Fit."""
+    backend, cfg, code_bytes = training.backend, training.cfg, training.code_bytes
+    measure = code_bytes if callable(code_bytes) else lambda _: int(code_bytes or 0)
+    cap = cfg.artifact_fit_bytes
+    return shared_fit(
+        backend,
+        cfg,
+        lambda: fit_on_backend(backend, params, cfg, training.dtypes, cap, measure, hessians, training.say),
+    )
+
+
+def write_fit_in_run(fit: Fit, artifact: Path, log: Callable[[str], None]) -> list[Path]:
+    """A training run's fit files beside its artifact (`write_fit`), each logged; return the shards
+    its calibration tokens came from (`fit_shards`), which the run's calibration record names."""
+    for path in write_fit(fit, artifact):
+        log(f"fit:wrote {path}")
+    return fit_shards(fit.cfg)
 
 
 def toml_text(cfg: Config) -> str:

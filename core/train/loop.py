@@ -30,7 +30,6 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +38,7 @@ import numpy as np
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
-from core.common.errors import PgolfError, hint, memory_hint, setting
+from core.common.errors import PgolfError, memory_hint
 from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import BatchLoader, CoprimeLoader, find_shards, make_train_loader
@@ -88,19 +87,11 @@ class RunResult:
     ttt_val_loss: float | None = None  # after the round trip, with test-time training (ttt_enabled)
     ttt_val_bpb: float | None = None
 
-    @property
-    def score_bpb(self) -> float:
-        """The run's figure: with test-time training when evaluated so, else with sliding windows,
-        else over non-overlapping sequences."""
-        for bpb in (self.ttt_val_bpb, self.sliding_val_bpb):
-            if bpb is not None:
-                return bpb
-        return self.roundtrip_val_bpb
 
-
-def calibration_shards(cfg: Config) -> list[Path]:
-    """The files GPTQ's calibration reads its batches from: the training shards, never validation ones."""
-    return find_shards(cfg.data_path, "train")
+def train_loader(cfg: Config, backend: Backend) -> BatchLoader | CoprimeLoader:
+    """This rank's training data from its start."""
+    files = find_shards(cfg.data_path, "train")
+    return make_train_loader(cfg.train_loader, files, backend.rank, backend.world_size, cfg.vocab_size)
 
 
 def write_calibration(artifact: Path, cfg: Config, fit_shards: Sequence[Path] = ()) -> Path:
@@ -108,7 +99,7 @@ def write_calibration(artifact: Path, cfg: Config, fit_shards: Sequence[Path] = 
     artifact fit's scoring (`fit_shards`, when there was a fit), by name, for `audit` to check."""
     record = {
         "data_path": str(cfg.data_path),
-        "gptq_shards": [p.name for p in calibration_shards(cfg)],
+        "gptq_shards": [p.name for p in find_shards(cfg.data_path, "train")],
         "gptq_batches": cfg.gptq_calibration_batches,
         "fit_shards": [Path(p).name for p in fit_shards],
     }
@@ -122,27 +113,19 @@ def calibrate_gptq(backend: Backend, log: Log | None = None) -> dict[str, np.nda
     of the training stream, through the backend's `input_hessians`; the mean over every rank's batches."""
     cfg = backend.cfg
     t0 = time.perf_counter()
-    loader = make_train_loader(
-        cfg.train_loader,
-        calibration_shards(cfg),
-        backend.rank,
-        backend.world_size,
-        cfg.vocab_size,
-    )
+    loader = train_loader(cfg, backend)
     accum = cfg.local_accum_steps(backend.world_size)
     batches = (
         loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, accum)
         for _ in range(cfg.gptq_calibration_batches)
     )
-    sums = backend.input_hessians(batches)
-    names = sorted(sums)
-    flat = backend.all_reduce_sum(np.concatenate([sums[n].astype(np.float64).ravel() for n in names]))
     count = cfg.gptq_calibration_batches * backend.world_size
-    hessians, start = {}, 0
-    for name in names:
-        size = sums[name].size
-        hessians[name] = (flat[start : start + size] / count).astype(np.float32).reshape(sums[name].shape)
-        start += size
+    hessians = {
+        name: (backend.all_reduce_sum(h.astype(np.float64).ravel()) / count)
+        .astype(np.float32)
+        .reshape(h.shape)
+        for name, h in sorted(backend.input_hessians(batches).items())
+    }
     if log is not None:
         log(
             f"gptq:collected {len(hessians)} Hessians from {count} batches in {time.perf_counter() - t0:.1f}s"
@@ -239,11 +222,13 @@ class Training:
         cfg.validate(backend.world_size)
         check_available(cfg.compressor)  # refused now, not when the artifact is written
         self.data = load_eval_data(cfg)
-        self.loader = self._new_loader()
+        self.loader = train_loader(cfg, backend)
         trackers = _trackers(cfg.report_to)
         start_ms = 0.0
         if self.resume is not None:
-            start_ms = self._resume()
+            from core.train.interactive import resume
+
+            start_ms = resume(self)
         elif cfg.init_from:
             from core.artifact.load import load_init_weights
 
@@ -255,41 +240,17 @@ class Training:
         backend.set_looping(self.looping)
         self.clock = Clock(backend, start_ms)
         run_id = _shared_run_id(cfg, backend)
-        # A resumed run goes on writing into its own directory, and into no other run's.
-        own_run = self.resume is not None and Path(self.resume).resolve().is_relative_to(
-            (Path(cfg.out_dir) / run_id).resolve()
-        )
+        own_run = False
+        if self.resume is not None:
+            from core.train.interactive import resumes_in
+
+            own_run = resumes_in(self.resume, Path(cfg.out_dir) / run_id)
         self.run = RunDir(cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
         self.run.write_config(cfg.to_dict())
         self.run.report_to(trackers, cfg.to_dict())
         self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
                     world_size=backend.world_size)  # fmt: skip
         self._log_header()
-
-    def _resume(self) -> float:
-        """Load the checkpoint to resume from (the CLI's path: a packaged run never resumes); return
-        its training clock."""
-        from core.artifact.load import check_resumable, load_checkpoint, restore_data_position
-
-        cfg, backend = self.cfg, self.backend
-        ckpt = load_checkpoint(self.resume)
-        rms = weights_rms(ckpt.params)
-        if not rms <= WEIGHT_RMS_LIMIT:
-            raise PgolfError(
-                f"checkpoint {self.resume}: the weights' RMS is {rms:.3g} (the limit is "
-                f"{WEIGHT_RMS_LIMIT:g}): the run had diverged; resume from an earlier checkpoint"
-            )
-        check_resumable(cfg, ckpt, self.resume)
-        if ckpt.step > cfg.iterations:
-            raise PgolfError(
-                f"checkpoint {self.resume} is at step {ckpt.step}, past iterations={cfg.iterations}: "
-                f"raise {setting('iterations')} to train on"
-            )
-        backend.load_params(ckpt.params)
-        backend.load_optimizer_state(ckpt.optimizer)
-        restore_data_position(self.loader, ckpt.data_state)
-        self.step = ckpt.step
-        return ckpt.train_time_ms
 
     def warm_up(self) -> None:
         """Prime the compiled paths with real steps (once more looped, with depth recurrence, so the
@@ -307,12 +268,11 @@ class Training:
         backend.set_looping(self.looping)
         backend.load_params(params0)
         backend.load_optimizer_state(opt0)
-        self.loader = self._new_loader()
+        self.loader = train_loader(cfg, backend)
 
     def validate(self) -> None:
         with self.clock.paused():
-            meter = evaluators(self.cfg)["plain"](self.backend, self.data, self.watch)
-            self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            meter = self._score_plain()
             uniform = math.log(self.cfg.vocab_size)
             late = self.step >= DIVERGENCE_AFTER_STEPS
             if not math.isfinite(meter.val_loss) or (late and meter.val_loss > uniform):
@@ -342,7 +302,9 @@ class Training:
         self.step += 1
         self.elapsed_ms = self.agreed_ms()
         if self.main and self.step_progress is not None:
-            self.step_progress(self.step, self._expected_steps())
+            from core.train.interactive import expected_steps
+
+            self.step_progress(self.step, expected_steps(self))
         due = self.step <= 10 or self.step % max(cfg.train_log_every, 1) == 0 or self.stop_after is not None
         if cfg.train_log_every > 0 and due:
             self._log_train(loss, lr_mult, momentum)
@@ -401,15 +363,10 @@ class Training:
         exc = self.stop() if self.stop is not None else None
         if exc is None:
             return
+        from core.train.interactive import stopped_note
+
         path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
-        if self.step < self.cfg.iterations and self.stop_after is None:
-            then = f"go on with: train --resume {self.run.path}"
-        else:  # training is over: what is left is the final score and the artifact
-            then = (
-                f"export it with: export {path}, or score and export it with: train --resume {self.run.path}"
-            )
-        then = hint(f"; {then}", "")  # a packaged train_gpt.py does not resume: pgolf does
-        self.say(f"stopped at step {self.step}: checkpoint {path}{then}")
+        self.say(stopped_note(self, path))
         raise exc
 
     def watch(self, done: int, total: int) -> None:
@@ -425,8 +382,7 @@ class Training:
         if cfg.ema_decay > 0:
             state = backend.optimizer_state()
             backend.load_params({name: state[f"ema/{name}"] for name in backend.params()})
-            meter = evaluators(cfg)["plain"](backend, self.data, self.watch)
-            self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+            self._score_plain()
             self.say(
                 f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
             )
@@ -437,15 +393,9 @@ class Training:
             self.stop_if_asked()
         params = backend.params()
         if cfg.artifact_fit_bytes > 0:  # the artifact's settings chosen under the cap (not a packaged run's)
-            from core.train.fitting import fit_on_backend, shared_fit
+            from core.train.fitting import fit_in_run
 
-            measure = self.code_bytes if callable(self.code_bytes) else lambda _: int(self.code_bytes or 0)
-            cap = cfg.artifact_fit_bytes
-            cfg, fit = shared_fit(
-                backend,
-                cfg,
-                partial(fit_on_backend, backend, params, cfg, self.dtypes, cap, measure, hessians, self.say),
-            )
+            cfg, fit = fit_in_run(self, params, hessians)
             self.stop_if_asked()
         label = quant_label(cfg)
         artifact = self.run.artifact(label)
@@ -458,13 +408,13 @@ class Training:
             report = export_artifact(
                 params, cfg, self.dtypes, artifact, self.code_bytes, hessians, quantized=quantized
             )
+            fit_shards = ()
             if fit is not None:
-                from core.train.fitting import fit_shards, write_fit
+                from core.train.fitting import write_fit_in_run
 
-                for path in write_fit(fit, artifact):
-                    self.say(f"fit:wrote {path}")
+                fit_shards = write_fit_in_run(fit, artifact, self.say)
             if hessians is not None:
-                write_calibration(artifact, cfg, fit_shards(cfg) if fit is not None else ())
+                write_calibration(artifact, cfg, fit_shards)
             sizes = report.sizes
             fits = "fits" if sizes["total_bytes"] <= sizes["budget_bytes"] else "OVER BUDGET"
             kind = f"{label}+{cfg.compressor}"
@@ -551,23 +501,19 @@ class Training:
         self.stop_if_asked()
         release = getattr(self.stop, "release", None)
         if release is not None:  # nothing is left to save: a stop need not wait for a poll
-            path = self.run.checkpoint_path(self.step)
-            release(
-                f"stopped after the last step: checkpoint {path}; export it with: export {path}, or score "
-                f"and export it with: train --resume {self.run.path}"
-            )
+            from core.train.interactive import release_note
+
+            release(release_note(self))
         result = self.export_and_score()
-        self.metric(
-            kind="final", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}
-        )
+        self.metric(kind="final", **vars(result))
         return result
 
     # ---------------------------------------------------------------- helpers
-    def _new_loader(self) -> BatchLoader | CoprimeLoader:
-        """The training data from its start."""
-        cfg, backend = self.cfg, self.backend
-        files = find_shards(cfg.data_path, "train")
-        return make_train_loader(cfg.train_loader, files, backend.rank, backend.world_size, cfg.vocab_size)
+    def _score_plain(self) -> BPBMeter:
+        """The weights the backend holds scored over non-overlapping sequences (val_loss, val_bpb)."""
+        meter = evaluators(self.cfg)["plain"](self.backend, self.data, self.watch)
+        self.val_loss, self.val_bpb = meter.val_loss, meter.val_bpb
+        return meter
 
     def set_looping(self, active: bool) -> None:
         """Tell the backend which layer layout to run (depth recurrence); log a switch."""
@@ -609,16 +555,6 @@ class Training:
             self.loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, self.accum)
             for _ in range(self.accum)
         ]
-
-    def _expected_steps(self) -> int:
-        """Where the run will stop: the iterations, or the cap at the current pace when it comes first."""
-        cap_s = self.cfg.train_cap_seconds
-        if cap_s <= 0:
-            return self.cfg.iterations
-        elapsed = self.clock.ms()
-        ms_per_step = max((elapsed - self.first_ms) / (self.step - self.first_step), 1e-9)
-        left = math.ceil(max(1000.0 * cap_s - elapsed, 0.0) / ms_per_step)
-        return min(self.cfg.iterations, self.step + left)
 
     def _log_train(self, loss, lr_mult: float, momentum: float) -> None:
         """The training log line; the loss is averaged over ranks, so every rank stops alike on divergence."""
@@ -714,22 +650,12 @@ def _trackers(report_to: str) -> list[str]:
     return report_targets(report_to)
 
 
-def train(
-    backend: Backend,
-    *,
-    resume: str | Path | None = None,
-    log: Log = print,
-    progress: Progress | None = None,
-    step_progress: Progress | None = None,
-    notes: Sequence[str] = (),
-    stop: StopPoll | None = None,
-    code_bytes: int | Callable[[Config], int] | None = None,
-    budget_table: bool = True,
-) -> RunResult:
+def train(backend: Backend, **options) -> RunResult:
     """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
 
-    `progress` follows each validation pass and `step_progress` the training steps,
-    as (done, expected total); under a wallclock cap the total is where the cap
+    `options` are `Training`'s, by name: `resume` (a checkpoint, or a run directory's last one);
+    `log` (each log line); `progress` follows each validation pass and `step_progress` the training
+    steps, as (done, expected total); under a wallclock cap the total is where the cap
     will stop the run at the current pace. `notes` are logged after the header (where settings
     came from, warnings); `stop` is polled between steps (see `Training.stop_if_asked`).
     `code_bytes`: what counts as the run's code: a number, or a function of the config that measures
@@ -737,7 +663,7 @@ def train(
     `budget_table`: log the artifact's bytes class by class (core/artifact/budget.py) after its size;
     a packaged run does not.
     """
-    training = Training(backend, resume, log, progress, step_progress, notes, stop, code_bytes, budget_table)
+    training = Training(backend, **options)
     try:
         return training.run()
     finally:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,10 @@ from core.common.files import WriterLock, append_line, make_dir, remove_stale_te
 class RunDir:
     """The files of one training run; only rank 0 writes."""
 
-    def __init__(self, root: str | Path, run_id: str = "", enabled: bool = True, reuse: bool = False):
+    def __init__(self, root: str | Path, run_id: str, enabled: bool = True, reuse: bool = False):
         """`reuse` lets a resumed run write into a directory that already holds a run."""
-        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S")
-        self.path = Path(root) / self.run_id
+        self.run_id = run_id
+        self.path = Path(root) / run_id
         self.enabled = enabled
         self.reporters: list[Any] = []  # live trackers the metrics go to as well (core.train.report)
         self.lock: WriterLock | None = None
@@ -69,7 +68,7 @@ class RunDir:
 
     def metric(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            append_line(self.path / "metrics.jsonl", json.dumps(record))
+            append_line(self.path / "metrics.jsonl", json.dumps(record, default=str))  # a Path as its text
             for reporter in self.reporters:
                 reporter.record(record)
 
