@@ -12,12 +12,8 @@ from safetensors import safe_open
 from core.artifact.load import restore_data_position
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.data.shards import (
-    BatchLoader,
-    CoprimeLoader,
-    make_train_loader,
-    shard_names_seed,
-)
+from core.data.coprime import CoprimeLoader, shard_names_seed
+from core.data.shards import BatchLoader, make_train_loader
 from core.datasets.writers import write_shard
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "record_features.safetensors"

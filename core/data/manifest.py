@@ -103,8 +103,6 @@ def dataset_settings(name: str, root: str | Path = DATA_ROOT) -> dict[str, Any]:
     }
 
 
-
-
 def check_tokenizer(data_path: str | Path, tokenizer_path: str | Path) -> None:
     """Refuse a tokenizer that did not make the dataset in `data_path`: the manifest of its data folder
     (`<root>/manifest.json` for `<root>/datasets/<name>`) records the SHA-256 of the tokenizer file
@@ -165,5 +163,9 @@ def verify_dataset(
             if file_sha256(path) != recorded[path.name]:
                 raise PgolfError(f"shard {path}: its SHA-256 differs from the manifest's: the file changed")
             checked += 1
-    return {"dataset": name, "shards": len(shards), "hashed": checked, "without_checksum": len(shards) - checked}
-
+    return {
+        "dataset": name,
+        "shards": len(shards),
+        "hashed": checked,
+        "without_checksum": len(shards) - checked,
+    }
