@@ -15,6 +15,7 @@ from core.artifact import int8 as quant
 from core.artifact import upstream
 from core.artifact.budget import from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, mixed, quant_label
+from core.artifact.int8_stats import int8_stats
 from core.artifact.load import load_mixed_artifact, read_artifact
 from core.artifact.records import RECORD_BF16_NAMES, load_record_artifact
 from core.artifact.rowquant import Clip
@@ -56,7 +57,7 @@ def test_the_int8_export_is_the_int8_format(tmp_path):
     assert kept == {"train_seq_len": 64, "val_max_tokens": 4096}  # the smoke preset's, shapes aside
     assert (tmp_path / "a.pgolf").read_bytes() == quant.artifact_bytes(model, config=kept)
     assert report.sizes["model_bytes"] == (tmp_path / "a.pgolf").stat().st_size
-    assert report.sizes["payload_bytes"] == model.stats["int8_payload_bytes"]
+    assert report.sizes["payload_bytes"] == int8_stats(params, model, dtypes)["int8_payload_bytes"]
     rows = {r["class"]: r for r in report.budget}
     assert rows["mlp"]["bits"] == "int8" and rows["total"]["params"] == sum(v.size for v in params.values())
 
@@ -94,7 +95,9 @@ def test_every_format_is_read_back(tmp_path):
     params, dtypes, classes = busy_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg)
     int8 = quant.quantize_int8(params, dtypes, classes)
     quant.save_artifact(tmp_path / "a.pgolf", int8, "lzma", shuffle=2)
-    mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed.quantize_mixed(params, classes))
+    quant.write_artifact(
+        tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(mixed.quantize_mixed(params, classes)), "brotli"
+    )
     expected = {
         "a.pgolf": quant.dequantize_int8(int8),
         "m.pgolf": mixed.dequantize_mixed(load_mixed_artifact(tmp_path / "m.pgolf")),

@@ -175,9 +175,11 @@ def test_bad_requests_are_refused(case, match):
     ("compressor", "shuffle"), [("brotli", 2), ("zstd", 0), ("zstd", 2), ("lzma", 2), ("none", 0)]
 )
 def test_round_trip(tmp_path, mixed_model, compressor, shuffle):
-    info = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model, compressor, shuffle=shuffle)
+    info = quant.write_artifact(
+        tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model, compressor, shuffle=shuffle), compressor
+    )
     blob = info.path.read_bytes()
-    assert blob.startswith(quant.MAGIC) and blob[len(quant.MAGIC)] == quant.COMPRESSORS[compressor] | (
+    assert blob.startswith(quant.MAGIC) and blob[len(quant.MAGIC)] == compress.COMPRESSORS[compressor].id | (
         0x80 if shuffle else 0
     )
     back = load_mixed_artifact(info.path)
@@ -239,7 +241,7 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
 
 
 def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch):
-    path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model).path
+    path = quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     code = (
         "import numpy as np\n"
         "from core.artifact import mixed\n"
@@ -265,7 +267,7 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
 
 
 def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
-    path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model).path
+    path = quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     with pytest.raises(PgolfError, match="format 'pgolf-mixed', not the int8 format"):
         upstream.load_artifact(path)
     int8 = quant.save_artifact(tmp_path / "i.pgolf", quant.quantize_int8({"w": ramp((300, 300), 1, 7)})).path
@@ -327,7 +329,9 @@ def test_a_records_artifact_converts_to_pgolfs_without_loss(tmp_path):
     classes = {"tok_emb.weight": "embedding", "blocks.0.attn.c_q.weight": "attention"}
     model = load_record_artifact(RECORD_PTZ, orig_dtypes=meta["record_int6_dtypes"], classes=classes)
     assert model.info["tok_emb.weight"]["class"] == "embedding" and model.info["step"]["class"] == "other"
-    back = load_mixed_artifact(mixed.save_mixed_artifact(tmp_path / "m.pgolf", model).path)
+    back = load_mixed_artifact(
+        quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(model), "brotli").path
+    )
     a, b = dequantize_mixed(model), dequantize_mixed(back)
     assert all(np.array_equal(a[k], b[k]) for k in a)
 

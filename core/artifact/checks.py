@@ -11,12 +11,22 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact.int8 import FLOAT_BYTES, Int8Model, check_finite
-from core.artifact.mixed import CLASSES, METHODS, STORES, MixedModel
+from core.artifact.int8 import FLOAT_BYTES, Int8Model
+from core.artifact.mixed import CLASSES, MixedModel
 from core.artifact.rowquant import BITS, Clip, clip_range
 from core.common.errors import PgolfError
 
-__all__ = ["check_int8", "check_mixed", "check_model", "clip_from_json"]
+STORES = ("int", "fp16", "fp32", "raw")  # how the mixed format keeps a tensor
+METHODS = ("rows", "gptq", "gate")  # how it rounded a quantized one
+
+__all__ = ["check_finite", "check_int8", "check_mixed", "check_model", "clip_from_json"]
+
+
+def check_finite(arrays: dict[str, np.ndarray]) -> None:
+    """ValueError naming the first float array holding a NaN or an infinity (weights never do)."""
+    for name, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"{name} holds NaN or infinite values")
 
 
 def check_model(model: Int8Model | MixedModel) -> Int8Model | MixedModel:

@@ -37,9 +37,9 @@ from core.artifact.checkpoint import (
     checkpoint_digest,
     tensors_digest,
 )
-from core.artifact.checks import check_mixed, check_model
+from core.artifact.checks import check_finite, check_mixed, check_model
 from core.artifact.export import dequantize, open_artifact
-from core.artifact.int8 import Int8Model, check_finite, open_container
+from core.artifact.int8 import Int8Model, open_container
 from core.artifact.mixed import MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact, record_compressor
 from core.artifact.upstream import load_artifact

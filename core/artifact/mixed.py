@@ -29,26 +29,27 @@ same weights and settings give the same bytes; numpy alone reads it back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.artifact.gptq import gptq_quantize
 from core.artifact.int8 import (
-    FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
-    TOKENIZER_KEY,
-    ArtifactInfo,
     Container,
     _check_float16_range,
     _in_dtype,
+    check_format,
     container_bytes,
+    container_tensors,
+    dequantize_rows,
+    float_weight,
     kept_tokenizer,
-    write_artifact,
+    model_parts,
+    to_float16,
 )
 from core.artifact.lqer import LqerSettings, correction, lqer_corrections
-from core.artifact.rowquant import BITS, Clip, dequantize_rows, quantize_tensor
+from core.artifact.rowquant import BITS, Clip, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError
 from core.model.params import KINDS
@@ -62,7 +63,6 @@ __all__ = [
     "mixed_from_container",
     "quantize_mixed",
     "rounding_of",
-    "save_mixed_artifact",
     "with_lqer",
 ]
 
@@ -70,8 +70,6 @@ MIXED_FORMAT = "pgolf-mixed"
 MIXED_VERSION = 1
 CLASSES = KINDS  # the artifact classes of core.model.params' table
 DEFAULT_BITS: dict[str, int | str] = {"embedding": 8, "attention": 6, "mlp": 6, "other": 8}
-STORES = ("int", "fp16", "fp32", "raw")
-METHODS = ("rows", "gptq", "gate")
 # The attention gates' weights quantized to int8 rows (GATED_ATTN_QUANT_GATE): the records' size window.
 GATE_SUFFIX, GATE_MIN_NUMEL, GATE_MAX_NUMEL = ".attn_gate_w", 32, 8192
 LQER_PARTS = ("lqer.qA", "lqer.sA", "lqer.qB", "lqer.sB")
@@ -109,30 +107,21 @@ def _bits_table(bits: dict[str, int | str] | None) -> dict[str, int | str]:
     return table
 
 
-def _clip_for(clip: Clip | dict[str, Clip] | None, cls: str) -> Clip:
-    if clip is None:
-        return Clip()
-    if isinstance(clip, Clip):
-        return clip
-    return clip.get(cls, Clip())
-
-
 def quantize_mixed(
     state: dict[str, np.ndarray],
     classes: dict[str, str],
     bits: dict[str, int | str] | None = None,
-    clip: Clip | dict[str, Clip] | None = None,
+    clip: dict[str, Clip] | None = None,
     hessians: dict[str, np.ndarray] | None = None,
     orig_dtypes: dict[str, str] | None = None,
-    block_size: int = 128,
     lqer: LqerSettings | None = None,
     quant_gate: bool = False,
     floors: dict[str, int] | None = None,
 ) -> MixedModel:
     """Quantize `state` class by class (see the module docstring).
 
-    `bits` maps classes to 8, 7, 6, 5 or "fp16" (defaults: DEFAULT_BITS); `clip` is one
-    Clip or one per class (default: the records' search); `hessians` maps a matrix's
+    `bits` maps classes to 8, 7, 6, 5 or "fp16" (defaults: DEFAULT_BITS); `clip` maps classes
+    to their Clip (default: the records' search); `hessians` maps a matrix's
     name to the (cols, cols) Hessian of its inputs, for GPTQ; `orig_dtypes` names the
     dtype each float tensor had in the model (bf16 ones are rounded to bf16 first); `lqer` adds
     the low-rank corrections of core/artifact/lqer.py; `floors` maps classes to the most elements
@@ -160,11 +149,7 @@ def quantize_mixed(
             out.info[name] = {"class": cls, "dtype": t.dtype.name, "store": "raw"}
             continue
         dtype = orig_dtypes.get(name, t.dtype.name)
-        if dtype not in FLOAT_BYTES:
-            raise PgolfError(f"quantize: {name} has dtype {dtype}; the format takes {', '.join(FLOAT_BYTES)}")
-        w = _in_dtype(t.astype(np.float32), dtype)
-        if not np.isfinite(w).all():
-            raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
+        w = float_weight(name, t, dtype)
         info: dict[str, Any] = {"class": cls, "dtype": dtype}
         if (
             quant_gate
@@ -177,16 +162,13 @@ def quantize_mixed(
         elif cls == "control":
             out.passthrough[name], info["store"] = w, "fp32"
         elif t.size <= (floors or {}).get(cls, KEEP_FLOAT_MAX_NUMEL) or table[cls] == "fp16":
-            with np.errstate(over="ignore"):  # an overflow to inf is refused just below
-                kept = w.astype(np.float16)
-            _check_float16_range(name, w, kept)
-            out.passthrough[name], info["store"] = kept, "fp16"
+            out.passthrough[name], info["store"] = to_float16(name, w), "fp16"
         else:
             b = int(table[cls])
-            c = _clip_for(clip, cls)
+            c = (clip or {}).get(cls, Clip())
             with np.errstate(over="ignore", invalid="ignore"):  # a scale past fp16 is refused below
                 if name in hessians and w.ndim == 2:
-                    q, s = gptq_quantize(w, np.asarray(hessians[name]), b, c, block_size)
+                    q, s = gptq_quantize(w, np.asarray(hessians[name]), b, c)
                     method = "gptq"
                 else:
                     q, s = quantize_tensor(w, b, c)
@@ -246,13 +228,6 @@ def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------ container
-def _tensors(model: MixedModel) -> dict[str, np.ndarray]:
-    tensors = {f"q/{k}": v for k, v in model.quantized.items()}
-    tensors |= {f"s/{k}": v for k, v in model.scales.items()}
-    tensors |= {f"lqer.{part}/{k}": a for k, factors in model.lqer.items() for part, a in factors.items()}
-    return tensors | {f"p/{k}": v for k, v in model.passthrough.items()}
-
-
 def mixed_artifact_bytes(
     model: MixedModel,
     compressor: str = "brotli",
@@ -264,40 +239,24 @@ def mixed_artifact_bytes(
     """The file content for `model`: by default the records' brotli-11 over a stride-2 byte shuffle;
     `config`, the run settings it is scored with, and `tokenizer`, the SHA-256 of the tokenizer it was
     trained with, go in the metadata."""
-    meta = (
-        {
-            "format": MIXED_FORMAT,
-            "version": MIXED_VERSION,
-            "compressor": compressor,
-            "level": compress.resolve_level(compressor, level),
-            "shuffle": shuffle,
-            "tensors": model.info,
-        }
-        | ({"config": config} if config else {})
-        | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
-    )
-    return container_bytes(_tensors(model), meta, compressor, level, shuffle)
-
-
-def save_mixed_artifact(
-    path: str | Path,
-    model: MixedModel,
-    compressor: str = "brotli",
-    level: int | None = None,
-    shuffle: int = 2,
-    config: dict[str, Any] | None = None,
-) -> ArtifactInfo:
-    return write_artifact(path, mixed_artifact_bytes(model, compressor, level, shuffle, config), compressor)
+    meta = {
+        "format": MIXED_FORMAT,
+        "version": MIXED_VERSION,
+        "compressor": compressor,
+        "level": compress.resolve_level(compressor, level),
+        "shuffle": shuffle,
+        "tensors": model.info,
+    }
+    tensors = container_tensors(model)
+    tensors |= {f"lqer.{part}/{k}": a for k, factors in model.lqer.items() for part, a in factors.items()}
+    return container_bytes(tensors, meta, compressor, level, shuffle, config, tokenizer)
 
 
 def mixed_from_container(box: Container) -> MixedModel:
     """The mixed-precision model of an opened pgolf container; ValueError naming the first problem with
     its layout. What the model holds is checked by core/artifact/checks.py."""
     meta = box.meta
-    if meta["format"] != MIXED_FORMAT:
-        raise ValueError(f"format {meta['format']!r}, not the mixed-precision format {MIXED_FORMAT!r}")
-    if meta.get("version") != MIXED_VERSION:
-        raise ValueError(f"mixed format version {meta.get('version')!r} (this pgolf reads {MIXED_VERSION})")
+    check_format(meta, MIXED_FORMAT, MIXED_VERSION, "mixed-precision")
     if meta.get("compressor") != box.compressor or meta.get("shuffle") != box.shuffle:
         raise ValueError(
             f"metadata says {meta.get('compressor')!r} with shuffle {meta.get('shuffle')!r}, "
@@ -307,7 +266,7 @@ def mixed_from_container(box: Container) -> MixedModel:
     if not isinstance(info, dict) or not all(isinstance(v, dict) for v in info.values()):
         raise ValueError("'tensors' is not a map of names to descriptions")
     model = MixedModel(info=info, tokenizer_sha256=kept_tokenizer(meta))
-    roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
+    roles = model_parts(model)
     for key, value in box.tensors.items():
         role, _, name = key.partition("/")
         if role in LQER_PARTS:

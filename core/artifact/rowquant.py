@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact.int8 import _abs_quantile
+from core.artifact.int8 import _abs_quantile, dequantize_rows
 from core.common.errors import PgolfError
 
 __all__ = [
@@ -132,14 +132,6 @@ def quantize_with_scales(w: np.ndarray, scales: np.ndarray, bits: int) -> np.nda
     r = clip_range(bits)
     q = np.round(w / scales.astype(np.float32)[:, None])
     return np.clip(q, -r, r).astype(np.int8)
-
-
-def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """float32 q * s, with per-row (shape (rows,)) or one (0-d) scale."""
-    s = np.asarray(scales).astype(np.float32)
-    if s.ndim == 0:
-        return q.astype(np.float32) * s
-    return q.astype(np.float32) * s.reshape((q.shape[0],) + (1,) * (q.ndim - 1))
 
 
 def squared_errors(w: np.ndarray, q: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -52,8 +52,10 @@ def _from_upstream_dict(obj: Any, to_numpy: Any) -> Int8Model:
         scales=arrays("scales"),
         dtypes=_names_to(obj, "dtypes", str),
         passthrough=arrays("passthrough"),
-        passthrough_orig_dtypes=_names_to(obj, "passthrough_orig_dtypes", str, required=False),
-        qmeta=_names_to(obj, "qmeta", dict, required=False),
+        passthrough_orig_dtypes=_names_to(obj, "passthrough_orig_dtypes", str)
+        if "passthrough_orig_dtypes" in obj
+        else {},
+        qmeta=_names_to(obj, "qmeta", dict) if "qmeta" in obj else {},
     )
 
 
