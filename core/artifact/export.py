@@ -233,11 +233,14 @@ def export_artifact(
 
 
 # ------------------------------------------------------------------- reading
-def open_artifact(blob: bytes, path: str | Path) -> Int8Model | MixedModel:
+def open_artifact(blob: bytes, path: str | Path, check: Any = None) -> Int8Model | MixedModel:
     """The model in the bytes of a pgolf artifact (its container, either format), read from `path`;
-    damage is one PgolfError line naming it."""
+    damage is one PgolfError line naming it. `check` (core/artifact/checks.py's `check_container`: for
+    other files than a run's own) sees the opened container first."""
     try:
         box = int8.open_container(blob, path)
+        if check:
+            check(box)
         if box.meta["format"] == mixed.MIXED_FORMAT:
             return mixed.mixed_from_container(box)
         return int8.int8_from_container(box)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +58,6 @@ __all__ = [
     "dequantize_int8",
     "dequantize_rows",
     "int8_from_container",
-    "kept_tokenizer",
     "open_container",
     "payload_bytes",
     "quantize_int8",
@@ -387,56 +385,31 @@ def write_artifact(
     return ArtifactInfo(written, len(blob), hashlib.sha256(blob).hexdigest(), compressor)
 
 
-def check_format(meta: dict[str, Any], fmt: str, version: int, what: str) -> None:
-    """ValueError unless a container's metadata names the format `fmt` (called `what` in messages) at
-    `version`."""
-    if meta["format"] != fmt:
-        raise ValueError(f"format {meta['format']!r}, not the {what} format {fmt!r}")
-    if meta.get("version") != version:
-        raise ValueError(f"{what} format version {meta.get('version')!r} (this pgolf reads {version})")
-
-
-def kept_tokenizer(meta: dict[str, Any]) -> str | None:
-    """The tokenizer's SHA-256 a container's metadata keeps, or None; ValueError when malformed."""
-    digest = meta.get(TOKENIZER_KEY)
-    if digest is not None and not (isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest)):
-        raise ValueError(f"{TOKENIZER_KEY} is not a SHA-256")
-    return digest
-
-
-def int8_from_container(box: Container) -> Int8Model:
-    """The int8 model of an opened pgolf container; ValueError naming the first problem with its
-    layout. What the model holds is checked by core/artifact/checks.py (the readers of other files
-    than a run's own artifact)."""
-    meta = box.meta
-    check_format(meta, CONTAINER_FORMAT, CONTAINER_VERSION, "int8")
-    if meta.get("quant_format") != QUANT_FORMAT:
-        raise ValueError(f"quant format {meta.get('quant_format')!r} (this pgolf reads {QUANT_FORMAT})")
-    model = Int8Model(
-        dtypes=_names_to(meta, "dtypes", str),
-        passthrough_orig_dtypes=_names_to(meta, "passthrough_orig_dtypes", str),
-        qmeta=_names_to(meta, "qmeta", dict),
-        tokenizer_sha256=kept_tokenizer(meta),
-    )
-    roles = model_parts(model)
-    for key, value in box.tensors.items():
+def fill_model(model: Any, tensors: dict[str, np.ndarray]) -> Any:
+    """`model` (int8's or mixed's, empty) holding a container's tensors, each `role/name` put in its part
+    (`model_parts`, or the mixed format's LQER factors `lqer.<part>/name`)."""
+    parts = model_parts(model)
+    for key, value in tensors.items():
         role, _, name = key.partition("/")
-        if role not in roles:
-            raise ValueError(f"unexpected tensor {key!r}")
-        roles[role][name] = value
+        if role.startswith("lqer."):
+            model.lqer.setdefault(name, {})[role.removeprefix("lqer.")] = value
+        else:
+            parts[role][name] = value
     return model
 
 
-def _names_to(obj: dict, key: str, kind: type) -> dict:
-    """obj[key], checked to map names to `kind`: the shape every reader below relies on."""
-    if key not in obj:
-        raise ValueError(f"{key!r} is missing")
-    value = obj[key]
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, kind) for k, v in value.items()
-    ):
-        raise ValueError(f"{key!r} is not a map of names to {kind.__name__}")
-    return dict(value)
+def int8_from_container(box: Container) -> Int8Model:
+    """The int8 model of an opened pgolf container, as pgolf wrote it. Readers of other files than a
+    run's own artifact check the container first (core/artifact/checks.py: `check_container`), and
+    what the model holds after."""
+    meta = box.meta
+    model = Int8Model(
+        dtypes=meta["dtypes"],
+        passthrough_orig_dtypes=meta["passthrough_orig_dtypes"],
+        qmeta=meta["qmeta"],
+        tokenizer_sha256=meta.get(TOKENIZER_KEY),
+    )
+    return fill_model(model, box.tensors)
 
 
 # ------------------------------------------------------------------ the budget

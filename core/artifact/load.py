@@ -37,10 +37,10 @@ from core.artifact.checkpoint import (
     checkpoint_digest,
     tensors_digest,
 )
-from core.artifact.checks import check_finite, check_mixed, check_model
+from core.artifact.checks import check_container, check_finite, check_mixed, check_model
 from core.artifact.export import dequantize, open_artifact
 from core.artifact.int8 import Int8Model, open_container
-from core.artifact.mixed import MixedModel, mixed_from_container
+from core.artifact.mixed import MIXED_FORMAT, MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact, record_compressor
 from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line
@@ -285,7 +285,7 @@ def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | M
     path = Path(path)
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     if int8.is_container(blob):
-        model = open_artifact(blob, path)
+        model = open_artifact(blob, path, check_container)
         try:
             return check_model(model)
         except Exception as exc:  # anything wrong in what it holds is a problem with the input
@@ -317,7 +317,7 @@ def load_mixed_artifact(path: str | Path) -> MixedModel:
     path = Path(path)
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     try:
-        return check_mixed(mixed_from_container(open_container(blob, path)))
+        return check_mixed(mixed_from_container(check_container(open_container(blob, path), MIXED_FORMAT)))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input

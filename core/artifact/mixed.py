@@ -36,16 +36,15 @@ import numpy as np
 from core.artifact.gptq import gptq_quantize
 from core.artifact.int8 import (
     KEEP_FLOAT_MAX_NUMEL,
+    TOKENIZER_KEY,
     Container,
     _check_float16_range,
     _in_dtype,
-    check_format,
     container_bytes,
     container_tensors,
     dequantize_rows,
+    fill_model,
     float_weight,
-    kept_tokenizer,
-    model_parts,
     to_float16,
 )
 from core.artifact.lqer import LqerSettings, correction, lqer_corrections
@@ -72,7 +71,6 @@ CLASSES = KINDS  # the artifact classes of core.model.params' table
 DEFAULT_BITS: dict[str, int | str] = {"embedding": 8, "attention": 6, "mlp": 6, "other": 8}
 # The attention gates' weights quantized to int8 rows (GATED_ATTN_QUANT_GATE): the records' size window.
 GATE_SUFFIX, GATE_MIN_NUMEL, GATE_MAX_NUMEL = ".attn_gate_w", 32, 8192
-LQER_PARTS = ("lqer.qA", "lqer.sA", "lqer.qB", "lqer.sB")
 
 
 @dataclass
@@ -253,26 +251,8 @@ def mixed_artifact_bytes(
 
 
 def mixed_from_container(box: Container) -> MixedModel:
-    """The mixed-precision model of an opened pgolf container; ValueError naming the first problem with
-    its layout. What the model holds is checked by core/artifact/checks.py."""
-    meta = box.meta
-    check_format(meta, MIXED_FORMAT, MIXED_VERSION, "mixed-precision")
-    if meta.get("compressor") != box.compressor or meta.get("shuffle") != box.shuffle:
-        raise ValueError(
-            f"metadata says {meta.get('compressor')!r} with shuffle {meta.get('shuffle')!r}, "
-            f"the file is {box.compressor!r} with shuffle {box.shuffle}"
-        )
-    info = meta.get("tensors")
-    if not isinstance(info, dict) or not all(isinstance(v, dict) for v in info.values()):
-        raise ValueError("'tensors' is not a map of names to descriptions")
-    model = MixedModel(info=info, tokenizer_sha256=kept_tokenizer(meta))
-    roles = model_parts(model)
-    for key, value in box.tensors.items():
-        role, _, name = key.partition("/")
-        if role in LQER_PARTS:
-            model.lqer.setdefault(name, {})[role.removeprefix("lqer.")] = value
-        elif role in roles:
-            roles[role][name] = value
-        else:
-            raise ValueError(f"unexpected tensor {key!r}")
-    return model
+    """The mixed-precision model of an opened pgolf container, as pgolf wrote it. Readers of other files
+    than a run's own artifact check the container first (core/artifact/checks.py: `check_container`),
+    and what the model holds after."""
+    model = MixedModel(info=box.meta["tensors"], tokenizer_sha256=box.meta.get(TOKENIZER_KEY))
+    return fill_model(model, box.tensors)
