@@ -94,7 +94,7 @@ def test_every_format_is_read_back(tmp_path):
     cfg = preset("smoke").replace(**WIDE)
     params, dtypes, classes = busy_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg)
     int8 = quant.quantize_int8(params, dtypes, classes)
-    quant.save_artifact(tmp_path / "a.pgolf", int8, "lzma", shuffle=2)
+    quant.write_artifact(tmp_path / "a.pgolf", quant.artifact_bytes(int8, "lzma", shuffle=2), "lzma")
     quant.write_artifact(
         tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(mixed.quantize_mixed(params, classes)), "brotli"
     )

@@ -143,7 +143,9 @@ def test_the_int8_container_takes_every_compressor(tmp_path, name, shuffle):
     from tests.test_quant import equal_weights, golden_state
 
     model = quant.quantize_int8(*golden_state())
-    info = quant.save_artifact(tmp_path / "m.pgolf", model, compressor=name, shuffle=shuffle)
+    info = quant.write_artifact(
+        tmp_path / "m.pgolf", quant.artifact_bytes(model, name, shuffle=shuffle), name
+    )
     blob = info.path.read_bytes()
     assert blob[len(quant.MAGIC)] == compress.COMPRESSORS[name].id | (0x80 if shuffle else 0)
     assert equal_weights(model, upstream.load_artifact(info.path))

@@ -18,7 +18,6 @@ from safetensors.numpy import load as st_load
 from core.artifact import int8 as quant
 from core.artifact import mixed, upstream
 from core.artifact.budget import budget_table
-from core.artifact.gptq import hessian
 from core.artifact.load import load_mixed_artifact
 from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
 from core.artifact.records import load_record_artifact
@@ -27,6 +26,7 @@ from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import RECORD_PTZ, goldens
 from tests.test_core_isolation import run_blocked
+from tests.test_rowquant import hessian
 
 try:
     import torch
@@ -159,7 +159,7 @@ def _request(case: str) -> dict:
         ("unknown class", "step has unknown class 'bias'"),
         ("control bits", "control tensors always stay in fp32"),
         ("4 bits", "bits for mlp: 4"),
-        ("unknown bits class", "unknown class 'head'"),
+        ("unknown bits class", "bits for head: 6"),
         ("stray hessian", "Hessians given for tensors not in the model: nope.weight"),
         ("too large", "w is too large for the format's float16"),
         ("float64", "w has dtype float64"),
@@ -225,13 +225,14 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
     brotli_blob = mixed_artifact_bytes(mixed_model)
     code = (
         "import hashlib, numpy as np\n"
-        "from core.artifact import gptq, mixed\n"
+        "from core.artifact import mixed\n"
         "from core.artifact.rowquant import Clip\n"
         "from tests.test_mixed import model_state, ramp\n"
+        "from tests.test_rowquant import hessian\n"
         "state, classes, dtypes = model_state()\n"
         "m = mixed.quantize_mixed(state, classes, bits={'embedding': 8, 'attention': 6, 'mlp': 5, 'other': 7},\n"
         "    clip={'embedding': Clip.percentile(0.9999), 'mlp': Clip.sdclip(4.0)},\n"
-        "    hessians={'blocks.0.attn.c_q.weight': gptq.hessian(ramp((300, 256), 1.0, 65_537))}, orig_dtypes=dtypes)\n"
+        "    hessians={'blocks.0.attn.c_q.weight': hessian(ramp((300, 256), 1.0, 65_537))}, orig_dtypes=dtypes)\n"
         "print(hashlib.sha256(mixed.mixed_artifact_bytes(m)).hexdigest())"
     )
     env = {"PYTHONHASHSEED": "12345", "PATH": os.environ.get("PATH", "")}
@@ -270,7 +271,9 @@ def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
     path = quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     with pytest.raises(PgolfError, match="format 'pgolf-mixed', not the int8 format"):
         upstream.load_artifact(path)
-    int8 = quant.save_artifact(tmp_path / "i.pgolf", quant.quantize_int8({"w": ramp((300, 300), 1, 7)})).path
+    int8 = quant.write_artifact(
+        tmp_path / "i.pgolf", quant.artifact_bytes(quant.quantize_int8({"w": ramp((300, 300), 1, 7)})), "zlib"
+    ).path
     with pytest.raises(PgolfError, match="format 'pgolf-int8', not the mixed-precision format"):
         load_mixed_artifact(int8)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from core.artifact.checks import clip_from_json
-from core.artifact.gptq import gptq_quantize, hessian
+from core.artifact.gptq import gptq_quantize
 from core.artifact.rowquant import (
     Clip,
     clip_range,
@@ -26,6 +26,13 @@ except ImportError:
 
 requires_torch = pytest.mark.skipif(torch is None, reason="torch is the independent reference here")
 BITS_OF_RANGE = {31: 6, 15: 5, 63: 7, 127: 8}
+
+
+def hessian(inputs: np.ndarray) -> np.ndarray:
+    """H = X^T X (float32) for inputs X of shape (..., cols): what a calibration pass sums per layer."""
+    x = np.asarray(inputs, dtype=np.float32)
+    x = x.reshape(-1, x.shape[-1])
+    return x.T @ x
 
 
 def same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -211,14 +211,14 @@ def export_artifact(
 
             info = save_upstream_torch(path, model)
         else:
-            info = int8.save_artifact(
-                path,
+            blob = int8.artifact_bytes(
                 model,
                 cfg.compressor,
                 shuffle=cfg.byte_shuffle,
                 config=scoring_config(cfg),
                 tokenizer=tokenizer_digest(cfg),
             )
+            info = int8.write_artifact(path, blob, cfg.compressor)
         gptq = 0
     else:
         model = quantized if quantized is not None else quantize_mixed_for(params, cfg, dtypes, hessians)

@@ -29,14 +29,7 @@ import numpy as np
 from core.artifact.rowquant import Clip, candidate_scales, clip_range, pick_best, quantize_rows
 from core.common.errors import PgolfError
 
-__all__ = ["gptq_quantize", "hessian"]
-
-
-def hessian(inputs: np.ndarray) -> np.ndarray:
-    """H = X^T X (float32) for inputs X of shape (..., cols): what a calibration pass sums per layer."""
-    x = np.asarray(inputs, dtype=np.float32)
-    x = x.reshape(-1, x.shape[-1])
-    return x.T @ x
+__all__ = ["gptq_quantize"]
 
 
 def _prepare(w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,5 +113,5 @@ def gptq_quantize(
     stacked = _gptq_pass(np.tile(w_perm, (len(scales), 1)), upper, np.concatenate(scales), r, block_size)
     rows = w.shape[0]
     results = [(stacked[i * rows : (i + 1) * rows], s) for i, s in enumerate(scales)]
-    q, s = results[0] if len(results) == 1 else pick_best(w_perm, results, clip.per_row)
+    q, s = pick_best(w_perm, results, clip.per_row)
     return q[:, inverse], s

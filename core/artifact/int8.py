@@ -62,7 +62,6 @@ __all__ = [
     "payload_bytes",
     "quantize_int8",
     "round_to_bfloat16",
-    "save_artifact",
     "size_report",
 ]
 
@@ -99,8 +98,6 @@ class Int8Model:
 class ArtifactInfo:
     path: Path
     file_bytes: int
-    sha256: str
-    compressor: str
 
 
 # ---------------------------------------------------------------- quantization
@@ -237,14 +234,9 @@ def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:
         name: _in_dtype(dequantize_rows(q, model.scales[name]), model.dtypes[name])
         for name, q in model.quantized.items()
     }
-    for name, t in model.passthrough.items():
-        t = np.asarray(t)
-        if name in model.passthrough_orig_dtypes:
-            out[name] = _in_dtype(t.astype(np.float32), model.passthrough_orig_dtypes[name])
-        elif np.issubdtype(t.dtype, np.floating):
-            out[name] = t.astype(np.float32)
-        else:
-            out[name] = t
+    for name, t in model.passthrough.items():  # float ones back in their dtype, others as stored
+        dtype = model.passthrough_orig_dtypes.get(name, "float32" if t.dtype.kind == "f" else None)
+        out[name] = _in_dtype(np.asarray(t, np.float32), dtype) if dtype else t
     return out
 
 
@@ -304,15 +296,13 @@ def open_container(blob: bytes, source: str | Path = "an artifact") -> Container
     """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged.
 
     `source` names the file in the warning an old container (without a checksum) gets."""
-    if not is_container(blob):
-        raise ValueError("not a pgolf container (no magic bytes)")
-    if len(blob) <= len(MAGIC):
-        raise ValueError("file ends after the magic bytes")
     if blob.startswith(MAGIC_V1):
         from core.artifact.container_v1 import unpack_v1  # older files: never what a run wrote
 
         payload, compressor, shuffle = unpack_v1(blob, source)
     else:
+        if not blob.startswith(MAGIC):
+            raise ValueError("not a pgolf container (no magic bytes)")
         if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
             raise ValueError("file ends before its checksum")
         payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
@@ -348,20 +338,6 @@ def artifact_bytes(
     return container_bytes(container_tensors(model), meta, compressor, level, shuffle, config, tokenizer)
 
 
-def save_artifact(
-    path: str | Path,
-    model: Int8Model,
-    compressor: str = "zlib",
-    level: int | None = None,
-    shuffle: int = 0,
-    config: dict[str, Any] | None = None,
-    tokenizer: str | None = None,
-) -> ArtifactInfo:
-    return write_artifact(
-        path, artifact_bytes(model, compressor, level, shuffle, config, tokenizer), compressor
-    )
-
-
 def write_artifact(
     path: str | Path, blob: bytes, compressor: str, read: Callable[[bytes], object] | None = None
 ) -> ArtifactInfo:
@@ -382,7 +358,7 @@ def write_artifact(
     if read_file(written, "artifact", max(MAX_ARTIFACT_BYTES, len(blob))) != blob:
         written.unlink(missing_ok=True)
         raise PgolfError(f"artifact {path}: the file read back differs from what was written (removed it)")
-    return ArtifactInfo(written, len(blob), hashlib.sha256(blob).hexdigest(), compressor)
+    return ArtifactInfo(written, len(blob))
 
 
 def fill_model(model: Any, tensors: dict[str, np.ndarray]) -> Any:

@@ -47,7 +47,7 @@ from core.artifact.int8 import (
     float_weight,
     to_float16,
 )
-from core.artifact.lqer import LqerSettings, correction, lqer_corrections
+from core.artifact.lqer import LqerSettings, absmax_rows, correction, lqer_corrections
 from core.artifact.rowquant import BITS, Clip, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError
@@ -57,12 +57,12 @@ __all__ = [
     "CLASSES",
     "DEFAULT_BITS",
     "MixedModel",
+    "add_lqer",
     "dequantize_mixed",
     "mixed_artifact_bytes",
     "mixed_from_container",
     "quantize_mixed",
     "rounding_of",
-    "with_lqer",
 ]
 
 MIXED_FORMAT = "pgolf-mixed"
@@ -84,24 +84,16 @@ class MixedModel:
     lqer: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> {qA, sA, qB, sB}
     tokenizer_sha256: str | None = None  # read from the container's metadata (int8.TOKENIZER_KEY)
 
-    def arrays(self) -> list[np.ndarray]:
-        """Every array the model stores."""
-        parts = (self.quantized, self.scales, self.passthrough)
-        return [a for part in parts for a in part.values()] + [
-            a for f in self.lqer.values() for a in f.values()
-        ]
-
 
 # ---------------------------------------------------------------- quantization
 def _bits_table(bits: dict[str, int | str] | None) -> dict[str, int | str]:
-    table = dict(DEFAULT_BITS) | dict(bits or {})
+    table = DEFAULT_BITS | (bits or {})
     for cls, b in table.items():
-        if cls == "control":
-            raise PgolfError("bits for 'control': control tensors always stay in fp32")
-        if cls not in CLASSES:
-            raise PgolfError(f"bits for unknown class {cls!r} (classes: {', '.join(CLASSES[:-1])})")
-        if b != "fp16" and (isinstance(b, bool) or b not in BITS):
-            raise PgolfError(f"bits for {cls}: {b!r}; choose from 8, 7, 6, 5 or 'fp16'")
+        if cls not in DEFAULT_BITS or (b != "fp16" and b not in BITS):
+            raise PgolfError(
+                f"bits for {cls}: {b!r}; the classes {', '.join(DEFAULT_BITS)} (control tensors always stay "
+                "in fp32) take 8, 7, 6, 5 or 'fp16'"
+            )
     return table
 
 
@@ -155,7 +147,7 @@ def quantize_mixed(
             and w.ndim == 2
             and GATE_MIN_NUMEL <= w.size <= GATE_MAX_NUMEL
         ):
-            out.quantized[name], out.scales[name] = quantize_gate_rows(w)
+            out.quantized[name], out.scales[name] = absmax_rows(w, 127, -127, 127)
             info |= {"store": "int", "bits": 8, "clip": Clip.percentile(1.0).to_json(), "method": "gate"}
         elif cls == "control":
             out.passthrough[name], info["store"] = w, "fp32"
@@ -177,19 +169,15 @@ def quantize_mixed(
             out.quantized[name], out.scales[name] = q, s
             info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
         out.info[name] = info
-    return with_lqer(out, state, lqer) if lqer is not None else out
+    return add_lqer(out, state, lqer) if lqer is not None else out
 
 
-def with_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings | None) -> MixedModel:
-    """`model` (made of `state`) with the LQER corrections `lqer` asks for instead of any it has
-    (None: none). The arrays are the model's own, not copies."""
-    info = {name: {k: v for k, v in i.items() if k != "lqer"} for name, i in model.info.items()}
-    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough), info)
-    if lqer is not None:
-        for name, (kind, factors) in lqer_corrections(*rounding_of(state, out), lqer).items():
-            out.lqer[name] = factors
-            out.info[name]["lqer"] = kind
-    return out
+def add_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings) -> MixedModel:
+    """`model` (made of `state`, without corrections) given the LQER corrections `lqer` asks for."""
+    for name, (kind, factors) in lqer_corrections(*rounding_of(state, model), lqer).items():
+        model.lqer[name] = factors
+        model.info[name]["lqer"] = kind
+    return model
 
 
 def rounding_of(
@@ -203,12 +191,6 @@ def rounding_of(
     return weights, {n: dequantize_rows(model.quantized[n], model.scales[n]) for n in weights}
 
 
-def quantize_gate_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 rows of an attention gate's weight, one fp16 scale per row: absmax / 127 (at least 1e-10)."""
-    s = (np.maximum(np.abs(w).max(axis=1), np.float32(1e-10)) / np.float32(127.0)).astype(np.float16)
-    return np.clip(np.rint(w / s.astype(np.float32)[:, None]), -127, 127).astype(np.int8), s
-
-
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
     """float32 weights (in their model dtype's precision); non-float tensors as stored."""
     out: dict[str, np.ndarray] = {}
@@ -216,7 +198,7 @@ def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
         if info["store"] == "int":
             w = dequantize_rows(model.quantized[name], model.scales[name])
             if "lqer" in info:
-                w = w + correction(model.lqer[name], info["lqer"])
+                w = w + correction(model.lqer[name])
             out[name] = _in_dtype(w, info["dtype"])
         elif info["store"] == "raw":
             out[name] = model.passthrough[name]

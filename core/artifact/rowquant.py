@@ -96,19 +96,12 @@ class Clip:
         return {"kind": self.kind} | {f: list(d[f]) if f == "candidates" else d[f] for f in keep}
 
 
-def _fp16_scales(clip: np.ndarray, r: int, floor: float) -> np.ndarray:
-    """fp16(max(clip / R, floor)), computed in float32 as torch does."""
-    return np.maximum(clip.astype(np.float32) / np.float32(r), np.float32(floor)).astype(np.float16)
-
-
-def _quantile_clip(w: np.ndarray, q: float) -> np.ndarray:
-    return np.abs(w).max(axis=1) if q >= 1.0 else _abs_quantile(w, q)
-
-
 def row_scales(w: np.ndarray, bits: int, q: float) -> np.ndarray:
-    """fp16 per-row scales for clip = the q-quantile of |row| (q = 1: the largest |value|)."""
+    """fp16 per-row scales for clip = the q-quantile of |row| (q = 1: the largest |value|):
+    fp16(max(clip / R, 1 / R)), computed in float32 as torch does."""
     r = clip_range(bits)
-    return _fp16_scales(_quantile_clip(w, q), r, 1.0 / r)
+    clip = np.abs(w).max(axis=1) if q >= 1.0 else _abs_quantile(w, q)
+    return np.maximum(clip.astype(np.float32) / np.float32(r), np.float32(1.0 / r)).astype(np.float16)
 
 
 def _sdclip_scales(w: np.ndarray, bits: int, k: float) -> np.ndarray:
@@ -147,6 +140,8 @@ def pick_best(
 
     Ties keep the earlier candidate (the records' strict `<`).
     """
+    if len(results) == 1:
+        return results[0]
     errors = np.stack([squared_errors(w, q, s) for q, s in results])  # (candidates, rows)
     if not per_row:
         best = int(np.argmin(errors.sum(axis=1)))  # argmin: the first of equal minima
@@ -163,7 +158,7 @@ def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tup
     clip = clip or Clip()
     w = _as_matrix(w)
     results = [(quantize_with_scales(w, s, bits), s) for s in candidate_scales(w, bits, clip)]
-    return results[0] if len(results) == 1 else pick_best(w, results, clip.per_row)
+    return pick_best(w, results, clip.per_row)
 
 
 def quantize_tensor(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tuple[np.ndarray, np.ndarray]:
