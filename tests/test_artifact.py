@@ -45,7 +45,7 @@ def test_bits_clips_and_label_follow_the_config():
     assert clips["attention"] == Clip.sdclip(12.85) and clips["mlp"] == Clip.sdclip(10.0)
     assert clips["other"] == Clip.sdclip(12.85)  # the matrices' k
     assert class_clips(cfg)["other"] == Clip.percentile(quant.CLIP_QUANTILE)  # 8 bits: the int8 format's clip
-    assert class_clips(cfg)["attention"] == Clip.search()  # below 8 bits: the percentile search
+    assert class_clips(cfg)["attention"] == Clip()  # below 8 bits: the percentile search
 
 
 def test_the_int8_export_is_the_int8_format(tmp_path):

@@ -100,7 +100,7 @@ def class_clips(cfg: Config) -> dict[str, Clip]:
     def rule(cls: str, k: float) -> Clip:
         if k > 0:
             return Clip.sdclip(k)
-        return Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip.search()
+        return Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip()
 
     return {cls: rule(cls, k) for cls, k in sigmas.items()}
 

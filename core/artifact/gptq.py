@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.artifact.rowquant import Clip, candidate_scales, clip_range, pick_best, quantize_rows
+from core.artifact.rowquant import Clip, candidate_scales, check_matrix, clip_range, pick_best, quantize_rows
 from core.common.errors import PgolfError
 
 __all__ = ["gptq_quantize"]
@@ -91,14 +91,12 @@ def gptq_quantize(
     record's search over five quantiles, chosen for the whole matrix.
     """
     clip = clip or Clip()
-    w = np.asarray(w)
+    w = check_matrix(w, "GPTQ")
     h = np.asarray(h)
-    if w.ndim != 2 or w.dtype != np.float32:
-        raise PgolfError(f"GPTQ takes a float32 matrix, not {w.dtype} of shape {w.shape}")
     if h.shape != (w.shape[1], w.shape[1]):
         raise PgolfError(f"GPTQ: Hessian of shape {h.shape} for a weight of shape {w.shape}")
-    if not (np.isfinite(w).all() and np.isfinite(h).all()):
-        raise PgolfError("GPTQ: the weight or its Hessian holds NaN or infinite values")
+    if not np.isfinite(h).all():
+        raise PgolfError("GPTQ: the Hessian holds NaN or infinite values")
     if block_size < 1:
         raise PgolfError(f"GPTQ: block size {block_size} should be at least 1")
     r = clip_range(bits)

@@ -140,35 +140,33 @@ def quantize_mixed(
             continue
         dtype = orig_dtypes.get(name, t.dtype.name)
         w = float_weight(name, t, dtype)
-        info: dict[str, Any] = {"class": cls, "dtype": dtype}
+        info = out.info[name] = {"class": cls, "dtype": dtype}
+        b, c = 8, Clip.percentile(1.0)  # the gates', and the clip of any tensor but a matrix
         if (
             quant_gate
             and name.endswith(GATE_SUFFIX)
             and w.ndim == 2
             and GATE_MIN_NUMEL <= w.size <= GATE_MAX_NUMEL
         ):
-            out.quantized[name], out.scales[name] = absmax_rows(w, 127, -127, 127)
-            info |= {"store": "int", "bits": 8, "clip": Clip.percentile(1.0).to_json(), "method": "gate"}
+            (q, s), method = absmax_rows(w, 127, -127, 127), "gate"
         elif cls == "control":
             out.passthrough[name], info["store"] = w, "fp32"
+            continue
         elif t.size <= (floors or {}).get(cls, KEEP_FLOAT_MAX_NUMEL) or table[cls] == "fp16":
             out.passthrough[name], info["store"] = to_float16(name, w), "fp16"
+            continue
         else:
             b = int(table[cls])
-            c = (clip or {}).get(cls, Clip())
+            if w.ndim == 2:
+                c = (clip or {}).get(cls, Clip())
             with np.errstate(over="ignore", invalid="ignore"):  # a scale past fp16 is refused below
                 if name in hessians and w.ndim == 2:
-                    q, s = gptq_quantize(w, np.asarray(hessians[name]), b, c)
-                    method = "gptq"
+                    (q, s), method = gptq_quantize(w, np.asarray(hessians[name]), b, c), "gptq"
                 else:
-                    q, s = quantize_tensor(w, b, c)
-                    method = "rows"
+                    (q, s), method = quantize_tensor(w, b, c), "rows"
             _check_float16_range(name, w, s)
-            if w.ndim != 2:  # one scale from the largest |value|
-                c = Clip.percentile(1.0)
-            out.quantized[name], out.scales[name] = q, s
-            info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
-        out.info[name] = info
+        out.quantized[name], out.scales[name] = q, s
+        info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
     return add_lqer(out, state, lqer) if lqer is not None else out
 
 
@@ -195,15 +193,16 @@ def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
     """float32 weights (in their model dtype's precision); non-float tensors as stored."""
     out: dict[str, np.ndarray] = {}
     for name, info in model.info.items():
+        if info["store"] == "raw":
+            out[name] = model.passthrough[name]
+            continue
         if info["store"] == "int":
             w = dequantize_rows(model.quantized[name], model.scales[name])
-            if "lqer" in info:
-                w = w + correction(model.lqer[name])
-            out[name] = _in_dtype(w, info["dtype"])
-        elif info["store"] == "raw":
-            out[name] = model.passthrough[name]
         else:
-            out[name] = _in_dtype(model.passthrough[name].astype(np.float32), info["dtype"])
+            w = model.passthrough[name].astype(np.float32)
+        if "lqer" in info:
+            w = w + correction(model.lqer[name])
+        out[name] = _in_dtype(w, info["dtype"])
     return out
 
 

@@ -66,12 +66,9 @@ class Clip:
     def __post_init__(self) -> None:
         if self.kind not in CLIP_KINDS:
             raise PgolfError(f"clip method {self.kind!r}: choose from {', '.join(CLIP_KINDS)}")
-        quantiles = (
-            (self.q,) if self.kind == "percentile" else self.candidates if self.kind == "search" else ()
-        )
-        if self.kind == "search" and not quantiles:
+        if self.kind == "search" and not self.candidates:
             raise PgolfError("clip search: no candidate quantiles")
-        for q in quantiles:
+        for q in self.quantiles:
             if not (isinstance(q, int | float) and 0.0 < q <= 1.0):
                 raise PgolfError(f"clip quantile {q!r} is not in (0, 1]")
         if self.kind == "sdclip" and not (isinstance(self.k, int | float) and 0.0 < self.k < 1e4):
@@ -82,12 +79,13 @@ class Clip:
         return cls("percentile", q=q)
 
     @classmethod
-    def search(cls, candidates: tuple[float, ...] = SEARCH_QUANTILES, per_row: bool = False) -> Clip:
-        return cls("search", candidates=tuple(candidates), per_row=per_row)
-
-    @classmethod
     def sdclip(cls, k: float) -> Clip:
         return cls("sdclip", k=k)
+
+    @property
+    def quantiles(self) -> tuple[float, ...]:
+        """The quantiles of |w| this clip tries: none for sdclip."""
+        return (self.q,) if self.kind == "percentile" else self.candidates if self.kind == "search" else ()
 
     def to_json(self) -> dict[str, Any]:
         """Only the fields this kind uses: what an artifact records."""
@@ -116,8 +114,7 @@ def candidate_scales(w: np.ndarray, bits: int, clip: Clip) -> list[np.ndarray]:
     """The fp16 per-row scales each candidate of `clip` gives (one array for percentile and sdclip)."""
     if clip.kind == "sdclip":
         return [_sdclip_scales(w, bits, clip.k)]
-    quantiles = (clip.q,) if clip.kind == "percentile" else clip.candidates
-    return [row_scales(w, bits, q) for q in quantiles]
+    return [row_scales(w, bits, q) for q in clip.quantiles]
 
 
 def quantize_with_scales(w: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
@@ -129,8 +126,7 @@ def quantize_with_scales(w: np.ndarray, scales: np.ndarray, bits: int) -> np.nda
 
 def squared_errors(w: np.ndarray, q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Per-row sums of the float32 squared reconstruction errors, summed in float64."""
-    diff = w - q.astype(np.float32) * scales.astype(np.float32)[:, None]
-    return np.square(diff).sum(axis=1, dtype=np.float64)
+    return np.square(w - dequantize_rows(q, scales)).sum(axis=1, dtype=np.float64)
 
 
 def pick_best(
@@ -156,7 +152,7 @@ def pick_best(
 def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tuple[np.ndarray, np.ndarray]:
     """int8 values in [-R, R] and fp16 per-row scales of a float32 matrix."""
     clip = clip or Clip()
-    w = _as_matrix(w)
+    w = check_matrix(w, "per-row quantization")
     results = [(quantize_with_scales(w, s, bits), s) for s in candidate_scales(w, bits, clip)]
     return pick_best(w, results, clip.per_row)
 
@@ -173,12 +169,13 @@ def quantize_tensor(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> t
     return q, scale
 
 
-def _as_matrix(w: np.ndarray) -> np.ndarray:
+def check_matrix(w: np.ndarray, what: str) -> np.ndarray:
+    """`w` as an array, refused (naming `what` takes it) unless a finite float32 matrix with columns."""
     w = np.asarray(w)
     if w.ndim != 2 or w.dtype != np.float32:
-        raise PgolfError(f"per-row quantization takes a float32 matrix, not {w.dtype} of shape {w.shape}")
+        raise PgolfError(f"{what} takes a float32 matrix, not {w.dtype} of shape {w.shape}")
     if w.shape[1] == 0:
-        raise PgolfError("per-row quantization of a matrix with no columns")
+        raise PgolfError(f"{what} of a matrix with no columns")
     if not np.isfinite(w).all():
-        raise PgolfError("per-row quantization: the weights hold NaN or infinite values")
+        raise PgolfError(f"{what}: the weights hold NaN or infinite values")
     return w
