@@ -16,6 +16,8 @@ from core.artifact.int8 import (
     CONTAINER_FORMAT,
     CONTAINER_VERSION,
     FLOAT_BYTES,
+    MAGIC,
+    MAGIC_V1,
     QUANT_FORMAT,
     TOKENIZER_KEY,
     Container,
@@ -31,7 +33,20 @@ LQER_PARTS = ("lqer.qA", "lqer.sA", "lqer.qB", "lqer.sB")  # the roles of its LQ
 # Each container format: its name in messages, the version this pgolf reads.
 FORMATS = {CONTAINER_FORMAT: ("int8", CONTAINER_VERSION), MIXED_FORMAT: ("mixed-precision", MIXED_VERSION)}
 
-__all__ = ["check_container", "check_finite", "check_int8", "check_mixed", "check_model", "clip_from_json"]
+__all__ = [
+    "check_container",
+    "check_finite",
+    "check_int8",
+    "check_mixed",
+    "check_model",
+    "clip_from_json",
+    "is_container",
+]
+
+
+def is_container(blob: bytes) -> bool:
+    """Whether `blob` starts as a pgolf container does (either version)."""
+    return blob.startswith((MAGIC, MAGIC_V1))
 
 
 def check_container(box: Container, want: str | None = None) -> Container:

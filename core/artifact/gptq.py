@@ -35,8 +35,7 @@ __all__ = ["gptq_quantize"]
 def _prepare(w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Damped, act-ordered H^-1's upper Cholesky factor, the permutation, and W permuted."""
     h = np.array(h, dtype=np.float32)
-    diag = np.diagonal(h).copy()
-    dead = diag == 0
+    dead = np.diagonal(h) == 0
     h[dead, dead] = 1.0
     damp = np.float32(0.01) * np.float32(np.diagonal(h).astype(np.float64).mean())
     h[np.diag_indices_from(h)] += damp
@@ -104,12 +103,9 @@ def gptq_quantize(
         upper, perm, w_perm = _prepare(w, h)
     except np.linalg.LinAlgError:
         return quantize_rows(w, bits, clip)
-    inverse = np.argsort(perm)
     scales = candidate_scales(w, bits, clip)
     # Rows never interact in GPTQ: the candidates run as one stack of rows (the same
     # numbers as one run each, with a fifth of the Python steps).
     stacked = _gptq_pass(np.tile(w_perm, (len(scales), 1)), upper, np.concatenate(scales), r, block_size)
-    rows = w.shape[0]
-    results = [(stacked[i * rows : (i + 1) * rows], s) for i, s in enumerate(scales)]
-    q, s = pick_best(w_perm, results, clip.per_row)
-    return q[:, inverse], s
+    q, s = pick_best(w_perm, list(zip(np.split(stacked, len(scales)), scales, strict=True)), clip.per_row)
+    return q[:, np.argsort(perm)], s

@@ -126,9 +126,8 @@ def _abs_quantile(w: np.ndarray, q: float = CLIP_QUANTILE) -> np.ndarray:
     part = np.partition(np.abs(w), (below, above), axis=-1)
     lo, hi = part[:, below], part[:, above]
     weight = rank - np.float32(below)
-    if weight < 0.5:
-        return _fma32(np.full_like(lo, weight), hi - lo, lo)
-    return _fma32(np.full_like(lo, weight - np.float32(1)), hi - lo, hi)
+    near, weight = (lo, weight) if weight < 0.5 else (hi, weight - np.float32(1))
+    return _fma32(np.full_like(lo, weight), hi - lo, near)
 
 
 def _quantize_tensor(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -223,9 +222,7 @@ def _check_float16_range(name: str, w: np.ndarray, stored: np.ndarray) -> None:
 def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """float32 q * s, with per-row (shape (rows,)) or one (0-d) scale."""
     s = np.asarray(scales).astype(np.float32)
-    if s.ndim == 0:
-        return q.astype(np.float32) * s
-    return q.astype(np.float32) * s.reshape((q.shape[0],) + (1,) * (q.ndim - 1))
+    return q.astype(np.float32) * s.reshape(s.shape + (1,) * (q.ndim - s.ndim))
 
 
 def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:
@@ -286,10 +283,6 @@ class Container:
     meta: dict[str, Any]  # the parsed "pgolf" metadata: a dict with a "format" key
     compressor: str
     shuffle: int  # byte-shuffle stride, 0 for none
-
-
-def is_container(blob: bytes) -> bool:
-    return blob.startswith((MAGIC, MAGIC_V1))
 
 
 def open_container(blob: bytes, source: str | Path = "an artifact") -> Container:

@@ -37,7 +37,6 @@ __all__ = [
     "dequantize_rows",
     "quantize_rows",
     "quantize_tensor",
-    "quantize_with_scales",
     "row_scales",
 ]
 
@@ -117,13 +116,6 @@ def candidate_scales(w: np.ndarray, bits: int, clip: Clip) -> list[np.ndarray]:
     return [row_scales(w, bits, q) for q in clip.quantiles]
 
 
-def quantize_with_scales(w: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
-    """int8 values round(w / s) clamped to [-R, R], for fp16 per-row scales."""
-    r = clip_range(bits)
-    q = np.round(w / scales.astype(np.float32)[:, None])
-    return np.clip(q, -r, r).astype(np.int8)
-
-
 def squared_errors(w: np.ndarray, q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Per-row sums of the float32 squared reconstruction errors, summed in float64."""
     return np.square(w - dequantize_rows(q, scales)).sum(axis=1, dtype=np.float64)
@@ -153,7 +145,11 @@ def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tup
     """int8 values in [-R, R] and fp16 per-row scales of a float32 matrix."""
     clip = clip or Clip()
     w = check_matrix(w, "per-row quantization")
-    results = [(quantize_with_scales(w, s, bits), s) for s in candidate_scales(w, bits, clip)]
+    r = clip_range(bits)
+    results = [
+        (np.clip(np.round(w / s.astype(np.float32)[:, None]), -r, r).astype(np.int8), s)
+        for s in candidate_scales(w, bits, clip)
+    ]
     return pick_best(w, results, clip.per_row)
 
 

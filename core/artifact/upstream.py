@@ -22,13 +22,12 @@ from typing import Any
 import numpy as np
 
 from core.artifact import int8
-from core.artifact.checks import check_container, check_int8, names_to
+from core.artifact.checks import check_container, check_int8, is_container, names_to
 from core.artifact.int8 import (
     QUANT_FORMAT,
     ArtifactInfo,
     Int8Model,
     int8_from_container,
-    is_container,
     open_container,
     write_artifact,
 )
