@@ -250,7 +250,7 @@ def with_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSetting
     """`model` (made of `state`) with the LQER corrections `lqer` asks for instead of any it has
     (None: none). The arrays are the model's own, not copies."""
     info = {name: {k: v for k, v in i.items() if k != "lqer"} for name, i in model.info.items()}
-    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough), info)
+    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough), info=info)
     return add_lqer(out, state, lqer) if lqer is not None else out
 
 

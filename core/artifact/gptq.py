@@ -81,7 +81,7 @@ def gptq_quantize(
     w: np.ndarray,
     h: np.ndarray,
     bits: int = 6,
-    clip: Clip | None = None,
+    clip: Clip = Clip(),  # frozen: one default serves every call
     block_size: int = 128,
 ) -> tuple[np.ndarray, np.ndarray]:
     """int8 values in [-R, R] (R = 2**(bits-1) - 1) and fp16 per-row scales of the float32 matrix `w`.
@@ -89,7 +89,6 @@ def gptq_quantize(
     `h` is the (cols, cols) Hessian of the layer's inputs. The default clip is the
     record's search over five quantiles, chosen for the whole matrix.
     """
-    clip = clip or Clip()
     w = check_matrix(w, "GPTQ")
     h = np.asarray(h)
     if h.shape != (w.shape[1], w.shape[1]):

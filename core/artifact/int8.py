@@ -84,14 +84,22 @@ FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the float dtypes a 
 
 
 @dataclass
-class Int8Model:
-    quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8
-    scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 per row, or a 0-d fp32
-    dtypes: dict[str, str] = field(default_factory=dict)  # original dtype of each quantized tensor
+class QuantizedModel:
+    """What a model of either format (this one, core/artifact/mixed.py's) holds: by role in the container
+    (`model_parts`), and the SHA-256 of its tokenizer (read from the container's metadata, TOKENIZER_KEY)."""
+
+    quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8 (holding int-N values)
+    scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 per row, or one 0-d
     passthrough: dict[str, np.ndarray] = field(default_factory=dict)
+    tokenizer_sha256: str | None = None
+
+
+@dataclass
+class Int8Model(QuantizedModel):
+    # Scales: fp16 per row, or a 0-d fp32.
+    dtypes: dict[str, str] = field(default_factory=dict)  # original dtype of each quantized tensor
     passthrough_orig_dtypes: dict[str, str] = field(default_factory=dict)  # of those stored as fp16
     qmeta: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tokenizer_sha256: str | None = None  # read from the container's metadata (TOKENIZER_KEY)
 
 
 @dataclass(frozen=True)
@@ -266,13 +274,13 @@ def payload_bytes(tensors: dict[str, np.ndarray], meta: dict[str, Any] | None = 
     )
 
 
-def model_parts(model: Any) -> dict[str, dict[str, np.ndarray]]:
+def model_parts(model: QuantizedModel) -> dict[str, dict[str, np.ndarray]]:
     """A quantized model's arrays (int8's or mixed's) by their role in the container: the `role/` of each
     tensor's name there."""
     return {"q": model.quantized, "s": model.scales, "p": model.passthrough}
 
 
-def container_tensors(model: Any) -> dict[str, np.ndarray]:
+def container_tensors(model: QuantizedModel) -> dict[str, np.ndarray]:
     """The tensors of a container holding `model`, named `role/name` (`model_parts`)."""
     return {f"{role}/{k}": v for role, part in model_parts(model).items() for k, v in part.items()}
 
@@ -354,7 +362,7 @@ def write_artifact(
     return ArtifactInfo(written, len(blob))
 
 
-def fill_model(model: Any, tensors: dict[str, np.ndarray]) -> Any:
+def fill_model(model: QuantizedModel, tensors: dict[str, np.ndarray]) -> QuantizedModel:
     """`model` (int8's or mixed's, empty) holding a container's tensors, each `role/name` put in its part
     (`model_parts`, or the mixed format's LQER factors `lqer.<part>/name`)."""
     parts = model_parts(model)

@@ -38,6 +38,7 @@ from core.artifact.int8 import (
     KEEP_FLOAT_MAX_NUMEL,
     TOKENIZER_KEY,
     Container,
+    QuantizedModel,
     _check_float16_range,
     _in_dtype,
     container_bytes,
@@ -74,15 +75,12 @@ GATE_SUFFIX, GATE_MIN_NUMEL, GATE_MAX_NUMEL = ".attn_gate_w", 32, 8192
 
 
 @dataclass
-class MixedModel:
-    quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8 holding int-N values
-    scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 (rows,) or 0-d (fp32 0-d allowed)
-    passthrough: dict[str, np.ndarray] = field(default_factory=dict)
+class MixedModel(QuantizedModel):
+    # Scales: fp16 (rows,) or 0-d (fp32 0-d allowed).
     # Per tensor: class, dtype (the model's), store; for "int": bits, clip (Clip.to_json() or None), method,
     # and "lqer" (its kind) when it has a correction.
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
     lqer: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> {qA, sA, qB, sB}
-    tokenizer_sha256: str | None = None  # read from the container's metadata (int8.TOKENIZER_KEY)
 
 
 # ---------------------------------------------------------------- quantization

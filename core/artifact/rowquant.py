@@ -21,7 +21,7 @@ Tensors that are not matrices get one scale from their largest |value|, as in th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -89,8 +89,9 @@ class Clip:
     def to_json(self) -> dict[str, Any]:
         """Only the fields this kind uses: what an artifact records."""
         keep = {"percentile": ("q",), "search": ("candidates", "per_row"), "sdclip": ("k",)}[self.kind]
-        d = asdict(self)
-        return {"kind": self.kind} | {f: list(d[f]) if f == "candidates" else d[f] for f in keep}
+        return {"kind": self.kind} | {
+            f: list(self.candidates) if f == "candidates" else getattr(self, f) for f in keep
+        }
 
 
 def row_scales(w: np.ndarray, bits: int, q: float) -> np.ndarray:
@@ -104,8 +105,12 @@ def row_scales(w: np.ndarray, bits: int, q: float) -> np.ndarray:
 def _sdclip_scales(w: np.ndarray, bits: int, k: float) -> np.ndarray:
     r = clip_range(bits)
     # torch.std accumulates in float64 and rounds the result to float32.
-    std = w.astype(np.float64).std(axis=1, ddof=1).astype(np.float32) if w.shape[1] > 1 else np.zeros(len(w))
-    s = (np.float32(k) * std.astype(np.float32) / np.float32(r)).astype(np.float16)
+    std = (
+        w.astype(np.float64).std(axis=1, ddof=1).astype(np.float32)
+        if w.shape[1] > 1
+        else np.zeros(len(w), np.float32)
+    )
+    s = (np.float32(k) * std / np.float32(r)).astype(np.float16)
     return np.where(s > 0, s, np.float16(1.0 / r))  # fp16 has no room for the record's 1e-10 floor
 
 
@@ -134,16 +139,13 @@ def pick_best(
     if not per_row:
         best = int(np.argmin(errors.sum(axis=1)))  # argmin: the first of equal minima
         return results[best]
-    choice = np.argmin(errors, axis=0)  # (rows,)
-    rows = np.arange(w.shape[0])
-    q = np.stack([q for q, _ in results])[choice, rows]
-    s = np.stack([s for _, s in results])[choice, rows]
+    choice, rows = np.argmin(errors, axis=0), np.arange(w.shape[0])  # the best candidate of each row
+    q, s = (np.stack(parts)[choice, rows] for parts in zip(*results, strict=True))
     return q, s
 
 
-def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """int8 values in [-R, R] and fp16 per-row scales of a float32 matrix."""
-    clip = clip or Clip()
+def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip = Clip()) -> tuple[np.ndarray, np.ndarray]:
+    """int8 values in [-R, R] and fp16 per-row scales of a float32 matrix (Clip is frozen: one default serves)."""
     w = check_matrix(w, "per-row quantization")
     r = clip_range(bits)
     results = [
@@ -153,7 +155,7 @@ def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tup
     return pick_best(w, results, clip.per_row)
 
 
-def quantize_tensor(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_tensor(w: np.ndarray, bits: int = 6, clip: Clip = Clip()) -> tuple[np.ndarray, np.ndarray]:
     """`quantize_rows` for a matrix; any other shape gets one 0-d fp16 scale from its largest |value|."""
     w = np.asarray(w, dtype=np.float32)
     if w.ndim == 2:
