@@ -24,8 +24,10 @@ container holds core/artifact/mixed.py's mixed-precision format (another "format
 metadata).
 
 Containers written before the checksum (MAGIC_V1, b"PGOLF-INT8\\x00", the same layout
-without the trailing digest) are still read, with a warning. A file may be at most
-MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES.
+without the trailing digest) are still read, with a warning (core/artifact/container_v1.py). A file
+may be at most MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES. A run reads
+back the container it has just written as it is; the readers of other files check its metadata and
+tensor names first (core/artifact/checks.py: `check_container`).
 
 The challenge's own containers (its torch file, its MLX pickle) are core/artifact/upstream.py's.
 """

@@ -79,14 +79,3 @@ def factors(
     if settings.asym and b.size % settings.group == 0:
         return "asym", pack_asym(a, b, settings.group)
     return "sym", pack_sym(a, b, settings.factor_bits)
-
-
-def lqer_corrections(
-    weights: dict[str, np.ndarray], dequantized: dict[str, np.ndarray], settings: LqerSettings
-) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
-    """{name: (kind, packed factors)} for the `top_k` matrices of `weights` whose quantization error
-    (against `dequantized`) has the largest Frobenius norm."""
-    return {
-        name: factors(np.linalg.svd(error, full_matrices=False), settings)
-        for name, error in ranked_errors(weights, dequantized)[: settings.top_k]
-    }

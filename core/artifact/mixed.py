@@ -48,7 +48,7 @@ from core.artifact.int8 import (
     float_weight,
     to_float16,
 )
-from core.artifact.lqer import LqerSettings, absmax_rows, correction, lqer_corrections
+from core.artifact.lqer import LqerSettings, absmax_rows, correction, factors, ranked_errors
 from core.artifact.rowquant import BITS, Clip, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError
@@ -169,9 +169,11 @@ def quantize_mixed(
 
 
 def add_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings) -> MixedModel:
-    """`model` (made of `state`, without corrections) given the LQER corrections `lqer` asks for."""
-    for name, (kind, factors) in lqer_corrections(*rounding_of(state, model), lqer).items():
-        model.lqer[name] = factors
+    """`model` (made of `state`, without corrections) given the LQER corrections `lqer` asks for: of its
+    `lqer.top_k` matrices whose quantization error has the largest Frobenius norm."""
+    for name, error in ranked_errors(*rounding_of(state, model))[: lqer.top_k]:
+        kind, packed = factors(np.linalg.svd(error, full_matrices=False), lqer)
+        model.lqer[name] = packed
         model.info[name]["lqer"] = kind
     return model
 
@@ -225,7 +227,7 @@ def mixed_artifact_bytes(
         "tensors": model.info,
     }
     tensors = container_tensors(model)
-    tensors |= {f"lqer.{part}/{k}": a for k, factors in model.lqer.items() for part, a in factors.items()}
+    tensors |= {f"lqer.{part}/{k}": a for k, packed in model.lqer.items() for part, a in packed.items()}
     return container_bytes(tensors, meta, compressor, level, shuffle, config, tokenizer)
 
 
