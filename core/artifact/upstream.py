@@ -45,15 +45,16 @@ def _from_upstream_dict(obj: Any, to_numpy: Any) -> Int8Model:
     def arrays(key: str) -> dict[str, np.ndarray]:
         return {k: to_numpy(v) for k, v in names_to(obj, key, object).items()}
 
+    def optional(key: str, kind: type) -> dict:  # absent from some of upstream's files
+        return names_to(obj, key, kind) if key in obj else {}
+
     return Int8Model(
         quantized=arrays("quantized"),
         scales=arrays("scales"),
         dtypes=names_to(obj, "dtypes", str),
         passthrough=arrays("passthrough"),
-        passthrough_orig_dtypes=names_to(obj, "passthrough_orig_dtypes", str)
-        if "passthrough_orig_dtypes" in obj
-        else {},
-        qmeta=names_to(obj, "qmeta", dict) if "qmeta" in obj else {},
+        passthrough_orig_dtypes=optional("passthrough_orig_dtypes", str),
+        qmeta=optional("qmeta", dict),
     )
 
 
