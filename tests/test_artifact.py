@@ -15,6 +15,7 @@ from core.artifact import int8 as quant
 from core.artifact import mixed, upstream
 from core.artifact.budget import from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, quant_label
+from core.artifact.int8_stats import int8_stats
 from core.artifact.load import load_mixed_artifact, read_artifact
 from core.artifact.records import RECORD_BF16_NAMES, load_record_artifact
 from core.artifact.rowquant import Clip
@@ -44,7 +45,7 @@ def test_bits_clips_and_label_follow_the_config():
     assert clips["attention"] == Clip.sdclip(12.85) and clips["mlp"] == Clip.sdclip(10.0)
     assert clips["other"] == Clip.sdclip(12.85)  # the matrices' k
     assert class_clips(cfg)["other"] == Clip.percentile(quant.CLIP_QUANTILE)  # 8 bits: the int8 format's clip
-    assert class_clips(cfg)["attention"] == Clip.search()  # below 8 bits: the percentile search
+    assert class_clips(cfg)["attention"] == Clip()  # below 8 bits: the percentile search
 
 
 def test_the_int8_export_is_the_int8_format(tmp_path):
@@ -56,7 +57,7 @@ def test_the_int8_export_is_the_int8_format(tmp_path):
     assert kept == {"train_seq_len": 64, "val_max_tokens": 4096}  # the smoke preset's, shapes aside
     assert (tmp_path / "a.pgolf").read_bytes() == quant.artifact_bytes(model, config=kept)
     assert report.sizes["model_bytes"] == (tmp_path / "a.pgolf").stat().st_size
-    assert report.sizes["payload_bytes"] == model.stats["int8_payload_bytes"]
+    assert report.sizes["payload_bytes"] == int8_stats(params, model, dtypes)["int8_payload_bytes"]
     rows = {r["class"]: r for r in report.budget}
     assert rows["mlp"]["bits"] == "int8" and rows["total"]["params"] == sum(v.size for v in params.values())
 
@@ -93,8 +94,10 @@ def test_every_format_is_read_back(tmp_path):
     cfg = preset("smoke").replace(**WIDE)
     params, dtypes, classes = busy_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg)
     int8 = quant.quantize_int8(params, dtypes, classes)
-    quant.save_artifact(tmp_path / "a.pgolf", int8, "lzma", shuffle=2)
-    mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed.quantize_mixed(params, classes))
+    quant.write_artifact(tmp_path / "a.pgolf", quant.artifact_bytes(int8, "lzma", shuffle=2), "lzma")
+    quant.write_artifact(
+        tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(mixed.quantize_mixed(params, classes)), "brotli"
+    )
     expected = {
         "a.pgolf": quant.dequantize_int8(int8),
         "m.pgolf": mixed.dequantize_mixed(load_mixed_artifact(tmp_path / "m.pgolf")),

@@ -394,7 +394,7 @@ def test_each_scoring_setting_comes_back_from_an_artifact(tmp_path):
     for name in SCORING_FIELDS:
         cfg = Config().replace(**{name: other_values(Config(), name)[0]})
         path = tmp_path / f"{name}.pgolf"
-        int8.save_artifact(path, model, "zlib", config=scoring_config(cfg))
+        int8.write_artifact(path, int8.artifact_bytes(model, "zlib", config=scoring_config(cfg)), "zlib")
         kept, where = saved_config(path)
         assert where == f"artifact {path}" and Config.from_dict(kept) == cfg, name
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from core.artifact import lqer
+from core.artifact.int8 import write_artifact
 from core.artifact.load import load_mixed_artifact
-from core.artifact.mixed import dequantize_mixed, quantize_mixed, save_mixed_artifact
+from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
 from core.common.errors import PgolfError
 from core.config.presets import preset
 
@@ -52,13 +53,13 @@ def test_corrections_survive_the_file_and_a_damaged_one_is_refused(tmp_path):
     weights, classes = state()
     model = quantize_mixed(weights, classes, {"mlp": 6, "attention": 6}, lqer=SETTINGS)
     path = tmp_path / "a.pgolf"
-    save_mixed_artifact(path, model)
+    write_artifact(path, mixed_artifact_bytes(model), "brotli")
     back = load_mixed_artifact(path)
     for name, want in dequantize_mixed(model).items():
         np.testing.assert_array_equal(dequantize_mixed(back)[name], want)
     back.lqer["m1"]["qB"] = back.lqer["m1"]["qB"][:, :-1]  # factors that no longer make the matrix
     bad = tmp_path / "bad.pgolf"
-    save_mixed_artifact(bad, back)
+    write_artifact(bad, mixed_artifact_bytes(back), "brotli")
     with pytest.raises(PgolfError, match="m1: LQER factors .* do not make a"):
         load_mixed_artifact(bad)
 

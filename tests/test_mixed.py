@@ -18,7 +18,6 @@ from safetensors.numpy import load as st_load
 from core.artifact import int8 as quant
 from core.artifact import mixed, upstream
 from core.artifact.budget import budget_table
-from core.artifact.gptq import hessian
 from core.artifact.load import load_mixed_artifact
 from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
 from core.artifact.records import load_record_artifact
@@ -27,6 +26,7 @@ from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import RECORD_PTZ, goldens
 from tests.test_core_isolation import run_blocked
+from tests.test_rowquant import hessian
 
 try:
     import torch
@@ -159,7 +159,7 @@ def _request(case: str) -> dict:
         ("unknown class", "step has unknown class 'bias'"),
         ("control bits", "control tensors always stay in fp32"),
         ("4 bits", "bits for mlp: 4"),
-        ("unknown bits class", "unknown class 'head'"),
+        ("unknown bits class", "bits for head: 6"),
         ("stray hessian", "Hessians given for tensors not in the model: nope.weight"),
         ("too large", "w is too large for the format's float16"),
         ("float64", "w has dtype float64"),
@@ -175,9 +175,11 @@ def test_bad_requests_are_refused(case, match):
     ("compressor", "shuffle"), [("brotli", 2), ("zstd", 0), ("zstd", 2), ("lzma", 2), ("none", 0)]
 )
 def test_round_trip(tmp_path, mixed_model, compressor, shuffle):
-    info = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model, compressor, shuffle=shuffle)
+    info = quant.write_artifact(
+        tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model, compressor, shuffle=shuffle), compressor
+    )
     blob = info.path.read_bytes()
-    assert blob.startswith(quant.MAGIC) and blob[len(quant.MAGIC)] == quant.COMPRESSORS[compressor] | (
+    assert blob.startswith(quant.MAGIC) and blob[len(quant.MAGIC)] == compress.COMPRESSORS[compressor].id | (
         0x80 if shuffle else 0
     )
     back = load_mixed_artifact(info.path)
@@ -223,13 +225,14 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
     brotli_blob = mixed_artifact_bytes(mixed_model)
     code = (
         "import hashlib, numpy as np\n"
-        "from core.artifact import gptq, mixed\n"
+        "from core.artifact import mixed\n"
         "from core.artifact.rowquant import Clip\n"
         "from tests.test_mixed import model_state, ramp\n"
+        "from tests.test_rowquant import hessian\n"
         "state, classes, dtypes = model_state()\n"
         "m = mixed.quantize_mixed(state, classes, bits={'embedding': 8, 'attention': 6, 'mlp': 5, 'other': 7},\n"
         "    clip={'embedding': Clip.percentile(0.9999), 'mlp': Clip.sdclip(4.0)},\n"
-        "    hessians={'blocks.0.attn.c_q.weight': gptq.hessian(ramp((300, 256), 1.0, 65_537))}, orig_dtypes=dtypes)\n"
+        "    hessians={'blocks.0.attn.c_q.weight': hessian(ramp((300, 256), 1.0, 65_537))}, orig_dtypes=dtypes)\n"
         "print(hashlib.sha256(mixed.mixed_artifact_bytes(m)).hexdigest())"
     )
     env = {"PYTHONHASHSEED": "12345", "PATH": os.environ.get("PATH", "")}
@@ -239,7 +242,7 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
 
 
 def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch):
-    path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model).path
+    path = quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     code = (
         "import numpy as np\n"
         "from core.artifact import mixed\n"
@@ -265,10 +268,12 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
 
 
 def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
-    path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model).path
+    path = quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     with pytest.raises(PgolfError, match="format 'pgolf-mixed', not the int8 format"):
         upstream.load_artifact(path)
-    int8 = quant.save_artifact(tmp_path / "i.pgolf", quant.quantize_int8({"w": ramp((300, 300), 1, 7)})).path
+    int8 = quant.write_artifact(
+        tmp_path / "i.pgolf", quant.artifact_bytes(quant.quantize_int8({"w": ramp((300, 300), 1, 7)})), "zlib"
+    ).path
     with pytest.raises(PgolfError, match="format 'pgolf-int8', not the mixed-precision format"):
         load_mixed_artifact(int8)
 
@@ -327,7 +332,9 @@ def test_a_records_artifact_converts_to_pgolfs_without_loss(tmp_path):
     classes = {"tok_emb.weight": "embedding", "blocks.0.attn.c_q.weight": "attention"}
     model = load_record_artifact(RECORD_PTZ, orig_dtypes=meta["record_int6_dtypes"], classes=classes)
     assert model.info["tok_emb.weight"]["class"] == "embedding" and model.info["step"]["class"] == "other"
-    back = load_mixed_artifact(mixed.save_mixed_artifact(tmp_path / "m.pgolf", model).path)
+    back = load_mixed_artifact(
+        quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(model), "brotli").path
+    )
     a, b = dequantize_mixed(model), dequantize_mixed(back)
     assert all(np.array_equal(a[k], b[k]) for k in a)
 

@@ -51,7 +51,7 @@ LEFT_OUT = (
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
     "core.model.memory", "core.model.backend", "core.common.spelling",
     "core.artifact.load", "core.artifact.upstream", "core.artifact.records", "core.artifact.checks",
-    "core.artifact.budget", "core.train.report", "core.train.bench", "core.eval.verify", "core.eval.sample",
+    "core.artifact.budget", "core.artifact.int8_stats", "core.artifact.container_v1", "core.train.report", "core.train.bench", "core.eval.verify", "core.eval.sample",
     "mlx_train", "mlx_train.backend", "mlx_train.model",
 )  # fmt: skip
 

@@ -160,9 +160,11 @@ def assert_same_model(a: mixed.MixedModel, b: mixed.MixedModel) -> None:
 @pytest.mark.parametrize("shuffle", [0, 2])
 def test_round_trip_is_exact_and_the_bytes_repeat(tmp_path, shuffle):
     model = record_model()
-    info = mixed.save_mixed_artifact(tmp_path / "m.pgolf", model, "pergroup", shuffle=shuffle)
+    info = quant.write_artifact(
+        tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(model, "pergroup", shuffle=shuffle), "pergroup"
+    )
     blob = info.path.read_bytes()
-    assert blob[len(quant.MAGIC)] == quant.COMPRESSORS["pergroup"] | (0x80 if shuffle else 0)
+    assert blob[len(quant.MAGIC)] == compress.COMPRESSORS["pergroup"].id | (0x80 if shuffle else 0)
     assert_same_model(read_pgolf_artifact(info.path), model)
     assert mixed.mixed_artifact_bytes(model, "pergroup", shuffle=shuffle) == blob  # the same bytes again
 
@@ -171,7 +173,9 @@ def test_round_trip_is_exact_and_the_bytes_repeat(tmp_path, shuffle):
 @pytest.mark.slow  # ~20 s on 2 cores: lrzip's ZPAQ over 270 KB
 def test_a_quantized_model_round_trips(tmp_path, mixed_model):  # noqa: F811
     """What quantize_mixed makes (GPTQ, int5-8, a 1-D int tensor, fp32 controls, a raw int64) comes back."""
-    path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", mixed_model, "pergroup").path
+    path = quant.write_artifact(
+        tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(mixed_model, "pergroup"), "pergroup"
+    ).path
     assert_same_model(read_pgolf_artifact(path), mixed_model)
 
 
@@ -273,7 +277,9 @@ def test_the_fit_tries_pergroup_where_lrzip_is_installed(monkeypatch):
 
 @NEEDS_LRZIP
 def test_reading_a_pergroup_artifact_without_lrzip_is_one_line(tmp_path, monkeypatch):
-    path = mixed.save_mixed_artifact(tmp_path / "m.pgolf", record_model(), "pergroup").path
+    path = quant.write_artifact(
+        tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(record_model(), "pergroup"), "pergroup"
+    ).path
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
     with pytest.raises(PgolfError) as caught:
         read_pgolf_artifact(path)

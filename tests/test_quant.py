@@ -21,6 +21,8 @@ from safetensors.numpy import save as st_save
 
 from core.artifact import int8 as quant
 from core.artifact import upstream
+from core.artifact.int8_stats import int8_stats
+from core.common import compress
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.params import artifact_classes, init_params, storage_dtypes
@@ -254,21 +256,23 @@ def test_round_to_bfloat16_matches_torch():
 def test_baseline_payload_is_the_published_figure():
     cfg = preset("baseline")
     # The parameter table's classes keep exactly the challenge's control tensors in fp32.
-    model = quant.quantize_int8(
-        init_params(cfg, bf16=True), storage_dtypes(cfg, bf16=True), artifact_classes(cfg)
-    )
-    assert model.stats["int8_payload_bytes"] == 17_178_912
-    assert model.stats["param_count"] == 17_059_912
-    assert model.stats["baseline_tensor_bytes"] == 4 * 17_059_912 - 2 * 1024 * 512  # bf16 embedding
-    assert (model.stats["num_tensors"], model.stats["num_float_tensors"]) == (92, 55)
+    params, dtypes = init_params(cfg, bf16=True), storage_dtypes(cfg, bf16=True)
+    model = quant.quantize_int8(params, dtypes, artifact_classes(cfg))
+    stats = int8_stats(params, model, dtypes)
+    assert stats["int8_payload_bytes"] == 17_178_912
+    assert stats["param_count"] == 17_059_912
+    assert stats["baseline_tensor_bytes"] == 4 * 17_059_912 - 2 * 1024 * 512  # bf16 embedding
+    assert (stats["num_tensors"], stats["num_float_tensors"]) == (92, 55)
     assert model.dtypes["tok_emb.weight"] == "bfloat16" and "tok_emb.weight" in model.qmeta
 
 
 def test_non_float_tensors_pass_through():
-    model = quantize({"counter": np.arange(5, dtype=np.int64), "mask": np.ones(3, bool)})
+    state = {"counter": np.arange(5, dtype=np.int64), "mask": np.ones(3, bool)}
+    model = quantize(state)
     deq = quant.dequantize_int8(model)
     assert same(deq["counter"], np.arange(5, dtype=np.int64)) and same(deq["mask"], np.ones(3, bool))
-    assert model.stats["num_nonfloat_tensors"] == 2 and model.stats["int8_payload_bytes"] == 43
+    stats = int8_stats(state, model)
+    assert stats["num_nonfloat_tensors"] == 2 and stats["int8_payload_bytes"] == 43
 
 
 def test_bf16_weights_are_rounded_before_quantizing():
@@ -378,23 +382,25 @@ def equal_weights(a: quant.Int8Model, b: quant.Int8Model) -> bool:
                                                    ("lzma", 6), ("bz2", None), ("bz2", 1)])  # fmt: skip
 def test_round_trip_through_every_compressor(tmp_path, compressor, level):
     model = quantize(*golden_state())
-    info = quant.save_artifact(tmp_path / "m.pgolf", model, compressor=compressor, level=level)
+    info = quant.write_artifact(
+        tmp_path / "m.pgolf", quant.artifact_bytes(model, compressor, level), compressor
+    )
     blob = info.path.read_bytes()
-    assert (info.file_bytes, info.sha256) == (len(blob), hashlib.sha256(blob).hexdigest())
-    assert blob[len(quant.MAGIC)] == quant.COMPRESSORS[compressor]
+    assert info.file_bytes == len(blob)
+    assert blob[len(quant.MAGIC)] == compress.COMPRESSORS[compressor].id
     back = upstream.load_artifact(info.path)
     assert equal_weights(model, back)
     assert back.dtypes == model.dtypes and back.qmeta == model.qmeta
     assert back.passthrough_orig_dtypes == model.passthrough_orig_dtypes
-    assert quant.save_artifact(tmp_path / "again.pgolf", back, compressor, level).sha256 == info.sha256
+    assert quant.artifact_bytes(back, compressor, level) == blob  # the same bytes again
 
 
 def test_bad_compressor_settings_are_refused(tmp_path):
     model = quantize(*golden_state())
     with pytest.raises(PgolfError, match="unknown compressor 'lz4'"):
-        quant.save_artifact(tmp_path / "m.pgolf", model, compressor="lz4")
+        quant.artifact_bytes(model, compressor="lz4")
     with pytest.raises(PgolfError, match="level 0 is not in 1..9"):
-        quant.save_artifact(tmp_path / "m.pgolf", model, compressor="bz2", level=0)
+        quant.artifact_bytes(model, compressor="bz2", level=0)
     assert not list(tmp_path.iterdir())
 
 
@@ -580,7 +586,7 @@ ROW_SCALES = np.ones(4, np.float16)
     [
         (container({"q/w": Q, "s/w": ROW_SCALES}), None),  # the valid base case
         (container({"q/w": Q, "s/w": ROW_SCALES}, "{not json"), "Expecting property name"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"version": 2}), "container version 2"),
+        (container({"q/w": Q, "s/w": ROW_SCALES}, {"version": 2}), "int8 format version 2"),
         (container({"q/w": Q, "s/w": ROW_SCALES}, {"format": "other"}), "format 'other', not the int8"),
         (container({"q/w": Q, "s/w": ROW_SCALES}, {"quant_format": "int6"}), "quant format 'int6'"),
         (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {}}), "unknown dtype None"),
@@ -603,7 +609,7 @@ ROW_SCALES = np.ones(4, np.float16)
         (quant.MAGIC + b"\x09" + st_save({}) + bytes(32), "unknown compressor id 9"),
         (container({"q/w": Q, "s/w": ROW_SCALES})[:-1] + b"?", "does not match its checksum"),
         (container({"q/w": Q, "s/w": np.full(4, np.nan, np.float16)}), "w holds NaN or infinite"),
-        (quant.MAGIC, "ends after the magic"),
+        (quant.MAGIC, "ends before its checksum"),
         (b"", "ends before the end of its stream"),
         (b"PGOLF-INT9\x00\x00", "incorrect header check"),
         (zlib.compress(b"just some text"), "unknown container"),

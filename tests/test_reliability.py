@@ -134,7 +134,7 @@ def small_artifact(path: Path, **renames: str) -> Path:
     params = init_params(preset("tiny"))
     for old, new in renames.items():
         params[new] = params.pop(old)
-    quant.save_artifact(path, quant.quantize_int8(params))
+    quant.write_artifact(path, quant.artifact_bytes(quant.quantize_int8(params)), "zlib")
     return path
 
 
@@ -217,7 +217,7 @@ def test_a_nan_scale_is_refused_when_read(tmp_path):
     model = quant.quantize_int8(init_params(preset("tiny")))
     name = next(iter(model.scales))
     model.scales[name] = np.full_like(model.scales[name], np.nan)
-    quant.save_artifact(tmp_path / "nan.pgolf", model)
+    quant.write_artifact(tmp_path / "nan.pgolf", quant.artifact_bytes(model), "zlib")
     with pytest.raises(PgolfError, match=f"{re.escape(name)} holds NaN or infinite values"):
         upstream.load_artifact(tmp_path / "nan.pgolf")
 

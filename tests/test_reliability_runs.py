@@ -262,6 +262,8 @@ def test_an_artifact_keeping_settings_of_the_wrong_type_or_out_of_range_is_refus
     out_of_range = ({"num_layers": 0}, {"eval_stride": -5}, {"muon_backend_steps": 10**6}, {"num_heads": 3})
     for kept in wrong + out_of_range:
         path = tmp_path / "a.pgolf"
-        int8.save_artifact(path, model, "zlib", config=kept)  # its checksum is valid: written so
+        int8.write_artifact(
+            path, int8.artifact_bytes(model, "zlib", config=kept), "zlib"
+        )  # its checksum is valid: written so
         with pytest.raises(PgolfError, match=rf"artifact {path} keeps settings pgolf refuses: config: "):
             scoring_config(path, None, None, {})

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from core.artifact.checks import clip_from_json
-from core.artifact.gptq import gptq_quantize, hessian
+from core.artifact.gptq import gptq_quantize
 from core.artifact.rowquant import (
     Clip,
     clip_range,
@@ -28,6 +28,13 @@ requires_torch = pytest.mark.skipif(torch is None, reason="torch is the independ
 BITS_OF_RANGE = {31: 6, 15: 5, 63: 7, 127: 8}
 
 
+def hessian(inputs: np.ndarray) -> np.ndarray:
+    """H = X^T X (float32) for inputs X of shape (..., cols): what a calibration pass sums per layer."""
+    x = np.asarray(inputs, dtype=np.float32)
+    x = x.reshape(-1, x.shape[-1])
+    return x.T @ x
+
+
 def same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
 
@@ -43,7 +50,7 @@ def test_clip_ranges():
 def test_search_is_the_records_quantize_int6_per_row(r):
     """Bit for bit: the values and the fp16 scales of the record's GPTQ-lite (whole-matrix search)."""
     g, _ = goldens()
-    q, s = quantize_rows(g["rows/w"], BITS_OF_RANGE[r], Clip.search())
+    q, s = quantize_rows(g["rows/w"], BITS_OF_RANGE[r], Clip())
     assert same(q, g[f"rows/q{r}"]) and same(s, g[f"rows/s{r}"])
     assert int(np.abs(q).max()) <= r and s[3] == np.float16(1 / r)  # row 3 is all zeros
 
@@ -58,7 +65,7 @@ def test_a_vector_gets_one_scale_as_in_the_record():
 def test_gptq_is_the_records_gptq_quantize_weight(r, block):
     """Bit for bit, with two dead inputs, act order, one block or three (the cross-block update)."""
     g, _ = goldens()
-    q, s = gptq_quantize(g["rows/w"], g["gptq/h"], BITS_OF_RANGE[r], Clip.search(), block_size=block)
+    q, s = gptq_quantize(g["rows/w"], g["gptq/h"], BITS_OF_RANGE[r], Clip(), block_size=block)
     assert same(s, g[f"gptq/s{r}_b{block}"])
     assert same(q, g[f"gptq/q{r}_b{block}"]), (
         f"{np.count_nonzero(q != g[f'gptq/q{r}_b{block}'])} values differ"
@@ -88,8 +95,8 @@ def weights(seed: int = 0, rows: int = 40, cols: int = 64) -> np.ndarray:
 
 def test_per_row_search_is_never_worse_than_the_whole_matrix_search():
     w = weights(1)
-    q_m, s_m = quantize_rows(w, 5, Clip.search())
-    q_r, s_r = quantize_rows(w, 5, Clip.search(per_row=True))
+    q_m, s_m = quantize_rows(w, 5, Clip())
+    q_r, s_r = quantize_rows(w, 5, Clip(per_row=True))
     err_m, err_r = squared_errors(w, q_m, s_m), squared_errors(w, q_r, s_r)
     assert (err_r <= err_m).all() and err_r.sum() < err_m.sum()
     for q in (0.999, 0.9999, 1.0):  # and each row is the best of the candidates for that row
@@ -100,7 +107,7 @@ def test_per_row_search_is_never_worse_than_the_whole_matrix_search():
 def test_the_records_floor_of_one_over_r():
     """Scales never go below 1/R (the records'): rows whose clip is under 1 get coarser steps."""
     w = weights(8) * np.float32(0.01)
-    q, s = quantize_rows(w, 6, Clip.search())
+    q, s = quantize_rows(w, 6, Clip())
     assert same(s, np.full(len(w), 1 / 31, np.float16)) and int(np.abs(q).max()) < 31
 
 
@@ -143,13 +150,13 @@ def test_sdclip_clips_at_k_standard_deviations():
 
 
 def test_clip_descriptions_round_trip_and_bad_ones_are_refused():
-    for clip in (Clip(), Clip.search(per_row=True), Clip.percentile(0.9999), Clip.sdclip(12.85)):
+    for clip in (Clip(), Clip(per_row=True), Clip.percentile(0.9999), Clip.sdclip(12.85)):
         assert clip_from_json(clip.to_json()) == clip
     assert Clip.sdclip(3.0).to_json() == {"kind": "sdclip", "k": 3.0}
     for bad, match in [
         (lambda: Clip("median"), "clip method 'median'"),
         (lambda: Clip.percentile(1.5), r"quantile 1.5 is not in \(0, 1\]"),
-        (lambda: Clip.search(()), "no candidate"),
+        (lambda: Clip(candidates=()), "no candidate"),
         (lambda: Clip.sdclip(-1), "sdclip"),
     ]:
         with pytest.raises(PgolfError, match=match):
@@ -176,7 +183,7 @@ def test_gptq_lowers_the_output_error_it_targets():
     x = (rng.normal(0, 1, (400, 96)) @ rng.normal(0, 0.4, (96, 96))).astype(np.float32)  # correlated inputs
     h = hessian(x)
     assert np.allclose(h, x.T @ x) and h.dtype == np.float32
-    for clip in (Clip(), Clip.search(per_row=True), Clip.sdclip(4.0)):
+    for clip in (Clip(), Clip(per_row=True), Clip.sdclip(4.0)):
         q_g, s_g = gptq_quantize(w, h, 5, clip, block_size=32)
         q_r, s_r = quantize_rows(w, 5, clip)
         out = [np.linalg.norm(x @ (w - dequantize_rows(q, s)).T) for q, s in ((q_g, s_g), (q_r, s_r))]

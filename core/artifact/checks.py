@@ -7,16 +7,102 @@ just written does not (the container's sha256 says the payload is the one writte
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
-from core.artifact.int8 import FLOAT_BYTES, Int8Model, check_finite
-from core.artifact.mixed import CLASSES, METHODS, STORES, MixedModel
+from core.artifact.int8 import (
+    CONTAINER_FORMAT,
+    CONTAINER_VERSION,
+    FLOAT_BYTES,
+    MAGIC,
+    MAGIC_V1,
+    QUANT_FORMAT,
+    TOKENIZER_KEY,
+    Container,
+    Int8Model,
+)
+from core.artifact.mixed import CLASSES, MIXED_FORMAT, MIXED_VERSION, MixedModel
 from core.artifact.rowquant import BITS, Clip, clip_range
 from core.common.errors import PgolfError
 
-__all__ = ["check_int8", "check_mixed", "check_model", "clip_from_json"]
+STORES = ("int", "fp16", "fp32", "raw")  # how the mixed format keeps a tensor
+METHODS = ("rows", "gptq", "gate")  # how it rounded a quantized one
+LQER_PARTS = ("lqer.qA", "lqer.sA", "lqer.qB", "lqer.sB")  # the roles of its LQER factors' tensors
+# Each container format: its name in messages, the version this pgolf reads.
+FORMATS = {CONTAINER_FORMAT: ("int8", CONTAINER_VERSION), MIXED_FORMAT: ("mixed-precision", MIXED_VERSION)}
+
+__all__ = [
+    "check_container",
+    "check_finite",
+    "check_int8",
+    "check_mixed",
+    "check_model",
+    "clip_from_json",
+    "is_container",
+]
+
+
+def is_container(blob: bytes) -> bool:
+    """Whether `blob` starts as a pgolf container does (either version)."""
+    return blob.startswith((MAGIC, MAGIC_V1))
+
+
+def check_container(box: Container, want: str | None = None) -> Container:
+    """What reading the model of an opened pgolf container relies on in its metadata and tensor names:
+    the format `want` (by default the one it names: the mixed format, else int8) at the version this
+    pgolf reads, that format's metadata, and no tensor of another role. ValueError naming the first
+    problem; what the model holds is checked after (`check_model`)."""
+    meta = box.meta
+    want = want or (MIXED_FORMAT if meta["format"] == MIXED_FORMAT else CONTAINER_FORMAT)
+    what, version = FORMATS[want]
+    if meta["format"] != want:
+        raise ValueError(f"format {meta['format']!r}, not the {what} format {want!r}")
+    if meta.get("version") != version:
+        raise ValueError(f"{what} format version {meta.get('version')!r} (this pgolf reads {version})")
+    roles = {"q", "s", "p"}
+    if want == MIXED_FORMAT:
+        if meta.get("compressor") != box.compressor or meta.get("shuffle") != box.shuffle:
+            raise ValueError(
+                f"metadata says {meta.get('compressor')!r} with shuffle {meta.get('shuffle')!r}, "
+                f"the file is {box.compressor!r} with shuffle {box.shuffle}"
+            )
+        info = meta.get("tensors")
+        if not isinstance(info, dict) or not all(isinstance(v, dict) for v in info.values()):
+            raise ValueError("'tensors' is not a map of names to descriptions")
+        roles |= set(LQER_PARTS)
+    else:
+        if meta.get("quant_format") != QUANT_FORMAT:
+            raise ValueError(f"quant format {meta.get('quant_format')!r} (this pgolf reads {QUANT_FORMAT})")
+        for key, kind in (("dtypes", str), ("passthrough_orig_dtypes", str), ("qmeta", dict)):
+            names_to(meta, key, kind)
+    digest = meta.get(TOKENIZER_KEY)
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest)):
+        raise ValueError(f"{TOKENIZER_KEY} is not a SHA-256")
+    for key in box.tensors:
+        if key.partition("/")[0] not in roles:
+            raise ValueError(f"unexpected tensor {key!r}")
+    return box
+
+
+def names_to(obj: dict, key: str, kind: type) -> dict:
+    """obj[key], checked to map names to `kind`: the shape every reader of an int8 model relies on."""
+    if key not in obj:
+        raise ValueError(f"{key!r} is missing")
+    value = obj[key]
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, kind) for k, v in value.items()
+    ):
+        raise ValueError(f"{key!r} is not a map of names to {kind.__name__}")
+    return dict(value)
+
+
+def check_finite(arrays: dict[str, np.ndarray]) -> None:
+    """ValueError naming the first float array holding a NaN or an infinity (weights never do)."""
+    for name, a in arrays.items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ValueError(f"{name} holds NaN or infinite values")
 
 
 def check_model(model: Int8Model | MixedModel) -> Int8Model | MixedModel:

@@ -103,7 +103,7 @@ def class_clips(cfg: Config) -> dict[str, Clip]:
     def rule(cls: str, k: float) -> Clip:
         if k > 0:
             return Clip.sdclip(k)
-        return Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip.search()
+        return Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip()
 
     return {cls: rule(cls, k) for cls, k in sigmas.items()}
 
@@ -216,14 +216,14 @@ def export_artifact(
 
             info = save_upstream_torch(path, model)
         else:
-            info = int8.save_artifact(
-                path,
+            blob = int8.artifact_bytes(
                 model,
                 cfg.compressor,
                 shuffle=cfg.byte_shuffle,
                 config=scoring_config(cfg),
                 tokenizer=tokenizer_digest(cfg),
             )
+            info = int8.write_artifact(path, blob, cfg.compressor)
         gptq = 0
     else:
         model = quantized if quantized is not None else quantize_mixed_for(params, cfg, dtypes, hessians)
@@ -238,11 +238,14 @@ def export_artifact(
 
 
 # ------------------------------------------------------------------- reading
-def open_artifact(blob: bytes, path: str | Path) -> Int8Model | MixedModel:
+def open_artifact(blob: bytes, path: str | Path, check: Any = None) -> Int8Model | MixedModel:
     """The model in the bytes of a pgolf artifact (its container, either format), read from `path`;
-    damage is one PgolfError line naming it."""
+    damage is one PgolfError line naming it. `check` (core/artifact/checks.py's `check_container`: for
+    other files than a run's own) sees the opened container first."""
     try:
         box = int8.open_container(blob, path)
+        if check:
+            check(box)
         if box.meta["format"] == int8.CONTAINER_FORMAT:
             return int8.int8_from_container(box)
         from core.artifact import mixed

@@ -67,8 +67,8 @@ from core.artifact.export import (
     quantize_mixed_for,
 )
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
-from core.artifact.lqer import correction, factors, ranked_errors
-from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed, rounding_of, with_lqer
+from core.artifact.lqer import LqerSettings, correction, factors, ranked_errors
+from core.artifact.mixed import MixedModel, add_lqer, dequantize_mixed, quantize_mixed, rounding_of
 from core.common import compress
 from core.common.errors import PgolfError
 from core.config.fields import Config
@@ -242,6 +242,20 @@ def _weighted(error: np.ndarray, h: np.ndarray | None) -> float:
     return float(err.sum())
 
 
+def stored_arrays(model: MixedModel) -> list[np.ndarray]:
+    """Every array a mixed model stores."""
+    parts = (model.quantized, model.scales, model.passthrough)
+    return [a for part in parts for a in part.values()] + [a for f in model.lqer.values() for a in f.values()]
+
+
+def with_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings | None) -> MixedModel:
+    """`model` (made of `state`) with the LQER corrections `lqer` asks for instead of any it has
+    (None: none). The arrays are the model's own, not copies."""
+    info = {name: {k: v for k, v in i.items() if k != "lqer"} for name, i in model.info.items()}
+    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough), info=info)
+    return add_lqer(out, state, lqer) if lqer is not None else out
+
+
 def _weighted_error(
     model: MixedModel, params: dict[str, np.ndarray], hessians: dict[str, np.ndarray]
 ) -> float:
@@ -314,8 +328,8 @@ class _Search:
                 continue
         (comp, shuffle), size = min(sizes.items(), key=lambda kv: (kv[1], kv[0]))
         self.base = self.base.replace(compressor=comp, byte_shuffle=shuffle)
-        self.ratio = size / entropy_bytes(model.arrays())
-        self.base_entropy = entropy_bytes(model.arrays())
+        self.ratio = size / entropy_bytes(stored_arrays(model))
+        self.base_entropy = entropy_bytes(stored_arrays(model))
         self.code = self.code_bytes(self.base) + CODE_SLACK
         self.say(
             f"compressor {comp}"
@@ -329,7 +343,9 @@ class _Search:
             {name: self.params[name]}, self.classes, class_bits(cfg), class_clips(cfg), None, self.dtypes,
             floors=class_floors(cfg),
         )  # fmt: skip
-        return entropy_bytes(model.arrays()), _weighted_error(model, {name: self.params[name]}, self.hessians)
+        return entropy_bytes(stored_arrays(model)), _weighted_error(
+            model, {name: self.params[name]}, self.hessians
+        )
 
     def price_options(self) -> None:
         """Each class's settings with their entropy and weighted error (per-row rounding): each tensor
@@ -464,9 +480,9 @@ class _Search:
             h, nats = self.hessians.get(name), self.scale.get(self.classes[name], 0.0)
             before = _weighted(error, h)
             for rank in ranks:
-                kind, packed = factors(svd, dataclasses.replace(settings, rank=rank))
+                _, packed = factors(svd, dataclasses.replace(settings, rank=rank))
                 added[rank] += self.ratio * entropy_bytes(list(packed.values())) + self.lqer_each
-                taken[rank] += nats * (before - _weighted(error - correction(packed, kind), h))
+                taken[rank] += nats * (before - _weighted(error - correction(packed), h))
                 if k in top_ks:
                     prices[k, rank] = (added[rank], taken[rank])
         return prices

@@ -26,24 +26,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.artifact.rowquant import Clip, candidate_scales, clip_range, pick_best, quantize_rows
+from core.artifact.rowquant import Clip, candidate_scales, check_matrix, clip_range, pick_best, quantize_rows
 from core.common.errors import PgolfError
 
-__all__ = ["gptq_quantize", "hessian"]
-
-
-def hessian(inputs: np.ndarray) -> np.ndarray:
-    """H = X^T X (float32) for inputs X of shape (..., cols): what a calibration pass sums per layer."""
-    x = np.asarray(inputs, dtype=np.float32)
-    x = x.reshape(-1, x.shape[-1])
-    return x.T @ x
+__all__ = ["gptq_quantize"]
 
 
 def _prepare(w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Damped, act-ordered H^-1's upper Cholesky factor, the permutation, and W permuted."""
     h = np.array(h, dtype=np.float32)
-    diag = np.diagonal(h).copy()
-    dead = diag == 0
+    dead = np.diagonal(h) == 0
     h[dead, dead] = 1.0
     damp = np.float32(0.01) * np.float32(np.diagonal(h).astype(np.float64).mean())
     h[np.diag_indices_from(h)] += damp
@@ -89,7 +81,7 @@ def gptq_quantize(
     w: np.ndarray,
     h: np.ndarray,
     bits: int = 6,
-    clip: Clip | None = None,
+    clip: Clip = Clip(),  # frozen: one default serves every call
     block_size: int = 128,
 ) -> tuple[np.ndarray, np.ndarray]:
     """int8 values in [-R, R] (R = 2**(bits-1) - 1) and fp16 per-row scales of the float32 matrix `w`.
@@ -97,15 +89,12 @@ def gptq_quantize(
     `h` is the (cols, cols) Hessian of the layer's inputs. The default clip is the
     record's search over five quantiles, chosen for the whole matrix.
     """
-    clip = clip or Clip()
-    w = np.asarray(w)
+    w = check_matrix(w, "GPTQ")
     h = np.asarray(h)
-    if w.ndim != 2 or w.dtype != np.float32:
-        raise PgolfError(f"GPTQ takes a float32 matrix, not {w.dtype} of shape {w.shape}")
     if h.shape != (w.shape[1], w.shape[1]):
         raise PgolfError(f"GPTQ: Hessian of shape {h.shape} for a weight of shape {w.shape}")
-    if not (np.isfinite(w).all() and np.isfinite(h).all()):
-        raise PgolfError("GPTQ: the weight or its Hessian holds NaN or infinite values")
+    if not np.isfinite(h).all():
+        raise PgolfError("GPTQ: the Hessian holds NaN or infinite values")
     if block_size < 1:
         raise PgolfError(f"GPTQ: block size {block_size} should be at least 1")
     r = clip_range(bits)
@@ -113,12 +102,9 @@ def gptq_quantize(
         upper, perm, w_perm = _prepare(w, h)
     except np.linalg.LinAlgError:
         return quantize_rows(w, bits, clip)
-    inverse = np.argsort(perm)
     scales = candidate_scales(w, bits, clip)
     # Rows never interact in GPTQ: the candidates run as one stack of rows (the same
     # numbers as one run each, with a fifth of the Python steps).
     stacked = _gptq_pass(np.tile(w_perm, (len(scales), 1)), upper, np.concatenate(scales), r, block_size)
-    rows = w.shape[0]
-    results = [(stacked[i * rows : (i + 1) * rows], s) for i, s in enumerate(scales)]
-    q, s = results[0] if len(results) == 1 else pick_best(w_perm, results, clip.per_row)
-    return q[:, inverse], s
+    q, s = pick_best(w_perm, list(zip(np.split(stacked, len(scales)), scales, strict=True)), clip.per_row)
+    return q[:, np.argsort(perm)], s

@@ -24,8 +24,10 @@ container holds core/artifact/mixed.py's mixed-precision format (another "format
 metadata).
 
 Containers written before the checksum (MAGIC_V1, b"PGOLF-INT8\\x00", the same layout
-without the trailing digest) are still read, with a warning. A file may be at most
-MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES.
+without the trailing digest) are still read, with a warning (core/artifact/container_v1.py). A file
+may be at most MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES. A run reads
+back the container it has just written as it is; the readers of other files check its metadata and
+tensor names first (core/artifact/checks.py: `check_container`).
 
 The challenge's own containers (its torch file, its MLX pickle) are core/artifact/upstream.py's.
 """
@@ -34,8 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,13 +58,12 @@ __all__ = [
     "artifact_bytes",
     "container_bytes",
     "dequantize_int8",
+    "dequantize_rows",
     "int8_from_container",
-    "kept_tokenizer",
     "open_container",
     "payload_bytes",
     "quantize_int8",
     "round_to_bfloat16",
-    "save_artifact",
     "size_report",
 ]
 
@@ -83,28 +82,32 @@ KEEP_FLOAT_MAX_NUMEL = 65_536
 CLIP_QUANTILE = 99.99984 / 100.0
 BUDGET_BYTES = 16_000_000  # code + compressed model, decimal bytes
 
-COMPRESSORS = {name: c.id for name, c in compress.COMPRESSORS.items()}  # name -> container id byte
 FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the float dtypes a model may hold
 
 
 @dataclass
-class Int8Model:
-    quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8
-    scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 per row, or a 0-d fp32
-    dtypes: dict[str, str] = field(default_factory=dict)  # original dtype of each quantized tensor
+class QuantizedModel:
+    """What a model of either format (this one, core/artifact/mixed.py's) holds: by role in the container
+    (`model_parts`), and the SHA-256 of its tokenizer (read from the container's metadata, TOKENIZER_KEY)."""
+
+    quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8 (holding int-N values)
+    scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 per row, or one 0-d
     passthrough: dict[str, np.ndarray] = field(default_factory=dict)
+    tokenizer_sha256: str | None = None
+
+
+@dataclass
+class Int8Model(QuantizedModel):
+    # Scales: fp16 per row, or a 0-d fp32.
+    dtypes: dict[str, str] = field(default_factory=dict)  # original dtype of each quantized tensor
     passthrough_orig_dtypes: dict[str, str] = field(default_factory=dict)  # of those stored as fp16
     qmeta: dict[str, dict[str, Any]] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=dict)  # filled by quantize_int8 only
-    tokenizer_sha256: str | None = None  # read from the container's metadata (TOKENIZER_KEY)
 
 
 @dataclass(frozen=True)
 class ArtifactInfo:
     path: Path
     file_bytes: int
-    sha256: str
-    compressor: str
 
 
 # ---------------------------------------------------------------- quantization
@@ -133,9 +136,8 @@ def _abs_quantile(w: np.ndarray, q: float = CLIP_QUANTILE) -> np.ndarray:
     part = np.partition(np.abs(w), (below, above), axis=-1)
     lo, hi = part[:, below], part[:, above]
     weight = rank - np.float32(below)
-    if weight < 0.5:
-        return _fma32(np.full_like(lo, weight), hi - lo, lo)
-    return _fma32(np.full_like(lo, weight - np.float32(1)), hi - lo, hi)
+    near, weight = (lo, weight) if weight < 0.5 else (hi, weight - np.float32(1))
+    return _fma32(np.full_like(lo, weight), hi - lo, near)
 
 
 def _quantize_tensor(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,6 +164,26 @@ def _in_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
     return values.astype(np.float32)
 
 
+def float_weight(name: str, t: np.ndarray, dtype: str) -> np.ndarray:
+    """The float tensor `t` as float32, rounded to `dtype` (its dtype in the model): what upstream
+    quantizes. A dtype the formats do not take, NaN or infinities (upstream would cast them to int8,
+    which is undefined) are refused."""
+    if dtype not in FLOAT_BYTES:
+        raise PgolfError(f"quantize: {name} has dtype {dtype}; the format takes {', '.join(FLOAT_BYTES)}")
+    w = _in_dtype(t.astype(np.float32), dtype)
+    if not np.isfinite(w).all():
+        raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
+    return w
+
+
+def to_float16(name: str, w: np.ndarray) -> np.ndarray:
+    """float32 weights stored as float16; values beyond its range are refused."""
+    with np.errstate(over="ignore"):  # an overflow to inf is refused just below
+        kept = w.astype(np.float16)
+    _check_float16_range(name, w, kept)
+    return kept
+
+
 def quantize_int8(
     state: dict[str, np.ndarray],
     orig_dtypes: dict[str, str] | None = None,
@@ -172,52 +194,29 @@ def quantize_int8(
 
     Float weights arrive as float32; one recorded as bfloat16 or float16 is first
     rounded to that precision, so the result is what upstream gets from the model.
+    (The challenge's export statistics of the result: core/artifact/int8_stats.py.)
     """
     orig_dtypes, classes = orig_dtypes or {}, classes or {}
     out = Int8Model()
-    stats = dict.fromkeys(
-        ("param_count", "num_tensors", "num_float_tensors", "num_nonfloat_tensors",
-         "baseline_tensor_bytes", "int8_payload_bytes"), 0,
-    )  # fmt: skip
     for name, value in state.items():
         t = np.asarray(value)
-        stats["param_count"] += t.size
-        stats["num_tensors"] += 1
         if not np.issubdtype(t.dtype, np.floating):
-            stats["num_nonfloat_tensors"] += 1
-            stats["baseline_tensor_bytes"] += t.nbytes
-            stats["int8_payload_bytes"] += t.nbytes
             out.passthrough[name] = t
             continue
         dtype = orig_dtypes.get(name, t.dtype.name)
-        if dtype not in FLOAT_BYTES:
-            raise PgolfError(
-                f"quantize: {name} has dtype {dtype}; the int8 format takes {', '.join(FLOAT_BYTES)}"
-            )
-        stats["baseline_tensor_bytes"] += t.size * FLOAT_BYTES[dtype]
-        w = _in_dtype(t.astype(np.float32), dtype)
-        if not np.isfinite(w).all():  # upstream would cast NaN to int8, which is undefined
-            raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
-        if t.size <= KEEP_FLOAT_MAX_NUMEL:
-            if classes.get(name) == "control":
-                kept = w
-            else:
-                with np.errstate(over="ignore"):  # an overflow to inf is refused below
-                    kept = w.astype(np.float16)
-                if dtype != "float16":
-                    out.passthrough_orig_dtypes[name] = dtype
-            _check_float16_range(name, w, kept)
-            out.passthrough[name] = kept
-            stats["int8_payload_bytes"] += kept.nbytes
-            continue
-        stats["num_float_tensors"] += 1
-        q, s = _quantize_tensor(w)
-        _check_float16_range(name, w, s)
-        if s.ndim > 0:
-            out.qmeta[name] = {"scheme": "per_row", "axis": 0}
-        out.quantized[name], out.scales[name], out.dtypes[name] = q, s, dtype
-        stats["int8_payload_bytes"] += q.nbytes + s.nbytes
-    out.stats = {k: int(v) for k, v in stats.items()}
+        w = float_weight(name, t, dtype)
+        if t.size > KEEP_FLOAT_MAX_NUMEL:
+            q, s = _quantize_tensor(w)
+            _check_float16_range(name, w, s)
+            if s.ndim > 0:
+                out.qmeta[name] = {"scheme": "per_row", "axis": 0}
+            out.quantized[name], out.scales[name], out.dtypes[name] = q, s, dtype
+        elif classes.get(name) == "control":
+            out.passthrough[name] = w
+        else:
+            out.passthrough[name] = to_float16(name, w)
+            if dtype != "float16":
+                out.passthrough_orig_dtypes[name] = dtype
     return out
 
 
@@ -230,24 +229,21 @@ def _check_float16_range(name: str, w: np.ndarray, stored: np.ndarray) -> None:
         )
 
 
+def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float32 q * s, with per-row (shape (rows,)) or one (0-d) scale."""
+    s = np.asarray(scales).astype(np.float32)
+    return q.astype(np.float32) * s.reshape(s.shape + (1,) * (q.ndim - s.ndim))
+
+
 def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:
     """float32 weights holding exactly the values the upstream dequantizer gives (in their dtype)."""
-    out: dict[str, np.ndarray] = {}
-    for name, q in model.quantized.items():
-        s = np.asarray(model.scales[name]).astype(np.float32)
-        if s.ndim > 0:
-            values = q.astype(np.float32) * s.reshape((q.shape[0],) + (1,) * (q.ndim - 1))
-        else:
-            values = q.astype(np.float32) * s
-        out[name] = _in_dtype(values, model.dtypes[name])
-    for name, t in model.passthrough.items():
-        t = np.asarray(t)
-        if name in model.passthrough_orig_dtypes:
-            out[name] = _in_dtype(t.astype(np.float32), model.passthrough_orig_dtypes[name])
-        elif np.issubdtype(t.dtype, np.floating):
-            out[name] = t.astype(np.float32)
-        else:
-            out[name] = t
+    out = {
+        name: _in_dtype(dequantize_rows(q, model.scales[name]), model.dtypes[name])
+        for name, q in model.quantized.items()
+    }
+    for name, t in model.passthrough.items():  # float ones back in their dtype, others as stored
+        dtype = model.passthrough_orig_dtypes.get(name, "float32" if t.dtype.kind == "f" else None)
+        out[name] = _in_dtype(np.asarray(t, np.float32), dtype) if dtype else t
     return out
 
 
@@ -258,9 +254,13 @@ def container_bytes(
     compressor: str = "zlib",
     level: int | None = None,
     shuffle: int = 0,
+    config: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
 ) -> bytes:
-    """MAGIC + id byte + the compressed safetensors file holding `tensors` and `meta` (canonical JSON)."""
-    compress.get(compressor)  # an unknown name is refused before any work
+    """MAGIC + id byte + the compressed safetensors file holding `tensors` and `meta` (canonical JSON),
+    then the payload's SHA-256. `config` (the run settings the weights are scored with) and `tokenizer`
+    (the SHA-256 of the tokenizer they were trained with) join `meta` when given."""
+    meta = meta | ({"config": config} if config else {}) | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
     data = payload_bytes(tensors, meta)
     return MAGIC + compress.pack(data, compressor, level, shuffle) + hashlib.sha256(data).digest()
 
@@ -276,6 +276,17 @@ def payload_bytes(tensors: dict[str, np.ndarray], meta: dict[str, Any] | None = 
     )
 
 
+def model_parts(model: QuantizedModel) -> dict[str, dict[str, np.ndarray]]:
+    """A quantized model's arrays (int8's or mixed's) by their role in the container: the `role/` of each
+    tensor's name there."""
+    return {"q": model.quantized, "s": model.scales, "p": model.passthrough}
+
+
+def container_tensors(model: QuantizedModel) -> dict[str, np.ndarray]:
+    """The tensors of a container holding `model`, named `role/name` (`model_parts`)."""
+    return {f"{role}/{k}": v for role, part in model_parts(model).items() for k, v in part.items()}
+
+
 @dataclass(frozen=True)
 class Container:
     tensors: dict[str, np.ndarray]
@@ -284,26 +295,17 @@ class Container:
     shuffle: int  # byte-shuffle stride, 0 for none
 
 
-def is_container(blob: bytes) -> bool:
-    return blob.startswith((MAGIC, MAGIC_V1))
-
-
 def open_container(blob: bytes, source: str | Path = "an artifact") -> Container:
     """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged.
 
     `source` names the file in the warning an old container (without a checksum) gets."""
-    if not is_container(blob):
-        raise ValueError("not a pgolf container (no magic bytes)")
-    if len(blob) <= len(MAGIC):
-        raise ValueError("file ends after the magic bytes")
     if blob.startswith(MAGIC_V1):
-        warnings.warn(
-            f"{source} was written before pgolf's containers carried a checksum: damage to it cannot "
-            "be detected (export it again to add one)",
-            stacklevel=2,
-        )
-        payload, compressor, shuffle = compress.unpack(blob[len(MAGIC_V1) :])
+        from core.artifact.container_v1 import unpack_v1  # older files: never what a run wrote
+
+        payload, compressor, shuffle = unpack_v1(blob, source)
     else:
+        if not blob.startswith(MAGIC):
+            raise ValueError("not a pgolf container (no magic bytes)")
         if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
             raise ValueError("file ends before its checksum")
         payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
@@ -328,36 +330,15 @@ def artifact_bytes(
     """The file content of pgolf's container for `model` (`shuffle`: byte-shuffle stride, 0 for none;
     `config`: the run settings it is scored with, kept in the metadata, and `tokenizer`: the SHA-256
     of the tokenizer it was trained with)."""
-    tensors = {f"q/{k}": v for k, v in model.quantized.items()}
-    tensors |= {f"s/{k}": v for k, v in model.scales.items()}
-    tensors |= {f"p/{k}": v for k, v in model.passthrough.items()}
-    meta = (
-        {
-            "format": CONTAINER_FORMAT,
-            "version": CONTAINER_VERSION,
-            "quant_format": QUANT_FORMAT,
-            "dtypes": model.dtypes,
-            "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
-            "qmeta": model.qmeta,
-        }
-        | ({"config": config} if config else {})
-        | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
-    )
-    return container_bytes(tensors, meta, compressor, level, shuffle)
-
-
-def save_artifact(
-    path: str | Path,
-    model: Int8Model,
-    compressor: str = "zlib",
-    level: int | None = None,
-    shuffle: int = 0,
-    config: dict[str, Any] | None = None,
-    tokenizer: str | None = None,
-) -> ArtifactInfo:
-    return write_artifact(
-        path, artifact_bytes(model, compressor, level, shuffle, config, tokenizer), compressor
-    )
+    meta = {
+        "format": CONTAINER_FORMAT,
+        "version": CONTAINER_VERSION,
+        "quant_format": QUANT_FORMAT,
+        "dtypes": model.dtypes,
+        "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
+        "qmeta": model.qmeta,
+    }
+    return container_bytes(container_tensors(model), meta, compressor, level, shuffle, config, tokenizer)
 
 
 def write_artifact(
@@ -380,62 +361,34 @@ def write_artifact(
     if read_file(written, "artifact", max(MAX_ARTIFACT_BYTES, len(blob))) != blob:
         written.unlink(missing_ok=True)
         raise PgolfError(f"artifact {path}: the file read back differs from what was written (removed it)")
-    return ArtifactInfo(written, len(blob), hashlib.sha256(blob).hexdigest(), compressor)
+    return ArtifactInfo(written, len(blob))
 
 
-def kept_tokenizer(meta: dict[str, Any]) -> str | None:
-    """The tokenizer's SHA-256 a container's metadata keeps, or None; ValueError when malformed."""
-    digest = meta.get(TOKENIZER_KEY)
-    if digest is not None and not (isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest)):
-        raise ValueError(f"{TOKENIZER_KEY} is not a SHA-256")
-    return digest
-
-
-def int8_from_container(box: Container) -> Int8Model:
-    """The int8 model of an opened pgolf container; ValueError naming the first problem with its
-    layout. What the model holds is checked by core/artifact/checks.py (the readers of other files
-    than a run's own artifact)."""
-    meta = box.meta
-    if meta["format"] != CONTAINER_FORMAT:
-        raise ValueError(f"format {meta['format']!r}, not the int8 format {CONTAINER_FORMAT!r}")
-    if meta.get("version") != CONTAINER_VERSION:
-        raise ValueError(f"container version {meta.get('version')!r} (this pgolf reads {CONTAINER_VERSION})")
-    if meta.get("quant_format") != QUANT_FORMAT:
-        raise ValueError(f"quant format {meta.get('quant_format')!r} (this pgolf reads {QUANT_FORMAT})")
-    model = Int8Model(
-        dtypes=_names_to(meta, "dtypes", str),
-        passthrough_orig_dtypes=_names_to(meta, "passthrough_orig_dtypes", str),
-        qmeta=_names_to(meta, "qmeta", dict),
-        tokenizer_sha256=kept_tokenizer(meta),
-    )
-    roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
-    for key, value in box.tensors.items():
+def fill_model(model: QuantizedModel, tensors: dict[str, np.ndarray]) -> QuantizedModel:
+    """`model` (int8's or mixed's, empty) holding a container's tensors, each `role/name` put in its part
+    (`model_parts`, or the mixed format's LQER factors `lqer.<part>/name`)."""
+    parts = model_parts(model)
+    for key, value in tensors.items():
         role, _, name = key.partition("/")
-        if role not in roles:
-            raise ValueError(f"unexpected tensor {key!r}")
-        roles[role][name] = value
+        if role.startswith("lqer."):
+            model.lqer.setdefault(name, {})[role.removeprefix("lqer.")] = value
+        else:
+            parts[role][name] = value
     return model
 
 
-def _names_to(obj: dict, key: str, kind: type, required: bool = True) -> dict:
-    """obj[key], checked to map names to `kind`: the shape every reader below relies on."""
-    if key not in obj:
-        if required:
-            raise ValueError(f"{key!r} is missing")
-        return {}
-    value = obj[key]
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, kind) for k, v in value.items()
-    ):
-        raise ValueError(f"{key!r} is not a map of names to {kind.__name__}")
-    return dict(value)
-
-
-def check_finite(arrays: dict[str, np.ndarray]) -> None:
-    """ValueError naming the first float array holding a NaN or an infinity (weights never do)."""
-    for name, a in arrays.items():
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
-            raise ValueError(f"{name} holds NaN or infinite values")
+def int8_from_container(box: Container) -> Int8Model:
+    """The int8 model of an opened pgolf container, as pgolf wrote it. Readers of other files than a
+    run's own artifact check the container first (core/artifact/checks.py: `check_container`), and
+    what the model holds after."""
+    meta = box.meta
+    model = Int8Model(
+        dtypes=meta["dtypes"],
+        passthrough_orig_dtypes=meta["passthrough_orig_dtypes"],
+        qmeta=meta["qmeta"],
+        tokenizer_sha256=meta.get(TOKENIZER_KEY),
+    )
+    return fill_model(model, box.tensors)
 
 
 # ------------------------------------------------------------------ the budget

@@ -37,10 +37,10 @@ from core.artifact.checkpoint import (
     checkpoint_digest,
     tensors_digest,
 )
-from core.artifact.checks import check_mixed, check_model
+from core.artifact.checks import check_container, check_finite, check_mixed, check_model, is_container
 from core.artifact.export import dequantize, open_artifact
-from core.artifact.int8 import Int8Model, check_finite, open_container
-from core.artifact.mixed import MixedModel, mixed_from_container
+from core.artifact.int8 import Int8Model, open_container
+from core.artifact.mixed import MIXED_FORMAT, MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact, record_compressor
 from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line
@@ -285,8 +285,8 @@ def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | M
     a record's int6 one (core/artifact/records.py); damage is one PgolfError line."""
     path = Path(path)
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
-    if int8.is_container(blob):
-        model = open_artifact(blob, path)
+    if is_container(blob):
+        model = open_artifact(blob, path, check_container)
         try:
             return check_model(model)
         except Exception as exc:  # anything wrong in what it holds is a problem with the input
@@ -318,7 +318,7 @@ def load_mixed_artifact(path: str | Path) -> MixedModel:
     path = Path(path)
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     try:
-        return check_mixed(mixed_from_container(open_container(blob, path)))
+        return check_mixed(mixed_from_container(check_container(open_container(blob, path), MIXED_FORMAT)))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
@@ -344,7 +344,7 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
             raise PgolfError(f"run config {beside} must hold one object of config fields")
         return data, str(beside)
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
-    if not int8.is_container(blob):
+    if not is_container(blob):
         return None
     try:
         kept = int8.open_container(blob, path).meta.get("config")
@@ -407,7 +407,7 @@ def artifact_compressor(path: str | Path) -> str | None:
     """The compressor a record's artifact was written with (by its magic bytes; core.artifact.records);
     None for pgolf's own container, whose reader finds its compressor itself."""
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
-    return None if int8.is_container(blob) else record_compressor(blob)
+    return None if is_container(blob) else record_compressor(blob)
 
 
 def config_for_params(cfg: Config, shapes: dict[str, tuple[int, ...]]) -> Config:

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.artifact.int8 import dequantize_rows
+from core.artifact.rowquant import absmax_rows
+
 
 @dataclass(frozen=True)
 class LqerSettings:
@@ -27,43 +30,25 @@ class LqerSettings:
     group: int = 64
 
 
-def _rows_absmax(x: np.ndarray) -> np.ndarray:
-    return np.maximum(np.abs(x).max(axis=1), np.float32(1e-10))
-
-
 def pack_sym(a: np.ndarray, b: np.ndarray, bits: int) -> dict[str, np.ndarray]:
     """A and B as int-`bits` rows with fp16 scales: {qA, sA, qB, sB}."""
-    top = np.float32(2 ** (bits - 1) - 1)
-    out = {}
-    for key, x in (("A", a), ("B", b)):
-        s = (_rows_absmax(x) / top).astype(np.float16)
-        out["q" + key] = np.clip(np.rint(x / s.astype(np.float32)[:, None]), -top, top).astype(np.int8)
-        out["s" + key] = s
-    return out
+    top = 2 ** (bits - 1) - 1
+    (q_a, s_a), (q_b, s_b) = (absmax_rows(x, top, -top, top) for x in (a, b))
+    return {"qA": q_a, "sA": s_a, "qB": q_b, "sB": s_b}
 
 
 def pack_asym(a: np.ndarray, b: np.ndarray, group: int) -> dict[str, np.ndarray]:
     """A as int2 with one fp16 scale, B as int4 with one fp16 scale per `group` values: {qA, sA, qB, sB}."""
-    s_a = (np.maximum(np.abs(a).max(), np.float32(1e-10)) / np.float32(1.5)).astype(np.float16)
-    q_a = np.clip(np.rint(a / np.float32(s_a)), -2, 1).astype(np.int8)
-    groups = b.reshape(-1, group)
-    s_b = (_rows_absmax(groups) / np.float32(7.5)).astype(np.float16)
-    q_b = np.clip(np.rint(groups / s_b.astype(np.float32)[:, None]), -8, 7).astype(np.int8).reshape(b.shape)
-    return {"qA": q_a, "sA": np.asarray(s_a), "qB": q_b, "sB": s_b}
+    q_a, s_a = absmax_rows(a.reshape(1, -1), 1.5, -2, 1)
+    q_b, s_b = absmax_rows(b.reshape(-1, group), 7.5, -8, 7)
+    return {"qA": q_a.reshape(a.shape), "sA": s_a.reshape(()), "qB": q_b.reshape(b.shape), "sB": s_b}
 
 
-def correction(packed: dict[str, np.ndarray], kind: str) -> np.ndarray:
-    """A_q @ B_q in float32 (rows x cols)."""
+def correction(packed: dict[str, np.ndarray]) -> np.ndarray:
+    """A_q @ B_q in float32 (rows x cols), for either packing: A's scales are per row (sym) or one (asym),
+    B's per row (sym) or per group of its values (asym)."""
     q_a, s_a, q_b, s_b = (packed[k] for k in ("qA", "sA", "qB", "sB"))
-    if kind == "asym":
-        a = q_a.astype(np.float32) * np.float32(s_a)
-        b = (q_b.reshape(s_b.size, -1).astype(np.float32) * s_b.astype(np.float32)[:, None]).reshape(
-            q_b.shape
-        )
-    else:
-        a = q_a.astype(np.float32) * s_a.astype(np.float32)[:, None]
-        b = q_b.astype(np.float32) * s_b.astype(np.float32)[:, None]
-    return a @ b
+    return dequantize_rows(q_a, s_a) @ dequantize_rows(q_b.reshape(s_b.size, -1), s_b).reshape(q_b.shape)
 
 
 def ranked_errors(
@@ -88,14 +73,3 @@ def factors(
     if settings.asym and b.size % settings.group == 0:
         return "asym", pack_asym(a, b, settings.group)
     return "sym", pack_sym(a, b, settings.factor_bits)
-
-
-def lqer_corrections(
-    weights: dict[str, np.ndarray], dequantized: dict[str, np.ndarray], settings: LqerSettings
-) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
-    """{name: (kind, packed factors)} for the `top_k` matrices of `weights` whose quantization error
-    (against `dequantized`) has the largest Frobenius norm."""
-    return {
-        name: factors(np.linalg.svd(error, full_matrices=False), settings)
-        for name, error in ranked_errors(weights, dequantized)[: settings.top_k]
-    }

@@ -29,111 +29,88 @@ same weights and settings give the same bytes; numpy alone reads it back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from core.artifact.int8 import (
-    FLOAT_BYTES,
     KEEP_FLOAT_MAX_NUMEL,
     TOKENIZER_KEY,
-    ArtifactInfo,
     Container,
+    QuantizedModel,
     _check_float16_range,
     _in_dtype,
     container_bytes,
-    kept_tokenizer,
-    write_artifact,
+    container_tensors,
+    dequantize_rows,
+    fill_model,
+    float_weight,
+    to_float16,
 )
-from core.artifact.rowquant import BITS, Clip, dequantize_rows, quantize_tensor
+from core.artifact.rowquant import BITS, Clip, absmax_rows, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError
 from core.model.params import KINDS
 
-if TYPE_CHECKING:  # GPTQ and LQER are imported where used, by the runs that use them
+if TYPE_CHECKING:
     from core.artifact.lqer import LqerSettings
 
 __all__ = [
     "CLASSES",
     "DEFAULT_BITS",
     "MixedModel",
+    "add_lqer",
     "dequantize_mixed",
     "mixed_artifact_bytes",
     "mixed_from_container",
     "quantize_mixed",
     "rounding_of",
-    "save_mixed_artifact",
-    "with_lqer",
 ]
 
 MIXED_FORMAT = "pgolf-mixed"
 MIXED_VERSION = 1
 CLASSES = KINDS  # the artifact classes of core.model.params' table
 DEFAULT_BITS: dict[str, int | str] = {"embedding": 8, "attention": 6, "mlp": 6, "other": 8}
-STORES = ("int", "fp16", "fp32", "raw")
-METHODS = ("rows", "gptq", "gate")
 # The attention gates' weights quantized to int8 rows (GATED_ATTN_QUANT_GATE): the records' size window.
 GATE_SUFFIX, GATE_MIN_NUMEL, GATE_MAX_NUMEL = ".attn_gate_w", 32, 8192
-LQER_PARTS = ("lqer.qA", "lqer.sA", "lqer.qB", "lqer.sB")
 
 
 @dataclass
-class MixedModel:
-    quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8 holding int-N values
-    scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 (rows,) or 0-d (fp32 0-d allowed)
-    passthrough: dict[str, np.ndarray] = field(default_factory=dict)
+class MixedModel(QuantizedModel):
+    # Scales: fp16 (rows,) or 0-d (fp32 0-d allowed).
     # Per tensor: class, dtype (the model's), store; for "int": bits, clip (Clip.to_json() or None), method,
     # and "lqer" (its kind) when it has a correction.
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
     lqer: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # name -> {qA, sA, qB, sB}
-    tokenizer_sha256: str | None = None  # read from the container's metadata (int8.TOKENIZER_KEY)
-
-    def arrays(self) -> list[np.ndarray]:
-        """Every array the model stores."""
-        parts = (self.quantized, self.scales, self.passthrough)
-        return [a for part in parts for a in part.values()] + [
-            a for f in self.lqer.values() for a in f.values()
-        ]
 
 
 # ---------------------------------------------------------------- quantization
 def _bits_table(bits: dict[str, int | str] | None) -> dict[str, int | str]:
-    table = dict(DEFAULT_BITS) | dict(bits or {})
+    table = DEFAULT_BITS | (bits or {})
     for cls, b in table.items():
-        if cls == "control":
-            raise PgolfError("bits for 'control': control tensors always stay in fp32")
-        if cls not in CLASSES:
-            raise PgolfError(f"bits for unknown class {cls!r} (classes: {', '.join(CLASSES[:-1])})")
-        if b != "fp16" and (isinstance(b, bool) or b not in BITS):
-            raise PgolfError(f"bits for {cls}: {b!r}; choose from 8, 7, 6, 5 or 'fp16'")
+        if cls not in DEFAULT_BITS or (b != "fp16" and b not in BITS):
+            raise PgolfError(
+                f"bits for {cls}: {b!r}; the classes {', '.join(DEFAULT_BITS)} (control tensors always stay "
+                "in fp32) take 8, 7, 6, 5 or 'fp16'"
+            )
     return table
-
-
-def _clip_for(clip: Clip | dict[str, Clip] | None, cls: str) -> Clip:
-    if clip is None:
-        return Clip()
-    if isinstance(clip, Clip):
-        return clip
-    return clip.get(cls, Clip())
 
 
 def quantize_mixed(
     state: dict[str, np.ndarray],
     classes: dict[str, str],
     bits: dict[str, int | str] | None = None,
-    clip: Clip | dict[str, Clip] | None = None,
+    clip: dict[str, Clip] | None = None,
     hessians: dict[str, np.ndarray] | None = None,
     orig_dtypes: dict[str, str] | None = None,
-    block_size: int = 128,
     lqer: LqerSettings | None = None,
     quant_gate: bool = False,
     floors: dict[str, int] | None = None,
 ) -> MixedModel:
     """Quantize `state` class by class (see the module docstring).
 
-    `bits` maps classes to 8, 7, 6, 5 or "fp16" (defaults: DEFAULT_BITS); `clip` is one
-    Clip or one per class (default: the records' search); `hessians` maps a matrix's
+    `bits` maps classes to 8, 7, 6, 5 or "fp16" (defaults: DEFAULT_BITS); `clip` maps classes
+    to their Clip (default: the records' search); `hessians` maps a matrix's
     name to the (cols, cols) Hessian of its inputs, for GPTQ; `orig_dtypes` names the
     dtype each float tensor had in the model (bf16 ones are rounded to bf16 first); `lqer` adds
     the low-rank corrections of core/artifact/lqer.py; `floors` maps classes to the most elements
@@ -161,60 +138,49 @@ def quantize_mixed(
             out.info[name] = {"class": cls, "dtype": t.dtype.name, "store": "raw"}
             continue
         dtype = orig_dtypes.get(name, t.dtype.name)
-        if dtype not in FLOAT_BYTES:
-            raise PgolfError(f"quantize: {name} has dtype {dtype}; the format takes {', '.join(FLOAT_BYTES)}")
-        w = _in_dtype(t.astype(np.float32), dtype)
-        if not np.isfinite(w).all():
-            raise PgolfError(f"quantize: {name} holds NaN or infinite values (did training diverge?)")
-        info: dict[str, Any] = {"class": cls, "dtype": dtype}
+        w = float_weight(name, t, dtype)
+        info = out.info[name] = {"class": cls, "dtype": dtype}
+        b, c = 8, Clip.percentile(1.0)  # the gates', and the clip of any tensor but a matrix
         if (
             quant_gate
             and name.endswith(GATE_SUFFIX)
             and w.ndim == 2
             and GATE_MIN_NUMEL <= w.size <= GATE_MAX_NUMEL
         ):
-            out.quantized[name], out.scales[name] = quantize_gate_rows(w)
-            info |= {"store": "int", "bits": 8, "clip": Clip.percentile(1.0).to_json(), "method": "gate"}
+            (q, s), method = absmax_rows(w, 127, -127, 127), "gate"
         elif cls == "control":
             out.passthrough[name], info["store"] = w, "fp32"
+            continue
         elif t.size <= (floors or {}).get(cls, KEEP_FLOAT_MAX_NUMEL) or table[cls] == "fp16":
-            with np.errstate(over="ignore"):  # an overflow to inf is refused just below
-                kept = w.astype(np.float16)
-            _check_float16_range(name, w, kept)
-            out.passthrough[name], info["store"] = kept, "fp16"
+            out.passthrough[name], info["store"] = to_float16(name, w), "fp16"
+            continue
         else:
             b = int(table[cls])
-            c = _clip_for(clip, cls)
+            if w.ndim == 2:
+                c = (clip or {}).get(cls, Clip())
             with np.errstate(over="ignore", invalid="ignore"):  # a scale past fp16 is refused below
                 if name in hessians and w.ndim == 2:
                     from core.artifact.gptq import gptq_quantize
 
-                    q, s = gptq_quantize(w, np.asarray(hessians[name]), b, c, block_size)
-                    method = "gptq"
+                    (q, s), method = gptq_quantize(w, np.asarray(hessians[name]), b, c), "gptq"
                 else:
-                    q, s = quantize_tensor(w, b, c)
-                    method = "rows"
+                    (q, s), method = quantize_tensor(w, b, c), "rows"
             _check_float16_range(name, w, s)
-            if w.ndim != 2:  # one scale from the largest |value|
-                c = Clip.percentile(1.0)
-            out.quantized[name], out.scales[name] = q, s
-            info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
-        out.info[name] = info
-    return with_lqer(out, state, lqer) if lqer is not None else out
+        out.quantized[name], out.scales[name] = q, s
+        info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
+    return add_lqer(out, state, lqer) if lqer is not None else out
 
 
-def with_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings | None) -> MixedModel:
-    """`model` (made of `state`) with the LQER corrections `lqer` asks for instead of any it has
-    (None: none). The arrays are the model's own, not copies."""
-    info = {name: {k: v for k, v in i.items() if k != "lqer"} for name, i in model.info.items()}
-    out = MixedModel(dict(model.quantized), dict(model.scales), dict(model.passthrough), info)
-    if lqer is not None:
-        from core.artifact.lqer import lqer_corrections
+def add_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings) -> MixedModel:
+    """`model` (made of `state`, without corrections) given the LQER corrections `lqer` asks for: of its
+    `lqer.top_k` matrices whose quantization error has the largest Frobenius norm."""
+    from core.artifact.lqer import factors, ranked_errors
 
-        for name, (kind, factors) in lqer_corrections(*rounding_of(state, out), lqer).items():
-            out.lqer[name] = factors
-            out.info[name]["lqer"] = kind
-    return out
+    for name, error in ranked_errors(*rounding_of(state, model))[: lqer.top_k]:
+        kind, packed = factors(np.linalg.svd(error, full_matrices=False), lqer)
+        model.lqer[name] = packed
+        model.info[name]["lqer"] = kind
+    return model
 
 
 def rounding_of(
@@ -228,38 +194,26 @@ def rounding_of(
     return weights, {n: dequantize_rows(model.quantized[n], model.scales[n]) for n in weights}
 
 
-def quantize_gate_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 rows of an attention gate's weight, one fp16 scale per row: absmax / 127 (at least 1e-10)."""
-    s = (np.maximum(np.abs(w).max(axis=1), np.float32(1e-10)) / np.float32(127.0)).astype(np.float16)
-    return np.clip(np.rint(w / s.astype(np.float32)[:, None]), -127, 127).astype(np.int8), s
-
-
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
     """float32 weights (in their model dtype's precision); non-float tensors as stored."""
     out: dict[str, np.ndarray] = {}
     for name, info in model.info.items():
+        if info["store"] == "raw":
+            out[name] = model.passthrough[name]
+            continue
         if info["store"] == "int":
             w = dequantize_rows(model.quantized[name], model.scales[name])
-            if "lqer" in info:
-                from core.artifact.lqer import correction
-
-                w = w + correction(model.lqer[name], info["lqer"])
-            out[name] = _in_dtype(w, info["dtype"])
-        elif info["store"] == "raw":
-            out[name] = model.passthrough[name]
         else:
-            out[name] = _in_dtype(model.passthrough[name].astype(np.float32), info["dtype"])
+            w = model.passthrough[name].astype(np.float32)
+        if "lqer" in info:
+            from core.artifact.lqer import correction
+
+            w = w + correction(model.lqer[name])
+        out[name] = _in_dtype(w, info["dtype"])
     return out
 
 
 # ------------------------------------------------------------------ container
-def _tensors(model: MixedModel) -> dict[str, np.ndarray]:
-    tensors = {f"q/{k}": v for k, v in model.quantized.items()}
-    tensors |= {f"s/{k}": v for k, v in model.scales.items()}
-    tensors |= {f"lqer.{part}/{k}": a for k, factors in model.lqer.items() for part, a in factors.items()}
-    return tensors | {f"p/{k}": v for k, v in model.passthrough.items()}
-
-
 def mixed_artifact_bytes(
     model: MixedModel,
     compressor: str = "brotli",
@@ -271,56 +225,22 @@ def mixed_artifact_bytes(
     """The file content for `model`: by default the records' brotli-11 over a stride-2 byte shuffle;
     `config`, the run settings it is scored with, and `tokenizer`, the SHA-256 of the tokenizer it was
     trained with, go in the metadata."""
-    meta = (
-        {
-            "format": MIXED_FORMAT,
-            "version": MIXED_VERSION,
-            "compressor": compressor,
-            "level": compress.resolve_level(compressor, level),
-            "shuffle": shuffle,
-            "tensors": model.info,
-        }
-        | ({"config": config} if config else {})
-        | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
-    )
-    return container_bytes(_tensors(model), meta, compressor, level, shuffle)
-
-
-def save_mixed_artifact(
-    path: str | Path,
-    model: MixedModel,
-    compressor: str = "brotli",
-    level: int | None = None,
-    shuffle: int = 2,
-    config: dict[str, Any] | None = None,
-) -> ArtifactInfo:
-    return write_artifact(path, mixed_artifact_bytes(model, compressor, level, shuffle, config), compressor)
+    meta = {
+        "format": MIXED_FORMAT,
+        "version": MIXED_VERSION,
+        "compressor": compressor,
+        "level": compress.resolve_level(compressor, level),
+        "shuffle": shuffle,
+        "tensors": model.info,
+    }
+    tensors = container_tensors(model)
+    tensors |= {f"lqer.{part}/{k}": a for k, packed in model.lqer.items() for part, a in packed.items()}
+    return container_bytes(tensors, meta, compressor, level, shuffle, config, tokenizer)
 
 
 def mixed_from_container(box: Container) -> MixedModel:
-    """The mixed-precision model of an opened pgolf container; ValueError naming the first problem with
-    its layout. What the model holds is checked by core/artifact/checks.py."""
-    meta = box.meta
-    if meta["format"] != MIXED_FORMAT:
-        raise ValueError(f"format {meta['format']!r}, not the mixed-precision format {MIXED_FORMAT!r}")
-    if meta.get("version") != MIXED_VERSION:
-        raise ValueError(f"mixed format version {meta.get('version')!r} (this pgolf reads {MIXED_VERSION})")
-    if meta.get("compressor") != box.compressor or meta.get("shuffle") != box.shuffle:
-        raise ValueError(
-            f"metadata says {meta.get('compressor')!r} with shuffle {meta.get('shuffle')!r}, "
-            f"the file is {box.compressor!r} with shuffle {box.shuffle}"
-        )
-    info = meta.get("tensors")
-    if not isinstance(info, dict) or not all(isinstance(v, dict) for v in info.values()):
-        raise ValueError("'tensors' is not a map of names to descriptions")
-    model = MixedModel(info=info, tokenizer_sha256=kept_tokenizer(meta))
-    roles = {"q": model.quantized, "s": model.scales, "p": model.passthrough}
-    for key, value in box.tensors.items():
-        role, _, name = key.partition("/")
-        if role in LQER_PARTS:
-            model.lqer.setdefault(name, {})[role.removeprefix("lqer.")] = value
-        elif role in roles:
-            roles[role][name] = value
-        else:
-            raise ValueError(f"unexpected tensor {key!r}")
-    return model
+    """The mixed-precision model of an opened pgolf container, as pgolf wrote it. Readers of other files
+    than a run's own artifact check the container first (core/artifact/checks.py: `check_container`),
+    and what the model holds after."""
+    model = MixedModel(info=box.meta["tensors"], tokenizer_sha256=box.meta.get(TOKENIZER_KEY))
+    return fill_model(model, box.tensors)

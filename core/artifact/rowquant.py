@@ -21,12 +21,12 @@ Tensors that are not matrices get one scale from their largest |value|, as in th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from core.artifact.int8 import _abs_quantile
+from core.artifact.int8 import _abs_quantile, dequantize_rows
 from core.common.errors import PgolfError
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "dequantize_rows",
     "quantize_rows",
     "quantize_tensor",
-    "quantize_with_scales",
     "row_scales",
 ]
 
@@ -66,12 +65,9 @@ class Clip:
     def __post_init__(self) -> None:
         if self.kind not in CLIP_KINDS:
             raise PgolfError(f"clip method {self.kind!r}: choose from {', '.join(CLIP_KINDS)}")
-        quantiles = (
-            (self.q,) if self.kind == "percentile" else self.candidates if self.kind == "search" else ()
-        )
-        if self.kind == "search" and not quantiles:
+        if self.kind == "search" and not self.candidates:
             raise PgolfError("clip search: no candidate quantiles")
-        for q in quantiles:
+        for q in self.quantiles:
             if not (isinstance(q, int | float) and 0.0 < q <= 1.0):
                 raise PgolfError(f"clip quantile {q!r} is not in (0, 1]")
         if self.kind == "sdclip" and not (isinstance(self.k, int | float) and 0.0 < self.k < 1e4):
@@ -82,40 +78,39 @@ class Clip:
         return cls("percentile", q=q)
 
     @classmethod
-    def search(cls, candidates: tuple[float, ...] = SEARCH_QUANTILES, per_row: bool = False) -> Clip:
-        return cls("search", candidates=tuple(candidates), per_row=per_row)
-
-    @classmethod
     def sdclip(cls, k: float) -> Clip:
         return cls("sdclip", k=k)
+
+    @property
+    def quantiles(self) -> tuple[float, ...]:
+        """The quantiles of |w| this clip tries: none for sdclip."""
+        return (self.q,) if self.kind == "percentile" else self.candidates if self.kind == "search" else ()
 
     def to_json(self) -> dict[str, Any]:
         """Only the fields this kind uses: what an artifact records."""
         keep = {"percentile": ("q",), "search": ("candidates", "per_row"), "sdclip": ("k",)}[self.kind]
-        d = asdict(self)
-        return {"kind": self.kind} | {f: list(d[f]) if f == "candidates" else d[f] for f in keep}
-
-
-def _fp16_scales(clip: np.ndarray, r: int, floor: float) -> np.ndarray:
-    """fp16(max(clip / R, floor)), computed in float32 as torch does."""
-    return np.maximum(clip.astype(np.float32) / np.float32(r), np.float32(floor)).astype(np.float16)
-
-
-def _quantile_clip(w: np.ndarray, q: float) -> np.ndarray:
-    return np.abs(w).max(axis=1) if q >= 1.0 else _abs_quantile(w, q)
+        return {"kind": self.kind} | {
+            f: list(self.candidates) if f == "candidates" else getattr(self, f) for f in keep
+        }
 
 
 def row_scales(w: np.ndarray, bits: int, q: float) -> np.ndarray:
-    """fp16 per-row scales for clip = the q-quantile of |row| (q = 1: the largest |value|)."""
+    """fp16 per-row scales for clip = the q-quantile of |row| (q = 1: the largest |value|):
+    fp16(max(clip / R, 1 / R)), computed in float32 as torch does."""
     r = clip_range(bits)
-    return _fp16_scales(_quantile_clip(w, q), r, 1.0 / r)
+    clip = np.abs(w).max(axis=1) if q >= 1.0 else _abs_quantile(w, q)
+    return np.maximum(clip.astype(np.float32) / np.float32(r), np.float32(1.0 / r)).astype(np.float16)
 
 
 def _sdclip_scales(w: np.ndarray, bits: int, k: float) -> np.ndarray:
     r = clip_range(bits)
     # torch.std accumulates in float64 and rounds the result to float32.
-    std = w.astype(np.float64).std(axis=1, ddof=1).astype(np.float32) if w.shape[1] > 1 else np.zeros(len(w))
-    s = (np.float32(k) * std.astype(np.float32) / np.float32(r)).astype(np.float16)
+    std = (
+        w.astype(np.float64).std(axis=1, ddof=1).astype(np.float32)
+        if w.shape[1] > 1
+        else np.zeros(len(w), np.float32)
+    )
+    s = (np.float32(k) * std / np.float32(r)).astype(np.float16)
     return np.where(s > 0, s, np.float16(1.0 / r))  # fp16 has no room for the record's 1e-10 floor
 
 
@@ -123,29 +118,12 @@ def candidate_scales(w: np.ndarray, bits: int, clip: Clip) -> list[np.ndarray]:
     """The fp16 per-row scales each candidate of `clip` gives (one array for percentile and sdclip)."""
     if clip.kind == "sdclip":
         return [_sdclip_scales(w, bits, clip.k)]
-    quantiles = (clip.q,) if clip.kind == "percentile" else clip.candidates
-    return [row_scales(w, bits, q) for q in quantiles]
-
-
-def quantize_with_scales(w: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
-    """int8 values round(w / s) clamped to [-R, R], for fp16 per-row scales."""
-    r = clip_range(bits)
-    q = np.round(w / scales.astype(np.float32)[:, None])
-    return np.clip(q, -r, r).astype(np.int8)
-
-
-def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """float32 q * s, with per-row (shape (rows,)) or one (0-d) scale."""
-    s = np.asarray(scales).astype(np.float32)
-    if s.ndim == 0:
-        return q.astype(np.float32) * s
-    return q.astype(np.float32) * s.reshape((q.shape[0],) + (1,) * (q.ndim - 1))
+    return [row_scales(w, bits, q) for q in clip.quantiles]
 
 
 def squared_errors(w: np.ndarray, q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Per-row sums of the float32 squared reconstruction errors, summed in float64."""
-    diff = w - q.astype(np.float32) * scales.astype(np.float32)[:, None]
-    return np.square(diff).sum(axis=1, dtype=np.float64)
+    return np.square(w - dequantize_rows(q, scales)).sum(axis=1, dtype=np.float64)
 
 
 def pick_best(
@@ -155,26 +133,29 @@ def pick_best(
 
     Ties keep the earlier candidate (the records' strict `<`).
     """
+    if len(results) == 1:
+        return results[0]
     errors = np.stack([squared_errors(w, q, s) for q, s in results])  # (candidates, rows)
     if not per_row:
         best = int(np.argmin(errors.sum(axis=1)))  # argmin: the first of equal minima
         return results[best]
-    choice = np.argmin(errors, axis=0)  # (rows,)
-    rows = np.arange(w.shape[0])
-    q = np.stack([q for q, _ in results])[choice, rows]
-    s = np.stack([s for _, s in results])[choice, rows]
+    choice, rows = np.argmin(errors, axis=0), np.arange(w.shape[0])  # the best candidate of each row
+    q, s = (np.stack(parts)[choice, rows] for parts in zip(*results, strict=True))
     return q, s
 
 
-def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """int8 values in [-R, R] and fp16 per-row scales of a float32 matrix."""
-    clip = clip or Clip()
-    w = _as_matrix(w)
-    results = [(quantize_with_scales(w, s, bits), s) for s in candidate_scales(w, bits, clip)]
-    return results[0] if len(results) == 1 else pick_best(w, results, clip.per_row)
+def quantize_rows(w: np.ndarray, bits: int = 6, clip: Clip = Clip()) -> tuple[np.ndarray, np.ndarray]:
+    """int8 values in [-R, R] and fp16 per-row scales of a float32 matrix (Clip is frozen: one default serves)."""
+    w = check_matrix(w, "per-row quantization")
+    r = clip_range(bits)
+    results = [
+        (np.clip(np.round(w / s.astype(np.float32)[:, None]), -r, r).astype(np.int8), s)
+        for s in candidate_scales(w, bits, clip)
+    ]
+    return pick_best(w, results, clip.per_row)
 
 
-def quantize_tensor(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_tensor(w: np.ndarray, bits: int = 6, clip: Clip = Clip()) -> tuple[np.ndarray, np.ndarray]:
     """`quantize_rows` for a matrix; any other shape gets one 0-d fp16 scale from its largest |value|."""
     w = np.asarray(w, dtype=np.float32)
     if w.ndim == 2:
@@ -186,12 +167,20 @@ def quantize_tensor(w: np.ndarray, bits: int = 6, clip: Clip | None = None) -> t
     return q, scale
 
 
-def _as_matrix(w: np.ndarray) -> np.ndarray:
+def check_matrix(w: np.ndarray, what: str) -> np.ndarray:
+    """`w` as an array, refused (naming `what` takes it) unless a finite float32 matrix with columns."""
     w = np.asarray(w)
     if w.ndim != 2 or w.dtype != np.float32:
-        raise PgolfError(f"per-row quantization takes a float32 matrix, not {w.dtype} of shape {w.shape}")
+        raise PgolfError(f"{what} takes a float32 matrix, not {w.dtype} of shape {w.shape}")
     if w.shape[1] == 0:
-        raise PgolfError("per-row quantization of a matrix with no columns")
+        raise PgolfError(f"{what} of a matrix with no columns")
     if not np.isfinite(w).all():
-        raise PgolfError("per-row quantization: the weights hold NaN or infinite values")
+        raise PgolfError(f"{what}: the weights hold NaN or infinite values")
     return w
+
+
+def absmax_rows(x: np.ndarray, top: float, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """int8 rows of `x` in [lo, hi], one fp16 scale per row: its largest |value| (at least 1e-10) / top.
+    (Also the mixed format's attention gates: top 127, in [-127, 127].)"""
+    s = (np.maximum(np.abs(x).max(axis=1), np.float32(1e-10)) / np.float32(top)).astype(np.float16)
+    return np.clip(np.rint(x / s.astype(np.float32)[:, None]), lo, hi).astype(np.int8), s

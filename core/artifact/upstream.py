@@ -22,14 +22,12 @@ from typing import Any
 import numpy as np
 
 from core.artifact import int8
-from core.artifact.checks import check_int8
+from core.artifact.checks import check_container, check_int8, is_container, names_to
 from core.artifact.int8 import (
     QUANT_FORMAT,
     ArtifactInfo,
     Int8Model,
-    _names_to,
     int8_from_container,
-    is_container,
     open_container,
     write_artifact,
 )
@@ -45,15 +43,18 @@ def _from_upstream_dict(obj: Any, to_numpy: Any) -> Int8Model:
         raise ValueError(f"not a {QUANT_FORMAT} object")
 
     def arrays(key: str) -> dict[str, np.ndarray]:
-        return {k: to_numpy(v) for k, v in _names_to(obj, key, object).items()}
+        return {k: to_numpy(v) for k, v in names_to(obj, key, object).items()}
+
+    def optional(key: str, kind: type) -> dict:  # absent from some of upstream's files
+        return names_to(obj, key, kind) if key in obj else {}
 
     return Int8Model(
         quantized=arrays("quantized"),
         scales=arrays("scales"),
-        dtypes=_names_to(obj, "dtypes", str),
+        dtypes=names_to(obj, "dtypes", str),
         passthrough=arrays("passthrough"),
-        passthrough_orig_dtypes=_names_to(obj, "passthrough_orig_dtypes", str, required=False),
-        qmeta=_names_to(obj, "qmeta", dict, required=False),
+        passthrough_orig_dtypes=optional("passthrough_orig_dtypes", str),
+        qmeta=optional("qmeta", dict),
     )
 
 
@@ -82,7 +83,9 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     try:
         if is_container(blob):
-            return check_int8(int8_from_container(open_container(blob, path)))
+            return check_int8(
+                int8_from_container(check_container(open_container(blob, path), int8.CONTAINER_FORMAT))
+            )
         raw = compress.decompress(blob, "zlib")
         if raw.startswith(b"PK"):  # a zip: what torch.save writes
             return check_int8(_parse_upstream_torch(raw, path))
