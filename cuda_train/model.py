@@ -21,6 +21,11 @@ from core.model.params import mlp_hidden, num_skip_weights
 from core.model.walk import Adapters, KVCache, Rope, Walk
 
 
+def maybe_compile(fn: Callable, on: bool, dynamic: bool = False) -> Callable:
+    """`fn` through torch.compile, one whole graph (dynamic shapes if asked), when `on`; else `fn` itself."""
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True) if on else fn
+
+
 def rms_norm(x: Tensor) -> Tensor:
     # eps=None: torch uses the fp32 machine epsilon (also for bf16 inputs); MLX copies that.
     # Cast back: CUDA autocast (PyTorch >= 2.12) returns fp32 here, which would make the residual stream fp32.

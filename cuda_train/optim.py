@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from core.config.fields import Config
 from core.model.optim import GROUPS, base_lr, muon_scale, newton_schulz, ns_coefficients, weight_decay
 from core.model.params import ParamSpec
+from cuda_train.model import maybe_compile
 
 
 class Muon(torch.optim.Optimizer):
@@ -77,7 +78,7 @@ def orthogonaliser(cfg: Config, cuda: bool, compile_on: bool) -> Callable[[Tenso
     def orthogonalise(g: Tensor) -> Tensor:
         return newton_schulz(g.to(dtype), coefficients, cfg.muon_row_normalize)
 
-    return torch.compile(orthogonalise, dynamic=False, fullgraph=True) if compile_on else orthogonalise
+    return maybe_compile(orthogonalise, compile_on)
 
 
 def build_optimizers(
@@ -101,6 +102,5 @@ def build_optimizers(
                 params, lr=lr, betas=betas, eps=cfg.adam_eps, weight_decay=decay, fused=cuda
             )
         opt.param_groups[0]["base_lr"] = lr
-        opt.param_groups[0]["group"] = group
         optimizers.append(opt)
     return optimizers

@@ -2,7 +2,7 @@
 
 A backend's model holds the parameters (with the names of core.model.params) in its
 framework's modules, and subclasses `Walk` with the few operations its framework writes
-its own way (the methods that raise NotImplementedError below). Everything else here is
+its own way (listed in `Walk`'s docstring). Everything else here is
 indexing, `reshape`, `swapaxes`, `+` and `*`, which torch and MLX arrays spell alike; the
 flow depends only on the config and on Python ints and bools, so torch.compile traces it
 into one graph and mx.compile into one trace per `looping` value.
@@ -73,7 +73,21 @@ Adapters = dict
 
 
 class Walk:
-    """The forward pass over a backend's modules; a subclass supplies the framework operations."""
+    """The forward pass over a backend's modules. A subclass supplies the framework's operations:
+
+    - `cast(a, like)`: `a` in the dtype (and on the device) of `like`;
+    - `cat(arrays, axis)`, `sigmoid(a)`;
+    - `rms_norm(x)`: RMSNorm over the last axis, epsilon the fp32 machine epsilon, in x's dtype;
+    - `unit(v)`: v / max(|v|, 1e-12) over the last axis;
+    - `arange(start, stop, step)`: float32 start, start + step, ... < stop;
+    - `round_bf16(a)`: float32 `a` rounded to the nearest bfloat16 values (ties to even), kept in float32;
+    - `embed(table, idx)`: the rows of the embedding module `table` for token ids idx, in the compute dtype;
+    - `running_max(a)`: the running maximum of an integer array (B, T) along axis 1;
+    - `attention(q, k, v, lower=None)`: causal attention of q (B, H, T, D) over k, v (B, KV, S, D), S >= T,
+      scaled by 1/sqrt(D): query head h reads kv head h // (H / KV), and query t sits at position
+      S - T + t. With `lower` (B, T), integers, query t of row b sees only keys lower[b, t] .. S - T + t
+      (its segment).
+    """
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -86,47 +100,6 @@ class Walk:
         self.lora_scale = lora_scale(cfg)
         self.doc_mask = cfg.varlen_attn_enabled  # `plain_causal` turns it off for a while
         self.segment_len = cfg.max_doc_len  # `segments_every` changes it for a while
-
-    # --------------------------------------------------- the framework's operations
-    def cast(self, a: Array, like: Array) -> Array:
-        """`a` in the dtype (and on the device) of `like`."""
-        raise NotImplementedError
-
-    def cat(self, arrays: list[Array], axis: int) -> Array:
-        raise NotImplementedError
-
-    def sigmoid(self, a: Array) -> Array:
-        raise NotImplementedError
-
-    def rms_norm(self, x: Array) -> Array:
-        """RMSNorm over the last axis, epsilon the fp32 machine epsilon, in x's dtype."""
-        raise NotImplementedError
-
-    def unit(self, v: Array) -> Array:
-        """v / max(|v|, 1e-12) over the last axis."""
-        raise NotImplementedError
-
-    def arange(self, start: int, stop: int, step: int) -> Array:
-        """float32 start, start + step, ... < stop."""
-        raise NotImplementedError
-
-    def round_bf16(self, a: Array) -> Array:
-        """float32 `a` rounded to the nearest bfloat16 values (ties to even), kept in float32."""
-        raise NotImplementedError
-
-    def embed(self, table: Any, idx: Array) -> Array:
-        """The rows of the embedding module `table` for token ids idx, in the compute dtype."""
-        raise NotImplementedError
-
-    def running_max(self, a: Array) -> Array:
-        """The running maximum of an integer array (B, T) along axis 1."""
-        raise NotImplementedError
-
-    def attention(self, q: Array, k: Array, v: Array, lower: Array | None = None) -> Array:
-        """Causal attention of q (B, H, T, D) over k, v (B, KV, S, D), S >= T, scaled by 1/sqrt(D): query
-        head h reads kv head h // (H / KV), and query t sits at position S - T + t. With `lower` (B, T),
-        integers, query t of row b sees only keys lower[b, t] .. S - T + t (its segment)."""
-        raise NotImplementedError
 
     # ------------------------------------------------------- document masking
     def segment_starts(self, idx: Array, start: int, cache: KVCache | None) -> Array:
