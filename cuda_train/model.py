@@ -74,15 +74,11 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool, lower: Te
         fits = q.is_cuda and t == s and q.dtype in (torch.bfloat16, torch.float16)
         if fits and not torch.compiler.is_compiling() and flash_varlen() is not None:
             return varlen_attention(q, k, v, lower)
+    if lower is not None or t < s:  # a document mask, or decoding after cached tokens
         keys = torch.arange(s, device=q.device)
-        visible = (keys <= torch.arange(s - t, s, device=q.device)[:, None]) & (keys >= lower[..., None])
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=visible[:, None], enable_gqa=k.size(1) != q.size(1)
-        )
-    if t < s:  # decoding after cached tokens
-        visible = (
-            torch.arange(s, device=q.device)[None, :] <= torch.arange(s - t, s, device=q.device)[:, None]
-        )
+        visible = keys <= torch.arange(s - t, s, device=q.device)[:, None]  # (T, S)
+        if lower is not None:
+            visible = (visible & (keys >= lower[..., None]))[:, None]  # (B, 1, T, S)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=k.size(1) != q.size(1))
     groups = q.size(1) // k.size(1)
     if expand_kv and groups > 1:
@@ -160,9 +156,8 @@ class MLP(nn.Module):
         self.proj = CastedLinear(mlp_hidden(cfg), cfg.model_dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.fc(x)
-        h = F.leaky_relu(h, self.negative_slope) if self.negative_slope else torch.relu(h)
-        return self.proj(h.square())
+        # A slope of 0 is relu's values and gradients (-0.0 for a negative input, squared to 0).
+        return self.proj(F.leaky_relu(self.fc(x), self.negative_slope).square())
 
 
 class Block(nn.Module):

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.model.backend import backend_module, pick
-from core.model.params import count_params, mlp_hidden, optimizer_state_shapes
+from core.model.opt_state import optimizer_state_shapes
+from core.model.params import count_params, mlp_hidden
 
 
 def memory_estimate(cfg: Config, bf16: bool, forward_tokens: int | None = None) -> dict[str, int]:

@@ -4,7 +4,7 @@ group, storage dtype and artifact class.
 `param_specs(cfg)` is the one table. Everything else is derived from it:
 - the initial weights (`init_params`, numpy, so one seed gives the same weights in both backends);
 - the optimizer groups: Muon or Adam, base learning rate and weight decay (`core.model.optim.GROUPS`);
-- the canonical optimizer state and checkpoint layout (`optimizer_state_shapes`);
+- the canonical optimizer state and checkpoint layout (core/model/opt_state.py);
 - the dtype each parameter is kept in (`storage_dtypes`);
 - the class the quantizer treats it as (`artifact_classes`);
 - the memory a training run needs (core/model/memory.py).
@@ -62,12 +62,8 @@ def _attention_gate(cfg: Config) -> dict[str, ParamSpec]:
     if cfg.gated_attn_enabled:
         return {"attn.attn_gate_w": _control((heads, cfg.model_dim), cfg.gated_attn_init_std, "normal")}
     if cfg.sparse_attn_gate_enabled:
-        std = cfg.sparse_attn_gate_init_std
-        return {
-            "attn.attn_gate_w": _control((heads, window), std, "normal")
-            if std > 0
-            else _control((heads, window), 0.0)
-        }
+        std = cfg.sparse_attn_gate_init_std  # 0: zeros (std is never negative)
+        return {"attn.attn_gate_w": _control((heads, window), std, "normal" if std > 0 else "const")}
     return {}
 
 
@@ -136,18 +132,6 @@ def param_specs(cfg: Config) -> dict[str, ParamSpec]:
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     return {name: spec.shape for name, spec in param_specs(cfg).items()}
-
-
-def optimizer_state_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The canonical optimizer state of `core.model.backend`: a step counter, then Muon
-    momentum for matrices and Adam moments for everything else, and the moving
-    average of the weights when `ema_decay` > 0, each shaped like its parameter."""
-    shapes: dict[str, tuple[int, ...]] = {"step": ()}
-    for name, spec in param_specs(cfg).items():
-        keys = ("momentum_buffer",) if spec.group == "matrix" else ("exp_avg", "exp_avg_sq")
-        keys += ("ema",) if cfg.ema_decay > 0 else ()
-        shapes.update({f"{key}/{name}": spec.shape for key in keys})
-    return shapes
 
 
 def storage_dtypes(cfg: Config, bf16: bool) -> dict[str, str]:

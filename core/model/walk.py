@@ -371,8 +371,7 @@ class Walk:
         """Block visit n's adapters by target, from the model's {"<target>.<visit>": (A, B)}."""
         if adapters is None:
             return None
-        suffix = f".{n}"
-        return {name[: -len(suffix)]: pair for name, pair in adapters.items() if name.endswith(suffix)}
+        return {name.split(".")[0]: pair for name, pair in adapters.items() if name.endswith(f".{n}")}
 
     def final_lane(self, lanes: Lanes) -> Array:
         """What the head reads of the two lanes."""
@@ -406,27 +405,25 @@ class Walk:
         lower = self.segment_starts(idx, start, cache) if self.doc_mask else None
         ve = self.value_embeds(model, idx)
         encoder, decoder = self.layouts[looping]
-        visits = len(encoder) + len(decoder)
-        kvs = [None] * visits if cache is None else [cache.setdefault(n, []) for n in range(visits)]
-        loras = [self.visit_adapters(adapters, n) for n in range(visits)]
         x0, skips = x, []
-        for n, i in enumerate(encoder):
-            x = self.block(model, i, x, x0, rope, ve.get(i), kvs[n], loras[n], lower)
-            skips.append(x)
         lanes: Lanes | None = None
-        for j, i in enumerate(decoder):
-            if lanes is None and 0 < self.cfg.parallel_start_layer <= i:
+        for n, i in enumerate(encoder + decoder):  # n: the block visit, i: its physical layer
+            j = n - len(encoder)  # the position in the decoder (negative in the encoder)
+            if j >= 0 and lanes is None and 0 < self.cfg.parallel_start_layer <= i:
                 lanes = (x, x)  # the split; Config.validate keeps every later layer parallel too
-            if skips and j < self.num_skips:
+            if 0 <= j < self.num_skips and skips:
                 if lanes is None:
                     x = self.skip(model, j, x, skips.pop())
                 else:  # after the split the skips feed lane 0 only
                     lanes = (self.skip(model, j, lanes[0], skips.pop()), lanes[1])
-            kv, lora = kvs[len(encoder) + j], loras[len(encoder) + j]
+            kv = None if cache is None else cache.setdefault(n, [])
+            rest = (x0, rope, ve.get(i), kv, self.visit_adapters(adapters, n), lower)
             if lanes is None:
-                x = self.block(model, i, x, x0, rope, ve.get(i), kv, lora, lower)
+                x = self.block(model, i, x, *rest)
             else:
-                lanes = self.parallel_block(model, i, lanes, x0, rope, ve.get(i), kv, lora, lower)
+                lanes = self.parallel_block(model, i, lanes, *rest)
+            if j < 0:
+                skips.append(x)
         if lanes is not None:
             x = self.final_lane(lanes)
         if cache is not None:
