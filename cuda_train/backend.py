@@ -259,7 +259,7 @@ class TorchBackend:
         sums: dict[str, torch.Tensor] = {}
 
         def add(name: str, x: torch.Tensor) -> None:
-            x = x.detach().float().reshape(-1, x.size(-1))
+            x = x.float().reshape(-1, x.size(-1))  # (inference mode: nothing to detach)
             if name not in sums:
                 sums[name] = torch.zeros(x.size(1), x.size(1), device=x.device)
             sums[name].addmm_(x.T, x)
@@ -299,15 +299,46 @@ class TorchBackend:
         return next_logits
 
     # ----------------------------------------------------- test-time training
-    def new_adapters(self, a: dict[str, np.ndarray]) -> TorchAdapters:
-        return TorchAdapters(self.cfg, a, self.torch_device)
+    def new_adapters(self, a: dict[str, np.ndarray]) -> tuple:
+        """LoRA adapters (core/model/lora.py) as fp32 tensors {name: (A, B)}, and their optimizer."""
+        cfg, device = self.cfg, self.torch_device
+        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0], cfg.num_loops > 0)
+        pairs = {
+            name: (
+                torch.nn.Parameter(torch.tensor(a[name], device=device)),
+                torch.nn.Parameter(torch.zeros(b_shape, device=device)),
+            )
+            for name, (_, b_shape) in shapes.items()
+        }
+        params = [t for pair in pairs.values() for t in pair]
+        if cfg.ttt_optimizer == "sgd":
+            optimizer = torch.optim.SGD(
+                params, lr=cfg.ttt_lora_lr, momentum=cfg.ttt_beta1, weight_decay=cfg.ttt_weight_decay
+            )
+        else:
+            optimizer = torch.optim.AdamW(
+                params,
+                lr=cfg.ttt_lora_lr,
+                betas=(cfg.ttt_beta1, cfg.ttt_beta2),
+                eps=1e-10,
+                weight_decay=cfg.ttt_weight_decay,
+                fused=device.type == "cuda",
+            )
+        return pairs, optimizer
 
-    def restart_adapters(self, adapters: TorchAdapters, a: dict[str, np.ndarray] | None = None) -> None:
-        adapters.restart(a)
+    @torch.no_grad()
+    def restart_adapters(self, adapters: tuple, a: dict[str, np.ndarray] | None = None) -> None:
+        """B back to zero, A to `a` (or kept), the optimizer's state forgotten."""
+        pairs, optimizer = adapters
+        for name, (a_t, b_t) in pairs.items():
+            b_t.zero_()
+            if a is not None:
+                a_t.copy_(torch.from_numpy(a[name]))
+        optimizer.state.clear()
 
     def score_then_adapt(
         self,
-        adapters: TorchAdapters,
+        adapters: tuple,
         x: np.ndarray,
         y: np.ndarray,
         train_rows: np.ndarray,
@@ -315,6 +346,7 @@ class TorchBackend:
         train_len: int,
     ) -> np.ndarray:
         self.model.eval()
+        pairs, optimizer = adapters
         xt, yt = self._to_device(x), self._to_device(y)
         rows = torch.tensor(train_rows, dtype=torch.float32, device=self.torch_device)
         steps = self.cfg.ttt_grad_steps if train_rows.any() else 0
@@ -322,15 +354,15 @@ class TorchBackend:
         try:
             for step in range(max(steps, 1)):
                 with torch.set_grad_enabled(steps > 0), self.autocast:
-                    nll = self._ttt_losses(xt, yt, self.looping, adapters.pairs)
+                    nll = self._ttt_losses(xt, yt, self.looping, pairs)
                 if step == 0:
                     scored = nll.detach().float().cpu().numpy()  # before any step has seen the chunk
                 if steps == 0:
                     break
                 per_row = nll[:, train_from : train_from + train_len].mean(dim=-1)
-                adapters.optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
                 (per_row * rows).sum().backward()
-                adapters.optimizer.step()
+                optimizer.step()
         finally:
             self.model.requires_grad_(True)
         return scored
@@ -406,63 +438,25 @@ class TorchBackend:
     def close(self, failed: bool = False) -> int | None:
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        # After a success every rank leaves together, and DDP lets go of the group before it is
-        # destroyed: a gloo group still referenced at interpreter exit can abort the process.
-        # After a failure no barrier: the other ranks may be gone or waiting in a collective.
         if not failed:
+            # Every rank leaves together, and DDP lets go of the group before it is destroyed:
+            # a gloo group still referenced at interpreter exit can abort the process.
             dist.barrier()
-        self.runner = self.compiled
-        if not failed:
+            self.runner = self.compiled
             dist.destroy_process_group()
             return None
-        # Nor a destroy or an abort: both wait for this rank's collectives in flight (gloo until its
-        # timeout, as tried here). The process ends next (cli.py), which is what makes the others'
-        # collectives fail. This rank is recorded as the job's first failure unless another was, in
-        # torchrun's store (its agent's process, so it outlives the ranks); None if it does not answer
-        # within 2 s.
+        # No barrier: the other ranks may be gone or waiting in a collective. Nor a destroy or an
+        # abort: both wait for this rank's collectives in flight (gloo until its timeout, as tried
+        # here). The process ends next (cli.py), which is what makes the others' collectives fail.
+        # This rank is recorded as the job's first failure unless another was, in torchrun's store
+        # (its agent's process, so it outlives the ranks); None if it does not answer within 2 s.
+        self.runner = self.compiled
         try:
             store = dist.distributed_c10d._get_default_store()
             store.set_timeout(timedelta(seconds=2))
             return int(store.compare_set(FAILURE_KEY, "", str(self.rank)))
         except Exception:  # the failure being reported matters more than this one
             return None
-
-
-class TorchAdapters:
-    """LoRA adapters (core/model/lora.py) as fp32 tensors, and their optimizer."""
-
-    def __init__(self, cfg: Config, a: dict[str, np.ndarray], device: torch.device):
-        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0], cfg.num_loops > 0)
-        self.pairs = {
-            name: (
-                torch.nn.Parameter(torch.tensor(a[name], device=device)),
-                torch.nn.Parameter(torch.zeros(b_shape, device=device)),
-            )
-            for name, (_, b_shape) in shapes.items()
-        }
-        params = [t for pair in self.pairs.values() for t in pair]
-        if cfg.ttt_optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(
-                params, lr=cfg.ttt_lora_lr, momentum=cfg.ttt_beta1, weight_decay=cfg.ttt_weight_decay
-            )
-        else:
-            self.optimizer = torch.optim.AdamW(
-                params,
-                lr=cfg.ttt_lora_lr,
-                betas=(cfg.ttt_beta1, cfg.ttt_beta2),
-                eps=1e-10,
-                weight_decay=cfg.ttt_weight_decay,
-                fused=device.type == "cuda",
-            )
-
-    @torch.no_grad()
-    def restart(self, a: dict[str, np.ndarray] | None) -> None:
-        """B back to zero, A to `a` (or kept), the optimizer's state forgotten."""
-        for name, (a_t, b_t) in self.pairs.items():
-            b_t.zero_()
-            if a is not None:
-                a_t.copy_(torch.from_numpy(a[name]))
-        self.optimizer.state.clear()
 
 
 def create_backend(cfg: Config) -> TorchBackend:
