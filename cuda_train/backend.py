@@ -293,7 +293,7 @@ class TorchBackend:
         def next_logits(ids: np.ndarray) -> np.ndarray:
             model.eval()
             with self.autocast:
-                logits = model.decode(self._to_device(ids[None]), cache, self.looping)
+                logits = model.logits(self._to_device(ids[None]), self.looping, cache)
             return logits[0, -1].float().cpu().numpy()
 
         return next_logits

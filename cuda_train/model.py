@@ -229,7 +229,8 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         adapters: Adapters | None = None,
     ) -> Tensor:
-        """Token ids (B, T) -> softcapped logits (B, T, V)."""
+        """Token ids (B, T) -> softcapped logits (B, T, V). With `cache` (empty at first) the tokens follow
+        those already decoded, whose keys and values it keeps for the next call (decoding)."""
         x = self.hidden(idx, looping, cache, adapters)
         z = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.tok_emb.weight.to(x.dtype))
         if adapters is not None:
@@ -251,8 +252,3 @@ class GPT(nn.Module):
         """
         logits = self.logits(idx, looping).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
-
-    def decode(self, idx: Tensor, cache: KVCache, looping: bool = False) -> Tensor:
-        """Softcapped logits (B, t, V) of tokens `idx` that follow those already in `cache` (empty at
-        first), which keeps their keys and values for the next call."""
-        return self.logits(idx, looping, cache)

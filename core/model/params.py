@@ -169,9 +169,8 @@ def _initial_value(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
         return rng.uniform(-bound, bound, size=spec.shape)
     if spec.init == "const":
         return np.full(spec.shape, spec.value)
-    if spec.init == "resid_mix":  # [1, 0]: the block starts from the residual alone
-        return np.stack([np.ones(spec.shape[1]), np.zeros(spec.shape[1])])
-    raise ValueError(f"unknown init rule {spec.init!r}")
+    # resid_mix, the last rule of ParamSpec.init: [1, 0], the block starts from the residual alone
+    return np.stack([np.ones(spec.shape[1]), np.zeros(spec.shape[1])])
 
 
 def init_params(cfg: Config, seed: int | None = None, bf16: bool = False) -> dict[str, np.ndarray]:
@@ -207,10 +206,9 @@ def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> 
     expected = param_shapes(cfg)
     extra = sorted(set(shapes) - set(expected))
     missing = [n for n in expected if n not in shapes]
-    if extra:
-        raise PgolfError(f"{what}: unexpected tensor {extra[0]!r} for this model config")
-    if missing:
-        raise PgolfError(f"{what}: missing tensor {missing[0]!r} for this model config")
+    if extra or missing:
+        problem = f"unexpected tensor {extra[0]!r}" if extra else f"missing tensor {missing[0]!r}"
+        raise PgolfError(f"{what}: {problem} for this model config")
     for name, shape in expected.items():
         if tuple(shapes[name]) != shape:
             raise PgolfError(f"{what}: {name} is shape {tuple(shapes[name])}, but the config expects {shape}")
