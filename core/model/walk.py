@@ -91,13 +91,7 @@ class Walk:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.layouts = {looping: cfg.layer_layout(looping) for looping in (False, True)}
-        self.num_skips = num_skip_weights(cfg)
-        self.ve_layers = cfg.ve_layer_indices
-        self.head_dim = cfg.head_dim
         self.rope_dims = cfg.rope_dims or cfg.head_dim
-        self.norm_scales = [1.0 / math.sqrt(i + 1) if cfg.ln_scale else 1.0 for i in range(cfg.num_layers)]
-        self.lora_scale = lora_scale(cfg)
         self.doc_mask = cfg.varlen_attn_enabled  # `plain_causal` turns it off for a while
         self.segment_len = cfg.max_doc_len  # `segments_every` changes it for a while
 
@@ -190,7 +184,7 @@ class Walk:
     def heads(self, y: Array, n: int) -> Array:
         """(B, T, n * D) -> (B, n, T, D)."""
         b, t, _ = y.shape
-        return y.reshape(b, t, n, self.head_dim).swapaxes(1, 2)
+        return y.reshape(b, t, n, self.cfg.head_dim).swapaxes(1, 2)
 
     def remove_self_value(self, y: Array, v: Array) -> Array:
         """XSA: y (B, H, T, D) minus its projection on the unit value vector of its own token (B, KV, T, D)."""
@@ -205,7 +199,9 @@ class Walk:
         if lora is None or target not in lora:
             return y
         a, b = lora[target]
-        return y + self.lora_scale * ((x @ self.cast(a, x).swapaxes(1, 2)) @ self.cast(b, x).swapaxes(1, 2))
+        return y + lora_scale(self.cfg) * (
+            (x @ self.cast(a, x).swapaxes(1, 2)) @ self.cast(b, x).swapaxes(1, 2)
+        )
 
     def attend(
         self,
@@ -262,8 +258,9 @@ class Walk:
 
     # ----------------------------------------------------------------- blocks
     def norm(self, i: int, x: Array) -> Array:
-        scale = self.norm_scales[i]
-        return self.rms_norm(x) * scale if scale != 1.0 else self.rms_norm(x)
+        """RMSNorm of layer i's input; `ln_scale` scales it by 1/sqrt(i + 1) (layer 0's 1 is no multiply)."""
+        normed = self.rms_norm(x)
+        return normed * (1.0 / math.sqrt(i + 1)) if self.cfg.ln_scale and i > 0 else normed
 
     def mix(self, block: Any, x: Array, x0: Array) -> Array:
         """The residual stream blended with the embedding x0 (`resid_mix`)."""
@@ -333,14 +330,15 @@ class Walk:
     # ------------------------------------------------------------------ model
     def value_embeds(self, model: Any, idx: Array) -> dict[int, Array]:
         """The value embedding each ve layer adds to its values (B, T, kv_dim)."""
-        if not self.ve_layers:
+        layers = self.cfg.ve_layer_indices
+        if not layers:
             return {}
         ve = model.ve_shared
         shared = self.embed(ve.embed, idx)  # (B, T, ve_dim)
-        if self.cfg.ve_dim != self.cfg.num_kv_heads * self.head_dim:
+        if self.cfg.ve_dim != self.cfg.num_kv_heads * self.cfg.head_dim:
             shared = ve.proj(shared)
         shared = shared * self.cast(ve.scale, shared)
-        scales = zip(self.ve_layers, model.ve_layer_scales, strict=True)
+        scales = zip(layers, model.ve_layer_scales, strict=True)
         return {layer: shared * self.cast(scale, shared) for layer, scale in scales}
 
     def smear(self, model: Any, x: Array, idx: Array, before: Array | None) -> Array:
@@ -404,14 +402,14 @@ class Walk:
         x = self.rms_norm(x)
         lower = self.segment_starts(idx, start, cache) if self.doc_mask else None
         ve = self.value_embeds(model, idx)
-        encoder, decoder = self.layouts[looping]
+        encoder, decoder = self.cfg.layer_layout(looping)
         x0, skips = x, []
         lanes: Lanes | None = None
         for n, i in enumerate(encoder + decoder):  # n: the block visit, i: its physical layer
             j = n - len(encoder)  # the position in the decoder (negative in the encoder)
             if j >= 0 and lanes is None and 0 < self.cfg.parallel_start_layer <= i:
                 lanes = (x, x)  # the split; Config.validate keeps every later layer parallel too
-            if 0 <= j < self.num_skips and skips:
+            if 0 <= j < num_skip_weights(self.cfg) and skips:
                 if lanes is None:
                     x = self.skip(model, j, x, skips.pop())
                 else:  # after the split the skips feed lane 0 only
