@@ -14,7 +14,6 @@ import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,9 +26,6 @@ from core.model.lora import adapter_shapes
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
-
-if TYPE_CHECKING:
-    from core.model.memory import DeviceMemory
 
 # Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:
 # the PCIe and NVL cards of a generation are slower than its SXM one (a substring would mix them).
@@ -59,20 +55,6 @@ def state_keys(opt: torch.optim.Optimizer) -> tuple[str, ...]:
 
 def check_config(cfg: Config) -> None:
     """PyTorch reads no option of its own: the shared checks of Config.validate are all."""
-
-
-def device_memory(cfg: Config) -> DeviceMemory | None:
-    """What this process's device has free: its CUDA device's, else its share of the machine's RAM
-    (torchrun's processes on one machine share it)."""
-    from core.model.memory import DeviceMemory, physical_ram  # (the CLI's check: not a packaged run's)
-
-    if torch.cuda.is_available():
-        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-        free, _total = torch.cuda.mem_get_info(index)
-        return DeviceMemory(free, f"free memory of cuda:{index}", gpu=True)
-    ram, ranks = physical_ram(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    share = "physical RAM" if ranks == 1 else f"physical RAM's share of each of {ranks} processes"
-    return None if ram is None else DeviceMemory(ram // ranks, share, gpu=False)
 
 
 class TorchBackend:
