@@ -39,10 +39,6 @@ class ParamSpec:
     value: float = 0.0  # the std of "normal", the fill of "const"
     low_precision: bool = False  # kept in the compute dtype (bf16 runs), not fp32
 
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)  # Python ints: no overflow, however absurd the config
-
 
 def _matrix(rows: int, cols: int, kind: str, zero: bool = False) -> ParamSpec:
     """A linear layer's weight (out, in), trained by Muon; output projections start at zero."""
@@ -188,7 +184,8 @@ def init_params(cfg: Config, seed: int | None = None, bf16: bool = False) -> dic
 
 
 def count_params(cfg: Config) -> int:
-    return sum(spec.numel for spec in param_specs(cfg).values())
+    # math.prod of Python ints: no overflow, however absurd the config
+    return sum(math.prod(spec.shape) for spec in param_specs(cfg).values())
 
 
 def flops_per_token(cfg: Config) -> float:
@@ -197,7 +194,9 @@ def flops_per_token(cfg: Config) -> float:
     The attention term is 6 * layers * dim * seq_len for a causal mask (half of the
     full 12 * L * d * T); the tied output head counts as a matmul.
     """
-    matmul = sum(s.numel for s in param_specs(cfg).values() if len(s.shape) == 2 and s.kind != "control")
+    matmul = sum(
+        math.prod(s.shape) for s in param_specs(cfg).values() if len(s.shape) == 2 and s.kind != "control"
+    )
     return 6.0 * matmul + 6.0 * cfg.num_layers * cfg.model_dim * cfg.train_seq_len
 
 

@@ -152,14 +152,10 @@ class Walk:
             base = base * (length / train_len) ** (self.rope_dims / (self.rope_dims - 2))
             precision = "float32"
         inv_freq = 1.0 / (base ** (self.arange(0, self.rope_dims, 2) / self.rope_dims))
-        positions = self.arange(0, length, 1)
         if precision != "float32":
             inv_freq = self.round_bf16(inv_freq)
-        if precision != "bfloat16":
-            angles = positions[:, None] * inv_freq[None, :]
-            return angles.cos(), angles.sin()
-        bf16 = self.round_bf16
-        angles = bf16(bf16(positions)[:, None] * inv_freq[None, :])
+        bf16 = self.round_bf16 if precision == "bfloat16" else (lambda a: a)  # rounds the rest, or not
+        angles = bf16(bf16(self.arange(0, length, 1))[:, None] * inv_freq[None, :])
         return bf16(angles.cos()), bf16(angles.sin())
 
     def rope(self, model: Any, length: int) -> Rope:
