@@ -14,7 +14,6 @@ import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,13 +23,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
-from cuda_train.model import GPT, CastedLinear
+from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
 
-if TYPE_CHECKING:
-    from core.model.memory import DeviceMemory
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:
 # the PCIe and NVL cards of a generation are slower than its SXM one (a substring would mix them).
 PEAK_BF16_FLOPS = {
@@ -52,22 +47,13 @@ def peak_bf16_flops(device_name: str) -> float | None:
     return PEAK_BF16_FLOPS.get(device_name.strip())
 
 
+def state_keys(opt: torch.optim.Optimizer) -> tuple[str, ...]:
+    """What the canonical optimizer state (core.model.backend) holds of an optimizer, per parameter."""
+    return ("momentum_buffer",) if isinstance(opt, Muon) else ("exp_avg", "exp_avg_sq")
+
+
 def check_config(cfg: Config) -> None:
     """PyTorch reads no option of its own: the shared checks of Config.validate are all."""
-
-
-def device_memory(cfg: Config) -> DeviceMemory | None:
-    """What this process's device has free: its CUDA device's, else its share of the machine's RAM
-    (torchrun's processes on one machine share it)."""
-    from core.model.memory import DeviceMemory, physical_ram  # (the CLI's check: not a packaged run's)
-
-    if torch.cuda.is_available():
-        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-        free, _total = torch.cuda.mem_get_info(index)
-        return DeviceMemory(free, f"free memory of cuda:{index}", gpu=True)
-    ram, ranks = physical_ram(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    share = "physical RAM" if ranks == 1 else f"physical RAM's share of each of {ranks} processes"
-    return None if ram is None else DeviceMemory(ram // ranks, share, gpu=False)
 
 
 class TorchBackend:
@@ -79,15 +65,13 @@ class TorchBackend:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
-            self.torch_device = torch.device("cuda", local_rank)
+        cuda = torch.cuda.is_available()
+        self.torch_device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+        self.device, name = "cpu", ""
+        if cuda:
             torch.cuda.set_device(self.torch_device)
             name = torch.cuda.get_device_name(self.torch_device)
             self.device = f"cuda:{local_rank} ({name})"
-        else:
-            self.torch_device, name = torch.device("cpu"), ""
-            self.device = "cpu"
-        cuda = self.torch_device.type == "cuda"
         if self.world_size > 1 and not dist.is_initialized():
             # A short timeout: a rank that hangs fails the job in minutes, not torch's 10 (NCCL) or 30 (gloo).
             timeout = cfg.collective_timeout_seconds
@@ -106,7 +90,8 @@ class TorchBackend:
         self.model = GPT(cfg).to(self.torch_device)
         check_layout(cfg, {n: tuple(p.shape) for n, p in self.model.named_parameters()}, "the PyTorch model")
         for pname, dtype in storage_dtypes(cfg, self.bf16).items():
-            self.model.get_parameter(pname).data = self.model.get_parameter(pname).data.to(DTYPES[dtype])
+            p = self.model.get_parameter(pname)
+            p.data = p.data.to(getattr(torch, dtype))  # torch.float32 or torch.bfloat16
         compile_on = cfg.uses_compile(cuda)
         self.optimizers = build_optimizers(self.model, self.specs, cfg, compile_on)
         # The moving average of the weights, in fp32 on the device (core.model.backend's "ema/<name>").
@@ -119,19 +104,11 @@ class TorchBackend:
         self.steps_taken = 0
         self._counters: dict[str, int] = {}  # counter_add's, in one process
         self.looping = cfg.num_loops > 0  # passed to every forward: an argument compile guards on
-        self.compiled = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_on else self.model
-        self._token_losses = (
-            torch.compile(self.model.token_losses, dynamic=False, fullgraph=True)
-            if compile_on
-            else self.model.token_losses
-        )  # sliding-window evaluation's forward
+        self.compiled = maybe_compile(self.model, compile_on)
+        self._token_losses = maybe_compile(self.model.token_losses, compile_on)  # sliding-window evaluation's
         # Test-time training's forward, adapters in and their gradients out: each batch of documents has
         # its own window length, so its shapes are dynamic.
-        self._ttt_losses = (
-            torch.compile(self.model.token_losses, dynamic=True, fullgraph=True)
-            if compile_on
-            else self.model.token_losses
-        )
+        self._ttt_losses = maybe_compile(self.model.token_losses, compile_on, dynamic=True)
         self.runner = self.compiled
         if self.world_size > 1:
             with warnings.catch_warnings():  # newer torch renames the flag; the meaning is what we want
@@ -152,7 +129,7 @@ class TorchBackend:
         with torch.no_grad():
             for name in self.specs:
                 p = self.model.get_parameter(name)
-                p.copy_(torch.from_numpy(np.asarray(params[name], dtype=np.float32)).to(p.device, p.dtype))
+                p.copy_(torch.from_numpy(np.asarray(params[name], dtype=np.float32)))  # copy_ casts
                 if self.ema:
                     self.ema[name].copy_(p.float())
 
@@ -163,10 +140,9 @@ class TorchBackend:
         out: dict[str, np.ndarray] = {"step": np.array(self.steps_taken, dtype=np.int64)}
         names = {p: n for n, p in self.model.named_parameters()}
         for opt in self.optimizers:
-            keys = ("momentum_buffer",) if isinstance(opt, Muon) else ("exp_avg", "exp_avg_sq")
             for p in opt.param_groups[0]["params"]:
                 state = opt.state.get(p, {})
-                for key in keys:
+                for key in state_keys(opt):
                     value = state.get(key)
                     array = np.zeros(p.shape, np.float32) if value is None else value.float().cpu().numpy()
                     out[f"{key}/{names[p]}"] = array.copy()
@@ -177,32 +153,24 @@ class TorchBackend:
         step = int(state["step"])
         names = {p: n for n, p in self.model.named_parameters()}
 
-        def tensor_of(key: str) -> torch.Tensor:
+        def tensor(key: str) -> torch.Tensor:
             if key not in state:
                 raise PgolfError(f"optimizer state lacks {key}")
             return torch.from_numpy(np.asarray(state[key])).to(self.torch_device, torch.float32)
 
-        def tensor(key: str, p: torch.Tensor) -> torch.Tensor:
-            return tensor_of(f"{key}/{names[p]}")
-
         with torch.no_grad():
             for n, e in self.ema.items():
-                e.copy_(tensor_of(f"ema/{n}"))
+                e.copy_(tensor(f"ema/{n}"))
         for opt in self.optimizers:
             opt.state.clear()
             if step == 0:  # a fresh optimizer: torch creates its state lazily
                 continue
             for p in opt.param_groups[0]["params"]:
-                if isinstance(opt, Muon):
-                    opt.state[p] = {"momentum_buffer": tensor("momentum_buffer", p)}
-                else:
-                    # Adam's step counter lives on the device only for the fused kernel.
+                # In the parameter's dtype: fp32 for Muon's matrices, the embedding's own for Adam.
+                opt.state[p] = {key: tensor(f"{key}/{names[p]}").to(p.dtype) for key in state_keys(opt)}
+                if not isinstance(opt, Muon):  # on the device only for the fused kernel
                     where = p.device if opt.defaults.get("fused") else "cpu"
-                    opt.state[p] = {
-                        "step": torch.tensor(float(step), dtype=torch.float32, device=where),
-                        "exp_avg": tensor("exp_avg", p).to(p.dtype),
-                        "exp_avg_sq": tensor("exp_avg_sq", p).to(p.dtype),
-                    }
+                    opt.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32, device=where)
         self.steps_taken = step
 
     # --------------------------------------------------------------- compute
@@ -217,13 +185,12 @@ class TorchBackend:
         muon_wd_mult: float = 1.0,
     ) -> torch.Tensor:
         self.model.train()
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)  # every parameter is in one of the optimizers
         total = torch.zeros((), device=self.torch_device)
         n = len(micro_batches)
         for i, (x, y) in enumerate(micro_batches):
-            sync = self.world_size == 1 or i == n - 1
-            context = self.runner.no_sync() if not sync else nullcontext()
+            # DDP averages the gradients over the ranks at the last micro-batch only.
+            context = self.runner.no_sync() if self.world_size > 1 and i < n - 1 else nullcontext()
             with context, self.autocast:
                 loss = self.runner(self._to_device(x), self._to_device(y), looping=self.looping)
             (loss / n).backward()
@@ -273,7 +240,7 @@ class TorchBackend:
         sums: dict[str, torch.Tensor] = {}
 
         def add(name: str, x: torch.Tensor) -> None:
-            x = x.detach().float().reshape(-1, x.size(-1))
+            x = x.float().reshape(-1, x.size(-1))  # (inference mode: nothing to detach)
             if name not in sums:
                 sums[name] = torch.zeros(x.size(1), x.size(1), device=x.device)
             sums[name].addmm_(x.T, x)
@@ -307,21 +274,54 @@ class TorchBackend:
         def next_logits(ids: np.ndarray) -> np.ndarray:
             model.eval()
             with self.autocast:
-                logits = model.decode(self._to_device(ids[None]), cache, self.looping)
+                logits = model.logits(self._to_device(ids[None]), self.looping, cache)
             return logits[0, -1].float().cpu().numpy()
 
         return next_logits
 
     # ----------------------------------------------------- test-time training
-    def new_adapters(self, a: dict[str, np.ndarray]) -> TorchAdapters:
-        return TorchAdapters(self.cfg, a, self.torch_device)
+    def new_adapters(self, a: dict[str, np.ndarray]) -> tuple:
+        """LoRA adapters (core/model/lora.py) as fp32 tensors {name: (A, B)}, and their optimizer."""
+        from core.model.lora import adapter_shapes
 
-    def restart_adapters(self, adapters: TorchAdapters, a: dict[str, np.ndarray] | None = None) -> None:
-        adapters.restart(a)
+        cfg, device = self.cfg, self.torch_device
+        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0], cfg.num_loops > 0)
+        pairs = {
+            name: (
+                torch.nn.Parameter(torch.tensor(a[name], device=device)),
+                torch.nn.Parameter(torch.zeros(b_shape, device=device)),
+            )
+            for name, (_, b_shape) in shapes.items()
+        }
+        params = [t for pair in pairs.values() for t in pair]
+        if cfg.ttt_optimizer == "sgd":
+            optimizer = torch.optim.SGD(
+                params, lr=cfg.ttt_lora_lr, momentum=cfg.ttt_beta1, weight_decay=cfg.ttt_weight_decay
+            )
+        else:
+            optimizer = torch.optim.AdamW(
+                params,
+                lr=cfg.ttt_lora_lr,
+                betas=(cfg.ttt_beta1, cfg.ttt_beta2),
+                eps=1e-10,
+                weight_decay=cfg.ttt_weight_decay,
+                fused=device.type == "cuda",
+            )
+        return pairs, optimizer
+
+    @torch.no_grad()
+    def restart_adapters(self, adapters: tuple, a: dict[str, np.ndarray] | None = None) -> None:
+        """B back to zero, A to `a` (or kept), the optimizer's state forgotten."""
+        pairs, optimizer = adapters
+        for name, (a_t, b_t) in pairs.items():
+            b_t.zero_()
+            if a is not None:
+                a_t.copy_(torch.from_numpy(a[name]))
+        optimizer.state.clear()
 
     def score_then_adapt(
         self,
-        adapters: TorchAdapters,
+        adapters: tuple,
         x: np.ndarray,
         y: np.ndarray,
         train_rows: np.ndarray,
@@ -329,32 +329,37 @@ class TorchBackend:
         train_len: int,
     ) -> np.ndarray:
         self.model.eval()
+        pairs, optimizer = adapters
         xt, yt = self._to_device(x), self._to_device(y)
-        rows = torch.from_numpy(np.asarray(train_rows, dtype=np.float32)).to(self.torch_device)
+        rows = torch.tensor(train_rows, dtype=torch.float32, device=self.torch_device)
         steps = self.cfg.ttt_grad_steps if train_rows.any() else 0
-        with frozen(self.model):
+        self.model.requires_grad_(False)  # the model's own weights out of autograd: only adapters learn
+        try:
             for step in range(max(steps, 1)):
                 with torch.set_grad_enabled(steps > 0), self.autocast:
-                    nll = self._ttt_losses(xt, yt, self.looping, adapters.pairs)
+                    nll = self._ttt_losses(xt, yt, self.looping, pairs)
                 if step == 0:
                     scored = nll.detach().float().cpu().numpy()  # before any step has seen the chunk
                 if steps == 0:
                     break
                 per_row = nll[:, train_from : train_from + train_len].mean(dim=-1)
-                adapters.optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
                 (per_row * rows).sum().backward()
-                adapters.optimizer.step()
+                optimizer.step()
+        finally:
+            self.model.requires_grad_(True)
         return scored
 
     def sgd_reset(self, momentum: float, frozen: tuple[str, ...] = ()) -> None:
-        self._sgd_params = [p for n, p in self.model.named_parameters() if not n.startswith(frozen)]
-        self._sgd = torch.optim.SGD(self._sgd_params, lr=0.0, momentum=momentum)
+        params = [p for n, p in self.model.named_parameters() if not n.startswith(frozen)]
+        self._sgd = torch.optim.SGD(params, lr=0.0, momentum=momentum)
 
     def sgd_step(
         self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float, doc_mask: bool = True
     ) -> None:
         self.model.train()
-        params = self._sgd_params
+        group = self._sgd.param_groups[0]
+        params = group["params"]
         self._sgd.zero_grad(set_to_none=False)
         if x.shape[0]:
             with self.autocast, self.model.walk.plain_causal(not doc_mask):
@@ -369,8 +374,7 @@ class TorchBackend:
                 dist.all_reduce(p.grad)
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(params, clip)
-        for group in self._sgd.param_groups:
-            group["lr"] = lr
+        group["lr"] = lr
         self._sgd.step()
         self.model.zero_grad(set_to_none=True)  # frozen weights got gradients too
         self.model.eval()
@@ -417,85 +421,25 @@ class TorchBackend:
     def close(self, failed: bool = False) -> int | None:
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        if failed:
-            # No barrier: the other ranks may be gone or waiting in a collective. Nor a destroy or an
-            # abort: both wait for this rank's collectives in flight (gloo until its timeout, as tried
-            # here). The process ends next (cli.py), which is what makes the others' collectives fail.
+        if not failed:
+            # Every rank leaves together, and DDP lets go of the group before it is destroyed:
+            # a gloo group still referenced at interpreter exit can abort the process.
+            dist.barrier()
             self.runner = self.compiled
-            return self._first_failure()
-        # Every rank leaves together, and DDP lets go of the group before it is destroyed:
-        # a gloo group still referenced at interpreter exit can abort the process.
-        dist.barrier()
+            dist.destroy_process_group()
+            return None
+        # No barrier: the other ranks may be gone or waiting in a collective. Nor a destroy or an
+        # abort: both wait for this rank's collectives in flight (gloo until its timeout, as tried
+        # here). The process ends next (cli.py), which is what makes the others' collectives fail.
+        # This rank is recorded as the job's first failure unless another was, in torchrun's store
+        # (its agent's process, so it outlives the ranks); None if it does not answer within 2 s.
         self.runner = self.compiled
-        dist.destroy_process_group()
-        return None
-
-    def _first_failure(self) -> int | None:
-        """Record this rank as the job's first failure unless another was; return the first one.
-
-        The store is torchrun's (its agent's process), so it outlives the ranks; None if it does not
-        answer within 2 s.
-        """
         try:
             store = dist.distributed_c10d._get_default_store()
             store.set_timeout(timedelta(seconds=2))
             return int(store.compare_set(FAILURE_KEY, "", str(self.rank)))
         except Exception:  # the failure being reported matters more than this one
             return None
-
-
-class frozen:
-    """The model's own weights out of autograd for a while (only adapters learn)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.params = [p for p in model.parameters() if p.requires_grad]
-
-    def __enter__(self) -> None:
-        for p in self.params:
-            p.requires_grad_(False)
-
-    def __exit__(self, *exc) -> None:
-        for p in self.params:
-            p.requires_grad_(True)
-
-
-class TorchAdapters:
-    """LoRA adapters (core/model/lora.py) as fp32 tensors, and their optimizer."""
-
-    def __init__(self, cfg: Config, a: dict[str, np.ndarray], device: torch.device):
-        from core.model.lora import adapter_shapes
-
-        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0], cfg.num_loops > 0)
-        self.pairs = {
-            name: (
-                torch.nn.Parameter(torch.tensor(a[name], device=device)),
-                torch.nn.Parameter(torch.zeros(b_shape, device=device)),
-            )
-            for name, (_, b_shape) in shapes.items()
-        }
-        params = [t for pair in self.pairs.values() for t in pair]
-        if cfg.ttt_optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(
-                params, lr=cfg.ttt_lora_lr, momentum=cfg.ttt_beta1, weight_decay=cfg.ttt_weight_decay
-            )
-        else:
-            self.optimizer = torch.optim.AdamW(
-                params,
-                lr=cfg.ttt_lora_lr,
-                betas=(cfg.ttt_beta1, cfg.ttt_beta2),
-                eps=1e-10,
-                weight_decay=cfg.ttt_weight_decay,
-                fused=device.type == "cuda",
-            )
-
-    @torch.no_grad()
-    def restart(self, a: dict[str, np.ndarray] | None) -> None:
-        """B back to zero, A to `a` (or kept), the optimizer's state forgotten."""
-        for name, (a_t, b_t) in self.pairs.items():
-            b_t.zero_()
-            if a is not None:
-                a_t.copy_(torch.from_numpy(a[name]))
-        self.optimizer.state.clear()
 
 
 def create_backend(cfg: Config) -> TorchBackend:

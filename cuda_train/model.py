@@ -21,6 +21,11 @@ from core.model.params import mlp_hidden, num_skip_weights
 from core.model.walk import Adapters, KVCache, Rope, Walk
 
 
+def maybe_compile(fn: Callable, on: bool, dynamic: bool = False) -> Callable:
+    """`fn` through torch.compile, one whole graph (dynamic shapes if asked), when `on`; else `fn` itself."""
+    return torch.compile(fn, dynamic=dynamic, fullgraph=True) if on else fn
+
+
 def rms_norm(x: Tensor) -> Tensor:
     # eps=None: torch uses the fp32 machine epsilon (also for bf16 inputs); MLX copies that.
     # Cast back: CUDA autocast (PyTorch >= 2.12) returns fp32 here, which would make the residual stream fp32.
@@ -69,15 +74,11 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool, lower: Te
         fits = q.is_cuda and t == s and q.dtype in (torch.bfloat16, torch.float16)
         if fits and not torch.compiler.is_compiling() and flash_varlen() is not None:
             return varlen_attention(q, k, v, lower)
+    if lower is not None or t < s:  # a document mask, or decoding after cached tokens
         keys = torch.arange(s, device=q.device)
-        visible = (keys <= torch.arange(s - t, s, device=q.device)[:, None]) & (keys >= lower[..., None])
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=visible[:, None], enable_gqa=k.size(1) != q.size(1)
-        )
-    if t < s:  # decoding after cached tokens
-        visible = (
-            torch.arange(s, device=q.device)[None, :] <= torch.arange(s - t, s, device=q.device)[:, None]
-        )
+        visible = keys <= torch.arange(s - t, s, device=q.device)[:, None]  # (T, S)
+        if lower is not None:
+            visible = (visible & (keys >= lower[..., None]))[:, None]  # (B, 1, T, S)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=k.size(1) != q.size(1))
     groups = q.size(1) // k.size(1)
     if expand_kv and groups > 1:
@@ -155,9 +156,8 @@ class MLP(nn.Module):
         self.proj = CastedLinear(mlp_hidden(cfg), cfg.model_dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.fc(x)
-        h = F.leaky_relu(h, self.negative_slope) if self.negative_slope else torch.relu(h)
-        return self.proj(h.square())
+        # A slope of 0 is relu's values and gradients (-0.0 for a negative input, squared to 0).
+        return self.proj(F.leaky_relu(self.fc(x), self.negative_slope).square())
 
 
 class Block(nn.Module):
@@ -229,7 +229,8 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         adapters: Adapters | None = None,
     ) -> Tensor:
-        """Token ids (B, T) -> softcapped logits (B, T, V)."""
+        """Token ids (B, T) -> softcapped logits (B, T, V). With `cache` (empty at first) the tokens follow
+        those already decoded, whose keys and values it keeps for the next call (decoding)."""
         x = self.hidden(idx, looping, cache, adapters)
         z = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.tok_emb.weight.to(x.dtype))
         if adapters is not None:
@@ -251,8 +252,3 @@ class GPT(nn.Module):
         """
         logits = self.logits(idx, looping).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
-
-    def decode(self, idx: Tensor, cache: KVCache, looping: bool = False) -> Tensor:
-        """Softcapped logits (B, t, V) of tokens `idx` that follow those already in `cache` (empty at
-        first), which keeps their keys and values for the next call."""
-        return self.logits(idx, looping, cache)

@@ -21,17 +21,14 @@ from torch import Tensor, nn
 from core.config.fields import Config
 from core.model.optim import GROUPS, base_lr, muon_scale, newton_schulz, ns_coefficients, weight_decay
 from core.model.params import ParamSpec
+from cuda_train.model import maybe_compile
 
 
 class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float, momentum: float, weight_decay: float, orthogonalise: Callable):
-        defaults = {
-            "lr": lr,
-            "momentum": momentum,
-            "weight_decay": weight_decay,
-            "base_weight_decay": weight_decay,
-        }
-        super().__init__(params, defaults)
+        super().__init__(
+            params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, base_weight_decay=weight_decay)
+        )
         self.orthogonalise = orthogonalise
 
     @torch.no_grad()
@@ -39,15 +36,12 @@ class Muon(torch.optim.Optimizer):
         distributed = dist.is_available() and dist.is_initialized()
         world, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
         for group in self.param_groups:
-            params = group["params"]
-            if not params:
-                continue
+            params = group["params"]  # never empty: torch.optim refuses an empty group
             lr, momentum, decay = group["lr"], group["momentum"], group["weight_decay"]
             flat = torch.zeros(sum(p.numel() for p in params), device=params[0].device, dtype=torch.float32)
-            offset = 0
-            for i, p in enumerate(params):
+            parts = flat.split([p.numel() for p in params])  # views of flat, one per matrix
+            for i, (p, part) in enumerate(zip(params, parts, strict=True)):
                 if p.grad is None:
-                    offset += p.numel()
                     continue
                 state = self.state[p]
                 if "momentum_buffer" not in state:
@@ -58,16 +52,13 @@ class Muon(torch.optim.Optimizer):
                 buf.mul_(momentum).add_(p.grad)
                 if i % world == rank:
                     update = self.orthogonalise(p.grad.float() + momentum * buf)
-                    flat[offset : offset + p.numel()] = update.float().flatten() * muon_scale(*p.shape)
-                offset += p.numel()
+                    part.copy_(update.float().flatten() * muon_scale(*p.shape))
             if distributed:
                 dist.all_reduce(flat)
-            offset = 0
-            for p in params:
+            for p, part in zip(params, parts, strict=True):
                 if decay:
                     p.mul_(1.0 - lr * decay)
-                p.add_(flat[offset : offset + p.numel()].view_as(p).to(p.dtype), alpha=-lr)
-                offset += p.numel()
+                p.add_(part.view_as(p).to(p.dtype), alpha=-lr)
 
 
 def orthogonaliser(cfg: Config, cuda: bool, compile_on: bool) -> Callable[[Tensor], Tensor]:
@@ -77,7 +68,7 @@ def orthogonaliser(cfg: Config, cuda: bool, compile_on: bool) -> Callable[[Tenso
     def orthogonalise(g: Tensor) -> Tensor:
         return newton_schulz(g.to(dtype), coefficients, cfg.muon_row_normalize)
 
-    return torch.compile(orthogonalise, dynamic=False, fullgraph=True) if compile_on else orthogonalise
+    return maybe_compile(orthogonalise, compile_on)
 
 
 def build_optimizers(
@@ -101,6 +92,5 @@ def build_optimizers(
                 params, lr=lr, betas=betas, eps=cfg.adam_eps, weight_decay=decay, fused=cuda
             )
         opt.param_groups[0]["base_lr"] = lr
-        opt.param_groups[0]["group"] = group
         optimizers.append(opt)
     return optimizers

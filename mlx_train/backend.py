@@ -31,7 +31,6 @@ from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.model.backend import text_by_sum
 from core.model.lora import adapter_shapes
-from core.model.memory import DeviceMemory, physical_ram
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from mlx_train.model import GPT, CastedLinear
 from mlx_train.optim import Optimizers
@@ -49,19 +48,6 @@ def check_config(cfg: Config) -> None:
         raise PgolfError(
             f"config: mlx_max_microbatch_tokens must be positive, got {cfg.mlx_max_microbatch_tokens}"
         )
-
-
-def device_memory(cfg: Config) -> DeviceMemory | None:
-    """The memory MLX reports for its device (unified memory on a Mac), else the machine's RAM.
-
-    One forward holds at most a sub-batch when the graph is evaluated after each one."""
-    size = mx.device_info().get("memory_size") or physical_ram()
-    tokens = cfg.mlx_max_microbatch_tokens if cfg.mlx_eager_eval else None
-    return (
-        None
-        if size is None
-        else DeviceMemory(int(size), "device memory", gpu=_on_gpu(), forward_tokens=tokens)
-    )
 
 
 def sub_batches(x: np.ndarray, y: np.ndarray, max_tokens: int) -> list[tuple[np.ndarray, np.ndarray]]:

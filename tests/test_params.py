@@ -8,6 +8,7 @@ import pytest
 from core.artifact.load import config_for_params
 from core.common.errors import PgolfError
 from core.config.presets import preset
+from core.model.opt_state import optimizer_state_shapes
 from core.model.optim import GROUPS
 from core.model.params import (
     KINDS,
@@ -15,7 +16,6 @@ from core.model.params import (
     count_params,
     flops_per_token,
     init_params,
-    optimizer_state_shapes,
     param_shapes,
     param_specs,
     round_to_bfloat16,

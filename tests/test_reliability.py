@@ -107,7 +107,7 @@ def test_the_published_configs_fit_an_80_gb_gpu_and_baseline_in_fp32_needs_more_
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_each_backend_says_how_much_memory_its_device_has(name):
-    module = importlib.import_module(f"{backends.BACKENDS[name].package}.backend")
+    module = importlib.import_module(f"{backends.BACKENDS[name].package}.memory")
     device = module.device_memory(preset("smoke"))
     assert device.bytes > 2**28 and device.what
     check_config(name, preset("smoke"))  # what train and bench call

@@ -49,7 +49,8 @@ from core.config.fields import MAX_LAYERS, Config
 from core.config.sources import MAX_CONFIG_BYTES
 from core.data.coprime import CoprimeLoader
 from core.data.shards import BatchLoader, TokenStream, read_shard
-from core.model.params import check_layout, optimizer_state_shapes
+from core.model.opt_state import optimizer_state_shapes
+from core.model.params import check_layout
 
 MAX_CHECKPOINT_BYTES = 2**36  # 64 GiB: a checkpoint is read whole into memory
 

@@ -12,8 +12,9 @@ layout of `core.model.params`:
   all float32.
 
 A backend is the module `<package>.backend` of its entry in BACKENDS, with a
-function `create_backend(cfg)`; it checks the config options that only it reads, and says how
-much memory its device has (core/model/memory.py checks a run against it).
+function `create_backend(cfg)` and `check_config(cfg)` (the config options that only it reads); its
+module `<package>.memory` says how much memory its device has (`device_memory(cfg)`:
+core/model/memory.py checks a run against it).
 """
 
 from __future__ import annotations

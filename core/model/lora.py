@@ -18,27 +18,21 @@ import numpy as np
 
 from core.config.fields import Config
 
-BLOCK_TARGETS = ("q", "v", "k", "mlp", "o")  # the order the adapters are made in, after the head's
-
-
-def block_targets(cfg: Config) -> tuple[str, ...]:
-    """The block layers that carry an adapter under this config."""
-    optional = {"k": cfg.ttt_k_lora, "mlp": cfg.ttt_mlp_lora, "o": cfg.ttt_o_lora}
-    return tuple(t for t in BLOCK_TARGETS if optional.get(t, True))
-
 
 def adapter_shapes(
     cfg: Config, batch: int, looping: bool
 ) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """{name: (A shape, B shape)}: "head", then "<target>.<visit>" target by target, visit by visit."""
+    """{name: (A shape, B shape)}: "head", then "<target>.<visit>" target by target, visit by visit, for
+    the block layers that carry an adapter under this config."""
     d, r, kv = cfg.model_dim, cfg.ttt_lora_rank, cfg.num_kv_heads * cfg.head_dim
     encoder, decoder = cfg.layer_layout(looping)
-    visits = len(encoder) + len(decoder)
-    outputs = {"q": d, "v": kv, "k": kv, "mlp": d, "o": d}
+    outputs = {"q": d, "v": kv, "k": kv, "mlp": d, "o": d}  # in the order the adapters are made
+    optional = {"k": cfg.ttt_k_lora, "mlp": cfg.ttt_mlp_lora, "o": cfg.ttt_o_lora}
     shapes = {"head": ((batch, r, d), (batch, cfg.vocab_size, r))}
-    for target in block_targets(cfg):
-        for n in range(visits):
-            shapes[f"{target}.{n}"] = ((batch, r, d), (batch, outputs[target], r))
+    for target, out in outputs.items():
+        if optional.get(target, True):
+            for n in range(len(encoder) + len(decoder)):
+                shapes[f"{target}.{n}"] = ((batch, r, d), (batch, out, r))
     return shapes
 
 

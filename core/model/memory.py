@@ -2,11 +2,12 @@
 
 `check_config` is what `train` and `bench` call first: the shared checks of the config, those
 of the backend's own options, then `check_memory`: `memory_estimate` against the memory the
-backend's `device_memory` reports. (A packaged run checks no memory: it imports none of this.)
+backend's `device_memory` (`<package>.memory`) reports. (A packaged run checks no memory: it imports none of this.)
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.model.backend import backend_module, pick
-from core.model.params import count_params, mlp_hidden, optimizer_state_shapes
+from core.model.opt_state import optimizer_state_shapes
+from core.model.params import count_params, mlp_hidden
 
 
 def memory_estimate(cfg: Config, bf16: bool, forward_tokens: int | None = None) -> dict[str, int]:
@@ -83,6 +85,5 @@ def check_config(name: str, cfg: Config) -> None:
     against the device's (before any data is prepared or anything is allocated)."""
     info = pick(name)
     cfg.validate()
-    module = backend_module(info)
-    module.check_config(cfg)
-    check_memory(cfg, module.device_memory(cfg))
+    backend_module(info).check_config(cfg)
+    check_memory(cfg, importlib.import_module(f"{info.package}.memory").device_memory(cfg))

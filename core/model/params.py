@@ -4,7 +4,7 @@ group, storage dtype and artifact class.
 `param_specs(cfg)` is the one table. Everything else is derived from it:
 - the initial weights (`init_params`, numpy, so one seed gives the same weights in both backends);
 - the optimizer groups: Muon or Adam, base learning rate and weight decay (`core.model.optim.GROUPS`);
-- the canonical optimizer state and checkpoint layout (`optimizer_state_shapes`);
+- the canonical optimizer state and checkpoint layout (core/model/opt_state.py);
 - the dtype each parameter is kept in (`storage_dtypes`);
 - the class the quantizer treats it as (`artifact_classes`);
 - the memory a training run needs (core/model/memory.py).
@@ -39,10 +39,6 @@ class ParamSpec:
     value: float = 0.0  # the std of "normal", the fill of "const"
     low_precision: bool = False  # kept in the compute dtype (bf16 runs), not fp32
 
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)  # Python ints: no overflow, however absurd the config
-
 
 def _matrix(rows: int, cols: int, kind: str, zero: bool = False) -> ParamSpec:
     """A linear layer's weight (out, in), trained by Muon; output projections start at zero."""
@@ -62,12 +58,8 @@ def _attention_gate(cfg: Config) -> dict[str, ParamSpec]:
     if cfg.gated_attn_enabled:
         return {"attn.attn_gate_w": _control((heads, cfg.model_dim), cfg.gated_attn_init_std, "normal")}
     if cfg.sparse_attn_gate_enabled:
-        std = cfg.sparse_attn_gate_init_std
-        return {
-            "attn.attn_gate_w": _control((heads, window), std, "normal")
-            if std > 0
-            else _control((heads, window), 0.0)
-        }
+        std = cfg.sparse_attn_gate_init_std  # 0: zeros (std is never negative)
+        return {"attn.attn_gate_w": _control((heads, window), std, "normal" if std > 0 else "const")}
     return {}
 
 
@@ -138,18 +130,6 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     return {name: spec.shape for name, spec in param_specs(cfg).items()}
 
 
-def optimizer_state_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """The canonical optimizer state of `core.model.backend`: a step counter, then Muon
-    momentum for matrices and Adam moments for everything else, and the moving
-    average of the weights when `ema_decay` > 0, each shaped like its parameter."""
-    shapes: dict[str, tuple[int, ...]] = {"step": ()}
-    for name, spec in param_specs(cfg).items():
-        keys = ("momentum_buffer",) if spec.group == "matrix" else ("exp_avg", "exp_avg_sq")
-        keys += ("ema",) if cfg.ema_decay > 0 else ()
-        shapes.update({f"{key}/{name}": spec.shape for key in keys})
-    return shapes
-
-
 def storage_dtypes(cfg: Config, bf16: bool) -> dict[str, str]:
     """The dtype each parameter is kept in by the model (recorded in the artifact).
 
@@ -185,9 +165,8 @@ def _initial_value(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
         return rng.uniform(-bound, bound, size=spec.shape)
     if spec.init == "const":
         return np.full(spec.shape, spec.value)
-    if spec.init == "resid_mix":  # [1, 0]: the block starts from the residual alone
-        return np.stack([np.ones(spec.shape[1]), np.zeros(spec.shape[1])])
-    raise ValueError(f"unknown init rule {spec.init!r}")
+    # resid_mix, the last rule of ParamSpec.init: [1, 0], the block starts from the residual alone
+    return np.stack([np.ones(spec.shape[1]), np.zeros(spec.shape[1])])
 
 
 def init_params(cfg: Config, seed: int | None = None, bf16: bool = False) -> dict[str, np.ndarray]:
@@ -205,7 +184,8 @@ def init_params(cfg: Config, seed: int | None = None, bf16: bool = False) -> dic
 
 
 def count_params(cfg: Config) -> int:
-    return sum(spec.numel for spec in param_specs(cfg).values())
+    # math.prod of Python ints: no overflow, however absurd the config
+    return sum(math.prod(spec.shape) for spec in param_specs(cfg).values())
 
 
 def flops_per_token(cfg: Config) -> float:
@@ -214,7 +194,9 @@ def flops_per_token(cfg: Config) -> float:
     The attention term is 6 * layers * dim * seq_len for a causal mask (half of the
     full 12 * L * d * T); the tied output head counts as a matmul.
     """
-    matmul = sum(s.numel for s in param_specs(cfg).values() if len(s.shape) == 2 and s.kind != "control")
+    matmul = sum(
+        math.prod(s.shape) for s in param_specs(cfg).values() if len(s.shape) == 2 and s.kind != "control"
+    )
     return 6.0 * matmul + 6.0 * cfg.num_layers * cfg.model_dim * cfg.train_seq_len
 
 
@@ -223,10 +205,9 @@ def check_layout(cfg: Config, shapes: dict[str, tuple[int, ...]], what: str) -> 
     expected = param_shapes(cfg)
     extra = sorted(set(shapes) - set(expected))
     missing = [n for n in expected if n not in shapes]
-    if extra:
-        raise PgolfError(f"{what}: unexpected tensor {extra[0]!r} for this model config")
-    if missing:
-        raise PgolfError(f"{what}: missing tensor {missing[0]!r} for this model config")
+    if extra or missing:
+        problem = f"unexpected tensor {extra[0]!r}" if extra else f"missing tensor {missing[0]!r}"
+        raise PgolfError(f"{what}: {problem} for this model config")
     for name, shape in expected.items():
         if tuple(shapes[name]) != shape:
             raise PgolfError(f"{what}: {name} is shape {tuple(shapes[name])}, but the config expects {shape}")

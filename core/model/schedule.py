@@ -29,8 +29,6 @@ def lr_multiplier(cfg: Config, step: int, elapsed_ms: float) -> float:
     Otherwise it covers the last `warmdown_iters` steps, or, under a cap, the last
     `warmdown_iters` average step times before it (remaining_ms / window).
     """
-    capped = cfg.train_cap_seconds > 0
-    cap_ms = 1000.0 * cfg.train_cap_seconds
     if cfg.warmdown_frac > 0:
         progress = training_progress(cfg, step, elapsed_ms)
         if progress < 1.0 - cfg.warmdown_frac:
@@ -38,13 +36,12 @@ def lr_multiplier(cfg: Config, step: int, elapsed_ms: float) -> float:
         return max((1.0 - progress) / cfg.warmdown_frac, cfg.min_lr)
     if cfg.warmdown_iters <= 0:
         return 1.0
-    if not capped:
-        start = max(cfg.iterations - cfg.warmdown_iters, 0)
-        if start <= step < cfg.iterations:
-            return max((cfg.iterations - step) / max(cfg.warmdown_iters, 1), cfg.min_lr)
+    if cfg.train_cap_seconds <= 0:  # steps are never negative, warmdown_iters here at least 1
+        if cfg.iterations - cfg.warmdown_iters <= step < cfg.iterations:
+            return max((cfg.iterations - step) / cfg.warmdown_iters, cfg.min_lr)
         return 1.0
     window_ms = cfg.warmdown_iters * (elapsed_ms / max(step, 1))
-    remaining_ms = max(cap_ms - elapsed_ms, 0.0)
+    remaining_ms = max(1000.0 * cfg.train_cap_seconds - elapsed_ms, 0.0)
     return max(remaining_ms / max(window_ms, 1e-9), cfg.min_lr) if remaining_ms <= window_ms else 1.0
 
 

@@ -2,7 +2,7 @@
 
 A backend's model holds the parameters (with the names of core.model.params) in its
 framework's modules, and subclasses `Walk` with the few operations its framework writes
-its own way (the methods that raise NotImplementedError below). Everything else here is
+its own way (listed in `Walk`'s docstring). Everything else here is
 indexing, `reshape`, `swapaxes`, `+` and `*`, which torch and MLX arrays spell alike; the
 flow depends only on the config and on Python ints and bools, so torch.compile traces it
 into one graph and mx.compile into one trace per `looping` value.
@@ -72,60 +72,27 @@ Adapters = dict
 
 
 class Walk:
-    """The forward pass over a backend's modules; a subclass supplies the framework operations."""
+    """The forward pass over a backend's modules. A subclass supplies the framework's operations:
+
+    - `cast(a, like)`: `a` in the dtype (and on the device) of `like`;
+    - `cat(arrays, axis)`, `sigmoid(a)`;
+    - `rms_norm(x)`: RMSNorm over the last axis, epsilon the fp32 machine epsilon, in x's dtype;
+    - `unit(v)`: v / max(|v|, 1e-12) over the last axis;
+    - `arange(start, stop, step)`: float32 start, start + step, ... < stop;
+    - `round_bf16(a)`: float32 `a` rounded to the nearest bfloat16 values (ties to even), kept in float32;
+    - `embed(table, idx)`: the rows of the embedding module `table` for token ids idx, in the compute dtype;
+    - `running_max(a)`: the running maximum of an integer array (B, T) along axis 1;
+    - `attention(q, k, v, lower=None)`: causal attention of q (B, H, T, D) over k, v (B, KV, S, D), S >= T,
+      scaled by 1/sqrt(D): query head h reads kv head h // (H / KV), and query t sits at position
+      S - T + t. With `lower` (B, T), integers, query t of row b sees only keys lower[b, t] .. S - T + t
+      (its segment).
+    """
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.layouts = {looping: cfg.layer_layout(looping) for looping in (False, True)}
-        self.num_skips = num_skip_weights(cfg)
-        self.ve_layers = cfg.ve_layer_indices
-        self.head_dim = cfg.head_dim
         self.rope_dims = cfg.rope_dims or cfg.head_dim
-        self.norm_scales = [1.0 / math.sqrt(i + 1) if cfg.ln_scale else 1.0 for i in range(cfg.num_layers)]
-        self.lora_scale = cfg.ttt_lora_alpha / cfg.ttt_lora_rank  # of the TTT adapters (core/model/lora.py)
         self.doc_mask = cfg.varlen_attn_enabled  # `plain_causal` turns it off for a while
         self.segment_len = cfg.max_doc_len  # `segments_every` changes it for a while
-
-    # --------------------------------------------------- the framework's operations
-    def cast(self, a: Array, like: Array) -> Array:
-        """`a` in the dtype (and on the device) of `like`."""
-        raise NotImplementedError
-
-    def cat(self, arrays: list[Array], axis: int) -> Array:
-        raise NotImplementedError
-
-    def sigmoid(self, a: Array) -> Array:
-        raise NotImplementedError
-
-    def rms_norm(self, x: Array) -> Array:
-        """RMSNorm over the last axis, epsilon the fp32 machine epsilon, in x's dtype."""
-        raise NotImplementedError
-
-    def unit(self, v: Array) -> Array:
-        """v / max(|v|, 1e-12) over the last axis."""
-        raise NotImplementedError
-
-    def arange(self, start: int, stop: int, step: int) -> Array:
-        """float32 start, start + step, ... < stop."""
-        raise NotImplementedError
-
-    def round_bf16(self, a: Array) -> Array:
-        """float32 `a` rounded to the nearest bfloat16 values (ties to even), kept in float32."""
-        raise NotImplementedError
-
-    def embed(self, table: Any, idx: Array) -> Array:
-        """The rows of the embedding module `table` for token ids idx, in the compute dtype."""
-        raise NotImplementedError
-
-    def running_max(self, a: Array) -> Array:
-        """The running maximum of an integer array (B, T) along axis 1."""
-        raise NotImplementedError
-
-    def attention(self, q: Array, k: Array, v: Array, lower: Array | None = None) -> Array:
-        """Causal attention of q (B, H, T, D) over k, v (B, KV, S, D), S >= T, scaled by 1/sqrt(D): query
-        head h reads kv head h // (H / KV), and query t sits at position S - T + t. With `lower` (B, T),
-        integers, query t of row b sees only keys lower[b, t] .. S - T + t (its segment)."""
-        raise NotImplementedError
 
     # ------------------------------------------------------- document masking
     def segment_starts(self, idx: Array, start: int, cache: KVCache | None) -> Array:
@@ -184,14 +151,10 @@ class Walk:
             base = base * (length / train_len) ** (self.rope_dims / (self.rope_dims - 2))
             precision = "float32"
         inv_freq = 1.0 / (base ** (self.arange(0, self.rope_dims, 2) / self.rope_dims))
-        positions = self.arange(0, length, 1)
         if precision != "float32":
             inv_freq = self.round_bf16(inv_freq)
-        if precision != "bfloat16":
-            angles = positions[:, None] * inv_freq[None, :]
-            return angles.cos(), angles.sin()
-        bf16 = self.round_bf16
-        angles = bf16(bf16(positions)[:, None] * inv_freq[None, :])
+        bf16 = self.round_bf16 if precision == "bfloat16" else (lambda a: a)  # rounds the rest, or not
+        angles = bf16(bf16(self.arange(0, length, 1))[:, None] * inv_freq[None, :])
         return bf16(angles.cos()), bf16(angles.sin())
 
     def rope(self, model: Any, length: int) -> Rope:
@@ -216,7 +179,7 @@ class Walk:
     def heads(self, y: Array, n: int) -> Array:
         """(B, T, n * D) -> (B, n, T, D)."""
         b, t, _ = y.shape
-        return y.reshape(b, t, n, self.head_dim).swapaxes(1, 2)
+        return y.reshape(b, t, n, self.cfg.head_dim).swapaxes(1, 2)
 
     def remove_self_value(self, y: Array, v: Array) -> Array:
         """XSA: y (B, H, T, D) minus its projection on the unit value vector of its own token (B, KV, T, D)."""
@@ -231,7 +194,8 @@ class Walk:
         if lora is None or target not in lora:
             return y
         a, b = lora[target]
-        return y + self.lora_scale * ((x @ self.cast(a, x).swapaxes(1, 2)) @ self.cast(b, x).swapaxes(1, 2))
+        scale = self.cfg.ttt_lora_alpha / self.cfg.ttt_lora_rank  # of the TTT adapters (core/model/lora.py)
+        return y + scale * ((x @ self.cast(a, x).swapaxes(1, 2)) @ self.cast(b, x).swapaxes(1, 2))
 
     def attend(
         self,
@@ -288,8 +252,9 @@ class Walk:
 
     # ----------------------------------------------------------------- blocks
     def norm(self, i: int, x: Array) -> Array:
-        scale = self.norm_scales[i]
-        return self.rms_norm(x) * scale if scale != 1.0 else self.rms_norm(x)
+        """RMSNorm of layer i's input; `ln_scale` scales it by 1/sqrt(i + 1) (layer 0's 1 is no multiply)."""
+        normed = self.rms_norm(x)
+        return normed * (1.0 / math.sqrt(i + 1)) if self.cfg.ln_scale and i > 0 else normed
 
     def mix(self, block: Any, x: Array, x0: Array) -> Array:
         """The residual stream blended with the embedding x0 (`resid_mix`)."""
@@ -359,14 +324,15 @@ class Walk:
     # ------------------------------------------------------------------ model
     def value_embeds(self, model: Any, idx: Array) -> dict[int, Array]:
         """The value embedding each ve layer adds to its values (B, T, kv_dim)."""
-        if not self.ve_layers:
+        layers = self.cfg.ve_layer_indices
+        if not layers:
             return {}
         ve = model.ve_shared
         shared = self.embed(ve.embed, idx)  # (B, T, ve_dim)
-        if self.cfg.ve_dim != self.cfg.num_kv_heads * self.head_dim:
+        if self.cfg.ve_dim != self.cfg.num_kv_heads * self.cfg.head_dim:
             shared = ve.proj(shared)
         shared = shared * self.cast(ve.scale, shared)
-        scales = zip(self.ve_layers, model.ve_layer_scales, strict=True)
+        scales = zip(layers, model.ve_layer_scales, strict=True)
         return {layer: shared * self.cast(scale, shared) for layer, scale in scales}
 
     def smear(self, model: Any, x: Array, idx: Array, before: Array | None) -> Array:
@@ -397,8 +363,7 @@ class Walk:
         """Block visit n's adapters by target, from the model's {"<target>.<visit>": (A, B)}."""
         if adapters is None:
             return None
-        suffix = f".{n}"
-        return {name[: -len(suffix)]: pair for name, pair in adapters.items() if name.endswith(suffix)}
+        return {name.split(".")[0]: pair for name, pair in adapters.items() if name.endswith(f".{n}")}
 
     def final_lane(self, lanes: Lanes) -> Array:
         """What the head reads of the two lanes."""
@@ -431,28 +396,26 @@ class Walk:
         x = self.rms_norm(x)
         lower = self.segment_starts(idx, start, cache) if self.doc_mask else None
         ve = self.value_embeds(model, idx)
-        encoder, decoder = self.layouts[looping]
-        visits = len(encoder) + len(decoder)
-        kvs = [None] * visits if cache is None else [cache.setdefault(n, []) for n in range(visits)]
-        loras = [self.visit_adapters(adapters, n) for n in range(visits)]
+        encoder, decoder = self.cfg.layer_layout(looping)
         x0, skips = x, []
-        for n, i in enumerate(encoder):
-            x = self.block(model, i, x, x0, rope, ve.get(i), kvs[n], loras[n], lower)
-            skips.append(x)
         lanes: Lanes | None = None
-        for j, i in enumerate(decoder):
-            if lanes is None and 0 < self.cfg.parallel_start_layer <= i:
+        for n, i in enumerate(encoder + decoder):  # n: the block visit, i: its physical layer
+            j = n - len(encoder)  # the position in the decoder (negative in the encoder)
+            if j >= 0 and lanes is None and 0 < self.cfg.parallel_start_layer <= i:
                 lanes = (x, x)  # the split; Config.validate keeps every later layer parallel too
-            if skips and j < self.num_skips:
+            if 0 <= j < num_skip_weights(self.cfg) and skips:
                 if lanes is None:
                     x = self.skip(model, j, x, skips.pop())
                 else:  # after the split the skips feed lane 0 only
                     lanes = (self.skip(model, j, lanes[0], skips.pop()), lanes[1])
-            kv, lora = kvs[len(encoder) + j], loras[len(encoder) + j]
+            kv = None if cache is None else cache.setdefault(n, [])
+            rest = (x0, rope, ve.get(i), kv, self.visit_adapters(adapters, n), lower)
             if lanes is None:
-                x = self.block(model, i, x, x0, rope, ve.get(i), kv, lora, lower)
+                x = self.block(model, i, x, *rest)
             else:
-                lanes = self.parallel_block(model, i, lanes, x0, rope, ve.get(i), kv, lora, lower)
+                lanes = self.parallel_block(model, i, lanes, *rest)
+            if j < 0:
+                skips.append(x)
         if lanes is not None:
             x = self.final_lane(lanes)
         if cache is not None:
