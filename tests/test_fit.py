@@ -25,8 +25,10 @@ from tests.test_backends import make_backend, needs
 from tests.test_cli import assert_one_line_error, cli, data_flags
 
 # record_0401_tiny's artifact at a size the tests can afford: an embedding (1024 x 96) and MLP
-# matrices (768 x 96) past the 65,536-value floor, GPTQ, a byte shuffle.
-SHAPE = ["--model-dim", "96", "--mlp-mult", "8", "--iterations", "30", "--warmdown-iters", "10"]
+# matrices (768 x 96) past the 65,536-value floor, GPTQ, a byte shuffle. One layer: each candidate
+# the fits evaluate is quantized, compressed and scored, and a second layer would add 60% to each.
+SHAPE = ["--num-layers", "1", "--model-dim", "96", "--mlp-mult", "8", "--iterations", "30",
+         "--warmdown-iters", "10"]  # fmt: skip
 ARTIFACT = ["--quant-format", "mixed", "--gptq-enabled", "--gptq-calibration-batches", "2",
             "--compressor", "lzma", "--byte-shuffle", "2", "--artifact-fit-tokens", "1024"]  # fmt: skip
 LZMA = ()  # in-process fits try the run's compressor alone (lzma: brotli-11 takes seconds here)

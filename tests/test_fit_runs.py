@@ -86,12 +86,17 @@ def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backe
         assert {k: settings[k] for k in CHOSEN} == CHOSEN
 
 
+# The shape above with the smoke preset's two layers: DDP refuses a model of one layer (a parameter that
+# gets no gradient).
+TWO_LAYERS = ["--num-layers", "2", *SHAPE[SHAPE.index("--num-layers") + 2 :]]
+
+
 def two_ranks_train(sotu_dataset, tmp_path, *flags: str) -> subprocess.CompletedProcess:
-    """`train` of the shape above by two ranks under torchrun, fitted to 250,000 B, collectives timing
-    out after 5 s (the fit takes longer)."""
+    """`train` of the shape above (two layers) by two ranks under torchrun, fitted to 250,000 B,
+    collectives timing out after 5 s (the fit takes longer)."""
     args = ["cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "a",
-            *SHAPE, *ARTIFACT, "--iterations", "4", "--collective-timeout-seconds", "5", *data_flags(sotu_dataset),
-            *flags]  # fmt: skip
+            *TWO_LAYERS, *ARTIFACT, "--iterations", "4", "--collective-timeout-seconds", "5",
+            *data_flags(sotu_dataset), *flags]  # fmt: skip
     return subprocess.run([*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(ARTIFACT_FIT_BYTES="250000"),
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 

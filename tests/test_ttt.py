@@ -263,9 +263,22 @@ def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_data
     assert_one_line_error(bad, "--save-token-losses", "does not exist")
 
 
+@pytest.fixture(scope="module")
+def mlx_artifact(sotu_dataset, tmp_path_factory):
+    """A 10-step smoke run's artifact, trained once for both backends' test below."""
+    from tests.test_cli import cli, data_flags
+
+    out = tmp_path_factory.mktemp("runs")
+    trained = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "10", "--out-dir",
+                  str(out), "--run-id", "r", *data_flags(sotu_dataset))  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    return out / "r" / "final_model.int8.pgolf"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
-def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, tmp_path):
+@needs("mlx")  # the run is trained with MLX
+def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact):
     """Two processes share the documents out (PyTorch: a counter in torch.distributed's store; MLX: turns)
     and train the global phase together: the same TTT score as one process. The adapters' learning
     rate is 0 here: with it, which A a batch starts from depends on the batches its rank took before."""
@@ -274,11 +287,8 @@ def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, tmp_path):
     from tests.test_cli import cli, data_flags
     from tests.test_training import ROOT, launcher, torchrun_env
 
-    trained = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "10", "--out-dir",
-                  str(tmp_path), "--run-id", "r", *data_flags(sotu_dataset))  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
     # Three documents one at a time, longest first; the phase trains on the first two before the third.
-    args = ["eval", str(tmp_path / "r" / "final_model.int8.pgolf"), "--backend", backend_name, *TTT_FLAGS,
+    args = ["eval", str(mlx_artifact), "--backend", backend_name, *TTT_FLAGS,
             "--val-max-tokens", "12000", "--ttt-batch-size", "1", "--phased-ttt-prefix-docs", "2",
             "--ttt-chunk-size", "128", "--ttt-eval-seq-len", "256",
             "--ttt-lora-lr", "0", "--global-ttt-lr", "0.01", *data_flags(sotu_dataset)]  # fmt: skip
