@@ -111,6 +111,11 @@ class TorchBackend:
         self._ttt_losses = maybe_compile(self.model.token_losses, compile_on, dynamic=True)
         self.runner = self.compiled
         if self.world_size > 1:
+            # An empty parameter (the skip weights of a one-layer model) never gets a gradient, which
+            # DDP refuses; out of autograd it is left alone, and nothing changes for the others.
+            for p in self.model.parameters():
+                if p.numel() == 0:
+                    p.requires_grad_(False)
             with warnings.catch_warnings():  # newer torch renames the flag; the meaning is what we want
                 warnings.simplefilter("ignore", FutureWarning)
                 # The only buffers are the RoPE tables, identical on every rank: never broadcast them.
