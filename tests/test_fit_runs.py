@@ -65,12 +65,12 @@ def test_one_process_gets_its_own_fit_and_a_failure_is_raised_as_it_is():
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("mode", ["chooses", "fails"])
-@pytest.mark.slow  # ~24 s: a fit of 16 s
+@pytest.mark.slow  # ~15 s: a fit of 10 s
 def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backend_name, mode, tmp_path):
-    """Rank 0's fit takes 16 s, the collectives time out after 8 s (PyTorch): rank 1 waits for its
+    """Rank 0's fit takes 10 s, the collectives time out after 5 s (PyTorch): rank 1 waits for its
     settings, or for its failure, which it ends with in one line; the job's collectives still work."""
     done = subprocess.run(
-        [*launcher(backend_name), "tests/torchrun_fit.py", backend_name, mode, "16", "8", str(tmp_path)],
+        [*launcher(backend_name), "tests/torchrun_fit.py", backend_name, mode, "10", "5", str(tmp_path)],
         cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -86,16 +86,11 @@ def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backe
         assert {k: settings[k] for k in CHOSEN} == CHOSEN
 
 
-# The shape above with the smoke preset's two layers: DDP refuses a model of one layer (a parameter that
-# gets no gradient).
-TWO_LAYERS = ["--num-layers", "2", *SHAPE[SHAPE.index("--num-layers") + 2 :]]
-
-
 def two_ranks_train(sotu_dataset, tmp_path, *flags: str) -> subprocess.CompletedProcess:
-    """`train` of the shape above (two layers) by two ranks under torchrun, fitted to 250,000 B,
+    """`train` of the shape above by two ranks under torchrun, fitted to 250,000 B,
     collectives timing out after 5 s (the fit takes longer)."""
     args = ["cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "a",
-            *TWO_LAYERS, *ARTIFACT, "--iterations", "4", "--collective-timeout-seconds", "5",
+            *SHAPE, *ARTIFACT, "--iterations", "4", "--collective-timeout-seconds", "5",
             *data_flags(sotu_dataset), *flags]  # fmt: skip
     return subprocess.run([*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(ARTIFACT_FIT_BYTES="250000"),
                           capture_output=True, text=True, timeout=600)  # fmt: skip

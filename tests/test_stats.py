@@ -54,7 +54,7 @@ def test_too_few_runs_or_bad_values_are_refused():
 
 @pytest.mark.slow
 def test_seeds_make_groups_and_compare_agrees_with_scipy(sotu_dataset, tmp_path):
-    """Two groups of three tiny runs (2 steps) at different learning rates: runs --compare's p-value
+    """Two groups of two tiny runs (2 steps) at different learning rates: runs --compare's p-value
     is scipy's Welch test on the runs' val_loss, to 1e-9."""
     from core.runs.summary import find_runs, summarize
     from tests.test_cli import cli, data_flags
@@ -63,14 +63,14 @@ def test_seeds_make_groups_and_compare_agrees_with_scipy(sotu_dataset, tmp_path)
     common = ["--backend", "cuda", "--preset", "tiny", "--iterations", "2", "--val-loss-every", "0",
               "--val-max-tokens", "8192", "--out-dir", str(tmp_path), *data_flags(sotu_dataset)]  # fmt: skip
     for group, lr in (("slow_lr", "0.004"), ("fast_lr", "0.04")):
-        result = cli("train", *common, "--seeds", "1,2,3", "--run-group", group, "--matrix-lr", lr)
+        result = cli("train", *common, "--seeds", "1,2", "--run-group", group, "--matrix-lr", lr)
         assert result.returncode == 0, result.stderr
     summaries = [summarize(p) for p in find_runs(tmp_path)]
     assert sorted(s.name for s in summaries) == sorted(
-        f"{g}-seed{n}" for g in ("slow_lr", "fast_lr") for n in (1, 2, 3)
+        f"{g}-seed{n}" for g in ("slow_lr", "fast_lr") for n in (1, 2)
     )
     table = cli("runs", "--out-dir", str(tmp_path))
-    assert re.search(r"fast_lr +│ +3 │ 1,2,3 ", table.stdout), table.stdout
+    assert re.search(r"fast_lr +│ +2 │ 1,2 ", table.stdout), table.stdout
     result = cli("runs", "--out-dir", str(tmp_path), "--compare", "slow_lr", "fast_lr", "--json")
     assert result.returncode == 0, result.stderr
     got = json.loads(result.stdout)
