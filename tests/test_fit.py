@@ -108,7 +108,7 @@ def test_a_shrinking_cap_stays_under_it_until_nothing_fits_in_one_line(run, fitt
     ckpt, cfg, _, loss, fit = fitted
     cap = fit.cap
     while True:  # without Hessians: no GPTQ, faster
-        cap = int(cap * 0.75)
+        cap = int(cap * 0.5)
         try:
             small = fit_artifact(ckpt.params, cfg, ckpt.dtypes, cap, loss, code_bytes, compression=LZMA)
         except PgolfError as exc:
