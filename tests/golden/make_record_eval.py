@@ -233,6 +233,19 @@ def token_bytes(luts, tokens: np.ndarray) -> np.ndarray:
     return out
 
 
+def record_val_data(luts, tokens: np.ndarray) -> types.SimpleNamespace:
+    """What the record's eval_val reads as its validation data: the tokens, their CaseOps byte sidecar
+    (`token_bytes`) and the record's tables."""
+    return types.SimpleNamespace(
+        val_tokens=torch.from_numpy(tokens),
+        val_bytes=torch.from_numpy(token_bytes(luts, tokens)),
+        caseops_enabled=True,
+        base_bytes_lut=luts[0],
+        has_leading_space_lut=luts[1],
+        is_boundary_token_lut=luts[2],
+    )
+
+
 def load_record_0427(env: dict[str, str] | None = None):
     """Record 2026-04-27 from $RECORD_0427 (its git blob checked), with `env` (default ENV_0427), through
     make_record_features.py's loader and stubs."""
@@ -297,19 +310,11 @@ def run_0427(rec, path: Path, compressor: str, n_val: int, prepare=None) -> dict
             module.inv_freq = module.inv_freq.bfloat16()
     read.looping_active = True
     luts = rec.build_sentencepiece_luts(sp, h.vocab_size, torch.device("cpu"))
-    sidecar = token_bytes(luts, val)
-    data = types.SimpleNamespace(
-        val_tokens=torch.from_numpy(val),
-        val_bytes=torch.from_numpy(sidecar),
-        caseops_enabled=True,
-        base_bytes_lut=luts[0],
-        has_leading_space_lut=luts[1],
-        is_boundary_token_lut=luts[2],
-    )
+    data = record_val_data(luts, val)
     loss, bpb = rec.eval_val(h, torch.device("cpu"), data, read)
     return {
         "val_tokens": val.tolist(),
-        "val_bytes": sidecar.tolist(),
+        "val_bytes": data.val_bytes.tolist(),
         "entries": sorted(set(meta.values())),
         "forms": dict(meta),
         "bf16_in_the_read_model": kept_bf16,

@@ -35,7 +35,6 @@ import json
 import os
 import re
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +43,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from make_record_eval import ENV_0427, TOKENIZER, documents_tokens, load_record_0427, token_bytes  # noqa: E402
+from make_record_eval import ENV_0427, TOKENIZER, documents_tokens, load_record_0427, record_val_data  # noqa: E402
 
 VAL_TOKENS = 2600  # validation tokens, 1 + a multiple of nothing in particular: every geometry drops a tail
 # (VAL_BATCH_TOKENS, EVAL_SEQ_LEN, GRAD_ACCUM_STEPS): flat batches of 1,024 tokens cut every 128; of 512 cut
@@ -107,15 +106,7 @@ def main() -> None:
     rec.BOS_ID = sp.bos_id()
     val = documents_tokens(sp, VAL_TOKENS)
     luts = rec.build_sentencepiece_luts(sp, 1024, torch.device("cpu"))
-    sidecar = token_bytes(luts, val)
-    data = types.SimpleNamespace(
-        val_tokens=torch.from_numpy(val),
-        val_bytes=torch.from_numpy(sidecar),
-        caseops_enabled=True,
-        base_bytes_lut=luts[0],
-        has_leading_space_lut=luts[1],
-        is_boundary_token_lut=luts[2],
-    )
+    data = record_val_data(luts, val)
     starts = [*np.flatnonzero(val == sp.bos_id()).tolist(), len(val)]
     doc_lengths = np.diff(starts).tolist()
 
@@ -161,7 +152,7 @@ def main() -> None:
     golden = {
         "env": ENV_0427,
         "val_tokens": val.tolist(),
-        "val_bytes": sidecar.tolist(),
+        "val_bytes": data.val_bytes.tolist(),
         "document_lengths": doc_lengths,
         "cases": cases,
         "logged_env": {key: logged_env(path) for key, path in logs.items()},
