@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.common.errors import PgolfError
+from core.config.fields import sliding_enabled
 from core.config.presets import preset
 from core.data.tokenizer import ByteTables, byte_tables, load_tokenizer
 from core.eval.bpb import BPBMeter, stream_bytes, token_bytes
@@ -19,7 +20,6 @@ from core.eval.sliding import (
     plan_windows,
     rank_windows,
     score_sliding,
-    sliding_enabled,
     window_batches,
 )
 from tests.golden_data import goldens

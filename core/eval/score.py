@@ -227,7 +227,7 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
     `eval_protocol` flat record 2026-04-27's flat batches), "sliding_window" when `eval_stride` makes the
     windows overlap, and "ttt" with `ttt_enabled`."""
     out: dict[str, Evaluator] = {"plain": evaluate_flat if cfg.eval_protocol == "flat" else evaluate}
-    if 0 < cfg.eval_stride < cfg.eval_window:  # sliding_enabled (core/eval/sliding.py: imported where used)
+    if cfg.sliding_eval:
         out["sliding_window"] = evaluate_sliding
     if cfg.ttt_enabled:
         out["ttt"] = evaluate_with_ttt

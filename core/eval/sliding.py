@@ -32,16 +32,10 @@ __all__ = [
     "rank_windows",
     "score_sliding",
     "score_windows",
-    "sliding_enabled",
     "window_batches",
 ]
 
 TokenLosses = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, y) int64 (B, T) -> NLL in nats (B, T)
-
-
-def sliding_enabled(stride: int, seq_len: int) -> bool:
-    """EVAL_STRIDE's rule: sliding evaluation runs when 0 < stride < seq_len."""
-    return 0 < stride < seq_len
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.common.errors import PgolfError, setting
+from core.config.fields import sliding_enabled
 from core.eval.bpb import BPBMeter
-from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows, sliding_enabled
+from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows
 from core.model.lora import adapter_shapes, initial_a
 
 if TYPE_CHECKING:  # only annotations name these

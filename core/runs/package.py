@@ -67,8 +67,8 @@ PACKAGES = ("core", "cuda_train")
 # that use them.
 OPTIONAL = (
     ("test-time training", ("core.eval.ttt", "core.model.lora"), "cfg.ttt_enabled", "ttt_enabled"),
-    # core/eval/sliding.py's sliding_enabled (test-time training imports the module too)
-    ("sliding windows", ("core.eval.sliding",), "0 < cfg.eval_stride < cfg.eval_window", "eval_stride"),
+    # (test-time training imports the module too)
+    ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
     ("GPTQ", ("core.artifact.gptq",), "cfg.gptq_enabled", "gptq_enabled"),
