@@ -49,10 +49,12 @@ FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S
 LEFT_OUT = (
     "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.sweep", "core.runs.package",
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
-    "core.model.memory", "core.model.backend", "core.common.spelling",
+    "core.model.memory", "core.model.backend", "core.model.opt_state", "core.common.spelling",
     "core.artifact.load", "core.artifact.upstream", "core.artifact.records", "core.artifact.checks",
-    "core.artifact.budget", "core.artifact.int8_stats", "core.artifact.container_v1", "core.train.report", "core.train.bench", "core.eval.verify", "core.eval.sample",
-    "mlx_train", "mlx_train.backend", "mlx_train.model",
+    "core.artifact.budget", "core.artifact.int8_stats", "core.artifact.container_v1",
+    "core.train.report", "core.train.bench", "core.train.interactive", "core.eval.verify", "core.eval.sample",
+    "core.eval.token_losses", "cuda_train.memory", "mlx_train", "mlx_train.backend", "mlx_train.model",
+    "mlx_train.memory",
 )  # fmt: skip
 
 
