@@ -23,7 +23,9 @@ from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.data.tokenizer import byte_tables, load_tokenizer
 from core.datasets.writers import write_shard
-from core.eval.score import EvalData, evaluate, evaluate_sliding, evaluators, load_eval_data
+from core.eval.rows import evaluate
+from core.eval.score import EvalData, evaluators, load_eval_data
+from core.eval.sliding import evaluate_sliding
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
 from core.train.loop import calibrate_gptq
 from tests.golden_data import GOLDEN, RECORD_PTZ, goldens

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from core.config.presets import preset
-from core.eval.score import EvalData, evaluate, evaluate_sliding, evaluate_with_ttt
+from core.eval.rows import evaluate
+from core.eval.score import EvalData, evaluate_with_ttt
+from core.eval.sliding import evaluate_sliding
 from core.runs.audit import (
     Audit,
     Calibration,

@@ -18,7 +18,8 @@ from core.artifact import int8 as quant
 from core.artifact import upstream
 from core.artifact.export import export_artifact
 from core.artifact.load import load_checkpoint, read_artifact
-from core.eval.score import evaluate, load_eval_data
+from core.eval.rows import evaluate
+from core.eval.score import load_eval_data
 from core.model.params import init_params, storage_dtypes
 from core.runs.summary import read_metrics
 from tests.test_backends import FEATURES, LOOPS_LANES, NEEDS, batch, busy_params, make_backend

@@ -81,9 +81,11 @@ def test_the_bundle_is_the_training_path():
 
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
-    tiny = preset("tiny")  # int8 + zlib, plain scoring, no test-time training
-    assert set(bundled_modules(tiny)) & optional == set()
-    assert optional <= set(bundled_modules(preset("record_0427").replace(compressor="pergroup")))
+    tiny = preset("tiny")  # int8 + zlib, plain scoring by rows, the sequential loader, no test-time training
+    defaults = {"core.eval.rows", "core.data.sequential"}  # every run has one protocol and one loader
+    assert set(bundled_modules(tiny)) & optional == defaults
+    record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup")))  # flat, coprime
+    assert record & optional == optional - defaults
     for changes, expected in (
         ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora", "core.eval.sliding"}),  # ttt imports sliding
         ({"eval_stride": 64}, {"core.eval.sliding"}),
@@ -94,6 +96,13 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"quant_format": "mixed", "lqer_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
                                                            "core.artifact.lqer"}),
     ):  # fmt: skip
+        assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == defaults | expected, (
+            changes
+        )
+    for changes, expected in (  # the other protocol or loader instead of tiny's
+        ({"train_loader": "coprime"}, {"core.eval.rows", "core.data.coprime"}),
+        ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.flat", "core.data.sequential"}),
+    ):
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == expected, changes
 
 
@@ -343,6 +352,10 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
             ("the per-group compressor (core.common.pergroup)", "COMPRESSOR=pergroup"),
         ),
         ({"QUANT_FORMAT": "mixed"}, ("the mixed format (core.artifact.mixed)", "QUANT_FORMAT=mixed")),
+        (
+            {"EVAL_PROTOCOL": "flat", "VARLEN_ATTN_ENABLED": "1"},
+            ("the flat protocol (core.eval.flat)", "EVAL_PROTOCOL=flat"),
+        ),
     ):
         result = run_alone(text, tmp_path / next(iter(env)), **env)
         assert_one_line(

@@ -23,7 +23,9 @@ from core.config.sources import resolve
 from core.data.tokenizer import byte_tables, load_tokenizer
 from core.datasets.writers import write_shard
 from core.eval.bpb import BPBMeter
-from core.eval.score import EvalData, evaluate, evaluate_flat
+from core.eval.flat import evaluate_flat
+from core.eval.rows import evaluate
+from core.eval.score import EvalData
 from core.runs.setup import scoring_config
 from tests.golden_data import GOLDEN
 from tests.test_backends import BACKENDS, make_backend, needs

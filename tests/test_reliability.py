@@ -36,7 +36,8 @@ from core.data.manifest import read_manifest
 from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
 from core.datasets.embedded import prepare_sotu
-from core.eval.score import evaluate, load_eval_data
+from core.eval.rows import evaluate
+from core.eval.score import load_eval_data
 from core.eval.verify import require_finite, verify
 from core.model import backend as backends
 from core.model.memory import DeviceMemory, check_config, check_memory, memory_estimate

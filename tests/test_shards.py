@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 
 from core.artifact.load import restore_data_position
 from core.common.errors import PgolfError
+from core.data.sequential import BatchLoader, TokenStream
 from core.data.shards import (
     HEADER_BYTES,
-    BatchLoader,
-    TokenStream,
     find_shards,
     load_val_tokens,
     read_shard,

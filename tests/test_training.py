@@ -18,7 +18,8 @@ from core.artifact.int8 import dequantize_int8
 from core.artifact.load import load_checkpoint
 from core.artifact.upstream import load_artifact
 from core.data.shards import find_shards, read_shard
-from core.eval.score import evaluate, load_eval_data
+from core.eval.rows import evaluate
+from core.eval.score import load_eval_data
 from core.runs.summary import read_metrics
 from core.train.loop import train
 from tests.test_backends import BACKENDS, NEEDS, SMALL_LOOPS_LANES, make_backend, needs
@@ -282,7 +283,8 @@ class DeviceScalar:
 def test_evaluation_waits_for_the_device_once(sotu_dataset):
     """The losses stay on the device until the end of the pass; the bytes are counted from the tokens."""
     from core.eval.bpb import token_bytes
-    from core.eval.score import evaluate, load_eval_data
+    from core.eval.rows import evaluate
+    from core.eval.score import load_eval_data
 
     cfg = sotu_dataset.config("smoke")
     batches = []

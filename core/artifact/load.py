@@ -48,7 +48,8 @@ from core.common.files import file_sha256, open_regular, read_file
 from core.config.fields import MAX_LAYERS, Config
 from core.config.sources import MAX_CONFIG_BYTES
 from core.data.coprime import CoprimeLoader
-from core.data.shards import BatchLoader, TokenStream, read_shard
+from core.data.sequential import BatchLoader, TokenStream
+from core.data.shards import read_shard
 from core.model.opt_state import optimizer_state_shapes
 from core.model.params import check_layout
 

@@ -1,9 +1,9 @@
 """The challenge's token shard format, the training loaders and the validation split.
 
 Two training loaders with one interface (`next_batch`, and `state`, which a checkpoint keeps and
-core/artifact/load.py restores), picked by `Config.train_loader`: `BatchLoader`, upstream's
-sequential stream, and `CoprimeLoader` (core/data/coprime.py), the records' coprime-stride sampler
-over many shards at once.
+core/artifact/load.py restores), picked by `Config.train_loader`: `BatchLoader` (core/data/sequential.py),
+upstream's sequential stream, and `CoprimeLoader` (core/data/coprime.py), the records' coprime-stride
+sampler over many shards at once.
 
 A shard is a header of 256 little-endian int32 (magic 20240520, version 1, token
 count, zeros) followed by that many little-endian uint16 token ids (written by
@@ -24,6 +24,7 @@ from core.common.files import open_regular
 
 if TYPE_CHECKING:
     from core.data.coprime import CoprimeLoader
+    from core.data.sequential import BatchLoader
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -101,43 +102,6 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
     return files
 
 
-class TokenStream:
-    """Shards read in order, one at a time, wrapping around forever."""
-
-    def __init__(self, files: list[Path], vocab_size: int | None = None):
-        self.files, self.vocab_size = list(files), vocab_size
-        # Check every header now: a bad shard should fail at start-up, not hours into a run.
-        if sum(read_shard_header(f) for f in self.files) == 0:
-            raise PgolfError(f"the shards {self.files[0]} ... {self.files[-1].name} hold no tokens")
-        self.file_index, self.position, self.epoch = 0, 0, 1
-        self.tokens = read_shard(self.files[0], vocab_size)
-
-    def _next_file(self) -> None:
-        self.file_index = (self.file_index + 1) % len(self.files)
-        if self.file_index == 0:
-            self.epoch += 1
-            log.warning(
-                "train data: starting epoch %d (the stream wrapped around to the first shard)", self.epoch
-            )
-        self.tokens = read_shard(self.files[self.file_index], self.vocab_size)
-        self.position = 0
-
-    def take(self, n: int) -> np.ndarray:
-        """The next n tokens (uint16)."""
-        parts = [self.tokens[:0]]
-        while n > 0:
-            if self.position == len(self.tokens):
-                self._next_file()
-                continue
-            parts.append(self.tokens[self.position : self.position + n])
-            self.position += len(parts[-1])
-            n -= len(parts[-1])
-        return np.concatenate(parts)
-
-    def state(self) -> dict[str, Any]:
-        return {"file_index": self.file_index, "position": self.position, "epoch": self.epoch}
-
-
 def local_tokens(global_tokens: int, seq_len: int, world_size: int, accum_steps: int) -> int:
     """Tokens of one micro-batch on one rank: a whole number of sequences, or an error."""
     local = global_tokens // (world_size * accum_steps)
@@ -149,43 +113,18 @@ def local_tokens(global_tokens: int, seq_len: int, world_size: int, accum_steps:
     return local
 
 
-class BatchLoader:
-    """Rank-disjoint training batches: each call takes world_size spans of local+1 tokens.
-
-    Rank r gets span r; the "+1" lets (x, y) be built by shifting. So W ranks with
-    A micro-batches see exactly the tokens one process with W*A micro-batches sees.
-    Ids are int32, which both frameworks index embeddings with.
-    """
-
-    def __init__(self, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None):
-        check_rank(rank, world_size)
-        self.stream = TokenStream(files, vocab_size)
-        self.rank, self.world_size = rank, world_size
-
-    def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        local = local_tokens(global_tokens, seq_len, self.world_size, accum_steps)
-        chunk = self.stream.take((local + 1) * self.world_size)
-        span = chunk[self.rank * (local + 1) : (self.rank + 1) * (local + 1)].astype(np.int32)
-        return span[:-1].reshape(-1, seq_len), span[1:].reshape(-1, seq_len)
-
-    def state(self) -> dict[str, Any]:
-        return self.stream.state()
-
-
 TRAIN_LOADERS = ("sequential", "coprime")  # Config.train_loader's choices
 
 
 def make_train_loader(
     kind: str, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None
 ) -> BatchLoader | CoprimeLoader:
-    """The training loader Config.train_loader names (the coprime one imported only for the runs that use it)."""
-    if kind not in TRAIN_LOADERS:
-        raise PgolfError(f"train_loader must be {' or '.join(TRAIN_LOADERS)}, got {kind!r}")
+    """The training loader Config.train_loader names, its module imported only for the runs that use it."""
     if kind == "coprime":
-        from core.data.coprime import CoprimeLoader
-
-        return CoprimeLoader(files, rank, world_size, vocab_size)
-    return BatchLoader(files, rank, world_size, vocab_size)
+        from core.data.coprime import CoprimeLoader as Loader
+    else:
+        from core.data.sequential import BatchLoader as Loader
+    return Loader(files, rank, world_size, vocab_size)
 
 
 def load_val_tokens(

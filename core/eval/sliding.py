@@ -20,10 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.common.errors import memory_hint
 from core.eval.bpb import BPBMeter
+
+if TYPE_CHECKING:  # only annotations name these
+    from core.eval.score import EvalData, Progress
+    from core.model.backend import Backend
 
 __all__ = [
     "SlidingEval",
@@ -135,3 +141,30 @@ def score_windows(
             sink[positions] = nll[scored]
         if progress is not None:
             progress(i + 1, total)
+
+
+def evaluate_sliding(
+    backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
+) -> BPBMeter:
+    """val_loss and val_bpb with sliding windows (`eval_stride`), split over ranks."""
+    cfg = backend.cfg
+    ev = SlidingEval(cfg.eval_window, cfg.eval_stride, cfg.eval_batch_seqs)
+    with memory_hint("the sliding-window score", "--eval-batch-seqs"):
+        return evaluate_windows(backend, data, ev, progress, sink)
+
+
+def evaluate_windows(
+    backend: Backend, data: EvalData, ev: SlidingEval, progress: Progress | None, sink: np.ndarray | None
+) -> BPBMeter:
+    """The windows of `ev` over the validation tokens, this rank's share, summed over the ranks."""
+    meter = score_sliding(
+        data.tokens,
+        backend.token_losses,
+        data.target_bytes,
+        ev,
+        backend.rank,
+        backend.world_size,
+        progress,
+        sink,
+    )
+    return BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))

@@ -13,8 +13,8 @@ the run's own, downloads, trackers), so code a run does not need lives in module
 such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training, sliding windows, the per-group compressor, the mixed format, GPTQ, the coprime
-loader, LQER) are
+test-time training, sliding windows, each protocol of the plain figure, the per-group compressor, the
+mixed format, GPTQ, each training loader, LQER) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
 before any work, a config (after the environment's overrides) that needs a feature it lacks.
@@ -69,10 +69,13 @@ OPTIONAL = (
     ("test-time training", ("core.eval.ttt", "core.model.lora"), "cfg.ttt_enabled", "ttt_enabled"),
     # (test-time training imports the module too)
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
+    ("the rows protocol", ("core.eval.rows",), "cfg.eval_protocol == 'rows'", "eval_protocol"),
+    ("the flat protocol", ("core.eval.flat",), "cfg.eval_protocol == 'flat'", "eval_protocol"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
     ("GPTQ", ("core.artifact.gptq",), "cfg.gptq_enabled", "gptq_enabled"),
     ("the coprime loader", ("core.data.coprime",), "cfg.train_loader == 'coprime'", "train_loader"),
+    ("the sequential loader", ("core.data.sequential",), "cfg.train_loader == 'sequential'", "train_loader"),
     ("LQER", ("core.artifact.lqer",), "cfg.lqer_enabled", "lqer_enabled"),
 )  # fmt: skip
 
@@ -125,14 +128,15 @@ def bundled_modules(cfg: Config) -> dict[str, str]:
     todo = [(name, "") for name in (*ENTRY, *used)]
     while todo:
         name, importer = todo.pop()
-        if name in sources:
-            continue
+        # Checked before `sources`: whichever importer comes first, every one is checked.
         if name in feature and name not in used and importer not in feature:
             what, field = feature[name]
             raise PgolfError(
                 f"package: {importer} imports {name} at its top level, but only runs with {what} ({field}) use "
                 "it: import it inside the function that needs it"
             )
+        if name in sources:
+            continue
         path = _file(name)
         if path is None:
             raise PgolfError(f"package: module {name} not found under {ROOT}")

@@ -41,15 +41,16 @@ from core.common.compress import check_available
 from core.common.errors import PgolfError, memory_hint
 from core.common.files import write_atomic
 from core.config.fields import Config
-from core.data.shards import BatchLoader, find_shards, make_train_loader
+from core.data.shards import find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
 from core.eval.score import Progress, evaluators, figure_protocol, load_eval_data
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
 from core.train.rundir import RunDir
 
-if TYPE_CHECKING:  # only annotations name the backend's interface and the coprime loader
+if TYPE_CHECKING:  # only annotations name the backend's interface and the loaders
     from core.data.coprime import CoprimeLoader
+    from core.data.sequential import BatchLoader
     from core.model.backend import Backend
 
 Log = Callable[[str], None]
