@@ -135,8 +135,6 @@ def test_shards_too_short_or_out_of_vocabulary_are_refused(tmp_path):
     loader.next_batch(GLOBAL_TOKENS, SEQ_LEN, 8)
     with pytest.raises(PgolfError, match="blocks of 16 tokens"):
         loader.next_batch(GLOBAL_TOKENS, 32, 8)
-    with pytest.raises(PgolfError, match="not a whole number of sequences"):
-        loader.next_batch(GLOBAL_TOKENS, SEQ_LEN, 3)
 
 
 def test_a_state_from_other_shards_or_the_sequential_loader_is_refused(tmp_path):

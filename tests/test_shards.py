@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from core.artifact.load import restore_data_position
 from core.common.errors import PgolfError
+from core.config.fields import Config
 from core.data.sequential import BatchLoader, TokenStream
 from core.data.shards import (
     HEADER_BYTES,
@@ -157,10 +158,13 @@ def test_stream_checks_every_shard_up_front(tmp_path):
         TokenStream(empty)
 
 
-def test_batch_must_be_whole_sequences(tmp_path):
-    loader = BatchLoader(shards(tmp_path, [1000]), rank=0, world_size=2)
-    with pytest.raises(PgolfError, match="not a whole number of sequences of 64"):
-        loader.next_batch(200, 64, accum_steps=1)
+def test_batch_must_be_whole_sequences():
+    """The loaders take the batch sizes of a validated Config, which refuses one that is not whole
+    sequences on every rank (200 tokens over 2 ranks x 1 micro-step: 100, not sequences of 64)."""
+    with pytest.raises(PgolfError, match=r"must be a multiple of grad_accum_steps\*train_seq_len=128"):
+        Config(train_batch_tokens=200, train_seq_len=64, grad_accum_steps=2).validate(2)
+    with pytest.raises(PgolfError, match="world size 2 must divide grad_accum_steps=1"):
+        Config(train_batch_tokens=256, train_seq_len=64, grad_accum_steps=1).validate(2)
 
 
 def test_edge_cases_fail_clearly(tmp_path):
@@ -182,5 +186,3 @@ def test_val_tokens_check_the_vocabulary(tmp_path):
     with pytest.raises(PgolfError, match="do not match the tokenizer vocabulary") as info:
         load_val_tokens(files, seq_len=32, vocab_size=1024)
     assert str(files[0]) in str(info.value)
-    with pytest.raises(PgolfError, match="no validation shards"):
-        load_val_tokens([], seq_len=32)

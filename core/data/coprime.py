@@ -1,5 +1,5 @@
 """The records' coprime-stride training loader (`Config.train_loader = "coprime"`), beside upstream's
-sequential one in core/data/shards.py; imported only by the runs that use it."""
+sequential one in core/data/sequential.py; imported only by the runs that use it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from core.common.errors import PgolfError
-from core.data.shards import HEADER_BYTES, check_ids, check_rank, local_tokens, log, read_shard_header
+from core.data.shards import HEADER_BYTES, check_ids, check_rank, log, read_shard_header
 
 FNV_PRIME = 1_099_511_628_211
 MIX_RAMP_CALLS = 1800  # next_batch calls over which the shard mixture goes from few to many shards
@@ -159,7 +159,7 @@ class CoprimeLoader:
 
     # ------------------------------------------------------------------ interface
     def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        local = local_tokens(global_tokens, seq_len, self.world_size, accum_steps)
+        local = global_tokens // (self.world_size * accum_steps)  # whole sequences: Config.validate
         self._fix_seq_len(seq_len)
         # Sizes follow each call's arguments (the record fixes them at its first call; the loop's never change).
         windows = self._global_windows(local // seq_len * self.world_size)[self.rank :: self.world_size]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from core.common.errors import PgolfError
-from core.data.shards import check_rank, local_tokens, log, read_shard, read_shard_header
+from core.data.shards import check_rank, log, read_shard, read_shard_header
 
 
 class TokenStream:
@@ -64,7 +64,7 @@ class BatchLoader:
         self.rank, self.world_size = rank, world_size
 
     def next_batch(self, global_tokens: int, seq_len: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        local = local_tokens(global_tokens, seq_len, self.world_size, accum_steps)
+        local = global_tokens // (self.world_size * accum_steps)  # whole sequences: Config.validate
         chunk = self.stream.take((local + 1) * self.world_size)
         span = chunk[self.rank * (local + 1) : (self.rank + 1) * (local + 1)].astype(np.int32)
         return span[:-1].reshape(-1, seq_len), span[1:].reshape(-1, seq_len)

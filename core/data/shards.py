@@ -102,17 +102,6 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
     return files
 
 
-def local_tokens(global_tokens: int, seq_len: int, world_size: int, accum_steps: int) -> int:
-    """Tokens of one micro-batch on one rank: a whole number of sequences, or an error."""
-    local = global_tokens // (world_size * accum_steps)
-    if local <= 0 or local % seq_len:
-        raise PgolfError(
-            f"{global_tokens} tokens per step over {world_size} ranks x {accum_steps} micro-steps "
-            f"is not a whole number of sequences of {seq_len}"
-        )
-    return local
-
-
 TRAIN_LOADERS = ("sequential", "coprime")  # Config.train_loader's choices
 
 
@@ -134,8 +123,6 @@ def load_val_tokens(
 
     `max_tokens` > 0 caps the sequences scored (rounded down, but at least one): a quick eval.
     """
-    if not files:
-        raise PgolfError("no validation shards were given")
     tokens = np.concatenate([read_shard(f, vocab_size) for f in files])
     usable = ((len(tokens) - 1) // seq_len) * seq_len
     if max_tokens > 0:
@@ -179,5 +166,5 @@ def val_spans(
     if whole:
         last = first + (last - first) // batch_seqs * batch_seqs
     return [
-        (s * seq_len, min(s + batch_seqs, last) * seq_len + 1) for s in range(first, last, max(batch_seqs, 1))
+        (s * seq_len, min(s + batch_seqs, last) * seq_len + 1) for s in range(first, last, batch_seqs)
     ]
