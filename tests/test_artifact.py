@@ -21,7 +21,8 @@ from core.artifact.records import RECORD_BF16_NAMES, load_record_artifact
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError
 from core.config.presets import preset
-from core.data.tokenizer import byte_tables, load_tokenizer
+from core.data.tables import byte_tables
+from core.data.tokenizer import load_tokenizer
 from core.datasets.writers import write_shard
 from core.eval.rows import evaluate
 from core.eval.score import EvalData, evaluators, load_eval_data

@@ -81,8 +81,9 @@ def test_the_bundle_is_the_training_path():
 
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
-    tiny = preset("tiny")  # int8 + zlib, plain scoring by rows, the sequential loader, no test-time training
-    defaults = {"core.eval.rows", "core.data.sequential"}  # every run has one protocol and one loader
+    tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
+    # Every run has one protocol, one loader, and the byte tables or (CaseOps data) the sidecar.
+    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables"}
     assert set(bundled_modules(tiny)) & optional == defaults
     record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup")))  # flat, coprime
     assert record & optional == optional - defaults
@@ -99,10 +100,12 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == defaults | expected, (
             changes
         )
-    for changes, expected in (  # the other protocol or loader instead of tiny's
-        ({"train_loader": "coprime"}, {"core.eval.rows", "core.data.coprime"}),
-        ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.flat", "core.data.sequential"}),
+    for changes, instead in (  # the other protocol, loader or byte count than tiny's
+        ({"train_loader": "coprime"}, {"core.data.sequential": "core.data.coprime"}),
+        ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.rows": "core.eval.flat"}),
+        ({"caseops_enabled": True}, {"core.data.tables": None}),
     ):
+        expected = {instead.get(m, m) for m in defaults} - {None}
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == expected, changes
 
 

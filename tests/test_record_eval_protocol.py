@@ -20,7 +20,8 @@ from core.artifact.load import load_weights
 from core.common.errors import PgolfError
 from core.config.presets import record_preset_of_env
 from core.config.sources import resolve
-from core.data.tokenizer import byte_tables, load_tokenizer
+from core.data.tables import byte_tables
+from core.data.tokenizer import load_tokenizer
 from core.datasets.writers import write_shard
 from core.eval.bpb import BPBMeter
 from core.eval.flat import evaluate_flat

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from core.common.errors import PgolfError
 from core.config.fields import sliding_enabled
 from core.config.presets import preset
-from core.data.tokenizer import ByteTables, byte_tables, load_tokenizer
-from core.eval.bpb import BPBMeter, stream_bytes, token_bytes
+from core.data.tables import ByteTables, byte_tables, stream_bytes, token_bytes
+from core.data.tokenizer import load_tokenizer
+from core.eval.bpb import BPBMeter
 from core.eval.sliding import (
     SlidingEval,
     batch_arrays,

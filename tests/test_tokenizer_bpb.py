@@ -10,10 +10,11 @@ import pytest
 
 from core.common.errors import PgolfError
 from core.data.shards import find_shards, read_shard
-from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
+from core.data.tables import ByteTables, byte_tables, token_bytes
+from core.data.tokenizer import check_vocab, load_tokenizer
 from core.datasets.embedded import read_text, speech_files
 from core.datasets.writers import train_tokenizer
-from core.eval.bpb import BPBMeter, token_bytes
+from core.eval.bpb import BPBMeter
 
 MULTILINGUAL = [
     "Café au lait, naïve façade, São Paulo and Zürich.",

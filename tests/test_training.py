@@ -161,8 +161,9 @@ def test_wallclock_cap_stops_early(sotu_dataset, backend_name, tmp_path):
 
 def unigram_bpb(dataset) -> float:
     """BPB of the best context-free model: training-set token frequencies scored on validation."""
-    from core.data.tokenizer import byte_tables, load_tokenizer
-    from core.eval.bpb import BPBMeter, token_bytes
+    from core.data.tables import byte_tables, token_bytes
+    from core.data.tokenizer import load_tokenizer
+    from core.eval.bpb import BPBMeter
 
     train_ids = np.concatenate([read_shard(f) for f in find_shards(dataset.data_path, "train")])
     val = read_shard(find_shards(dataset.data_path, "val")[0]).astype(np.int64)
@@ -282,7 +283,7 @@ class DeviceScalar:
 
 def test_evaluation_waits_for_the_device_once(sotu_dataset):
     """The losses stay on the device until the end of the pass; the bytes are counted from the tokens."""
-    from core.eval.bpb import token_bytes
+    from core.data.tables import token_bytes
     from core.eval.rows import evaluate
     from core.eval.score import load_eval_data
 

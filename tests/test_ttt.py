@@ -10,7 +10,7 @@ import pytest
 
 from core.common.errors import PgolfError
 from core.config.presets import preset
-from core.data.tokenizer import ByteTables
+from core.data.tables import ByteTables
 from core.eval.score import EvalData, evaluate_with_ttt, evaluators
 from core.eval.ttt import chunk_window, evaluate_ttt, find_documents, global_lr, plan_batches
 from tests.test_backends import BACKENDS, busy_params, make_backend, needs

@@ -6,28 +6,10 @@ import math
 
 import numpy as np
 
-from core.data.tokenizer import ByteTables
-
-
-def token_bytes(prev_ids: np.ndarray, target_ids: np.ndarray, tables: ByteTables) -> np.ndarray:
-    """Bytes of text each target token adds, given the token before it."""
-    prev, target = np.asarray(prev_ids).reshape(-1), np.asarray(target_ids).reshape(-1)
-    space = tables.has_leading_space[target] & ~tables.is_boundary[prev]
-    return tables.base_bytes[target].astype(np.int64) + space
-
-
-def stream_bytes(tokens: np.ndarray, tables: ByteTables) -> np.ndarray:
-    """int64 bytes each position of a token stream adds as a target, by the tokenizer's tables:
-    index i counts tokens[i] after tokens[i - 1]; index 0, never a target, counts 0."""
-    tokens = np.asarray(tokens).reshape(-1)
-    out = np.zeros(tokens.size, dtype=np.int64)
-    out[1:] = token_bytes(tokens[:-1], tokens[1:], tables)
-    return out
-
 
 class BPBMeter:
     """float64 sums of nats, tokens and bytes; mergeable across ranks as a 3-vector. The bytes are given
-    per target (`count_bytes`: from EvalData.target_bytes, or `token_bytes` of the tokenizer's tables)."""
+    per target (`count_bytes`: from EvalData.target_bytes)."""
 
     def __init__(self) -> None:
         self.nats = self.tokens = self.nbytes = 0.0

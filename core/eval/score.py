@@ -18,10 +18,11 @@ import numpy as np
 from core.common.errors import PgolfError, hint, memory_hint, setting
 from core.config.fields import Config
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens
-from core.data.tokenizer import ByteTables, byte_tables, check_vocab, load_tokenizer
-from core.eval.bpb import BPBMeter, stream_bytes
+from core.data.tokenizer import check_vocab, load_tokenizer
+from core.eval.bpb import BPBMeter
 
-if TYPE_CHECKING:  # only annotations name the backend's interface
+if TYPE_CHECKING:  # only annotations name these
+    from core.data.tables import ByteTables
     from core.model.backend import Backend
 
 Progress = Callable[[int, int], None]  # (done, total) of something long
@@ -29,11 +30,12 @@ Progress = Callable[[int, int], None]  # (done, total) of something long
 
 @dataclass
 class EvalData:
-    """What scoring needs: the validation tokens, the tokenizer's byte tables, and for CaseOps data
-    the byte sidecar (each token's original UTF-8 bytes, core/datasets/caseops.py)."""
+    """What scoring needs: the validation tokens, and what counts their bytes: the tokenizer's byte
+    tables, or for CaseOps data the byte sidecar (each token's original UTF-8 bytes,
+    core/datasets/caseops.py)."""
 
     tokens: np.ndarray
-    tables: ByteTables
+    tables: ByteTables | None  # None with a sidecar
     sidecar: np.ndarray | None = None  # exactly one entry per token, or None: the tables count the bytes
 
     @cached_property
@@ -43,6 +45,8 @@ class EvalData:
         data has one, else from the tables. Every evaluation adds these up for the tokens it scores,
         in whatever order it scores them."""
         if self.sidecar is None:
+            from core.data.tables import stream_bytes
+
             return stream_bytes(self.tokens, self.tables)
         out = np.asarray(self.sidecar, dtype=np.int64).copy()
         out[:1] = 0
@@ -74,8 +78,11 @@ def load_eval_data(cfg: Config) -> EvalData:
                 else hint("data prepare --caseops makes one", "set DATA_PATH to CaseOps data")
             )
         )
-    sidecar = load_val_bytes(files, len(tokens)) if has else None
-    return EvalData(tokens=tokens, tables=byte_tables(sp, cfg.vocab_size), sidecar=sidecar)
+    if has:
+        return EvalData(tokens, None, load_val_bytes(files, len(tokens)))
+    from core.data.tables import byte_tables
+
+    return EvalData(tokens, byte_tables(sp, cfg.vocab_size))
 
 
 def evaluate_with_ttt(

@@ -13,8 +13,8 @@ the run's own, downloads, trackers), so code a run does not need lives in module
 such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training, sliding windows, each protocol of the plain figure, the per-group compressor, the
-mixed format, GPTQ, each training loader, LQER) are
+test-time training, sliding windows, each protocol of the plain figure, the byte tables, the per-group
+compressor, the mixed format, GPTQ, each training loader, LQER) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
 before any work, a config (after the environment's overrides) that needs a feature it lacks.
@@ -71,6 +71,7 @@ OPTIONAL = (
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
     ("the rows protocol", ("core.eval.rows",), "cfg.eval_protocol == 'rows'", "eval_protocol"),
     ("the flat protocol", ("core.eval.flat",), "cfg.eval_protocol == 'flat'", "eval_protocol"),
+    ("the tokenizer's byte tables", ("core.data.tables",), "not cfg.caseops_enabled", "caseops_enabled"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
     ("GPTQ", ("core.artifact.gptq",), "cfg.gptq_enabled", "gptq_enabled"),
