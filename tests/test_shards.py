@@ -57,7 +57,7 @@ def corrupt(path, offset, value):
         (lambda p: p.write_bytes(p.read_bytes()[:-2]), "header promises 100 tokens"),
         (lambda p: p.write_bytes(p.read_bytes() + b"\0\0"), "header promises 100 tokens"),
         (lambda p: p.write_bytes(p.read_bytes()[:100]), "shorter than the 1024-byte header"),
-        (lambda p: corrupt(p, 8, -5), "negative token count"),
+        (lambda p: corrupt(p, 8, -5), "header promises -5 tokens"),
     ],
 )
 def test_malformed_shards_name_the_file(tmp_path, damage, message):

@@ -51,9 +51,7 @@ def read_shard_header(path: str | Path) -> int:
         raise PgolfError(f"shard {path}: bad magic {header[0]} (expected {SHARD_MAGIC})")
     if header[1] != SHARD_VERSION:
         raise PgolfError(f"shard {path}: unsupported version {header[1]} (expected {SHARD_VERSION})")
-    count = int(header[2])
-    if count < 0:
-        raise PgolfError(f"shard {path}: negative token count {count}")
+    count = int(header[2])  # a negative one promises fewer bytes than the header: refused below
     expected = HEADER_BYTES + 2 * count
     if size != expected:
         raise PgolfError(

@@ -69,14 +69,14 @@ def load_eval_data(cfg: Config) -> EvalData:
     tokens = load_val_tokens(files, cfg.eval_window, cfg.val_max_tokens, cfg.vocab_size)
     has = any(Path(cfg.data_path).glob("fineweb_val_bytes_*.bin"))
     if has != cfg.caseops_enabled:
+        fix = (
+            f"set {setting('caseops_enabled', True)}"
+            if has
+            else hint("data prepare --caseops makes one", "set DATA_PATH to CaseOps data")
+        )
         raise PgolfError(
             f"caseops_enabled is {'off' if has else 'on'}, but {cfg.data_path} has {'a' if has else 'no'} "
-            "validation byte sidecar (fineweb_val_bytes_*.bin, CaseOps data): "
-            + (
-                f"set {setting('caseops_enabled', True)}"
-                if has
-                else hint("data prepare --caseops makes one", "set DATA_PATH to CaseOps data")
-            )
+            f"validation byte sidecar (fineweb_val_bytes_*.bin, CaseOps data): {fix}"
         )
     if has:
         return EvalData(tokens, None, load_val_bytes(files, len(tokens)))
@@ -89,29 +89,22 @@ def evaluate_with_ttt(
     backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
 ) -> BPBMeter:
     """val_loss and val_bpb with test-time training (core/eval/ttt.py); the backend's weights are
-    the same afterwards."""
+    the same afterwards. Out of memory names the settings that size it in the run's mode."""
     from core.eval.ttt import evaluate_ttt
 
     cfg = backend.cfg
-    trains_weights = cfg.ttt_mode == "full" or (
-        cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
-    )
-    before = backend.params() if trains_weights else None
-    with memory_hint("test-time training", ttt_memory_settings(cfg)):
+    phases = cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
+    if cfg.ttt_mode == "full":
+        lower = "--ttt-batch-seqs"
+    else:
+        lower = "--ttt-batch-size, --ttt-lora-rank or --ttt-eval-seq-len"
+        lower += " (global phases: --global-ttt-batch-seqs)" if phases else ""
+    before = backend.params() if cfg.ttt_mode == "full" or phases else None  # the modes that train weights
+    with memory_hint("test-time training", lower):
         meter = evaluate_ttt(backend, data, progress, token_losses=sink)
     if before is not None:
         backend.load_params(before)
     return meter
-
-
-def ttt_memory_settings(cfg: Config) -> str:
-    """The settings that size test-time training's memory, in `cfg`'s mode."""
-    if cfg.ttt_mode == "full":
-        return "--ttt-batch-seqs"
-    phases = cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
-    return "--ttt-batch-size, --ttt-lora-rank or --ttt-eval-seq-len" + (
-        " (global phases: --global-ttt-batch-seqs)" if phases else ""
-    )
 
 
 Evaluator = Callable[..., BPBMeter]  # (backend, data, progress=None, sink=None)
@@ -120,13 +113,13 @@ Evaluator = Callable[..., BPBMeter]  # (backend, data, progress=None, sink=None)
 def figure_protocol(name: str, cfg: Config) -> str:
     """How figure `name` of `evaluators` was computed, for the logs: rows:<len>, flat:<batch>/<len>
     (record 2026-04-27's batches of <batch> tokens cut every <len>), sliding:<len>/<stride>, ttt."""
-    if name == "plain" and cfg.eval_protocol == "flat":
-        return f"flat:{cfg.val_batch_size // cfg.grad_accum_steps}/{cfg.eval_window}"
-    if name == "plain":
-        return f"rows:{cfg.eval_window}"
     if name == "sliding_window":
         return f"sliding:{cfg.eval_window}/{cfg.eval_stride}"
-    return name
+    if name != "plain":
+        return name
+    if cfg.eval_protocol == "flat":
+        return f"flat:{cfg.val_batch_size // cfg.grad_accum_steps}/{cfg.eval_window}"
+    return f"rows:{cfg.eval_window}"
 
 
 def evaluators(cfg: Config) -> dict[str, Evaluator]:
