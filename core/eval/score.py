@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.common.errors import PgolfError, hint, memory_hint, setting
-from core.config.fields import Config
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter
 
 if TYPE_CHECKING:  # only annotations name these
+    from core.config.fields import Config
     from core.data.tables import ByteTables
     from core.model.backend import Backend
 
