@@ -1,4 +1,5 @@
-"""Sliding-window evaluation, framework-neutral half: which windows, and how they are scored.
+"""Sliding-window evaluation: which windows, how they are scored (framework-neutral), and the
+figure over a backend's ranks (`evaluate_sliding`). Imported only by the runs that use it.
 
 The settings (the records' environment variables):
 - EVAL_SEQ_LEN (`seq_len`): tokens in each window, context plus scored ones;
@@ -31,24 +32,14 @@ if TYPE_CHECKING:  # only annotations name these
     from core.eval.score import EvalData, Progress
     from core.model.backend import Backend
 
-__all__ = [
-    "SlidingEval",
-    "batch_arrays",
-    "plan_windows",
-    "rank_windows",
-    "score_sliding",
-    "score_windows",
-    "window_batches",
-]
-
 TokenLosses = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, y) int64 (B, T) -> NLL in nats (B, T)
 
 
 @dataclass(frozen=True)
 class SlidingEval:
     seq_len: int  # EVAL_SEQ_LEN: tokens per window (context + scored)
-    stride: int = 64  # EVAL_STRIDE: tokens each window advances by and scores
-    batch_seqs: int = 32  # EVAL_BATCH_SEQS: windows per forward pass on each rank
+    stride: int  # EVAL_STRIDE: tokens each window advances by and scores
+    batch_seqs: int  # EVAL_BATCH_SEQS: windows per forward pass on each rank
 
 
 def plan_windows(total_tokens: int, seq_len: int, stride: int) -> np.recarray:
