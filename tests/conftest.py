@@ -54,7 +54,7 @@ def challenge_dir() -> Path:
 # The files whose tests take longest, longest first (`pytest --durations=0`, summed per file, on a
 # 2-core CPU): parallel workers take whole files (`--dist loadfile`) in collection order, so these
 # start first and the workers end together instead of one finishing a long file alone.
-LONGEST_FIRST = ("test_fit_runs.py", "test_cli.py", "test_training.py", "test_fit.py", "test_ttt.py",
+LONGEST_FIRST = ("test_fit_runs.py", "test_cli.py", "test_training.py", "test_fit.py", "test_ttt.py", "test_backends.py",
                  "test_package.py", "test_sweep.py", "test_cross_backend.py")  # fmt: skip
 
 

@@ -213,6 +213,9 @@ def test_optimizer_state_round_trip_continues_identically(backend_name):
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.slow  # ~4 s
 def test_compiled_step_equals_eager(backend_name):
+    """Two compiled steps at two lrs give the eager steps' loss and weights; in PyTorch, the compiled
+    backend then takes new lrs, new momenta and validation batches of two sizes (as core.train.loop's
+    spans give) without compiling anything again."""
     cfg = preset("smoke")
     micro = [batch(cfg, seed=5), batch(cfg, seed=6)]
     results = []
@@ -227,18 +230,40 @@ def test_compiled_step_equals_eager(backend_name):
     # Fused kernels reorder fp32 sums; Newton-Schulz amplifies that to ~1e-5 after two steps.
     for k in eager:
         np.testing.assert_allclose(compiled[k], eager[k], rtol=0, atol=1e-4, err_msg=k)
+    if backend_name == "cuda":
+        assert_steady_state_compiles_nothing(backend, micro)
+
+
+def assert_steady_state_compiles_nothing(backend, micro) -> None:
+    """After a validation pass, neither new lrs and momenta nor new steps recompile anything (PyTorch)."""
+    import torch._dynamo
+
+    x, y = batch(backend.cfg, n=5, seed=13)
+
+    def validate():  # a full batch, then a shorter last one, as core.train.loop's spans give
+        return float(backend.eval_nll(x[:3], y[:3]) + backend.eval_nll(x[3:], y[3:]))
+
+    first = validate()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i in range(3):
+            backend.train_step(micro, 0.9 - 0.2 * i, 0.9 + 0.02 * i)
+        later = validate()
+    assert later != first  # the steps did train
 
 
 @pytest.mark.slow  # compiles the step twice: minutes on 2 cores
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_compiled_loop_switch_equals_eager(backend_name):
     """Depth recurrence switched on mid-run takes effect under compile: the losses and weights of
-    an eager run that switches at the same step, not those of a compiled run that never switches."""
+    an eager run that switches at the same step, not those of a compiled run that never switches.
+    In PyTorch, the switch then compiled the step once per layout, and the evaluation (one layout,
+    then the other) compiles once per layout too: after that, neither layout (nor switching back)
+    compiles anything."""
     cfg = preset("smoke").replace(**SMALL_LOOPS_LANES)
     micro = [batch(cfg, seed=14), batch(cfg, seed=15)]
     fresh_compile_cache(backend_name)
 
-    def train(mode: str, switch_at: int | None) -> tuple[list[float], dict[str, np.ndarray]]:
+    def train(mode: str, switch_at: int | None):
         backend = make_backend(backend_name, cfg.replace(compile=mode))
         backend.load_params(busy_params(cfg))
         backend.set_looping(False)
@@ -247,16 +272,29 @@ def test_compiled_loop_switch_equals_eager(backend_name):
             if step == switch_at:
                 backend.set_looping(True)
             losses.append(float(backend.train_step(micro, 1.0, 0.9)))
-        return losses, backend.params()
+        return losses, backend.params(), backend
 
-    (eager_losses, eager), (losses, compiled) = train("off", 2), train("on", 2)
-    never_losses, never = train("off", None)  # what a switch folded away at the trace would give
+    (eager_losses, eager, _), (losses, compiled, backend) = train("off", 2), train("on", 2)
+    never_losses, never, _ = train("off", None)  # what a switch folded away at the trace would give
     assert losses == pytest.approx(eager_losses, rel=1e-5)
     for k in eager:
         np.testing.assert_allclose(compiled[k], eager[k], rtol=0, atol=1e-4, err_msg=k)
     assert never_losses[:2] == pytest.approx(losses[:2], rel=1e-5)  # the same until the switch
     assert abs(never_losses[2] - losses[2]) > 1e-3 and abs(never_losses[3] - losses[3]) > 1e-3
     assert max(np.abs(never[k] - compiled[k]).max() for k in never) > 1e-3
+    if backend_name != "cuda":
+        return  # MLX: test_mlx_loop_switch_traces_each_layout_once
+    import torch._dynamo
+
+    x, y = batch(cfg, n=3, seed=18)
+    for looping in (True, False):
+        backend.set_looping(looping)
+        backend.eval_nll(x, y)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for looping in (True, False, True):
+            backend.set_looping(looping)
+            backend.train_step(micro, 0.8, 0.95)
+            backend.eval_nll(x, y)
 
 
 @pytest.mark.mlx
@@ -345,53 +383,17 @@ def test_mlx_rms_norm_equals_torch_in_both_dtypes(dtype):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)
 
 
-@pytest.mark.slow  # torch.compile on a CPU: minutes on 2 cores
+@pytest.mark.slow  # torch.compile on a CPU: a minute on 2 cores
 @pytest.mark.torch
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16: autocast, as on CUDA
-def test_torch_compiled_steady_state_has_no_recompiles(dtype):
-    """After one step and one validation pass, neither new lrs nor new steps recompile anything."""
-    dynamo = pytest.importorskip("torch._dynamo")
-
-    cfg = preset("smoke").replace(compile="on", compute_dtype=dtype)
+def test_torch_compiled_bf16_steady_state_has_no_recompiles():
+    """bf16 compute (autocast, as on CUDA): after one step, neither new lrs nor new steps nor validation
+    recompile anything (fp32: test_compiled_step_equals_eager). One layer: the guards are what is tested."""
+    cfg = preset("smoke").replace(compile="on", compute_dtype="bfloat16", num_layers=1)
     backend = make_backend("cuda", cfg)
     backend.load_params(busy_params(cfg))
     micro = [batch(cfg, seed=11), batch(cfg, seed=12)]
-    x, y = batch(cfg, n=5, seed=13)
-
-    def validate():  # a full batch, then a shorter last one, as core.train.loop's spans give
-        return float(backend.eval_nll(x[:3], y[:3]) + backend.eval_nll(x[3:], y[3:]))
-
     backend.train_step(micro, 1.0, 0.85)
-    first = validate()
-    with dynamo.config.patch(error_on_recompile=True):
-        for i in range(3):
-            backend.train_step(micro, 0.9 - 0.2 * i, 0.9 + 0.02 * i)
-        later = validate()
-    assert later != first  # the steps did train
-
-
-@pytest.mark.torch
-@pytest.mark.slow  # ~3 s
-def test_torch_loop_switch_compiles_each_layout_once():
-    """The switch recompiles the step and the evaluation once each; after that, neither layout
-    (nor switching back) compiles anything."""
-    dynamo = pytest.importorskip("torch._dynamo")
-
-    fresh_compile_cache("cuda")
-    cfg = preset("smoke").replace(compile="on", **SMALL_LOOPS_LANES)
-    backend = make_backend("cuda", cfg)
-    backend.load_params(busy_params(cfg))
-    micro = [batch(cfg, seed=16), batch(cfg, seed=17)]
-    x, y = batch(cfg, n=3, seed=18)
-    for looping in (False, True):
-        backend.set_looping(looping)
-        backend.train_step(micro, 1.0, 0.9)
-        backend.eval_nll(x, y)
-    with dynamo.config.patch(error_on_recompile=True):
-        for looping in (True, False, True):
-            backend.set_looping(looping)
-            backend.train_step(micro, 0.8, 0.95)
-            backend.eval_nll(x, y)
+    assert_steady_state_compiles_nothing(backend, micro)
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

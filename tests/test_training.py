@@ -322,11 +322,11 @@ def torchrun_env(**extra: str) -> dict[str, str]:
 def test_two_compiled_processes_with_two_micro_batches_each_under_a_cap(sotu_dataset, tmp_path):
     """DDP around the compiled model, `no_sync` on the first micro-batch, the clock agreed under a cap.
 
-    The tiny preset with 2 of its 4 layers: compiling on a CPU with a cold cache takes minutes,
+    The tiny preset with 1 of its 4 layers: compiling on a CPU with a cold cache takes minutes,
     about in proportion to the depth (the graph is unrolled), and the depth is not what is tested.
     """
     args = [
-        "cli.py", "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "2", "--compile", "on",
+        "cli.py", "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "1", "--compile", "on",
         "--grad-accum-steps", "4", "--iterations", "1000", "--max-wallclock-seconds", "3", "--warmup-steps", "1",
         "--val-loss-every", "0", "--val-max-tokens", "8192", "--out-dir", str(tmp_path), "--run-id", "r",
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
