@@ -25,7 +25,7 @@ Two forms:
   minified by python-minifier as the records minify theirs (`pyminify --no-hoist-literals
   --remove-literal-statements --remove-asserts`), local names shortened too (the records keep theirs:
   `--no-rename-locals`; 1,300 to 1,700 bytes less here), after dropping what only the CLI
-  reads (the config fields' help texts, `__all__`); the whole script compressed by brotli (quality 11,
+  reads (the config fields' help texts, sections and resume flags, `__all__`); the whole script compressed by brotli (quality 11,
   smaller than lzma's or bz2's best here) and base85-encoded in a two-line script that runs it.
 
 Its errors are one line (`error: ...`, as the CLI's) naming its own environment variables, never a
@@ -157,8 +157,8 @@ def left_out(modules: dict[str, str]) -> tuple[tuple[str, str, str, str], ...]:
 
 
 class _Minifier(ast.NodeTransformer):
-    """Drops what running the code does not read: docstrings, the help texts of Config's fields
-    (`opt(default, help)`: only the CLI shows them), `__all__`, and the annotations of functions and
+    """Drops what running the code does not read: docstrings, the help texts, sections and resume
+    flags of Config's fields (`opt(default, help, section, ..., resume=)`: only the CLI reads them), `__all__`, and the annotations of functions and
     of assignments outside class bodies (under `from __future__ import annotations` nothing evaluates
     them; a class body's are kept, as dataclasses read them)."""
 
@@ -190,8 +190,9 @@ class _Minifier(ast.NodeTransformer):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
-        if isinstance(node.func, ast.Name) and node.func.id == "opt" and len(node.args) >= 2:
-            node.args[1] = ast.Constant("")
+        if isinstance(node.func, ast.Name) and node.func.id == "opt" and len(node.args) >= 3:
+            node.args[1] = node.args[2] = ast.Constant("")
+            node.keywords = [k for k in node.keywords if k.arg != "resume"]
         return self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
