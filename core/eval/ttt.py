@@ -1,10 +1,9 @@
 """Test-time training that scores first: the validation tokens scored chunk by chunk, each chunk
 learnt from only after it is scored (the challenge's rule for adapting at evaluation).
 
-Two modes (`ttt_mode`), framework-neutral (the backend runs the forward passes and optimizer steps).
-`full` (records 2026-04-06 to 04-09): the stream is cut into chunks of `ttt_chunk_tokens`; the
-sliding windows whose scored part starts in a chunk are scored, then every weight trains on the
-chunk by SGD (`ttt_lr` cosine over the chunks, `ttt_epochs`, `ttt_momentum`). `lora` (2026-04-13 on):
+Two modes (`ttt_mode`), framework-neutral (the backend runs the forward passes and optimizer steps):
+`full` (records 2026-04-06 to 04-09, core/eval/ttt_full.py: every weight trained by SGD on each
+chunk of the stream once scored), and `lora` (2026-04-13 on), here:
 
 - documents run from a BOS to the next BOS, which each one also predicts (the last one runs to
   the end of the tokens); they are sorted by length and cut into batches of `ttt_batch_size`,
@@ -35,9 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.common.errors import PgolfError, setting
-from core.config.fields import sliding_enabled
 from core.eval.bpb import BPBMeter
-from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows
 from core.model.lora import adapter_shapes, initial_a
 
 if TYPE_CHECKING:  # only annotations name these
@@ -184,45 +181,12 @@ def evaluate_ttt(
     change (the global phases, the full mode): load them again before scoring anything else.
     `token_losses` (float32, one per token, NaN at first) receives each scored target's loss at its
     stream position."""
-    score = _score_full if backend.cfg.ttt_mode == "full" else _score_lora
+    if backend.cfg.ttt_mode == "full":
+        from core.eval.ttt_full import score_full as score
+    else:
+        score = _score_lora
     meter = score(backend, data, progress, log, token_losses)
     return BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
-
-
-def _score_full(
-    backend: Backend,
-    data: EvalData,
-    progress: Progress | None,
-    log: Log | None,
-    token_losses: np.ndarray | None,
-) -> BPBMeter:
-    """The full mode: the stream cut into chunks of `ttt_chunk_tokens`; the sliding windows (the evaluation's
-    window and stride) whose scored part starts in chunk c are scored, then, unless c is the last chunk,
-    every weight (but the first `ttt_freeze_blocks` blocks') trains on chunk c by SGD with momentum, its
-    learning rate cosine over the chunks. This rank's sums."""
-    cfg = backend.cfg
-    tokens = np.asarray(data.tokens)
-    total, size, seq = len(tokens) - 1, cfg.ttt_chunk_tokens, cfg.eval_window
-    stride = cfg.eval_stride if sliding_enabled(cfg.eval_stride, seq) else seq
-    plan = plan_windows(total, seq, stride)
-    chunks = -(-total // size)
-    chunk_of = np.minimum((plan.starts + plan.score_from) // size, chunks - 1)
-    frozen = tuple(f"blocks.{i}." for i in range(min(cfg.ttt_freeze_blocks, cfg.num_layers)))
-    backend.sgd_reset(cfg.ttt_momentum, frozen)
-    ev = SlidingEval(seq, stride, cfg.ttt_batch_seqs)
-    meter = BPBMeter()
-    for c in range(chunks):
-        windows = rank_windows(plan[np.flatnonzero(chunk_of == c)], backend.rank, backend.world_size)
-        score_windows(meter, tokens, backend.token_losses, data.target_bytes, windows, ev, sink=token_losses)
-        if c < chunks - 1 and cfg.ttt_epochs > 0:
-            lr = cosine(cfg.ttt_lr, c, chunks - 1)
-            start, end = c * size, min((c + 1) * size, total)
-            sgd_over(backend, tokens, start, end, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip)
-        if log is not None:
-            log(f"ttt_full: chunk {c + 1}/{chunks}")
-        if progress is not None:
-            progress(c + 1, chunks)
-    return meter
 
 
 def _score_lora(
