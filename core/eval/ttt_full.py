@@ -10,22 +10,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.config.fields import sliding_enabled
 from core.eval.bpb import BPBMeter
 from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows
-from core.eval.ttt import Log, Progress, cosine, sgd_over
+from core.eval.ttt import cosine, sgd_over
 
 if TYPE_CHECKING:  # only annotations name these
-    from core.eval.score import EvalData
+    from core.eval.score import EvalData, Progress
     from core.model.backend import Backend
 
 
 def score_full(
-    backend: Backend,
-    data: EvalData,
-    progress: Progress | None,
-    log: Log | None,
-    token_losses: np.ndarray | None,
+    backend: Backend, data: EvalData, progress: Progress | None, token_losses: np.ndarray | None
 ) -> BPBMeter:
     """The full mode: the stream cut into chunks of `ttt_chunk_tokens`; the sliding windows (the evaluation's
     window and stride) whose scored part starts in chunk c are scored, then, unless c is the last chunk,
@@ -34,23 +29,20 @@ def score_full(
     cfg = backend.cfg
     tokens = np.asarray(data.tokens)
     total, size, seq = len(tokens) - 1, cfg.ttt_chunk_tokens, cfg.eval_window
-    stride = cfg.eval_stride if sliding_enabled(cfg.eval_stride, seq) else seq
-    plan = plan_windows(total, seq, stride)
+    ev = SlidingEval(seq, cfg.eval_stride if cfg.sliding_eval else seq, cfg.ttt_batch_seqs)
+    plan = plan_windows(total, seq, ev.stride)
     chunks = -(-total // size)
     chunk_of = np.minimum((plan.starts + plan.score_from) // size, chunks - 1)
     frozen = tuple(f"blocks.{i}." for i in range(min(cfg.ttt_freeze_blocks, cfg.num_layers)))
     backend.sgd_reset(cfg.ttt_momentum, frozen)
-    ev = SlidingEval(seq, stride, cfg.ttt_batch_seqs)
     meter = BPBMeter()
     for c in range(chunks):
-        windows = rank_windows(plan[np.flatnonzero(chunk_of == c)], backend.rank, backend.world_size)
+        windows = rank_windows(plan[chunk_of == c], backend.rank, backend.world_size)
         score_windows(meter, tokens, backend.token_losses, data.target_bytes, windows, ev, sink=token_losses)
-        if c < chunks - 1 and cfg.ttt_epochs > 0:
+        if c < chunks - 1:
             lr = cosine(cfg.ttt_lr, c, chunks - 1)
-            start, end = c * size, min((c + 1) * size, total)
-            sgd_over(backend, tokens, start, end, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip)
-        if log is not None:
-            log(f"ttt_full: chunk {c + 1}/{chunks}")
+            span = tokens[c * size : (c + 1) * size + 1]
+            sgd_over(backend, span, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip, doc_mask=True)
         if progress is not None:
             progress(c + 1, chunks)
     return meter
