@@ -116,7 +116,7 @@ def sgd_over(
     the ranks; `doc_mask` off: attention ignores document boundaries even with varlen_attn_enabled."""
     seq = backend.cfg.eval_window
     seqs = (len(tokens) - 1) // seq
-    tokens = np.asarray(tokens).astype(np.int32)
+    tokens = tokens.astype(np.int32)
     x, y = tokens[: seqs * seq].reshape(-1, seq), tokens[1 : seqs * seq + 1].reshape(-1, seq)
     rank, world = backend.rank, backend.world_size
     for _ in range(epochs):
@@ -175,8 +175,7 @@ def _score_lora(
     phases = cfg.phased_ttt_num_phases if prefix else 0
     boundaries = [prefix * (p + 1) // phases for p in range(phases)]
     cumulative = np.cumsum([len(batch) for batch in queue])
-    ends = [int(np.searchsorted(cumulative, b)) for b in boundaries]
-    ends = [e for e in ends if e < len(queue) - 1]
+    ends = [int(e) for e in np.searchsorted(cumulative, boundaries) if e < len(queue) - 1]
     rng = np.random.default_rng(cfg.seed + 7919 * backend.rank)
 
     def draw(rows: int) -> dict[str, np.ndarray]:
@@ -192,10 +191,9 @@ def _score_lora(
     while True:
         q = backend.counter_add(key, 1) - 1
         while phase < len(ends) and q > ends[phase]:
-            backend.all_reduce_sum(
-                np.zeros(1)
-            )  # a barrier: every rank has scored what it took up to ends[phase]
-            # the documents of those batches by length, as the batches were cut
+            # A barrier (every rank has scored what it took up to ends[phase]), then the documents of
+            # those batches by length, as the batches were cut.
+            backend.all_reduce_sum(np.zeros(1))
             scored = sorted(
                 (d for batch in queue[: ends[phase] + 1] for d in batch), key=lambda d: (d.length, d.index)
             )
@@ -217,7 +215,7 @@ def _score_lora(
             if token_losses is not None:
                 token_losses[positions] = nll
         if progress is not None:
-            progress(min(q + 1, len(queue)), len(queue))
+            progress(q + 1, len(queue))
     return meter
 
 
