@@ -343,7 +343,11 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     lora = tiny.replace(ttt_enabled=True).validate()  # test-time training in its LoRA mode
     for cfg, env, names in (
         (tiny, {"TTT_ENABLED": "1"}, ("test-time training (core.eval.ttt)", "TTT_ENABLED=1")),
-        (lora, {"TTT_MODE": "full"}, ("full-mode test-time training (core.eval.ttt_full)", "TTT_MODE=full")),
+        (
+            lora,
+            {"TTT_MODE": "full"},
+            ("test-time training's full mode (core.eval.ttt_full)", "TTT_MODE=full"),
+        ),
         (
             tiny,
             {"COMPRESSOR": "pergroup"},

@@ -13,11 +13,11 @@ the run's own, downloads, trackers), so code a run does not need lives in module
 such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training, its full mode, sliding windows, the per-group compressor, the mixed format,
-GPTQ, the coprime loader, LQER) are packaged only when the config uses it, the others importing
-them inside the functions that use them (a top-level import of a left-out one is refused here). The
-packaged script refuses, in one line before any work, a config (after the environment's overrides)
-that needs a feature it lacks.
+test-time training, sliding windows, test-time training's full mode, the per-group compressor, the
+mixed format, GPTQ, the coprime loader, LQER) are packaged only when the config uses it, the others
+importing them inside the functions that use them (a top-level import of a left-out one is refused
+here). The packaged script refuses, in one line before any work, a config (after the environment's
+overrides) that needs a feature it lacks.
 
 Two forms:
 - plain: the modules' sources as they are, readable;
@@ -67,9 +67,9 @@ PACKAGES = ("core", "cuda_train")
 # that use them.
 OPTIONAL = (
     ("test-time training", ("core.eval.ttt", "core.model.lora"), "cfg.ttt_enabled", "ttt_enabled"),
-    ("full-mode test-time training", ("core.eval.ttt_full",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
-    # (full-mode test-time training imports the module too)
+    # (test-time training's full mode imports the module too)
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
+    ("test-time training's full mode", ("core.eval.ttt_full",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
     ("GPTQ", ("core.artifact.gptq",), "cfg.gptq_enabled", "gptq_enabled"),
