@@ -290,7 +290,7 @@ class TorchBackend:
         from core.model.lora import adapter_shapes
 
         cfg, device = self.cfg, self.torch_device
-        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0], cfg.num_loops > 0)
+        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0])
         pairs = {
             name: (
                 torch.nn.Parameter(torch.tensor(a[name], device=device)),

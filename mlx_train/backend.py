@@ -339,7 +339,7 @@ class MLXAdapters:
 
     def __init__(self, cfg: Config, a: dict[str, np.ndarray]):
         self.cfg = cfg
-        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0], cfg.num_loops > 0)
+        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0])
         self.pairs = {name: (mx.array(a[name]), mx.zeros(b_shape)) for name, (_, b_shape) in shapes.items()}
         self.restart(None)
 

@@ -85,10 +85,13 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
     # Every run has one protocol, one loader, and the byte tables or (CaseOps data) the sidecar.
     defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables"}
     assert set(bundled_modules(tiny)) & optional == defaults
-    record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup")))  # flat, coprime
+    # flat, coprime, every other feature
+    record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup", ttt_mode="full")))
     assert record & optional == optional - defaults
     for changes, expected in (
-        ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora", "core.eval.sliding"}),  # ttt imports sliding
+        ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora"}),
+        ({"ttt_enabled": True, "ttt_mode": "full"}, {"core.eval.ttt", "core.model.lora", "core.eval.ttt_full",
+                                                     "core.eval.sliding"}),  # the full mode imports sliding
         ({"eval_stride": 64}, {"core.eval.sliding"}),
         ({"compressor": "pergroup"}, {"core.common.pergroup"}),
         ({"quant_format": "mixed"}, {"core.artifact.mixed", "core.artifact.rowquant"}),
@@ -347,20 +350,28 @@ def test_a_packaged_script_alone_without_data_or_tokenizer_says_so_in_one_line(s
 
 def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged_without(tmp_path):
     """Refused before torch is imported (a few seconds a process)."""
-    text = script(preset("tiny"))
-    for env, names in (
-        ({"TTT_ENABLED": "1"}, ("test-time training (core.eval.ttt)", "TTT_ENABLED=1")),
+    tiny = preset("tiny")
+    lora = tiny.replace(ttt_enabled=True).validate()  # test-time training in its LoRA mode
+    for cfg, env, names in (
+        (tiny, {"TTT_ENABLED": "1"}, ("test-time training (core.eval.ttt)", "TTT_ENABLED=1")),
         (
+            lora,
+            {"TTT_MODE": "full"},
+            ("test-time training's full mode (core.eval.ttt_full)", "TTT_MODE=full"),
+        ),
+        (
+            tiny,
             {"COMPRESSOR": "pergroup"},
             ("the per-group compressor (core.common.pergroup)", "COMPRESSOR=pergroup"),
         ),
-        ({"QUANT_FORMAT": "mixed"}, ("the mixed format (core.artifact.mixed)", "QUANT_FORMAT=mixed")),
+        (tiny, {"QUANT_FORMAT": "mixed"}, ("the mixed format (core.artifact.mixed)", "QUANT_FORMAT=mixed")),
         (
+            tiny,
             {"EVAL_PROTOCOL": "flat", "VARLEN_ATTN_ENABLED": "1"},
             ("the flat protocol (core.eval.flat)", "EVAL_PROTOCOL=flat"),
         ),
     ):
-        result = run_alone(text, tmp_path / next(iter(env)), **env)
+        result = run_alone(script(cfg), tmp_path / next(iter(env)), **env)
         assert_one_line(
             result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
         )

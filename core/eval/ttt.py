@@ -1,10 +1,9 @@
 """Test-time training that scores first: the validation tokens scored chunk by chunk, each chunk
 learnt from only after it is scored (the challenge's rule for adapting at evaluation).
 
-Two modes (`ttt_mode`), framework-neutral (the backend runs the forward passes and optimizer steps).
-`full` (records 2026-04-06 to 04-09): the stream is cut into chunks of `ttt_chunk_tokens`; the
-sliding windows whose scored part starts in a chunk are scored, then every weight trains on the
-chunk by SGD (`ttt_lr` cosine over the chunks, `ttt_epochs`, `ttt_momentum`). `lora` (2026-04-13 on):
+Two modes (`ttt_mode`), framework-neutral (the backend runs the forward passes and optimizer steps):
+`full` (records 2026-04-06 to 04-09, core/eval/ttt_full.py: every weight trained by SGD on each
+chunk of the stream once scored), and `lora` (2026-04-13 on), here:
 
 - documents run from a BOS to the next BOS, which each one also predicts (the last one runs to
   the end of the tokens); they are sorted by length and cut into batches of `ttt_batch_size`,
@@ -28,24 +27,21 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.common.errors import PgolfError, setting
-from core.config.fields import sliding_enabled
 from core.eval.bpb import BPBMeter
-from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows
-from core.model.lora import adapter_shapes, initial_a
+from core.model.lora import initial_a
 
 if TYPE_CHECKING:  # only annotations name these
-    from core.eval.score import EvalData
+    from typing import Any
+
+    from core.eval.score import EvalData, Progress
     from core.model.backend import Backend
 
-Progress = Callable[[int, int], None]
-Log = Callable[[str], None]
 _evaluations = itertools.count()  # every rank runs the same evaluations: a counter key of its own for each
 
 
@@ -98,13 +94,6 @@ def chunk_window(c: int, targets: int, chunk_size: int, seq_len: int) -> ChunkWi
     return ChunkWindow(start, end - start, c * chunk_size - start, end - c * chunk_size)
 
 
-def phase_boundaries(cfg, num_docs: int) -> list[int]:
-    """Documents scored (in batch order) at the end of each global phase."""
-    prefix = min(num_docs, cfg.phased_ttt_prefix_docs)
-    phases = cfg.phased_ttt_num_phases if prefix else 0
-    return [prefix * (p + 1) // phases for p in range(phases)]
-
-
 def cosine(peak: float, step: int, steps: int) -> float:
     """A learning rate decaying from `peak` at step 0 to 0 at step `steps` along a half cosine."""
     return peak * 0.5 * (1.0 + math.cos(math.pi * step / max(steps, 1)))
@@ -116,137 +105,82 @@ def global_lr(cfg, chunk: int, chunks: int) -> float:
     if chunk < warmup:
         t = chunk / max(warmup - 1, 1)
         return cfg.global_ttt_warmup_start_lr + (cfg.global_ttt_lr - cfg.global_ttt_warmup_start_lr) * t
-    return cosine(cfg.global_ttt_lr, max(chunk - warmup, 0), chunks - 1 - warmup)
+    return cosine(cfg.global_ttt_lr, chunk - warmup, chunks - 1 - warmup)
 
 
 def sgd_over(
-    backend: Backend,
-    tokens: np.ndarray,
-    start: int,
-    end: int,
-    lr: float,
-    epochs: int,
-    batch_seqs: int,
-    clip: float,
-    doc_mask: bool = True,
+    backend: Backend, tokens: np.ndarray, lr: float, epochs: int, batch_seqs: int, clip: float, doc_mask: bool
 ) -> None:
-    """SGD steps at `lr` over the whole sequences of the evaluation length in tokens[start:end] (their
-    targets included), `epochs` times, `batch_seqs` sequences a step shared out over the ranks;
-    `doc_mask` off: attention ignores document boundaries even with varlen_attn_enabled."""
+    """SGD steps at `lr` over the whole sequences of the evaluation length in `tokens` (a span and the
+    token after it, their last target), `epochs` times, `batch_seqs` sequences a step shared out over
+    the ranks; `doc_mask` off: attention ignores document boundaries even with varlen_attn_enabled."""
     seq = backend.cfg.eval_window
-    seqs = (end - start) // seq
+    seqs = (len(tokens) - 1) // seq
+    tokens = tokens.astype(np.int32)
+    x, y = tokens[: seqs * seq].reshape(-1, seq), tokens[1 : seqs * seq + 1].reshape(-1, seq)
+    rank, world = backend.rank, backend.world_size
     for _ in range(epochs):
         for first in range(0, seqs, batch_seqs):
             count = min(batch_seqs, seqs - first)
-            mine = range(
-                count * backend.rank // backend.world_size, count * (backend.rank + 1) // backend.world_size
-            )
-            at = start + (first + mine.start) * seq
-            run = np.asarray(tokens[at : at + len(mine) * seq + 1]).astype(np.int32)
-            x, y = run[:-1].reshape(-1, seq), run[1:].reshape(-1, seq)
-            backend.sgd_step(x, y, lr, count * seq, clip, doc_mask)
+            mine = slice(first + count * rank // world, first + count * (rank + 1) // world)
+            backend.sgd_step(x[mine], y[mine], lr, count * seq, clip, doc_mask)
 
 
-def train_global(backend: Backend, tokens: np.ndarray, log: Log | None = None) -> None:
-    """A global phase: SGD with momentum on every weight over `tokens` (the documents scored so far),
-    chunk by chunk under `global_lr`; the last chunk is not trained on."""
+def train_global(backend: Backend, tokens: np.ndarray, docs: list[Document]) -> None:
+    """A global phase: SGD with momentum on every weight over the tokens of `docs` (scored documents,
+    joined), chunk by chunk under `global_lr`; the last chunk is not trained on."""
     cfg = backend.cfg
-    chunk_tokens = cfg.global_ttt_chunk_tokens
-    total = len(tokens) - 1
-    chunks = -(-total // chunk_tokens)
+    joined = np.concatenate([tokens[d.start : d.start + d.length] for d in docs])
+    size = cfg.global_ttt_chunk_tokens
+    chunks = -(-(len(joined) - 1) // size)
     backend.sgd_reset(cfg.global_ttt_momentum)
     for c in range(chunks - 1):
-        lr = global_lr(cfg, c, chunks)
-        start, end = c * chunk_tokens, min((c + 1) * chunk_tokens, total)
         sgd_over(
             backend,
-            tokens,
-            start,
-            end,
-            lr,
+            joined[c * size : (c + 1) * size + 1],
+            global_lr(cfg, c, chunks),
             cfg.global_ttt_epochs,
             cfg.global_ttt_batch_seqs,
             cfg.global_ttt_grad_clip,
             cfg.global_ttt_respect_doc_boundaries,
         )
-        if log is not None:
-            log(f"ttt_global: chunk {c + 1}/{chunks} lr:{lr:.6f}")
 
 
 def evaluate_ttt(
-    backend: Backend,
-    data: EvalData,
-    progress: Progress | None = None,
-    log: Log | None = None,
-    token_losses: np.ndarray | None = None,
+    backend: Backend, data: EvalData, progress: Progress | None = None, token_losses: np.ndarray | None = None
 ) -> BPBMeter:
     """The score with test-time training (`ttt_mode`), summed over the ranks. The backend's weights
     change (the global phases, the full mode): load them again before scoring anything else.
     `token_losses` (float32, one per token, NaN at first) receives each scored target's loss at its
     stream position."""
-    score = _score_full if backend.cfg.ttt_mode == "full" else _score_lora
-    meter = score(backend, data, progress, log, token_losses)
+    if backend.cfg.ttt_mode == "full":
+        from core.eval.ttt_full import score_full as score
+    else:
+        score = _score_lora
+    meter = score(backend, data, progress, token_losses)
     return BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
 
 
-def _score_full(
-    backend: Backend,
-    data: EvalData,
-    progress: Progress | None,
-    log: Log | None,
-    token_losses: np.ndarray | None,
-) -> BPBMeter:
-    """The full mode: the stream cut into chunks of `ttt_chunk_tokens`; the sliding windows (the evaluation's
-    window and stride) whose scored part starts in chunk c are scored, then, unless c is the last chunk,
-    every weight (but the first `ttt_freeze_blocks` blocks') trains on chunk c by SGD with momentum, its
-    learning rate cosine over the chunks. This rank's sums."""
-    cfg = backend.cfg
-    tokens = np.asarray(data.tokens)
-    total, size, seq = len(tokens) - 1, cfg.ttt_chunk_tokens, cfg.eval_window
-    stride = cfg.eval_stride if sliding_enabled(cfg.eval_stride, seq) else seq
-    plan = plan_windows(total, seq, stride)
-    chunks = -(-total // size)
-    chunk_of = np.minimum((plan.starts + plan.score_from) // size, chunks - 1)
-    frozen = tuple(f"blocks.{i}." for i in range(min(cfg.ttt_freeze_blocks, cfg.num_layers)))
-    backend.sgd_reset(cfg.ttt_momentum, frozen)
-    ev = SlidingEval(seq, stride, cfg.ttt_batch_seqs)
-    meter = BPBMeter()
-    for c in range(chunks):
-        windows = rank_windows(plan[np.flatnonzero(chunk_of == c)], backend.rank, backend.world_size)
-        score_windows(meter, tokens, backend.token_losses, data.target_bytes, windows, ev, sink=token_losses)
-        if c < chunks - 1 and cfg.ttt_epochs > 0:
-            lr = cosine(cfg.ttt_lr, c, chunks - 1)
-            start, end = c * size, min((c + 1) * size, total)
-            sgd_over(backend, tokens, start, end, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip)
-        if log is not None:
-            log(f"ttt_full: chunk {c + 1}/{chunks}")
-        if progress is not None:
-            progress(c + 1, chunks)
-    return meter
-
-
 def _score_lora(
-    backend: Backend,
-    data: EvalData,
-    progress: Progress | None,
-    log: Log | None,
-    token_losses: np.ndarray | None,
+    backend: Backend, data: EvalData, progress: Progress | None, token_losses: np.ndarray | None
 ) -> BPBMeter:
     """The LoRA mode (the module's docstring); this rank's sums."""
     cfg = backend.cfg
     tokens = np.asarray(data.tokens)
     docs = find_documents(tokens, cfg.bos_id)
     queue = plan_batches(docs, cfg.ttt_batch_size)
-    boundaries = phase_boundaries(cfg, len(docs))
-    # The global phase p runs once the batches up to ends[p] (in queue order) are scored.
+    # Global phase p trains on the first boundaries[p] documents scored (in queue order) once the batches
+    # up to ends[p] are scored; a phase after the last batch would change no score.
+    prefix = min(len(docs), cfg.phased_ttt_prefix_docs)
+    phases = cfg.phased_ttt_num_phases if prefix else 0
+    boundaries = [prefix * (p + 1) // phases for p in range(phases)]
     cumulative = np.cumsum([len(batch) for batch in queue])
-    ends = [int(np.searchsorted(cumulative, b)) for b in boundaries]
-    ends = [e for e in ends if e < len(queue) - 1]  # a phase after the last batch would change no score
+    ends = [int(e) for e in np.searchsorted(cumulative, boundaries) if e < len(queue) - 1]
     rng = np.random.default_rng(cfg.seed + 7919 * backend.rank)
 
     def draw(rows: int) -> dict[str, np.ndarray]:
         """Fresh A matrices for adapters of `rows` documents (B always starts at zero)."""
-        return initial_a(adapter_shapes(cfg, rows, cfg.num_loops > 0), rng)
+        return initial_a(cfg, rows, rng)
 
     # The adapters of full batches are made once (and after each phase), restarted for each batch, A
     # kept warm if ttt_warm_start_a; a shorter batch gets its own.
@@ -257,7 +191,14 @@ def _score_lora(
     while True:
         q = backend.counter_add(key, 1) - 1
         while phase < len(ends) and q > ends[phase]:
-            _run_phase(backend, tokens, queue, ends[phase], boundaries[phase], log)
+            # A barrier (every rank has scored what it took up to ends[phase]), then the documents of
+            # those batches by length, as the batches were cut.
+            backend.all_reduce_sum(np.zeros(1))
+            scored = sorted(
+                (d for batch in queue[: ends[phase] + 1] for d in batch), key=lambda d: (d.length, d.index)
+            )
+            if boundaries[phase]:
+                train_global(backend, tokens, scored[: boundaries[phase]])
             main = backend.new_adapters(draw(cfg.ttt_batch_size))
             phase += 1
         if q >= len(queue):
@@ -274,22 +215,8 @@ def _score_lora(
             if token_losses is not None:
                 token_losses[positions] = nll
         if progress is not None:
-            progress(min(q + 1, len(queue)), len(queue))
+            progress(q + 1, len(queue))
     return meter
-
-
-def _run_phase(
-    backend: Backend, tokens: np.ndarray, queue, last: int, boundary: int, log: Log | None
-) -> None:
-    """Wait for every batch up to `last` to be scored, then train globally on the first `boundary` of
-    their documents (by length order, as the batches were cut)."""
-    backend.all_reduce_sum(np.zeros(1))  # a barrier: every rank has scored what it took before `last`
-    scored = sorted((doc for batch in queue[: last + 1] for doc in batch), key=lambda d: (d.length, d.index))
-    docs = scored[:boundary]
-    if log is not None:
-        log(f"ttt_phase: training on {len(docs)} scored documents")
-    if docs:
-        train_global(backend, np.concatenate([tokens[d.start : d.start + d.length] for d in docs]), log)
 
 
 def _score_batch(backend: Backend, tokens: np.ndarray, batch: list[Document], adapters: Any):

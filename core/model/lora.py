@@ -19,29 +19,27 @@ import numpy as np
 from core.config.fields import Config
 
 
-def adapter_shapes(
-    cfg: Config, batch: int, looping: bool
-) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """{name: (A shape, B shape)}: "head", then "<target>.<visit>" target by target, visit by visit, for
-    the block layers that carry an adapter under this config."""
+def adapter_shapes(cfg: Config, batch: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """{name: (A shape, B shape)}: "head", then "<target>.<visit>" target by target, visit by visit (the
+    loops' too), for the block layers that carry an adapter under this config."""
     d, r, kv = cfg.model_dim, cfg.ttt_lora_rank, cfg.num_kv_heads * cfg.head_dim
-    encoder, decoder = cfg.layer_layout(looping)
+    visits = sum(map(len, cfg.layer_layout(True)))
     outputs = {"q": d, "v": kv, "k": kv, "mlp": d, "o": d}  # in the order the adapters are made
     optional = {"k": cfg.ttt_k_lora, "mlp": cfg.ttt_mlp_lora, "o": cfg.ttt_o_lora}
-    shapes = {"head": ((batch, r, d), (batch, cfg.vocab_size, r))}
-    for target, out in outputs.items():
-        if optional.get(target, True):
-            for n in range(len(encoder) + len(decoder)):
-                shapes[f"{target}.{n}"] = ((batch, r, d), (batch, out, r))
-    return shapes
+    blocks = {
+        f"{target}.{n}": ((batch, r, d), (batch, out, r))
+        for target, out in outputs.items()
+        if optional.get(target, True)
+        for n in range(visits)
+    }
+    return {"head": ((batch, r, d), (batch, cfg.vocab_size, r)), **blocks}
 
 
-def initial_a(
-    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]], rng: np.random.Generator
-) -> dict[str, np.ndarray]:
-    """A of each adapter, float32 uniform in +-1/sqrt(in), drawn in the order of `shapes`."""
-    out = {}
-    for name, (a_shape, _) in shapes.items():
-        bound = 1.0 / np.sqrt(a_shape[-1])
-        out[name] = rng.uniform(-bound, bound, size=a_shape).astype(np.float32)
-    return out
+def initial_a(cfg: Config, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A of each adapter for `batch` rows, float32 uniform in +-1/sqrt(in) (every adapter reads
+    model_dim features), drawn in the order of `adapter_shapes`."""
+    bound = 1.0 / np.sqrt(cfg.model_dim)
+    return {
+        name: rng.uniform(-bound, bound, size=a_shape).astype(np.float32)
+        for name, (a_shape, _) in adapter_shapes(cfg, batch).items()
+    }

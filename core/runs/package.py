@@ -13,8 +13,8 @@ the run's own, downloads, trackers), so code a run does not need lives in module
 such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training, sliding windows, each protocol of the plain figure, the byte tables, the per-group
-compressor, the mixed format, GPTQ, each training loader, LQER) are
+test-time training and its full mode, sliding windows, each protocol of the plain figure, the byte
+tables, the per-group compressor, the mixed format, GPTQ, each training loader, LQER) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
 before any work, a config (after the environment's overrides) that needs a feature it lacks.
@@ -67,8 +67,9 @@ PACKAGES = ("core", "cuda_train")
 # that use them.
 OPTIONAL = (
     ("test-time training", ("core.eval.ttt", "core.model.lora"), "cfg.ttt_enabled", "ttt_enabled"),
-    # (test-time training imports the module too)
+    # (test-time training's full mode imports the module too)
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
+    ("test-time training's full mode", ("core.eval.ttt_full",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
     ("the rows protocol", ("core.eval.rows",), "cfg.eval_protocol == 'rows'", "eval_protocol"),
     ("the flat protocol", ("core.eval.flat",), "cfg.eval_protocol == 'flat'", "eval_protocol"),
     ("the tokenizer's byte tables", ("core.data.tables",), "not cfg.caseops_enabled", "caseops_enabled"),
