@@ -45,7 +45,7 @@ FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S
 # What a training run never does, and so the bundle leaves out: the CLI, reading runs back, plots, stats, sweeps,
 # packaging, making or downloading datasets, manifest lookups, the memory check, reading checkpoints or
 # other artifacts (resuming, eval), the challenge's and the records' own files, the checks of files read,
-# the budget table, the trackers, the benchmark, sampling, MLX.
+# the budget table, the trackers, the benchmark, sampling and the PyTorch backend's decoding, MLX.
 LEFT_OUT = (
     "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.sweep", "core.runs.package",
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
@@ -81,13 +81,14 @@ def test_the_bundle_is_the_training_path():
 
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
+    int8 = {"core.artifact.int8_format"}
     tiny = preset("tiny")  # int8 + zlib, plain scoring, no test-time training
-    assert set(bundled_modules(tiny)) & optional == set()
-    assert optional <= set(bundled_modules(preset("record_0427").replace(compressor="pergroup")))
+    assert set(bundled_modules(tiny)) & optional == int8
+    assert optional - int8 <= set(bundled_modules(preset("record_0427").replace(compressor="pergroup")))
     for changes, expected in (
-        ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora", "core.eval.sliding"}),  # ttt imports sliding
-        ({"eval_stride": 64}, {"core.eval.sliding"}),
-        ({"compressor": "pergroup"}, {"core.common.pergroup"}),
+        ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora", "core.eval.sliding", *int8}),  # ttt imports sliding
+        ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
+        ({"compressor": "pergroup"}, {"core.common.pergroup", *int8}),
         ({"quant_format": "mixed"}, {"core.artifact.mixed", "core.artifact.rowquant"}),
         ({"quant_format": "mixed", "gptq_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
                                                            "core.artifact.gptq"}),
@@ -348,6 +349,15 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         assert_one_line(
             result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
         )
+    mixed = script(preset("tiny").replace(quant_format="mixed"))
+    result = run_alone(mixed, tmp_path / "int8", QUANT_FORMAT="int8")
+    assert_one_line(
+        result,
+        "this train_gpt.py was packaged without",
+        "the int8 format (core.artifact.int8_format)",
+        "QUANT_FORMAT=int8",
+        "a package of a run that uses it",
+    )
 
 
 @pytest.mark.slow  # a process importing torch, up to 30 s on 2 loaded cores

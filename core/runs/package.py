@@ -13,8 +13,8 @@ the run's own, downloads, trackers), so code a run does not need lives in module
 such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training, sliding windows, the per-group compressor, the mixed format, GPTQ, the coprime
-loader, LQER) are
+test-time training, sliding windows, the per-group compressor, the int8 format, the mixed format,
+GPTQ, the coprime loader, LQER) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
 before any work, a config (after the environment's overrides) that needs a feature it lacks.
@@ -70,6 +70,7 @@ OPTIONAL = (
     # (test-time training imports the module too)
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
+    ("the int8 format", ("core.artifact.int8_format",), "cfg.quant_format == 'int8'", "quant_format"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
     ("GPTQ", ("core.artifact.gptq",), "cfg.gptq_enabled", "gptq_enabled"),
     ("the coprime loader", ("core.data.coprime",), "cfg.train_loader == 'coprime'", "train_loader"),
