@@ -81,7 +81,8 @@ def test_the_bundle_is_the_training_path():
 
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
-    int8 = {"core.artifact.int8_format"}
+    int8 = {"core.artifact.int8_format", "core.artifact.quantile"}  # (its clip is a quantile)
+    mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
     tiny = preset("tiny")  # int8 + zlib, plain scoring, no test-time training
     assert set(bundled_modules(tiny)) & optional == int8
     assert optional - int8 <= set(bundled_modules(preset("record_0427").replace(compressor="pergroup")))
@@ -89,11 +90,11 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora", "core.eval.sliding", *int8}),  # ttt imports sliding
         ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
         ({"compressor": "pergroup"}, {"core.common.pergroup", *int8}),
-        ({"quant_format": "mixed"}, {"core.artifact.mixed", "core.artifact.rowquant"}),
-        ({"quant_format": "mixed", "gptq_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
-                                                           "core.artifact.gptq"}),
-        ({"quant_format": "mixed", "lqer_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
-                                                           "core.artifact.lqer"}),
+        ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
+        ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
+        ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, {*mixed, "core.artifact.quantile"}),
+        ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.gptq"}),
+        ({"quant_format": "mixed", "lqer_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.lqer"}),
     ):  # fmt: skip
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == expected, changes
 
@@ -349,15 +350,20 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         assert_one_line(
             result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
         )
-    mixed = script(preset("tiny").replace(quant_format="mixed"))
-    result = run_alone(mixed, tmp_path / "int8", QUANT_FORMAT="int8")
-    assert_one_line(
-        result,
-        "this train_gpt.py was packaged without",
-        "the int8 format (core.artifact.int8_format)",
-        "QUANT_FORMAT=int8",
-        "a package of a run that uses it",
+    sdclip = script(
+        preset("tiny").replace(quant_format="mixed", embed_clip_sigmas=12.0, matrix_clip_sigmas=11.0)
     )
+    for env, names in (
+        ({"QUANT_FORMAT": "int8"}, ("the int8 format (core.artifact.int8_format)", "QUANT_FORMAT=int8")),
+        (
+            {"EMBED_CLIP_SIGMAS": "0"},
+            ("percentile clips of the embedding (core.artifact.quantile)", "EMBED_CLIP_SIGMAS=0.0"),
+        ),
+    ):
+        result = run_alone(sdclip, tmp_path / "sdclip" / next(iter(env)), **env)
+        assert_one_line(
+            result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
+        )
 
 
 @pytest.mark.slow  # a process importing torch, up to 30 s on 2 loaded cores

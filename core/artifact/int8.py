@@ -96,36 +96,6 @@ class ArtifactInfo:
 
 
 # ------------------------------------------------- rounding, in both formats
-def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """float32 a*b + c rounded once, as a fused multiply-add (torch's CPU lerp is one)."""
-    a64, b64, c64 = (np.asarray(x, dtype=np.float64) for x in (a, b, c))
-    p = a64 * b64  # exact: two 24-bit significands fit in float64's 53
-    s = p + c64
-    t = s - p
-    err = (p - (s - t)) + (c64 - t)  # two-sum: the exact rounding error of s
-    # Round to odd: an inexact sum moved to its odd neighbour cannot double-round in the float32 cast.
-    fix = (err != 0) & ((s.view(np.int64) & 1) == 0) & np.isfinite(s)
-    s = np.where(fix, np.nextafter(s, np.copysign(np.inf, err)), s)
-    return s.astype(np.float32)
-
-
-def _abs_quantile(w: np.ndarray, q: float = CLIP_QUANTILE) -> np.ndarray:
-    """torch.quantile(|w|, q, dim=-1) for a 2-D float32 array, bit for bit: the int8 format's clip, and
-    the mixed format's percentile clips.
-
-    torch computes the rank in float32 and interpolates with its lerp: a fused
-    multiply-add, from the nearer end (weight < 0.5 or not).
-    """
-    n = w.shape[-1]
-    rank = np.float32(q) * np.float32(n - 1)
-    below, above = int(np.floor(rank)), int(np.ceil(rank))
-    part = np.partition(np.abs(w), (below, above), axis=-1)
-    lo, hi = part[:, below], part[:, above]
-    weight = rank - np.float32(below)
-    near, weight = (lo, weight) if weight < 0.5 else (hi, weight - np.float32(1))
-    return _fma32(np.full_like(lo, weight), hi - lo, near)
-
-
 def _in_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values rounded to what `dtype` can hold (numpy has no bfloat16)."""
     if dtype == "bfloat16":

@@ -30,7 +30,6 @@ from core.artifact.int8 import (
     TOKENIZER_KEY,
     Container,
     Int8Model,
-    _abs_quantile,
     _check_float16_range,
     _in_dtype,
     container_bytes,
@@ -40,6 +39,7 @@ from core.artifact.int8 import (
     float_weight,
     to_float16,
 )
+from core.artifact.quantile import abs_quantile
 
 __all__ = [
     "CONTAINER_VERSION",
@@ -57,13 +57,13 @@ CONTAINER_VERSION = 1
 def _quantize_tensor(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int8 values and scales of a float32 tensor with more than KEEP_FLOAT_MAX_NUMEL elements."""
     if w.ndim == 2:
-        clip = _abs_quantile(w)
+        clip = abs_quantile(w)
         scale = np.maximum(clip / np.float32(127.0), np.float32(1.0 / 127.0))
         # The fp32 scale divides; only its fp16 copy is stored (as upstream).
         q = np.round(np.clip(w, -clip[:, None], clip[:, None]) / scale[:, None])
         with np.errstate(over="ignore"):  # an overflow to inf is refused by the caller
             return np.clip(q, -127, 127).astype(np.int8), scale.astype(np.float16)
-    clip = float(_abs_quantile(w.reshape(1, -1))[0])
+    clip = float(abs_quantile(w.reshape(1, -1))[0])
     scale = np.array(clip / 127.0 if clip > 0 else 1.0, dtype=np.float32)
     q = np.round(np.clip(w, -clip, clip) / scale)
     return np.clip(q, -127, 127).astype(np.int8), scale
