@@ -592,7 +592,7 @@ def export_command(
     """
     import json
 
-    from core.artifact.budget import format_budget
+    from core.artifact.budget import export_budget, format_budget
     from core.artifact.export import export_artifact, quant_label
     from core.runs.package import code_bytes
     from core.runs.setup import export_setup
@@ -640,7 +640,7 @@ def export_command(
                     "artifact": str(target),
                     **extra,
                     "sizes": report.sizes,
-                    "classes": report.budget,
+                    "classes": export_budget(report),
                     "gptq_tensors": report.gptq_tensors,
                 }
             )

@@ -266,23 +266,15 @@ class TorchBackend:
                 hook.remove()
         return {name: h.cpu().numpy() for name, h in sums.items()}
 
-    @torch.inference_mode()
     def logits(self, x: np.ndarray) -> np.ndarray:
-        self.model.eval()
-        with self.autocast:
-            return self.model.logits(self._to_device(x), self.looping).float().cpu().numpy()
+        from cuda_train.decode import logits  # (parity checks, not a training run's)
+
+        return logits(self, x)
 
     def decoder(self) -> Callable[[np.ndarray], np.ndarray]:
-        model, cache = self.model, {}
+        from cuda_train.decode import decoder  # (sampling, not a training run's)
 
-        @torch.inference_mode()
-        def next_logits(ids: np.ndarray) -> np.ndarray:
-            model.eval()
-            with self.autocast:
-                logits = model.logits(self._to_device(ids[None]), self.looping, cache)
-            return logits[0, -1].float().cpu().numpy()
-
-        return next_logits
+        return decoder(self)
 
     # ----------------------------------------------------- test-time training
     def new_adapters(self, a: dict[str, np.ndarray]) -> tuple:

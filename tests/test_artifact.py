@@ -12,8 +12,8 @@ import pytest
 
 from core.artifact import export as artifact
 from core.artifact import int8 as quant
-from core.artifact import mixed, upstream
-from core.artifact.budget import from_int8
+from core.artifact import int8_format, mixed, upstream
+from core.artifact.budget import export_budget, from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, quant_label
 from core.artifact.int8_stats import int8_stats
 from core.artifact.load import load_mixed_artifact, read_artifact
@@ -55,13 +55,13 @@ def test_the_int8_export_is_the_int8_format(tmp_path):
     cfg = preset("smoke").replace(**WIDE)
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, bf16=False)
     report = export_artifact(params, cfg, dtypes, tmp_path / "a.pgolf", 0)
-    model = quant.quantize_int8(params, dtypes, artifact_classes(cfg))
+    model = int8_format.quantize_int8(params, dtypes, artifact_classes(cfg))
     kept = artifact.scoring_config(cfg)  # what the artifact keeps to be scored alone
     assert kept == {"train_seq_len": 64, "val_max_tokens": 4096}  # the smoke preset's, shapes aside
-    assert (tmp_path / "a.pgolf").read_bytes() == quant.artifact_bytes(model, config=kept)
+    assert (tmp_path / "a.pgolf").read_bytes() == int8_format.artifact_bytes(model, config=kept)
     assert report.sizes["model_bytes"] == (tmp_path / "a.pgolf").stat().st_size
     assert report.sizes["payload_bytes"] == int8_stats(params, model, dtypes)["int8_payload_bytes"]
-    rows = {r["class"]: r for r in report.budget}
+    rows = {r["class"]: r for r in export_budget(report)}
     assert rows["mlp"]["bits"] == "int8" and rows["total"]["params"] == sum(v.size for v in params.values())
 
 
@@ -83,7 +83,7 @@ def test_the_mixed_export_follows_the_config(tmp_path):
     assert (box.compressor, box.shuffle) == ("zstd", 2)
     assert model.info["blocks.0.mlp.fc.weight"]["bits"] == 7
     assert model.info["tok_emb.weight"]["store"] == "fp16"
-    rows = {r["class"]: r for r in report.budget}
+    rows = {r["class"]: r for r in export_budget(report)}
     assert rows["mlp"]["bits"] == "int7" and rows["embedding"]["bits"] == "fp16"
     assert rows["total"]["bytes_compressed"] == report.sizes["model_bytes"]
     assert report.gptq_tensors == 0  # no Hessians given
@@ -96,20 +96,20 @@ def test_the_mixed_export_follows_the_config(tmp_path):
 def test_every_format_is_read_back(tmp_path):
     cfg = preset("smoke").replace(**WIDE)
     params, dtypes, classes = busy_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg)
-    int8 = quant.quantize_int8(params, dtypes, classes)
-    quant.write_artifact(tmp_path / "a.pgolf", quant.artifact_bytes(int8, "lzma", shuffle=2), "lzma")
+    int8 = int8_format.quantize_int8(params, dtypes, classes)
+    quant.write_artifact(tmp_path / "a.pgolf", int8_format.artifact_bytes(int8, "lzma", shuffle=2), "lzma")
     quant.write_artifact(
         tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(mixed.quantize_mixed(params, classes)), "brotli"
     )
     expected = {
-        "a.pgolf": quant.dequantize_int8(int8),
+        "a.pgolf": int8_format.dequantize_int8(int8),
         "m.pgolf": mixed.dequantize_mixed(load_mixed_artifact(tmp_path / "m.pgolf")),
         RECORD_PTZ.name: mixed.dequantize_mixed(load_record_artifact(RECORD_PTZ)),
     }
     paths = {"a.pgolf": tmp_path / "a.pgolf", "m.pgolf": tmp_path / "m.pgolf", RECORD_PTZ.name: RECORD_PTZ}
     pytest.importorskip("torch")
     upstream.save_upstream_torch(tmp_path / "u.ptz", int8)
-    expected["u.ptz"], paths["u.ptz"] = quant.dequantize_int8(int8), tmp_path / "u.ptz"
+    expected["u.ptz"], paths["u.ptz"] = int8_format.dequantize_int8(int8), tmp_path / "u.ptz"
     for name, path in paths.items():
         got = artifact.dequantize(read_artifact(path))
         assert sorted(got) == sorted(expected[name]), name
@@ -120,9 +120,9 @@ def test_every_format_is_read_back(tmp_path):
 def test_the_int8_model_described_as_mixed_dequantizes_the_same():
     cfg = preset("smoke").replace(**WIDE)
     params = busy_params(cfg)
-    int8 = quant.quantize_int8(params, storage_dtypes(cfg, True), artifact_classes(cfg))
+    int8 = int8_format.quantize_int8(params, storage_dtypes(cfg, True), artifact_classes(cfg))
     view = from_int8(int8, artifact_classes(cfg))
-    a, b = quant.dequantize_int8(int8), mixed.dequantize_mixed(view)
+    a, b = int8_format.dequantize_int8(int8), mixed.dequantize_mixed(view)
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 

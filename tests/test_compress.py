@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.artifact import int8 as quant
-from core.artifact import upstream
+from core.artifact import int8_format, upstream
 from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import goldens
@@ -142,9 +142,9 @@ def test_missing_packages_are_named(monkeypatch):
 def test_the_int8_container_takes_every_compressor(tmp_path, name, shuffle):
     from tests.test_quant import equal_weights, golden_state
 
-    model = quant.quantize_int8(*golden_state())
+    model = int8_format.quantize_int8(*golden_state())
     info = quant.write_artifact(
-        tmp_path / "m.pgolf", quant.artifact_bytes(model, name, shuffle=shuffle), name
+        tmp_path / "m.pgolf", int8_format.artifact_bytes(model, name, shuffle=shuffle), name
     )
     blob = info.path.read_bytes()
     assert blob[len(quant.MAGIC)] == compress.COMPRESSORS[name].id | (0x80 if shuffle else 0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.artifact import int8
+from core.artifact import int8, int8_format
 from core.artifact.export import scoring_config
 from core.artifact.load import config_for_params, saved_config
 from core.common.errors import PgolfError
@@ -390,11 +390,15 @@ def test_a_model_setting_the_shapes_do_not_tell_is_kept_for_scoring():
 
 def test_each_scoring_setting_comes_back_from_an_artifact(tmp_path):
     small = preset("smoke")
-    model = int8.quantize_int8(busy_params(small), storage_dtypes(small, False), artifact_classes(small))
+    model = int8_format.quantize_int8(
+        busy_params(small), storage_dtypes(small, False), artifact_classes(small)
+    )
     for name in SCORING_FIELDS:
         cfg = Config().replace(**{name: other_values(Config(), name)[0]})
         path = tmp_path / f"{name}.pgolf"
-        int8.write_artifact(path, int8.artifact_bytes(model, "zlib", config=scoring_config(cfg)), "zlib")
+        int8.write_artifact(
+            path, int8_format.artifact_bytes(model, "zlib", config=scoring_config(cfg)), "zlib"
+        )
         kept, where = saved_config(path)
         assert where == f"artifact {path}" and Config.from_dict(kept) == cfg, name
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.artifact import int8 as quant
-from core.artifact import upstream
+from core.artifact import int8_format, upstream
 from core.artifact.export import export_artifact
 from core.artifact.load import load_checkpoint, read_artifact
 from core.eval.rows import evaluate
@@ -116,7 +115,7 @@ def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_pa
 @pytest.mark.parametrize(("writer", "reader"), DIRECTIONS)
 def test_an_artifact_scores_the_same_in_both(sotu_dataset, tmp_path, writer, reader):
     result = run(sotu_dataset, writer, tmp_path, iterations=3)
-    artifact = quant.dequantize_int8(upstream.load_artifact(result.run_dir / "final_model.int8.pgolf"))
+    artifact = int8_format.dequantize_int8(upstream.load_artifact(result.run_dir / "final_model.int8.pgolf"))
     cfg = sotu_dataset.config()
     backend = make_backend(reader, cfg)
     backend.load_params(artifact)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from core.artifact.export import export_artifact, mixed_blob, quantize_mixed_for
+from core.artifact.export import artifact_blob, export_artifact, quantize_mixed_for
 from core.artifact.fit import SEARCH_BITS, SEARCH_FLOORS, entropy_bytes, fit_artifact
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
 from core.artifact.load import load_checkpoint
@@ -47,7 +47,7 @@ def run(sotu_dataset, tmp_path_factory):
 def int8_bytes(ckpt, cfg: Config) -> int:
     """Artifact + code of every class at 8 bits."""
     cfg8 = cfg.replace(embed_bits=8, matrix_bits=8, gptq_enabled=False)
-    return len(mixed_blob(quantize_mixed_for(ckpt.params, cfg8, ckpt.dtypes), cfg8)) + code_bytes(cfg8)
+    return len(artifact_blob(quantize_mixed_for(ckpt.params, cfg8, ckpt.dtypes), cfg8)) + code_bytes(cfg8)
 
 
 def setup(name: str, path):
@@ -79,14 +79,14 @@ def test_the_fit_fits_and_beats_every_uniform_setting_that_fits(fitted, tmp_path
         ckpt.params, fit.cfg, ckpt.dtypes, tmp_path / "a.pgolf", code_bytes(fit.cfg), hessians
     )
     assert report.sizes["total_bytes"] == fit.chosen.bytes <= fit.cap
-    assert (tmp_path / "a.pgolf").read_bytes() == mixed_blob(fit.model, fit.cfg)
+    assert (tmp_path / "a.pgolf").read_bytes() == artifact_blob(fit.model, fit.cfg)
     assert loss(dequantize_mixed(fit.model)) == fit.chosen.loss
     uniform = {}
     for bits in SEARCH_BITS:
         for gptq in (False, True):
             c = base.replace(embed_bits=bits, matrix_bits=bits, gptq_enabled=gptq)
             model = quantize_mixed_for(ckpt.params, c, ckpt.dtypes, hessians)
-            if len(mixed_blob(model, c)) + code_bytes(c) <= fit.cap:
+            if len(artifact_blob(model, c)) + code_bytes(c) <= fit.cap:
                 uniform[bits, gptq] = loss(dequantize_mixed(model))
     assert uniform and (8, False) not in uniform and (16, False) not in uniform
     assert all(fit.chosen.loss < v for v in uniform.values()), (fit.chosen.loss, uniform)
@@ -152,7 +152,7 @@ def test_both_backends_choose_alike_and_write_the_same_bytes(run, fitted):
     other = fit_artifact(ckpt.params, cfg, ckpt.dtypes, fit.cap, loss, code_bytes, hessians, compression=LZMA)
     assert [t.changes for t in other.trials] == [t.changes for t in fit.trials]
     assert other.cfg == fit.cfg
-    assert mixed_blob(other.model, other.cfg) == mixed_blob(fit.model, fit.cfg)
+    assert artifact_blob(other.model, other.cfg) == artifact_blob(fit.model, fit.cfg)
     for a, b in zip(other.trials, fit.trials, strict=True):
         assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-6) if a.loss is not None else b.loss is None
 
@@ -200,10 +200,10 @@ def test_lqer_top_k_and_rank_are_chosen_where_the_default_does_worse(numpy_fit):
     assert fit.cfg.lqer_enabled and fit.cfg != default
     assert json.loads(json.dumps(fit.to_json()))["settings"]["lqer_top_k"] == fit.cfg.lqer_top_k
     model = quantize_mixed_for(params, default, dtypes)
-    over = len(mixed_blob(model, default)) + NUMPY_CODE_BYTES > fit.cap
+    over = len(artifact_blob(model, default)) + NUMPY_CODE_BYTES > fit.cap
     assert over or loss(dequantize_mixed(model)) > fit.chosen.loss
     chosen = quantize_mixed_for(params, fit.cfg, dtypes)  # the trial's model made on its own rounding
-    assert mixed_blob(chosen, fit.cfg) == mixed_blob(fit.model, fit.cfg)
+    assert artifact_blob(chosen, fit.cfg) == artifact_blob(fit.model, fit.cfg)
 
 
 def stand_in_loss(params):
@@ -219,7 +219,7 @@ def uniform_settings(params, dtypes, cfg: Config, cap: int, loss) -> dict[tuple[
             c = cfg.replace(quant_format="mixed", embed_bits=bits, matrix_bits=bits, other_bits=bits,
                             **dict.fromkeys(FLOOR_FIELDS, floor))  # fmt: skip
             model = quantize_mixed_for(params, c, dtypes)
-            if len(mixed_blob(model, c)) + NUMPY_CODE_BYTES <= cap:
+            if len(artifact_blob(model, c)) + NUMPY_CODE_BYTES <= cap:
                 out[bits, floor] = loss(dequantize_mixed(model))
     return out
 
@@ -242,12 +242,12 @@ def test_a_small_model_is_fitted_by_quantizing_tensors_under_the_records_floor()
     records = cfg.replace(quant_format="mixed", embed_bits=5, matrix_bits=5)  # the smallest at 65,536
     kept = quantize_mixed_for(params, records, dtypes)
     assert not kept.quantized  # nothing over the floor
-    cap = int(0.85 * (len(mixed_blob(kept, records)) + NUMPY_CODE_BYTES))
+    cap = int(0.85 * (len(artifact_blob(kept, records)) + NUMPY_CODE_BYTES))
     fit = fit_artifact(params, cfg, dtypes, cap, loss, lambda c: NUMPY_CODE_BYTES, compression=())
     assert fit.chosen.bytes <= cap
     assert min(getattr(fit.cfg, f) for f in FLOOR_FIELDS) < KEEP_FLOAT_MAX_NUMEL
     again = quantize_mixed_for(params, fit.cfg, dtypes)  # the chosen config makes the chosen artifact
-    assert len(mixed_blob(again, fit.cfg)) + NUMPY_CODE_BYTES == fit.chosen.bytes
+    assert len(artifact_blob(again, fit.cfg)) + NUMPY_CODE_BYTES == fit.chosen.bytes
     assert loss(dequantize_mixed(again)) == pytest.approx(fit.chosen.loss, rel=1e-6)
     uniform = uniform_settings(params, dtypes, cfg, cap, loss)
     assert uniform and not any(floor == KEEP_FLOAT_MAX_NUMEL for _, floor in uniform)

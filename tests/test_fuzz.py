@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.artifact import int8 as quant
-from core.artifact import mixed, upstream
+from core.artifact import int8_format, mixed, upstream
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.load import load_checkpoint, load_mixed_artifact
 from core.common import compress
@@ -112,7 +112,7 @@ INT8_KINDS = {"none": ("none", 0), "zlib": ("zlib", 0), "bz2": ("bz2", 0), "zstd
 def int8_blobs() -> dict[str, bytes]:
     model = quantize(*golden_state())
     return {
-        k: quant.artifact_bytes(model, compressor=c, shuffle=s, tokenizer=TOKENIZER)
+        k: int8_format.artifact_bytes(model, compressor=c, shuffle=s, tokenizer=TOKENIZER)
         for k, (c, s) in INT8_KINDS.items()
     }
 
@@ -121,7 +121,7 @@ def check_int8(path: Path, blob: bytes, original: bytes, kind: str) -> None:
     model = read_back(upstream.load_artifact, path, blob)
     if model is not None:  # accepted: it must be exactly what was written
         compressor, shuffle = INT8_KINDS[kind]
-        written = quant.artifact_bytes(
+        written = int8_format.artifact_bytes(
             model, compressor=compressor, shuffle=shuffle, tokenizer=model.tokenizer_sha256
         )
         assert written == original
@@ -220,7 +220,7 @@ def test_upstream_int8_artifacts(tmp_path_factory, data):
         upstream.save_upstream_torch(path, quantize(*golden_state()))
     model = read_back(upstream.load_artifact, path.with_name("fuzz.ptz"), fuzz(data, path.read_bytes(), 2000))
     if model is not None:  # no checksum of its own: it must at least dequantize
-        quant.dequantize_int8(model)
+        int8_format.dequantize_int8(model)
 
 
 @pytest.mark.torch

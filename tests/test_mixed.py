@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load as st_load
 
 from core.artifact import int8 as quant
-from core.artifact import mixed, upstream
+from core.artifact import int8_format, mixed, upstream
 from core.artifact.budget import budget_table
 from core.artifact.load import load_mixed_artifact
 from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
@@ -272,7 +272,9 @@ def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
     with pytest.raises(PgolfError, match="format 'pgolf-mixed', not the int8 format"):
         upstream.load_artifact(path)
     int8 = quant.write_artifact(
-        tmp_path / "i.pgolf", quant.artifact_bytes(quant.quantize_int8({"w": ramp((300, 300), 1, 7)})), "zlib"
+        tmp_path / "i.pgolf",
+        int8_format.artifact_bytes(int8_format.quantize_int8({"w": ramp((300, 300), 1, 7)})),
+        "zlib",
     ).path
     with pytest.raises(PgolfError, match="format 'pgolf-int8', not the mixed-precision format"):
         load_mixed_artifact(int8)

@@ -45,7 +45,7 @@ FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S
 # What a training run never does, and so the bundle leaves out: the CLI, reading runs back, plots, stats, sweeps,
 # packaging, making or downloading datasets, manifest lookups, the memory check, reading checkpoints or
 # other artifacts (resuming, eval), the challenge's and the records' own files, the checks of files read,
-# the budget table, the trackers, the benchmark, sampling, MLX.
+# the budget table, the trackers, the benchmark, sampling and the PyTorch backend's decoding, MLX.
 LEFT_OUT = (
     "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.sweep", "core.runs.package",
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
@@ -53,8 +53,8 @@ LEFT_OUT = (
     "core.artifact.load", "core.artifact.upstream", "core.artifact.records", "core.artifact.checks",
     "core.artifact.budget", "core.artifact.int8_stats", "core.artifact.container_v1",
     "core.train.report", "core.train.bench", "core.train.interactive", "core.eval.verify", "core.eval.sample",
-    "core.eval.token_losses", "cuda_train.memory", "mlx_train", "mlx_train.backend", "mlx_train.model",
-    "mlx_train.memory",
+    "core.eval.token_losses", "cuda_train.memory", "cuda_train.decode", "mlx_train", "mlx_train.backend",
+    "mlx_train.model", "mlx_train.memory",
 )  # fmt: skip
 
 
@@ -81,24 +81,26 @@ def test_the_bundle_is_the_training_path():
 
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
+    int8 = {"core.artifact.int8_format", "core.artifact.quantile"}  # (its clip is a quantile)
+    mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
     tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
     # Every run has one protocol, one loader, and the byte tables or (CaseOps data) the sidecar.
     defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables"}
-    assert set(bundled_modules(tiny)) & optional == defaults
-    # flat, coprime, every other feature
+    assert set(bundled_modules(tiny)) & optional == defaults | int8
+    # flat, coprime, SDClip alone, every other feature
     record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup", ttt_mode="full")))
-    assert record & optional == optional - defaults
+    assert record & optional == optional - defaults - int8
     for changes, expected in (
-        ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora"}),
+        ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora", *int8}),
         ({"ttt_enabled": True, "ttt_mode": "full"}, {"core.eval.ttt", "core.model.lora", "core.eval.ttt_full",
-                                                     "core.eval.sliding"}),  # the full mode imports sliding
-        ({"eval_stride": 64}, {"core.eval.sliding"}),
-        ({"compressor": "pergroup"}, {"core.common.pergroup"}),
-        ({"quant_format": "mixed"}, {"core.artifact.mixed", "core.artifact.rowquant"}),
-        ({"quant_format": "mixed", "gptq_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
-                                                           "core.artifact.gptq"}),
-        ({"quant_format": "mixed", "lqer_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
-                                                           "core.artifact.lqer"}),
+                                                     "core.eval.sliding", *int8}),  # the full mode imports sliding
+        ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
+        ({"compressor": "pergroup"}, {"core.common.pergroup", *int8}),
+        ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
+        ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
+        ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, {*mixed, "core.artifact.quantile"}),
+        ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.gptq"}),
+        ({"quant_format": "mixed", "lqer_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.lqer"}),
     ):  # fmt: skip
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == defaults | expected, (
             changes
@@ -108,7 +110,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.rows": "core.eval.flat"}),
         ({"caseops_enabled": True}, {"core.data.tables": None}),
     ):
-        expected = {instead.get(m, m) for m in defaults} - {None}
+        expected = {instead.get(m, m) for m in defaults} - {None} | int8
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == expected, changes
 
 
@@ -372,6 +374,20 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         ),
     ):
         result = run_alone(script(cfg), tmp_path / next(iter(env)), **env)
+        assert_one_line(
+            result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
+        )
+    sdclip = script(
+        preset("tiny").replace(quant_format="mixed", embed_clip_sigmas=12.0, matrix_clip_sigmas=11.0)
+    )
+    for env, names in (
+        ({"QUANT_FORMAT": "int8"}, ("the int8 format (core.artifact.int8_format)", "QUANT_FORMAT=int8")),
+        (
+            {"EMBED_CLIP_SIGMAS": "0"},
+            ("percentile clips of the embedding (core.artifact.quantile)", "EMBED_CLIP_SIGMAS=0.0"),
+        ),
+    ):
+        result = run_alone(sdclip, tmp_path / "sdclip" / next(iter(env)), **env)
         assert_one_line(
             result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
         )

@@ -20,7 +20,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from core.artifact import int8 as quant
-from core.artifact import upstream
+from core.artifact import int8_format, quantile, upstream
 from core.artifact.int8_stats import int8_stats
 from core.common import compress
 from core.common.errors import PgolfError
@@ -40,9 +40,9 @@ CONTROL_PATTERNS = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weig
 
 
 def quantize(state: dict[str, np.ndarray], dtypes: dict[str, str] | None = None) -> quant.Int8Model:
-    """quant.quantize_int8 with the classes the challenge's name patterns give (control = fp32)."""
+    """int8_format.quantize_int8 with the classes the challenge's name patterns give (control = fp32)."""
     classes = {n: "control" for n in state if any(c in n for c in CONTROL_PATTERNS)}
-    return quant.quantize_int8(state, dtypes, classes)
+    return int8_format.quantize_int8(state, dtypes, classes)
 
 
 def baseline_like_state(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -136,7 +136,7 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 def test_quantize_and_dequantize_match_the_torch_reference(seed):
     state, dtypes = baseline_like_state(seed)
     model = quantize(state, dtypes)
-    deq = quant.dequantize_int8(model)
+    deq = int8_format.dequantize_int8(model)
     ref = torch_reference(state, dtypes)
     assert set(deq) == set(ref)
     for name, r in ref.items():
@@ -191,7 +191,7 @@ def test_row_clip_is_torch_quantile_bit_for_bit(cols, sharp):
     if sharp:
         w = np.concatenate([w, lerp_sensitive_rows(cols, rng)])
     expected = torch.quantile(torch.from_numpy(w).abs(), CLIP_Q, dim=1).numpy()
-    got = quant._abs_quantile(w)
+    got = quantile.abs_quantile(w)
     assert got.dtype == np.float32 and np.array_equal(got, expected)
     if not sharp:
         return
@@ -215,7 +215,7 @@ def test_fused_multiply_add_rounds_once():
     # A float64 sum that lands exactly on a float32 midpoint: a naive cast would round up, not down.
     a[0], b[0], c[0] = 2**-12 * (1 + 2**-23), 2**-12 * (1 - 2**-23), 1 + 2**-23
     a, b, c = (x.astype(np.float32) for x in (a, b, c))
-    got = quant._fma32(a, b, c)
+    got = quantile.fma32(a, b, c)
     expected = [
         round_to_float32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
         for x, y, z in zip(a, b, c, strict=True)
@@ -231,7 +231,7 @@ def test_tensor_clip_is_torch_quantile_bit_for_bit():
         for scale in (1e-3, 1.0, 50.0):
             w = (rng.normal(0, scale, n)).astype(np.float32)
             expected = torch.quantile(torch.from_numpy(w).abs(), CLIP_Q).numpy()
-            assert np.array_equal(quant._abs_quantile(w.reshape(1, -1))[0], expected)
+            assert np.array_equal(quantile.abs_quantile(w.reshape(1, -1))[0], expected)
 
 
 @pytest.mark.torch
@@ -257,7 +257,7 @@ def test_baseline_payload_is_the_published_figure():
     cfg = preset("baseline")
     # The parameter table's classes keep exactly the challenge's control tensors in fp32.
     params, dtypes = init_params(cfg, bf16=True), storage_dtypes(cfg, bf16=True)
-    model = quant.quantize_int8(params, dtypes, artifact_classes(cfg))
+    model = int8_format.quantize_int8(params, dtypes, artifact_classes(cfg))
     stats = int8_stats(params, model, dtypes)
     assert stats["int8_payload_bytes"] == 17_178_912
     assert stats["param_count"] == 17_059_912
@@ -269,7 +269,7 @@ def test_baseline_payload_is_the_published_figure():
 def test_non_float_tensors_pass_through():
     state = {"counter": np.arange(5, dtype=np.int64), "mask": np.ones(3, bool)}
     model = quantize(state)
-    deq = quant.dequantize_int8(model)
+    deq = int8_format.dequantize_int8(model)
     assert same(deq["counter"], np.arange(5, dtype=np.int64)) and same(deq["mask"], np.ones(3, bool))
     stats = int8_stats(state, model)
     assert stats["num_nonfloat_tensors"] == 2 and stats["int8_payload_bytes"] == 43
@@ -334,7 +334,7 @@ GOLDEN_V1_SHA256 = {
 def test_golden_bytes(compressor):
     if compressor == "zlib" and "ng" in zlib.ZLIB_RUNTIME_VERSION:
         pytest.skip(f"zlib-ng ({zlib.ZLIB_RUNTIME_VERSION}) deflates differently from zlib")
-    blob = quant.artifact_bytes(quantize(*golden_state()), compressor=compressor)
+    blob = int8_format.artifact_bytes(quantize(*golden_state()), compressor=compressor)
     assert hashlib.sha256(blob).hexdigest() == GOLDEN_SHA256[compressor]
     old = quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES]  # the checksum is all that changed
     assert hashlib.sha256(old).hexdigest() == GOLDEN_V1_SHA256[compressor]
@@ -342,7 +342,7 @@ def test_golden_bytes(compressor):
 
 def test_artifacts_written_before_the_checksum_still_load_with_a_warning(tmp_path):
     model = quantize(*golden_state())
-    blob = quant.artifact_bytes(model, compressor="zlib")
+    blob = int8_format.artifact_bytes(model, compressor="zlib")
     path = tmp_path / "old.pgolf"
     path.write_bytes(quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
     with pytest.warns(UserWarning, match="before pgolf's containers carried a checksum"):
@@ -356,9 +356,9 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
     code = (
         "import hashlib, sys, numpy as np\n"
         "from tests.test_quant import quantize\n"
-        "from core.artifact import int8 as quant\n"
+        "from core.artifact import int8_format\n"
         f"state = dict(np.load({str(tmp_path / 'state.npz')!r}))\n"
-        f"print(hashlib.sha256(quant.artifact_bytes(quantize(state, {dtypes!r}))).hexdigest())"
+        f"print(hashlib.sha256(int8_format.artifact_bytes(quantize(state, {dtypes!r}))).hexdigest())"
     )
     digests = set()
     for seed in ("0", "1", "12345"):
@@ -369,12 +369,12 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
         assert result.returncode == 0, result.stderr
         digests.add(result.stdout.strip())
     reordered = dict(reversed(list(state.items())))
-    digests.add(hashlib.sha256(quant.artifact_bytes(quantize(reordered, dtypes))).hexdigest())
+    digests.add(hashlib.sha256(int8_format.artifact_bytes(quantize(reordered, dtypes))).hexdigest())
     assert len(digests) == 1
 
 
 def equal_weights(a: quant.Int8Model, b: quant.Int8Model) -> bool:
-    x, y = quant.dequantize_int8(a), quant.dequantize_int8(b)
+    x, y = int8_format.dequantize_int8(a), int8_format.dequantize_int8(b)
     return x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
 
 
@@ -383,7 +383,7 @@ def equal_weights(a: quant.Int8Model, b: quant.Int8Model) -> bool:
 def test_round_trip_through_every_compressor(tmp_path, compressor, level):
     model = quantize(*golden_state())
     info = quant.write_artifact(
-        tmp_path / "m.pgolf", quant.artifact_bytes(model, compressor, level), compressor
+        tmp_path / "m.pgolf", int8_format.artifact_bytes(model, compressor, level), compressor
     )
     blob = info.path.read_bytes()
     assert info.file_bytes == len(blob)
@@ -392,20 +392,20 @@ def test_round_trip_through_every_compressor(tmp_path, compressor, level):
     assert equal_weights(model, back)
     assert back.dtypes == model.dtypes and back.qmeta == model.qmeta
     assert back.passthrough_orig_dtypes == model.passthrough_orig_dtypes
-    assert quant.artifact_bytes(back, compressor, level) == blob  # the same bytes again
+    assert int8_format.artifact_bytes(back, compressor, level) == blob  # the same bytes again
 
 
 def test_bad_compressor_settings_are_refused(tmp_path):
     model = quantize(*golden_state())
     with pytest.raises(PgolfError, match="unknown compressor 'lz4'"):
-        quant.artifact_bytes(model, compressor="lz4")
+        int8_format.artifact_bytes(model, compressor="lz4")
     with pytest.raises(PgolfError, match="level 0 is not in 1..9"):
-        quant.artifact_bytes(model, compressor="bz2", level=0)
+        int8_format.artifact_bytes(model, compressor="bz2", level=0)
     assert not list(tmp_path.iterdir())
 
 
 def test_the_container_is_plain_safetensors_inside():
-    blob = quant.artifact_bytes(quantize(*golden_state()))
+    blob = int8_format.artifact_bytes(quantize(*golden_state()))
     assert blob[: len(quant.MAGIC) + 1] == b"PGOLF-INT8\x01\x01"
     payload = zlib.decompress(blob[len(quant.MAGIC) + 1 : -quant.DIGEST_BYTES])
     assert blob[-quant.DIGEST_BYTES :] == hashlib.sha256(payload).digest()
@@ -467,7 +467,7 @@ def test_upstream_torch_container_round_trip(tmp_path):
         )
         for got, expected in zip(stored, r[1:-1], strict=True):
             assert got.dtype == expected.dtype and torch.equal(got, expected), name
-    ours = quant.dequantize_int8(model)
+    ours = int8_format.dequantize_int8(model)
     for name, t in torch_dequantize(obj).items():
         assert np.array_equal(ours[name], as_numpy(t)), name
     assert equal_weights(model, upstream.load_artifact(info.path))
@@ -642,7 +642,7 @@ def test_missing_file_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize("compressor", ["zlib", "none"])
 def test_truncated_and_flipped_files(tmp_path, compressor):
-    blob = quant.artifact_bytes(quantize(*golden_state()), compressor=compressor)
+    blob = int8_format.artifact_bytes(quantize(*golden_state()), compressor=compressor)
     path = tmp_path / "a.pgolf"
     for cut in (5, len(quant.MAGIC) + 1, 100, len(blob) // 2, len(blob) - 1):
         path.write_bytes(blob[:cut])

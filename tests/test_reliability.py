@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from core.artifact import int8 as quant
-from core.artifact import upstream
+from core.artifact import int8_format, upstream
 from core.artifact.checkpoint import save_checkpoint, tensors_digest
 from core.artifact.load import (
     config_for_params,
@@ -135,7 +135,7 @@ def small_artifact(path: Path, **renames: str) -> Path:
     params = init_params(preset("tiny"))
     for old, new in renames.items():
         params[new] = params.pop(old)
-    quant.write_artifact(path, quant.artifact_bytes(quant.quantize_int8(params)), "zlib")
+    quant.write_artifact(path, int8_format.artifact_bytes(int8_format.quantize_int8(params)), "zlib")
     return path
 
 
@@ -215,10 +215,10 @@ def test_weights_changed_inside_the_payload_are_refused(tmp_path):
 
 
 def test_a_nan_scale_is_refused_when_read(tmp_path):
-    model = quant.quantize_int8(init_params(preset("tiny")))
+    model = int8_format.quantize_int8(init_params(preset("tiny")))
     name = next(iter(model.scales))
     model.scales[name] = np.full_like(model.scales[name], np.nan)
-    quant.write_artifact(tmp_path / "nan.pgolf", quant.artifact_bytes(model), "zlib")
+    quant.write_artifact(tmp_path / "nan.pgolf", int8_format.artifact_bytes(model), "zlib")
     with pytest.raises(PgolfError, match=f"{re.escape(name)} holds NaN or infinite values"):
         upstream.load_artifact(tmp_path / "nan.pgolf")
 
@@ -446,7 +446,7 @@ def test_the_reported_commands_end_with_one_line(tmp_path):
 
 @pytest.mark.slow  # ~5 s: a CLI eval
 def test_an_artifact_without_a_checksum_is_scored_with_a_one_line_warning(sotu_dataset, tmp_path):
-    blob = quant.artifact_bytes(quant.quantize_int8(init_params(preset("smoke"))))
+    blob = int8_format.artifact_bytes(int8_format.quantize_int8(init_params(preset("smoke"))))
     old = tmp_path / "old.pgolf"
     old.write_bytes(quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
     done = cli("eval", str(old), "--backend", "cuda", "--preset", "smoke", *data_flags(sotu_dataset))

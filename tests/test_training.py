@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.artifact.int8 import dequantize_int8
+from core.artifact.int8_format import dequantize_int8
 from core.artifact.load import load_checkpoint
 from core.artifact.upstream import load_artifact
 from core.data.shards import find_shards, read_shard
@@ -248,7 +248,7 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_the_moving_average_is_what_gets_exported(sotu_dataset, backend_name, tmp_path):
-    from core.artifact.int8 import quantize_int8
+    from core.artifact.int8_format import quantize_int8
     from core.model.params import artifact_classes
 
     result = run(sotu_dataset, backend_name, tmp_path, ema_decay=0.5)

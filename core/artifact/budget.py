@@ -111,7 +111,8 @@ def _budget_row(
 
 
 def export_budget(report: ExportReport) -> list[dict[str, Any]]:
-    """The budget table of what `export_artifact` wrote (see `budget_table`)."""
+    """The budget table of what `export_artifact` wrote (see `budget_table`): one row per tensor class, then
+    the total."""
     model = report.model
     view = from_int8(model, report.classes) if isinstance(model, Int8Model) else model
     return budget_table(
@@ -127,7 +128,7 @@ def format_budget(report: ExportReport) -> list[str]:
     """The budget table as aligned text lines (the train log and `export`)."""
     header = f"{'class':<10} {'tensors':>7} {'params':>11} {'bits':>10} {'raw B':>11} {'packed B':>11} {'share':>7} {'rms':>8}"
     lines = [header]
-    for r in report.budget:
+    for r in export_budget(report):
         lines.append(
             f"{r['class']:<10} {r['tensors']:>7} {r['params']:>11,} {'' if r['class'] == 'total' else r['bits']:>10} "
             f"{r['bytes_raw']:>11,} "

@@ -14,15 +14,14 @@ import numpy as np
 
 from core.artifact.int8 import (
     CONTAINER_FORMAT,
-    CONTAINER_VERSION,
     FLOAT_BYTES,
     MAGIC,
     MAGIC_V1,
-    QUANT_FORMAT,
     TOKENIZER_KEY,
     Container,
     Int8Model,
 )
+from core.artifact.int8_format import CONTAINER_VERSION, QUANT_FORMAT
 from core.artifact.mixed import CLASSES, MIXED_FORMAT, MIXED_VERSION, MixedModel
 from core.artifact.rowquant import BITS, Clip, clip_range
 from core.common.errors import PgolfError

@@ -1,7 +1,7 @@
 """A run's artifact: written in the format its config names, and read back.
 
 Writing (`export_artifact`):
-- `quant_format = "int8"`: the challenge's per-row int8 format (core/artifact/int8.py);
+- `quant_format = "int8"`: the challenge's per-row int8 format (core/artifact/int8_format.py);
 - `quant_format = "mixed"`: each tensor class at its own bits (`embed_bits`,
   `matrix_bits` or `attn_bits`/`mlp_bits`, `other_bits`; 16 keeps a class in fp16), the tensors
   of at most `*_passthrough_numel` values of each class kept in fp16 (the records: 65,536),
@@ -22,7 +22,6 @@ a run reads back what it wrote; core/artifact/load.py reads every format pgolf k
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,19 +35,19 @@ from core.common.files import file_sha256, read_file
 from core.config.fields import SCORING_FIELDS, Config
 from core.model.params import artifact_classes
 
-if TYPE_CHECKING:  # the mixed format's modules: imported where used, by the runs that use it
+if TYPE_CHECKING:  # each format's modules: imported where used, by the runs that use it
     from core.artifact.lqer import LqerSettings
     from core.artifact.mixed import MixedModel
     from core.artifact.rowquant import Clip
 
 __all__ = [
     "ExportReport",
+    "artifact_blob",
     "class_bits",
     "class_clips",
     "class_floors",
     "dequantize",
     "export_artifact",
-    "mixed_blob",
     "open_artifact",
     "quant_label",
     "quantize_mixed_for",
@@ -126,13 +125,6 @@ class ExportReport:
     compressor: str
     shuffle: int
 
-    @functools.cached_property
-    def budget(self) -> list[dict[str, Any]]:
-        """The budget table: one row per tensor class, then the total (core/artifact/budget.py)."""
-        from core.artifact.budget import export_budget
-
-        return export_budget(self)
-
 
 def lqer_settings(cfg: Config) -> LqerSettings | None:
     """The LQER corrections `cfg` asks for (mixed format), or None."""
@@ -175,11 +167,15 @@ def tokenizer_digest(cfg: Config) -> str | None:
     return file_sha256(path, "tokenizer") if path.is_file() else None
 
 
-def mixed_blob(model: MixedModel, cfg: Config) -> bytes:
-    """The artifact file's bytes for a model quantized with `cfg`'s settings."""
-    from core.artifact import mixed
+def artifact_blob(model: Int8Model | MixedModel, cfg: Config) -> bytes:
+    """The artifact file's bytes for `model` (either format) with `cfg`'s compressor, byte shuffle,
+    scoring settings and tokenizer."""
+    if isinstance(model, Int8Model):
+        from core.artifact.int8_format import artifact_bytes
+    else:
+        from core.artifact.mixed import mixed_artifact_bytes as artifact_bytes
 
-    return mixed.mixed_artifact_bytes(
+    return artifact_bytes(
         model,
         cfg.compressor,
         shuffle=cfg.byte_shuffle,
@@ -198,8 +194,8 @@ def export_artifact(
     upstream: bool = False,
     quantized: MixedModel | None = None,
 ) -> ExportReport:
-    """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (and, when
-    asked, where its bytes went: `ExportReport.budget`).
+    """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (where its
+    bytes went, class by class: core/artifact/budget.py's `export_budget` of the report).
 
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
@@ -210,25 +206,18 @@ def export_artifact(
     """
     classes = artifact_classes(cfg)
     if cfg.quant_format == "int8":
-        model = int8.quantize_int8(params, dtypes, classes)
-        if upstream:
-            from core.artifact.upstream import save_upstream_torch  # (not a training run's)
+        from core.artifact.int8_format import quantize_int8
 
-            info = save_upstream_torch(path, model)
-        else:
-            blob = int8.artifact_bytes(
-                model,
-                cfg.compressor,
-                shuffle=cfg.byte_shuffle,
-                config=scoring_config(cfg),
-                tokenizer=tokenizer_digest(cfg),
-            )
-            info = int8.write_artifact(path, blob, cfg.compressor)
-        gptq = 0
+        model, gptq = quantize_int8(params, dtypes, classes), 0
     else:
         model = quantized if quantized is not None else quantize_mixed_for(params, cfg, dtypes, hessians)
-        info = int8.write_artifact(path, mixed_blob(model, cfg), cfg.compressor)
         gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
+    if upstream:  # int8 only
+        from core.artifact.upstream import save_upstream_torch  # (not a training run's)
+
+        info = save_upstream_torch(path, model)
+    else:
+        info = int8.write_artifact(path, artifact_blob(model, cfg), cfg.compressor)
     lqer_factors = [a for f in getattr(model, "lqer", {}).values() for a in f.values()]
     payload = sum(
         a.nbytes for part in (model.quantized, model.scales, model.passthrough) for a in part.values()
@@ -247,10 +236,12 @@ def open_artifact(blob: bytes, path: str | Path, check: Any = None) -> Int8Model
         if check:
             check(box)
         if box.meta["format"] == int8.CONTAINER_FORMAT:
-            return int8.int8_from_container(box)
-        from core.artifact import mixed
+            from core.artifact.int8_format import int8_from_container
 
-        return mixed.mixed_from_container(box)
+            return int8_from_container(box)
+        from core.artifact.mixed import mixed_from_container
+
+        return mixed_from_container(box)
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
@@ -266,7 +257,9 @@ def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
 def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:
     """float32 weights of either quantized model."""
     if isinstance(model, Int8Model):
-        return int8.dequantize_int8(model)
-    from core.artifact import mixed
+        from core.artifact.int8_format import dequantize_int8
 
-    return mixed.dequantize_mixed(model)
+        return dequantize_int8(model)
+    from core.artifact.mixed import dequantize_mixed
+
+    return dequantize_mixed(model)

@@ -59,11 +59,11 @@ from typing import Any
 import numpy as np
 
 from core.artifact.export import (
+    artifact_blob,
     class_bits,
     class_clips,
     class_floors,
     lqer_settings,
-    mixed_blob,
     quantize_mixed_for,
 )
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
@@ -297,7 +297,7 @@ class _Search:
                 return t
         if model is None:
             model = quantize_mixed_for(self.params, cfg, self.dtypes, self.hessians)
-        total = len(mixed_blob(model, cfg)) + self.code_bytes(cfg)
+        total = len(artifact_blob(model, cfg)) + self.code_bytes(cfg)
         t = Trial(_label(cfg, self.largest), changes, kind, round(predicted), total, cap=self.cap)
         if t.fits or kind in ("base", "gptq-base", "probe"):  # a loss where it may be chosen, or is needed
             t.loss = float(self.loss_of(dequantize_mixed(model)))
@@ -322,7 +322,7 @@ class _Search:
         for comp, shuffle in ((self.base.compressor, self.base.byte_shuffle), *self.compression):
             try:
                 sizes[(comp, shuffle)] = len(
-                    mixed_blob(model, self.base.replace(compressor=comp, byte_shuffle=shuffle))
+                    artifact_blob(model, self.base.replace(compressor=comp, byte_shuffle=shuffle))
                 )
             except PgolfError:  # a compressor whose package is not installed
                 continue
@@ -496,7 +496,7 @@ class _Search:
             return 0.0
         entropy = entropy_bytes([a for f in full.lqer.values() for a in f.values()])
         off = with_lqer(model, self.params, None)
-        added = len(mixed_blob(full, cfg)) - len(mixed_blob(off, cfg.replace(lqer_enabled=False)))
+        added = len(artifact_blob(full, cfg)) - len(artifact_blob(off, cfg.replace(lqer_enabled=False)))
         return max(added - self.ratio * entropy, 0.0) / len(full.lqer)
 
     def lqer(self) -> None:

@@ -1,14 +1,8 @@
-"""The int8 artifact: format "int8_clean_per_row_v1", its containers, and the byte budget.
+"""pgolf's container of an artifact (both formats), what the formats share, and the byte budget.
 
-Quantization (the challenge's format), bit for bit as the
-challenge's torch script computes it:
-- non-float tensors pass through;
-- float tensors of at most 65,536 elements pass through: control tensors (by the
-  parameter table's class) in fp32,
-  the others in fp16 with their original dtype recorded;
-- larger 2-D tensors: per-row int8, clipped at the 99.99984th percentile of |w|,
-  scale = max(clip/127, 1/127) stored in fp16;
-- other large tensors: int8 with one fp32 scale (clip/127, or 1 when clip is 0).
+The formats: the challenge's int8 (core/artifact/int8_format.py, "int8_clean_per_row_v1") and
+core/artifact/mixed.py's mixed precision; both keep a model's tensors by role (`model_parts`) and
+round float weights the same way (`float_weight`, `to_float16`, `dequantize_rows`).
 
 pgolf's container holds no pickle. Layout:
     MAGIC (b"PGOLF-INT8\\x01") | 1 byte compressor id | compressed payload | sha256 of the payload
@@ -16,12 +10,9 @@ pgolf's container holds no pickle. Layout:
 set when the payload was byte-shuffled first; the checksum is the 32 raw bytes of the
 digest of the payload before compression, so any change to what the container holds
 is refused) where the payload is a safetensors file (readable with numpy alone) with
-tensors `q/<name>` (int8 values), `s/<name>` (scales: fp16 per row, or a 0-d fp32)
-and `p/<name>` (passed through), and one metadata entry "pgolf" holding canonical
-JSON: format, version, quant_format, dtypes, passthrough_orig_dtypes, qmeta. The
-same weights always give the same bytes, whatever order they come in. The same
-container holds core/artifact/mixed.py's mixed-precision format (another "format" in its
-metadata).
+tensors named `role/name` (`model_parts`), and one metadata entry "pgolf" holding canonical
+JSON, its "format" naming the format (CONTAINER_FORMAT for int8, or the mixed one) and the rest
+the format's own. The same weights always give the same bytes, whatever order they come in.
 
 Containers written before the checksum (MAGIC_V1, b"PGOLF-INT8\\x00", the same layout
 without the trailing digest) are still read, with a warning (core/artifact/container_v1.py). A file
@@ -55,21 +46,15 @@ __all__ = [
     "ArtifactInfo",
     "Container",
     "Int8Model",
-    "artifact_bytes",
     "container_bytes",
-    "dequantize_int8",
     "dequantize_rows",
-    "int8_from_container",
     "open_container",
     "payload_bytes",
-    "quantize_int8",
     "round_to_bfloat16",
     "size_report",
 ]
 
-QUANT_FORMAT = "int8_clean_per_row_v1"
-CONTAINER_FORMAT = "pgolf-int8"
-CONTAINER_VERSION = 1
+CONTAINER_FORMAT = "pgolf-int8"  # the int8 format's name in the metadata (its version: int8_format.py)
 MAGIC = b"PGOLF-INT8\x01"  # the container with the payload's checksum
 MAGIC_V1 = b"PGOLF-INT8\x00"  # the first container: no checksum
 DIGEST_BYTES = 32  # sha256
@@ -87,7 +72,7 @@ FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the float dtypes a 
 
 @dataclass
 class QuantizedModel:
-    """What a model of either format (this one, core/artifact/mixed.py's) holds: by role in the container
+    """What a model of either format (int8's, core/artifact/mixed.py's) holds: by role in the container
     (`model_parts`), and the SHA-256 of its tokenizer (read from the container's metadata, TOKENIZER_KEY)."""
 
     quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8 (holding int-N values)
@@ -98,7 +83,7 @@ class QuantizedModel:
 
 @dataclass
 class Int8Model(QuantizedModel):
-    # Scales: fp16 per row, or a 0-d fp32.
+    # Scales: fp16 per row, or a 0-d fp32. Made and read by core/artifact/int8_format.py.
     dtypes: dict[str, str] = field(default_factory=dict)  # original dtype of each quantized tensor
     passthrough_orig_dtypes: dict[str, str] = field(default_factory=dict)  # of those stored as fp16
     qmeta: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -110,51 +95,7 @@ class ArtifactInfo:
     file_bytes: int
 
 
-# ---------------------------------------------------------------- quantization
-def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """float32 a*b + c rounded once, as a fused multiply-add (torch's CPU lerp is one)."""
-    a64, b64, c64 = (np.asarray(x, dtype=np.float64) for x in (a, b, c))
-    p = a64 * b64  # exact: two 24-bit significands fit in float64's 53
-    s = p + c64
-    t = s - p
-    err = (p - (s - t)) + (c64 - t)  # two-sum: the exact rounding error of s
-    # Round to odd: an inexact sum moved to its odd neighbour cannot double-round in the float32 cast.
-    fix = (err != 0) & ((s.view(np.int64) & 1) == 0) & np.isfinite(s)
-    s = np.where(fix, np.nextafter(s, np.copysign(np.inf, err)), s)
-    return s.astype(np.float32)
-
-
-def _abs_quantile(w: np.ndarray, q: float = CLIP_QUANTILE) -> np.ndarray:
-    """torch.quantile(|w|, q, dim=-1) for a 2-D float32 array, bit for bit.
-
-    torch computes the rank in float32 and interpolates with its lerp: a fused
-    multiply-add, from the nearer end (weight < 0.5 or not).
-    """
-    n = w.shape[-1]
-    rank = np.float32(q) * np.float32(n - 1)
-    below, above = int(np.floor(rank)), int(np.ceil(rank))
-    part = np.partition(np.abs(w), (below, above), axis=-1)
-    lo, hi = part[:, below], part[:, above]
-    weight = rank - np.float32(below)
-    near, weight = (lo, weight) if weight < 0.5 else (hi, weight - np.float32(1))
-    return _fma32(np.full_like(lo, weight), hi - lo, near)
-
-
-def _quantize_tensor(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 values and scales of a float32 tensor with more than KEEP_FLOAT_MAX_NUMEL elements."""
-    if w.ndim == 2:
-        clip = _abs_quantile(w)
-        scale = np.maximum(clip / np.float32(127.0), np.float32(1.0 / 127.0))
-        # The fp32 scale divides; only its fp16 copy is stored (as upstream).
-        q = np.round(np.clip(w, -clip[:, None], clip[:, None]) / scale[:, None])
-        with np.errstate(over="ignore"):  # an overflow to inf is refused by the caller
-            return np.clip(q, -127, 127).astype(np.int8), scale.astype(np.float16)
-    clip = float(_abs_quantile(w.reshape(1, -1))[0])
-    scale = np.array(clip / 127.0 if clip > 0 else 1.0, dtype=np.float32)
-    q = np.round(np.clip(w, -clip, clip) / scale)
-    return np.clip(q, -127, 127).astype(np.int8), scale
-
-
+# ------------------------------------------------- rounding, in both formats
 def _in_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values rounded to what `dtype` can hold (numpy has no bfloat16)."""
     if dtype == "bfloat16":
@@ -184,42 +125,6 @@ def to_float16(name: str, w: np.ndarray) -> np.ndarray:
     return kept
 
 
-def quantize_int8(
-    state: dict[str, np.ndarray],
-    orig_dtypes: dict[str, str] | None = None,
-    classes: dict[str, str] | None = None,
-) -> Int8Model:
-    """Quantize weights; `orig_dtypes` names the dtype each had in the model (default: its own),
-    `classes` the artifact class of each (core.model.params.artifact_classes): "control" ones stay fp32.
-
-    Float weights arrive as float32; one recorded as bfloat16 or float16 is first
-    rounded to that precision, so the result is what upstream gets from the model.
-    (The challenge's export statistics of the result: core/artifact/int8_stats.py.)
-    """
-    orig_dtypes, classes = orig_dtypes or {}, classes or {}
-    out = Int8Model()
-    for name, value in state.items():
-        t = np.asarray(value)
-        if not np.issubdtype(t.dtype, np.floating):
-            out.passthrough[name] = t
-            continue
-        dtype = orig_dtypes.get(name, t.dtype.name)
-        w = float_weight(name, t, dtype)
-        if t.size > KEEP_FLOAT_MAX_NUMEL:
-            q, s = _quantize_tensor(w)
-            _check_float16_range(name, w, s)
-            if s.ndim > 0:
-                out.qmeta[name] = {"scheme": "per_row", "axis": 0}
-            out.quantized[name], out.scales[name], out.dtypes[name] = q, s, dtype
-        elif classes.get(name) == "control":
-            out.passthrough[name] = w
-        else:
-            out.passthrough[name] = to_float16(name, w)
-            if dtype != "float16":
-                out.passthrough_orig_dtypes[name] = dtype
-    return out
-
-
 def _check_float16_range(name: str, w: np.ndarray, stored: np.ndarray) -> None:
     """Values or scales beyond float16's range would be stored as infinities: refuse them."""
     if not np.isfinite(stored).all():
@@ -233,18 +138,6 @@ def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """float32 q * s, with per-row (shape (rows,)) or one (0-d) scale."""
     s = np.asarray(scales).astype(np.float32)
     return q.astype(np.float32) * s.reshape(s.shape + (1,) * (q.ndim - s.ndim))
-
-
-def dequantize_int8(model: Int8Model) -> dict[str, np.ndarray]:
-    """float32 weights holding exactly the values the upstream dequantizer gives (in their dtype)."""
-    out = {
-        name: _in_dtype(dequantize_rows(q, model.scales[name]), model.dtypes[name])
-        for name, q in model.quantized.items()
-    }
-    for name, t in model.passthrough.items():  # float ones back in their dtype, others as stored
-        dtype = model.passthrough_orig_dtypes.get(name, "float32" if t.dtype.kind == "f" else None)
-        out[name] = _in_dtype(np.asarray(t, np.float32), dtype) if dtype else t
-    return out
 
 
 # ------------------------------------------------------------- pgolf container
@@ -319,28 +212,6 @@ def open_container(blob: bytes, source: str | Path = "an artifact") -> Container
     return Container(tensors, meta, compressor, shuffle)
 
 
-def artifact_bytes(
-    model: Int8Model,
-    compressor: str = "zlib",
-    level: int | None = None,
-    shuffle: int = 0,
-    config: dict[str, Any] | None = None,
-    tokenizer: str | None = None,
-) -> bytes:
-    """The file content of pgolf's container for `model` (`shuffle`: byte-shuffle stride, 0 for none;
-    `config`: the run settings it is scored with, kept in the metadata, and `tokenizer`: the SHA-256
-    of the tokenizer it was trained with)."""
-    meta = {
-        "format": CONTAINER_FORMAT,
-        "version": CONTAINER_VERSION,
-        "quant_format": QUANT_FORMAT,
-        "dtypes": model.dtypes,
-        "passthrough_orig_dtypes": model.passthrough_orig_dtypes,
-        "qmeta": model.qmeta,
-    }
-    return container_bytes(container_tensors(model), meta, compressor, level, shuffle, config, tokenizer)
-
-
 def write_artifact(
     path: str | Path, blob: bytes, compressor: str, read: Callable[[bytes], object] | None = None
 ) -> ArtifactInfo:
@@ -375,20 +246,6 @@ def fill_model(model: QuantizedModel, tensors: dict[str, np.ndarray]) -> Quantiz
         else:
             parts[role][name] = value
     return model
-
-
-def int8_from_container(box: Container) -> Int8Model:
-    """The int8 model of an opened pgolf container, as pgolf wrote it. Readers of other files than a
-    run's own artifact check the container first (core/artifact/checks.py: `check_container`), and
-    what the model holds after."""
-    meta = box.meta
-    model = Int8Model(
-        dtypes=meta["dtypes"],
-        passthrough_orig_dtypes=meta["passthrough_orig_dtypes"],
-        qmeta=meta["qmeta"],
-        tokenizer_sha256=meta.get(TOKENIZER_KEY),
-    )
-    return fill_model(model, box.tensors)
 
 
 # ------------------------------------------------------------------ the budget

@@ -1,4 +1,4 @@
-"""The challenge's own int8 containers, in the format of core/artifact/int8.py.
+"""The challenge's own int8 containers, in the format of core/artifact/int8_format.py.
 
 - Its torch container, `final_model.int8.ptz`: `torch.save` of a dict of tensors, then zlib;
   read with `torch.load(weights_only=True)` (tensors and plain containers only) and written
@@ -23,14 +23,8 @@ import numpy as np
 
 from core.artifact import int8
 from core.artifact.checks import check_container, check_int8, is_container, names_to
-from core.artifact.int8 import (
-    QUANT_FORMAT,
-    ArtifactInfo,
-    Int8Model,
-    int8_from_container,
-    open_container,
-    write_artifact,
-)
+from core.artifact.int8 import ArtifactInfo, Int8Model, open_container, write_artifact
+from core.artifact.int8_format import QUANT_FORMAT, int8_from_container
 from core.common import compress
 from core.common.errors import PgolfError, first_line
 from core.common.files import read_file
