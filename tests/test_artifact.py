@@ -25,7 +25,7 @@ from core.data.tokenizer import byte_tables, load_tokenizer
 from core.datasets.writers import write_shard
 from core.eval.score import EvalData, evaluate, evaluate_sliding, evaluators, load_eval_data
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
-from core.train.loop import calibrate_gptq
+from core.train.calibration import calibrate_gptq
 from tests.golden_data import GOLDEN, RECORD_PTZ, goldens
 from tests.test_backends import BACKENDS, LOOPS_LANES, busy_params, make_backend, needs
 from tests.test_cli import cli

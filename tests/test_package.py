@@ -90,7 +90,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"compressor": "pergroup"}, {"core.common.pergroup"}),
         ({"quant_format": "mixed"}, {"core.artifact.mixed", "core.artifact.rowquant"}),
         ({"quant_format": "mixed", "gptq_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
-                                                           "core.artifact.gptq"}),
+                                                           "core.artifact.gptq", "core.train.calibration"}),
         ({"quant_format": "mixed", "lqer_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
                                                            "core.artifact.lqer"}),
     ):  # fmt: skip

@@ -71,7 +71,7 @@ OPTIONAL = (
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
-    ("GPTQ", ("core.artifact.gptq",), "cfg.gptq_enabled", "gptq_enabled"),
+    ("GPTQ", ("core.artifact.gptq", "core.train.calibration"), "cfg.gptq_enabled", "gptq_enabled"),
     ("the coprime loader", ("core.data.coprime",), "cfg.train_loader == 'coprime'", "train_loader"),
     ("LQER", ("core.artifact.lqer",), "cfg.lqer_enabled", "lqer_enabled"),
 )  # fmt: skip
