@@ -140,8 +140,8 @@ class Training:
     """One training run, as the named steps the module docstring lists; `run` strings them together.
     A packaged train_gpt.py runs this; pgolf's `train` runs `InteractiveTraining`
     (core/train/interactive.py), which adds resuming, stopping on a signal, progress displays and notes
-    through the hooks below that do nothing here (`load_weights`, `open_run_dir`, `after_step`, `trained`,
-    `stop_if_asked`, `watch`, `_log_header`)."""
+    by overriding `load_weights`, `open_run_dir` and `_log_header`, and the hooks that do nothing here:
+    `after_step`, `trained`, `stop_if_asked`, `watch`."""
 
     resume = None  # the checkpoint a run resumes from: only InteractiveTraining's do
 
