@@ -93,6 +93,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
                                                            "core.artifact.gptq", "core.train.calibration"}),
         ({"quant_format": "mixed", "lqer_enabled": True}, {"core.artifact.mixed", "core.artifact.rowquant",
                                                            "core.artifact.lqer"}),
+        ({"varlen_attn_enabled": True}, {"cuda_train.varlen"}),
     ):  # fmt: skip
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == expected, changes
 

@@ -74,6 +74,7 @@ OPTIONAL = (
     ("GPTQ", ("core.artifact.gptq", "core.train.calibration"), "cfg.gptq_enabled", "gptq_enabled"),
     ("the coprime loader", ("core.data.coprime",), "cfg.train_loader == 'coprime'", "train_loader"),
     ("LQER", ("core.artifact.lqer",), "cfg.lqer_enabled", "lqer_enabled"),
+    ("FlashAttention's varlen kernel", ("cuda_train.varlen",), "cfg.varlen_attn_enabled", "varlen_attn_enabled"),
 )  # fmt: skip
 
 
