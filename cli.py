@@ -596,7 +596,7 @@ def export_command(
     from core.artifact.export import export_artifact, quant_label
     from core.runs.package import code_bytes
     from core.runs.setup import export_setup
-    from core.train.loop import calibrate_gptq
+    from core.train.calibration import calibrate_gptq
 
     if fit_bytes:
         overrides = {**(overrides or {}), "artifact_fit_bytes": fit_bytes}
@@ -629,8 +629,8 @@ def export_command(
         table, fitted = write_fit(fit, target)
         extra = {"fit": str(table), "fit_config": str(fitted)}
     if hessians is not None:
+        from core.train.calibration import write_calibration
         from core.train.fitting import fit_shards
-        from core.train.loop import write_calibration
 
         extra["calibration"] = str(write_calibration(target, cfg, fit_shards(cfg) if fit is not None else ()))
     if json_out:

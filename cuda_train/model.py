@@ -8,16 +8,14 @@ matmul; the embeddings are bf16 in bf16 runs.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from functools import cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from core.config.fields import Config
-from core.model.params import mlp_hidden, num_skip_weights
+from core.model.params import param_specs
 from core.model.walk import Adapters, KVCache, Rope, Walk
 
 
@@ -32,34 +30,6 @@ def rms_norm(x: Tensor) -> Tensor:
     return F.rms_norm(x, (x.size(-1),)).to(x.dtype)
 
 
-@cache
-def flash_varlen() -> Callable | None:
-    """FlashAttention's varlen kernel (version 3's interface, else version 2's), if installed."""
-    for module in ("flash_attn_interface", "flash_attn"):
-        try:
-            return importlib.import_module(module).flash_attn_varlen_func
-        except (ImportError, AttributeError):
-            continue
-    return None
-
-
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, lower: Tensor) -> Tensor:
-    """Segment-causal attention through FlashAttention's varlen kernel, S == T: every row's segments
-    (where lower[b, t] == t) laid end to end as the kernel's sequences. Their boundaries have a
-    data-dependent count, so this runs eagerly only (the caller checks)."""
-    b, h, t, d = q.shape
-    flat = lower + torch.arange(b, device=q.device)[:, None] * t  # segment starts as flat positions
-    starts = torch.arange(b * t, device=q.device)[flat.flatten() == torch.arange(b * t, device=q.device)]
-    cu = torch.cat([starts, starts.new_tensor([b * t])]).to(torch.int32)
-    longest = int((cu[1:] - cu[:-1]).max())
-    y = flash_varlen()(
-        *(a.transpose(1, 2).reshape(b * t, a.size(1), d) for a in (q, k, v)),
-        cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True,
-    )  # fmt: skip
-    y = y[0] if isinstance(y, tuple) else y  # version 3 may return (out, lse)
-    return y.reshape(b, t, h, d).transpose(1, 2)
-
-
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool, lower: Tensor | None = None) -> Tensor:
     """Causal SDPA of q (B, H, T, D) over k, v (B, KV, S, D), query t at position S - T + t: query head h
     reads kv head h // (H / KV); with `lower` (B, T) it sees keys lower[b, t] .. S - T + t only.
@@ -72,8 +42,11 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool, lower: Te
     t, s = q.size(2), k.size(2)
     if lower is not None:
         fits = q.is_cuda and t == s and q.dtype in (torch.bfloat16, torch.float16)
-        if fits and not torch.compiler.is_compiling() and flash_varlen() is not None:
-            return varlen_attention(q, k, v, lower)
+        if fits and not torch.compiler.is_compiling():
+            from cuda_train.varlen import flash_varlen, varlen_attention  # only document masking's runs
+
+            if flash_varlen() is not None:
+                return varlen_attention(q, k, v, lower)
     if lower is not None or t < s:  # a document mask, or decoding after cached tokens
         keys = torch.arange(s, device=q.device)
         visible = keys <= torch.arange(s - t, s, device=q.device)[:, None]  # (T, S)
@@ -130,80 +103,51 @@ class CastedLinear(nn.Linear):
         return F.linear(x, self.weight.to(x.dtype))
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: Config):
-        super().__init__()
-        kv_dim = cfg.num_kv_heads * cfg.head_dim
-        self.c_q = CastedLinear(cfg.model_dim, cfg.model_dim)
-        self.c_k = CastedLinear(cfg.model_dim, kv_dim)
-        self.c_v = CastedLinear(cfg.model_dim, kv_dim)
-        self.proj = CastedLinear(cfg.model_dim, cfg.model_dim)
-        self.q_gain = nn.Parameter(torch.zeros(cfg.num_heads))
-        if cfg.attn_out_gate_enabled:
-            self.attn_gate_proj = CastedLinear(cfg.gate_window, cfg.num_heads)  # read by the walk as a weight
-        elif cfg.gated_attn_enabled or cfg.sparse_attn_gate_enabled:
-            inputs = cfg.model_dim if cfg.gated_attn_enabled else cfg.gate_window
-            self.attn_gate_w = nn.Parameter(torch.zeros(cfg.num_heads, inputs))
-
-
 class MLP(nn.Module):
-    """relu(x)^2 or leaky_relu(x, 0.5)^2 between two linear layers."""
+    """relu(x)^2 or leaky_relu(x, 0.5)^2 between two linear layers (`fc`, `proj`: the model adds them)."""
 
     def __init__(self, cfg: Config):
         super().__init__()
         self.negative_slope = 0.5 if cfg.mlp_activation == "leaky_relu2" else 0.0
-        self.fc = CastedLinear(cfg.model_dim, mlp_hidden(cfg))
-        self.proj = CastedLinear(mlp_hidden(cfg), cfg.model_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         # A slope of 0 is relu's values and gradients (-0.0 for a negative input, squared to 0).
         return self.proj(F.leaky_relu(self.fc(x), self.negative_slope).square())
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: Config):
-        super().__init__()
-        d = cfg.model_dim
-        self.attn = CausalSelfAttention(cfg)
-        self.mlp = MLP(cfg)
-        self.attn_scale = nn.Parameter(torch.zeros(d))
-        self.mlp_scale = nn.Parameter(torch.zeros(d))
-        self.resid_mix = nn.Parameter(torch.zeros(2, d))
-
-
-class ValueEmbedding(nn.Module):
-    """One token embedding shared by the value-embedding layers, projected to the kv width and scaled."""
-
-    def __init__(self, cfg: Config):
-        super().__init__()
-        kv_dim = cfg.num_kv_heads * cfg.head_dim
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.ve_dim)
-        self.proj = CastedLinear(cfg.ve_dim, kv_dim) if cfg.ve_dim != kv_dim else None
-        self.scale = nn.Parameter(torch.zeros(()))
-
-
 class GPT(nn.Module):
+    """The modules the walk reads (core/model/walk.py lists them), made from the parameter table
+    (core/model/params.py) in its order, by its names: a `<layer>.weight` is a CastedLinear layer, or an
+    embedding for `tok_emb` and the value embedding's `embed`; every other entry a parameter (zeros until
+    `load_params`); the layers of `blocks` are in a ModuleList, the `ve_layer_scales` in a ParameterList,
+    each `mlp` an MLP. `lm_head` is None with tied embeddings."""
+
     def __init__(self, cfg: Config):
         super().__init__()
         self.walk = TorchWalk(cfg)
         self.softcap = cfg.logit_softcap
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.model_dim)
-        self.skip_weights = nn.Parameter(torch.zeros(num_skip_weights(cfg), cfg.model_dim))
-        if cfg.skip_gates_enabled:
-            self.skip_gates = nn.Parameter(torch.zeros(num_skip_weights(cfg), cfg.model_dim))
-        if cfg.smear_gate_enabled:
-            self.smear_gate = CastedLinear(cfg.gate_window, 1)
-            self.smear_lambda = nn.Parameter(torch.zeros(1))
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
-        if cfg.ve_enabled:
-            self.ve_shared = ValueEmbedding(cfg)
-            self.ve_layer_scales = nn.ParameterList(
-                nn.Parameter(torch.zeros(1)) for _ in cfg.ve_layer_indices
-            )
-        self.lm_head = None if cfg.tie_embeddings else CastedLinear(cfg.model_dim, cfg.vocab_size)
-        if cfg.parallel_start_layer > 0:
-            self.parallel_post_lambdas = nn.Parameter(torch.zeros(cfg.num_layers, 2, 2))
-            self.parallel_resid_lambdas = nn.Parameter(torch.zeros(cfg.num_layers, 2))
+        self.lm_head = None
+        containers = {"blocks": nn.ModuleList, "ve_layer_scales": nn.ParameterList, "mlp": lambda: MLP(cfg)}
+        for name, spec in param_specs(cfg).items():
+            *path, leaf = name.removesuffix(".weight").split(".")
+            owner = self
+            for part in path:  # each container made where the table first names it
+                if part.isdigit():  # blocks.<i>
+                    if int(part) == len(owner):
+                        owner.append(nn.Module())
+                    owner = owner[int(part)]
+                else:
+                    if not hasattr(owner, part):
+                        owner.add_module(part, containers.get(part, nn.Module)())
+                    owner = getattr(owner, part)
+            if name.endswith(".weight"):
+                rows, cols = spec.shape
+                embedding = leaf in ("tok_emb", "embed")
+                setattr(owner, leaf, nn.Embedding(rows, cols) if embedding else CastedLinear(cols, rows))
+            elif isinstance(owner, nn.ParameterList):
+                owner.append(nn.Parameter(torch.zeros(spec.shape)))
+            else:
+                owner.register_parameter(leaf, nn.Parameter(torch.zeros(spec.shape)))
         # RoPE tables for the training length, moved with the model; longer inputs get their own.
         cos, sin = self.walk.rope_tables(cfg.train_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)

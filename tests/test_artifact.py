@@ -28,7 +28,7 @@ from core.eval.rows import evaluate
 from core.eval.score import EvalData, evaluators, load_eval_data
 from core.eval.sliding import evaluate_sliding
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
-from core.train.loop import calibrate_gptq
+from core.train.calibration import calibrate_gptq
 from tests.golden_data import GOLDEN, RECORD_PTZ, goldens
 from tests.test_backends import BACKENDS, LOOPS_LANES, busy_params, make_backend, needs
 from tests.test_cli import cli

@@ -155,7 +155,7 @@ def test_the_changed_document_keeps_its_length_tokens_and_bos():
 
 
 def test_calibration_names_training_shards_or_fails(tmp_path):
-    from core.train.loop import write_calibration
+    from core.train.calibration import write_calibration
 
     data_path = tmp_path / "data"
     data_path.mkdir()

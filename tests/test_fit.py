@@ -19,8 +19,8 @@ from core.artifact.mixed import dequantize_mixed
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.runs.package import code_bytes
+from core.train.calibration import calibrate_gptq
 from core.train.fitting import calibration_loss, calibration_tokens
-from core.train.loop import calibrate_gptq
 from tests.test_backends import make_backend, needs
 from tests.test_cli import assert_one_line_error, cli, data_flags
 

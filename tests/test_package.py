@@ -99,8 +99,10 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, {*mixed, "core.artifact.quantile"}),
-        ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.gptq"}),
+        ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.gptq",
+                                                           "core.train.calibration"}),
         ({"quant_format": "mixed", "lqer_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.lqer"}),
+        ({"varlen_attn_enabled": True}, {"cuda_train.varlen", *int8}),
     ):  # fmt: skip
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == defaults | expected, (
             changes
@@ -111,6 +113,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"caseops_enabled": True}, {"core.data.tables": None}),
     ):
         expected = {instead.get(m, m) for m in defaults} - {None} | int8
+        expected |= {"cuda_train.varlen"} if changes.get("varlen_attn_enabled") else set()
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == expected, changes
 
 

@@ -151,13 +151,14 @@ def test_the_flash_varlen_path_lays_segments_end_to_end(monkeypatch):
     import torch
 
     from cuda_train import model as torch_model
+    from cuda_train import varlen
     from tests.golden.make_record_features import _flash_attn_varlen_func_sdpa
 
-    monkeypatch.setattr(torch_model, "flash_varlen", lambda: _flash_attn_varlen_func_sdpa)
+    monkeypatch.setattr(varlen, "flash_varlen", lambda: _flash_attn_varlen_func_sdpa)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, n, T, 8, generator=g) for n in (4, 2, 2))  # (B, H or KV, T, D)
     x, _ = packed_rows(CFG)
     lower = torch.from_numpy(document_mask(CFG, x).argmax(-1))
-    got = torch_model.varlen_attention(q, k, v, lower)
+    got = varlen.varlen_attention(q, k, v, lower)
     want = torch_model.causal_attention(q, k, v, expand_kv=False, lower=lower)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -204,7 +204,7 @@ def perturbed_scores(
 
 @dataclass(frozen=True)
 class Calibration:
-    """The files GPTQ's Hessians and the artifact fit read (core/train/loop.py `write_calibration`)."""
+    """The files GPTQ's Hessians and the artifact fit read (core/train/calibration.py `write_calibration`)."""
 
     status: str  # "none", "not recorded", "training shards only", "reads other files"
     shards: list[str]

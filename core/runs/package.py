@@ -15,7 +15,7 @@ such paths import. A packaged run that took one would stop at that import.
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
 test-time training and its full mode, sliding windows, each protocol of the plain figure, the byte
 tables, the per-group compressor, the int8 format, the mixed format and its percentile clips, GPTQ,
-each training loader, LQER) are
+each training loader, LQER, FlashAttention's varlen kernel) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
 before any work, a config (after the environment's overrides) that needs a feature it lacks.
@@ -83,10 +83,11 @@ OPTIONAL = (
      "cfg.quant_format == 'mixed' and cfg.embed_clip_sigmas == 0", "embed_clip_sigmas"),
     ("percentile clips of the matrices", ("core.artifact.quantile",),
      "cfg.quant_format == 'mixed' and cfg.matrix_clip_sigmas == 0", "matrix_clip_sigmas"),
-    ("GPTQ", ("core.artifact.gptq",), "cfg.gptq_enabled", "gptq_enabled"),
+    ("GPTQ", ("core.artifact.gptq", "core.train.calibration"), "cfg.gptq_enabled", "gptq_enabled"),
     ("the coprime loader", ("core.data.coprime",), "cfg.train_loader == 'coprime'", "train_loader"),
     ("the sequential loader", ("core.data.sequential",), "cfg.train_loader == 'sequential'", "train_loader"),
     ("LQER", ("core.artifact.lqer",), "cfg.lqer_enabled", "lqer_enabled"),
+    ("FlashAttention's varlen kernel", ("cuda_train.varlen",), "cfg.varlen_attn_enabled", "varlen_attn_enabled"),
 )  # fmt: skip
 
 

@@ -1,6 +1,6 @@
-"""What only pgolf's `train` asks of a training run: to resume it, to stop it on a signal, and to show
-its progress (a packaged train_gpt.py does none of these, so this code stays out of its bundle,
-core/runs/package.py).
+"""What only pgolf's `train` asks of a training run: to resume it, to stop it on a signal, to show
+its progress and to log notes (a packaged train_gpt.py does none of these, so this code stays out of its
+bundle, core/runs/package.py): `InteractiveTraining`, through the hooks of core.train.loop's `Training`.
 
 `resume`: the checkpoint `Training.resume` names, checked and loaded into the run; `resumes_in`:
 whether that checkpoint is the run directory's own.
@@ -11,15 +11,86 @@ whether that checkpoint is the run directory's own.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.artifact.load import check_resumable, load_checkpoint, restore_data_position
 from core.common.errors import PgolfError, hint, setting
-from core.train.loop import WEIGHT_RMS_LIMIT, weights_rms
+from core.train.loop import WEIGHT_RMS_LIMIT, Training, weights_rms
+from core.train.rundir import RunDir
 
 if TYPE_CHECKING:
-    from core.train.loop import Training
+    from core.eval.score import Progress
+    from core.model.backend import Backend
+
+# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written. When the
+# poll has a `release(note)` method too, the loop calls it once its last checkpoint is on disk: from then
+# on, through the export and the final scores (test-time training: minutes), a stop may end the run at
+# once, saying the note (where the checkpoint is, how to export it).
+StopPoll = Callable[[], BaseException | None]
+
+
+class InteractiveTraining(Training):
+    """A training run as pgolf's `train` drives it. Besides `Training`'s options: `resume` (a checkpoint,
+    or a run directory's last one); `progress` follows each validation pass and `step_progress` the
+    training steps, as (done, expected total); under a wallclock cap the total is where the cap will stop
+    the run at the current pace. `notes` are logged after the header (where settings came from,
+    warnings); `stop` is polled between steps (see `stop_if_asked`)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        resume: str | Path | None = None,
+        progress: Progress | None = None,
+        step_progress: Progress | None = None,
+        notes: Sequence[str] = (),
+        stop: StopPoll | None = None,
+        **options,
+    ):
+        super().__init__(backend, **options)
+        self.resume, self.progress, self.step_progress = resume, progress, step_progress
+        self.notes, self.stop = notes, stop
+
+    def load_weights(self) -> float:
+        return super().load_weights() if self.resume is None else resume(self)
+
+    def open_run_dir(self, run_id: str) -> RunDir:
+        own_run = self.resume is not None and resumes_in(self.resume, Path(self.cfg.out_dir) / run_id)
+        return RunDir(self.cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
+
+    def _log_header(self) -> None:
+        if self.resume is not None:
+            self.say(f"resumed:{self.resume} step:{self.step} train_time:{self.clock.ms():.0f}ms")
+        super()._log_header()
+        for note in self.notes:
+            self.say(note)
+
+    def after_step(self) -> None:
+        if self.main and self.step_progress is not None:
+            self.step_progress(self.step, expected_steps(self))
+
+    def trained(self) -> None:
+        if self.main and self.step_progress is not None:
+            self.step_progress(self.step, self.step)  # training is over, wherever it stopped
+        release = getattr(self.stop, "release", None)
+        if release is not None:  # nothing is left to save: a stop need not wait for a poll
+            release(release_note(self))
+
+    def stop_if_asked(self) -> None:
+        """Write a checkpoint, say where it is and raise, when a stop was asked for (a signal)."""
+        exc = self.stop() if self.stop is not None else None
+        if exc is None:
+            return
+        path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
+        self.say(stopped_note(self, path))
+        raise exc
+
+    def watch(self, done: int, total: int) -> None:
+        """A stop is honoured within a pass, batch by batch."""
+        self.stop_if_asked()
+        if self.main and self.progress is not None:
+            self.progress(done, total)
 
 
 def resume(training: Training) -> float:

@@ -25,11 +25,10 @@ was taken off the cap: `Config.train_cap_seconds`), the artifact is written
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,26 +38,20 @@ from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
 from core.common.errors import PgolfError, memory_hint
-from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
-from core.eval.score import Progress, evaluators, figure_protocol, load_eval_data
+from core.eval.score import evaluators, figure_protocol, load_eval_data
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
 from core.train.rundir import RunDir
 
-if TYPE_CHECKING:  # only annotations name the backend's interface and the loaders
+if TYPE_CHECKING:  # only annotations name these
     from core.data.coprime import CoprimeLoader
     from core.data.sequential import BatchLoader
     from core.model.backend import Backend
 
-Log = Callable[[str], None]
-# Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written. When the
-# poll has a `release(note)` method too, the loop calls it once its last checkpoint is on disk: from then
-# on, through the export and the final scores (test-time training: minutes), a stop may end the run at
-# once, saying the note (where the checkpoint is, how to export it).
-StopPoll = Callable[[], BaseException | None]
+    Log = Callable[[str], None]
 
 # A run has diverged, and stops with an error, when a logged training loss or a validation loss is
 # not finite, when one is above ln(vocab_size) (the loss of predicting every token as equally likely,
@@ -94,45 +87,6 @@ def train_loader(cfg: Config, backend: Backend) -> BatchLoader | CoprimeLoader:
     """This rank's training data from its start."""
     files = find_shards(cfg.data_path, "train")
     return make_train_loader(cfg.train_loader, files, backend.rank, backend.world_size, cfg.vocab_size)
-
-
-def write_calibration(artifact: Path, cfg: Config, fit_shards: Sequence[Path] = ()) -> Path:
-    """Beside the artifact (`.calibration.json`): the files its calibration read, GPTQ's Hessians and the
-    artifact fit's scoring (`fit_shards`, when there was a fit), by name, for `audit` to check."""
-    record = {
-        "data_path": str(cfg.data_path),
-        "gptq_shards": [p.name for p in find_shards(cfg.data_path, "train")],
-        "gptq_batches": cfg.gptq_calibration_batches,
-        "fit_shards": [Path(p).name for p in fit_shards],
-    }
-    return write_atomic(
-        artifact.with_suffix(".calibration.json"), (json.dumps(record, indent=1) + "\n").encode()
-    )
-
-
-def calibrate_gptq(backend: Backend, log: Log | None = None) -> dict[str, np.ndarray]:
-    """GPTQ's Hessians: `gptq_calibration_batches` training micro-batches per rank, read from the start
-    of the training stream, through the backend's `input_hessians`; the mean over every rank's batches."""
-    cfg = backend.cfg
-    t0 = time.perf_counter()
-    loader = train_loader(cfg, backend)
-    accum = cfg.local_accum_steps(backend.world_size)
-    batches = (
-        loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, accum)
-        for _ in range(cfg.gptq_calibration_batches)
-    )
-    count = cfg.gptq_calibration_batches * backend.world_size
-    hessians = {
-        name: (backend.all_reduce_sum(h.astype(np.float64).ravel()) / count)
-        .astype(np.float32)
-        .reshape(h.shape)
-        for name, h in sorted(backend.input_hessians(batches).items())
-    }
-    if log is not None:
-        log(
-            f"gptq:collected {len(hessians)} Hessians from {count} batches in {time.perf_counter() - t0:.1f}s"
-        )
-    return hessians
 
 
 def _shared_run_id(cfg: Config, backend: Backend) -> str:
@@ -184,28 +138,26 @@ class Clock:
 
 
 class Training:
-    """One training run, as the named steps the module docstring lists; `run` strings them together."""
+    """One training run, as the named steps the module docstring lists; `run` strings them together.
+    A packaged train_gpt.py runs this; pgolf's `train` runs `InteractiveTraining`
+    (core/train/interactive.py), which adds resuming, stopping on a signal, progress displays and notes
+    by overriding `load_weights`, `open_run_dir` and `_log_header`, and the hooks that do nothing here:
+    `after_step`, `trained`, `stop_if_asked`, `watch`."""
+
+    resume = None  # the checkpoint a run resumes from: only InteractiveTraining's do
 
     def __init__(
         self,
         backend: Backend,
-        resume: str | Path | None = None,
         log: Log = print,
-        progress: Progress | None = None,
-        step_progress: Progress | None = None,
-        notes: Sequence[str] = (),
-        stop: StopPoll | None = None,
         code_bytes: int | Callable[[Config], int] | None = None,
         budget_table: bool = True,
     ):
-        self.backend, self.cfg = backend, backend.cfg
-        self.resume, self.log = resume, log
-        self.progress, self.step_progress = progress, step_progress
+        self.backend, self.cfg, self.log = backend, backend.cfg, log
         # The run's code bytes: a number (a packaged run knows its own size), or how to measure them
         # from the config (the CLI passes core.runs.package.code_bytes); None counts none.
         self.code_bytes = code_bytes
         self.budget_table = budget_table  # log where the artifact's bytes go, class by class
-        self.notes, self.stop = notes, stop
         self.saved_step: int | None = None  # the step of the last checkpoint written
         self.saved_ms = 0.0  # and the training clock then
         self.timed_checkpoint: Path | None = None  # the last one written for checkpoint_minutes
@@ -226,33 +178,33 @@ class Training:
         self.data = load_eval_data(cfg)
         self.loader = train_loader(cfg, backend)
         trackers = _trackers(cfg.report_to)
-        start_ms = 0.0
-        if self.resume is not None:
-            from core.train.interactive import resume
-
-            start_ms = resume(self)
-        elif cfg.init_from:
-            from core.artifact.load import load_init_weights
-
-            backend.load_params(load_init_weights(cfg.init_from, cfg))
-        else:
-            backend.load_params(init_params(cfg, bf16=backend.bf16))
+        start_ms = self.load_weights()
         # Derived from the step and the clock, so a resumed run needs nothing saved for it.
         self.looping = looping_active(cfg, self.step, start_ms)
         backend.set_looping(self.looping)
         self.clock = Clock(backend, start_ms)
-        run_id = _shared_run_id(cfg, backend)
-        own_run = False
-        if self.resume is not None:
-            from core.train.interactive import resumes_in
-
-            own_run = resumes_in(self.resume, Path(cfg.out_dir) / run_id)
-        self.run = RunDir(cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
+        self.run = self.open_run_dir(_shared_run_id(cfg, backend))
         self.run.write_config(cfg.to_dict())
         self.run.report_to(trackers, cfg.to_dict())
         self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
                     world_size=backend.world_size)  # fmt: skip
         self._log_header()
+        self.say(f"run_dir:{self.run.path}")
+
+    def load_weights(self) -> float:
+        """The initial weights: `init_from`'s (with a fresh optimizer, at step 0), else seeded; returns
+        the training clock the run starts from."""
+        cfg, backend = self.cfg, self.backend
+        if cfg.init_from:
+            from core.artifact.load import load_init_weights
+
+            backend.load_params(load_init_weights(cfg.init_from, cfg))
+        else:
+            backend.load_params(init_params(cfg, bf16=backend.bf16))
+        return 0.0
+
+    def open_run_dir(self, run_id: str) -> RunDir:
+        return RunDir(self.cfg.out_dir, run_id, enabled=self.main)
 
     def warm_up(self) -> None:
         """Prime the compiled paths with real steps (once more looped, with depth recurrence, so the
@@ -303,10 +255,7 @@ class Training:
             loss = self.backend.train_step(self._micro_batches(), lr_mult, momentum, wd_mult)
         self.step += 1
         self.elapsed_ms = self.agreed_ms()
-        if self.main and self.step_progress is not None:
-            from core.train.interactive import expected_steps
-
-            self.step_progress(self.step, expected_steps(self))
+        self.after_step()
         due = self.step <= 10 or self.step % max(cfg.train_log_every, 1) == 0 or self.stop_after is not None
         if cfg.train_log_every > 0 and due:
             self._log_train(loss, lr_mult, momentum)
@@ -360,22 +309,11 @@ class Training:
         self.timed_checkpoint = path
 
     def stop_if_asked(self) -> None:
-        """Write a checkpoint, say where it is and raise, when a stop was asked for (a signal). Polled
-        between steps, between validation batches, and between the steps of the final export."""
-        exc = self.stop() if self.stop is not None else None
-        if exc is None:
-            return
-        from core.train.interactive import stopped_note
-
-        path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
-        self.say(stopped_note(self, path))
-        raise exc
+        """Polled between steps, between validation batches and between the steps of the final export:
+        where a stop asked for ends the run."""
 
     def watch(self, done: int, total: int) -> None:
-        """The progress of a long pass (validation): a stop is honoured within a batch."""
-        self.stop_if_asked()
-        if self.main and self.progress is not None:
-            self.progress(done, total)
+        """Called by a long pass (validation) after each batch of its `total`."""
 
     def export_and_score(self) -> RunResult:
         """Write the artifact of the final (or averaged) weights and score what was written."""
@@ -391,6 +329,8 @@ class Training:
         self.stop_if_asked()
         hessians = fit = None
         if cfg.gptq_enabled or cfg.artifact_fit_bytes > 0:
+            from core.train.calibration import calibrate_gptq, write_calibration
+
             hessians = calibrate_gptq(backend, self.say)
             self.stop_if_asked()
         params = backend.params()
@@ -494,21 +434,21 @@ class Training:
             self.say(
                 f"stopping_early: wallclock_cap train_time:{self.clock.ms():.0f}ms step:{self.step}/{cfg.iterations}"
             )
-        if self.main and self.step_progress is not None:
-            self.step_progress(self.step, self.step)  # training is over, wherever it stopped
         self.peak_memory = self.backend.peak_memory_bytes()
         if self.peak_memory is not None:
             self.say(f"peak memory allocated: {self.peak_memory // 2**20} MiB")
         self.save_checkpoint()
         self.stop_if_asked()
-        release = getattr(self.stop, "release", None)
-        if release is not None:  # nothing is left to save: a stop need not wait for a poll
-            from core.train.interactive import release_note
-
-            release(release_note(self))
+        self.trained()
         result = self.export_and_score()
-        self.metric(kind="final", **vars(result))
+        self.metric(kind="final", **asdict(result))
         return result
+
+    def after_step(self) -> None:
+        """Called after each training step."""
+
+    def trained(self) -> None:
+        """Called once training is over and its last checkpoint is on disk."""
 
     # ---------------------------------------------------------------- helpers
     def _score_plain(self) -> BPBMeter:
@@ -586,8 +526,6 @@ class Training:
 
     def _log_header(self) -> None:
         cfg, backend = self.cfg, self.backend
-        if self.resume is not None:
-            self.say(f"resumed:{self.resume} step:{self.step} train_time:{self.clock.ms():.0f}ms")
         self.say(
             f"backend:{backend.name} device:{backend.device} world_size:{backend.world_size} "
             f"grad_accum_steps:{self.accum} seed:{cfg.seed}"
@@ -614,9 +552,6 @@ class Training:
         self.say(f"dataset:{cfg.dataset} data_path:{cfg.data_path} tokenizer_path:{cfg.tokenizer_path}")
         if cfg.init_from and self.resume is None:
             self.say(f"init_from:{cfg.init_from} (its weights, a fresh optimizer, step 0)")
-        for note in self.notes:
-            self.say(note)
-        self.say(f"run_dir:{self.run.path}")
 
 
 def divergence(
@@ -655,17 +590,18 @@ def _trackers(report_to: str) -> list[str]:
 def train(backend: Backend, **options) -> RunResult:
     """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
 
-    `options` are `Training`'s, by name: `resume` (a checkpoint, or a run directory's last one);
-    `log` (each log line); `progress` follows each validation pass and `step_progress` the training
-    steps, as (done, expected total); under a wallclock cap the total is where the cap
-    will stop the run at the current pace. `notes` are logged after the header (where settings
-    came from, warnings); `stop` is polled between steps (see `Training.stop_if_asked`).
-    `code_bytes`: what counts as the run's code: a number, or a function of the config that measures
-    it (the CLI passes the size of the run's packaged train_gpt.py, core/runs/package.py); None, none.
-    `budget_table`: log the artifact's bytes class by class (core/artifact/budget.py) after its size;
-    a packaged run does not.
+    `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code:
+    a number, or a function of the config that measures it (the CLI passes the size of the run's packaged
+    train_gpt.py, core/runs/package.py); None, none; `budget_table`: log the artifact's bytes class by
+    class (core/artifact/budget.py) after its size (a packaged run does not). Any other option (`resume`,
+    `stop`, `progress`, `step_progress`, `notes`) runs an `InteractiveTraining` (core/train/interactive.py).
     """
-    training = Training(backend, **options)
+    if options.keys() <= {"log", "code_bytes", "budget_table"}:
+        training = Training(backend, **options)
+    else:
+        from core.train.interactive import InteractiveTraining
+
+        training = InteractiveTraining(backend, **options)
     try:
         return training.run()
     finally:
