@@ -88,10 +88,11 @@ class Clip:
 
     def to_json(self) -> dict[str, Any]:
         """Only the fields this kind uses: what an artifact records."""
-        keep = {"percentile": ("q",), "search": ("candidates", "per_row"), "sdclip": ("k",)}[self.kind]
-        return {"kind": self.kind} | {
-            f: list(self.candidates) if f == "candidates" else getattr(self, f) for f in keep
-        }
+        if self.kind == "search":
+            return {"kind": "search", "candidates": list(self.candidates), "per_row": self.per_row}
+        return (
+            {"kind": self.kind, "q": self.q} if self.kind == "percentile" else {"kind": "sdclip", "k": self.k}
+        )
 
 
 def row_scales(w: np.ndarray, bits: int, q: float) -> np.ndarray:

@@ -283,7 +283,7 @@ def split_streams(data: bytes, counts: range) -> list[bytes]:
     lengths = struct.unpack(f"<{count}I", data[4 : 4 * (count + 1)])
     if 4 * (count + 1) + sum(lengths) != len(data):
         raise ValueError("the per-group streams do not add up to the data's length")
-    ends = np.cumsum((4 * (count + 1), *lengths)).tolist()
+    ends = list(itertools.accumulate(lengths, initial=4 * (count + 1)))
     return [data[a:b] for a, b in itertools.pairwise(ends)]
 
 
@@ -301,9 +301,7 @@ def unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
         raise ValueError(f"the per-group layout is damaged: {first_line(exc)}") from None
     if total > compress.MAX_OUTPUT_BYTES:
         raise ValueError(f"per-group data decompresses to more than {compress.MAX_OUTPUT_BYTES:,} bytes")
-    if len(sizes) != len(streams) - 1 or any(
-        _lrzip_size(s) != n for s, n in zip(streams[1:], sizes, strict=False)
-    ):
+    if [_lrzip_size(s) for s in streams[1:]] != sizes:
         raise ValueError("the per-group streams do not match their layout")
     groups = lrzip_decompress(streams[1:])
     orders = main[4 + size : 4 + size + order_bytes]
