@@ -153,14 +153,16 @@ def test_clip_descriptions_round_trip_and_bad_ones_are_refused():
     for clip in (Clip(), Clip(per_row=True), Clip.percentile(0.9999), Clip.sdclip(12.85)):
         assert clip_from_json(clip.to_json()) == clip
     assert Clip.sdclip(3.0).to_json() == {"kind": "sdclip", "k": 3.0}
+    with pytest.raises(PgolfError, match="sdclip"):
+        Clip.sdclip(-1)
     for bad, match in [
-        (lambda: Clip("median"), "clip method 'median'"),
-        (lambda: Clip.percentile(1.5), r"quantile 1.5 is not in \(0, 1\]"),
-        (lambda: Clip(candidates=()), "no candidate"),
-        (lambda: Clip.sdclip(-1), "sdclip"),
+        ({"kind": "median"}, "clip method 'median'"),
+        ({"kind": "percentile", "q": 1.5}, r"quantile 1.5 is not in \(0, 1\]"),
+        ({"kind": "search", "candidates": []}, "no candidate"),
+        ({"kind": "sdclip", "k": -1}, "sdclip"),
     ]:
-        with pytest.raises(PgolfError, match=match):
-            bad()
+        with pytest.raises(ValueError, match=match):
+            clip_from_json(bad)
     with pytest.raises(ValueError, match="not a clip description"):
         clip_from_json({"kind": "sdclip", "sigma": 3})
 

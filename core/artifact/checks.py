@@ -28,6 +28,7 @@ from core.common.errors import PgolfError
 
 STORES = ("int", "fp16", "fp32", "raw")  # how the mixed format keeps a tensor
 METHODS = ("rows", "gptq", "gate")  # how it rounded a quantized one
+CLIP_KINDS = ("percentile", "search", "sdclip")  # how it chose the clip of each row (rowquant.Clip)
 LQER_PARTS = ("lqer.qA", "lqer.sA", "lqer.qB", "lqer.sB")  # the roles of its LQER factors' tensors
 # Each container format: its name in messages, the version this pgolf reads.
 FORMATS = {CONTAINER_FORMAT: ("int8", CONTAINER_VERSION), MIXED_FORMAT: ("mixed-precision", MIXED_VERSION)}
@@ -231,6 +232,16 @@ def clip_from_json(obj: Any) -> Clip:
             raise ValueError("clip candidates are not a list")
         fields["candidates"] = tuple(fields["candidates"])
     try:
-        return Clip(**fields)
+        clip = Clip(**fields)
+        if clip.kind == "sdclip":
+            Clip.sdclip(clip.k)  # refuses a k out of its range
     except (PgolfError, TypeError) as exc:
         raise ValueError(str(exc)) from None
+    if clip.kind not in CLIP_KINDS:
+        raise ValueError(f"clip method {clip.kind!r}: choose from {', '.join(CLIP_KINDS)}")
+    if clip.kind == "search" and not clip.candidates:
+        raise ValueError("clip search: no candidate quantiles")
+    for q in clip.quantiles:
+        if not (isinstance(q, int | float) and 0.0 < q <= 1.0):
+            raise ValueError(f"clip quantile {q!r} is not in (0, 1]")
+    return clip

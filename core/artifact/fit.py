@@ -67,8 +67,8 @@ from core.artifact.export import (
     quantize_mixed_for,
 )
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
-from core.artifact.lqer import LqerSettings, correction, factors, ranked_errors
-from core.artifact.mixed import MixedModel, add_lqer, dequantize_mixed, quantize_mixed, rounding_of
+from core.artifact.lqer import LqerSettings, add_lqer, correction, factors, ranked_errors, rounding_of
+from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed
 from core.common import compress
 from core.common.errors import PgolfError
 from core.config.fields import Config

@@ -9,6 +9,8 @@ A_q @ B_q to W_q. Two packings (the 2026-04-27 record's):
   scale per `group` consecutive values of B flattened (absmax / 7.5). Used when B's size is a
   multiple of the group, else "sym".
 Values are float32 until the fp16 scales, rounding half to even, as the record computes them.
+`add_lqer` gives a mixed-precision model (core/artifact/mixed.py) its corrections: only runs with
+LQER import this module.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.artifact.int8 import dequantize_rows
+from core.artifact.int8 import _in_dtype, dequantize_rows
+from core.artifact.mixed import MixedModel
 from core.artifact.rowquant import absmax_rows
 
 
@@ -73,3 +76,24 @@ def factors(
     if settings.asym and b.size % settings.group == 0:
         return "asym", pack_asym(a, b, settings.group)
     return "sym", pack_sym(a, b, settings.factor_bits)
+
+
+def rounding_of(
+    state: dict[str, np.ndarray], model: MixedModel
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """What LQER corrects in `model` (made of `state`): its quantized tensors as they were given (in
+    their model dtype's precision), and as rounded (without any correction)."""
+    weights = {
+        n: _in_dtype(np.asarray(state[n], dtype=np.float32), model.info[n]["dtype"]) for n in model.quantized
+    }
+    return weights, {n: dequantize_rows(model.quantized[n], model.scales[n]) for n in weights}
+
+
+def add_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings) -> MixedModel:
+    """`model` (core/artifact/mixed.py, made of `state`, without corrections) given the LQER corrections
+    `lqer` asks for: of its `lqer.top_k` matrices whose quantization error has the largest Frobenius norm."""
+    for name, error in ranked_errors(*rounding_of(state, model))[: lqer.top_k]:
+        kind, packed = factors(np.linalg.svd(error, full_matrices=False), lqer)
+        model.lqer[name] = packed
+        model.info[name]["lqer"] = kind
+    return model

@@ -59,12 +59,10 @@ __all__ = [
     "CLASSES",
     "DEFAULT_BITS",
     "MixedModel",
-    "add_lqer",
     "dequantize_mixed",
     "mixed_artifact_bytes",
     "mixed_from_container",
     "quantize_mixed",
-    "rounding_of",
 ]
 
 MIXED_FORMAT = "pgolf-mixed"
@@ -168,30 +166,11 @@ def quantize_mixed(
             _check_float16_range(name, w, s)
         out.quantized[name], out.scales[name] = q, s
         info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
-    return add_lqer(out, state, lqer) if lqer is not None else out
+    if lqer is None:
+        return out
+    from core.artifact.lqer import add_lqer
 
-
-def add_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings) -> MixedModel:
-    """`model` (made of `state`, without corrections) given the LQER corrections `lqer` asks for: of its
-    `lqer.top_k` matrices whose quantization error has the largest Frobenius norm."""
-    from core.artifact.lqer import factors, ranked_errors
-
-    for name, error in ranked_errors(*rounding_of(state, model))[: lqer.top_k]:
-        kind, packed = factors(np.linalg.svd(error, full_matrices=False), lqer)
-        model.lqer[name] = packed
-        model.info[name]["lqer"] = kind
-    return model
-
-
-def rounding_of(
-    state: dict[str, np.ndarray], model: MixedModel
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """What LQER corrects in `model` (made of `state`): its quantized tensors as they were given (in
-    their model dtype's precision), and as rounded (without any correction)."""
-    weights = {
-        n: _in_dtype(np.asarray(state[n], dtype=np.float32), model.info[n]["dtype"]) for n in model.quantized
-    }
-    return weights, {n: dequantize_rows(model.quantized[n], model.scales[n]) for n in weights}
+    return add_lqer(out, state, lqer)
 
 
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:

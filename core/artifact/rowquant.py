@@ -42,7 +42,6 @@ __all__ = [
 
 BITS = (8, 7, 6, 5)
 SEARCH_QUANTILES = (0.9990, 0.9995, 0.9999, 0.99999, 1.0)  # the records' GPTQ-lite candidates
-CLIP_KINDS = ("percentile", "search", "sdclip")
 
 
 def clip_range(bits: int) -> int:
@@ -54,7 +53,9 @@ def clip_range(bits: int) -> int:
 
 @dataclass(frozen=True)
 class Clip:
-    """How each row's clip is chosen (see the module docstring)."""
+    """How each row's clip is chosen (see the module docstring). Its settings are checked where they
+    come from: a run's by Config.validate (and `sdclip`, its k), an artifact's by
+    core/artifact/checks.py (`clip_from_json`)."""
 
     kind: str = "search"
     q: float = 1.0  # percentile: the quantile of |w| per row (1.0 = the largest |value|)
@@ -62,23 +63,15 @@ class Clip:
     per_row: bool = False  # search: best candidate for each row, not one for the whole matrix
     k: float = 0.0  # sdclip: clip = k * std(row)
 
-    def __post_init__(self) -> None:
-        if self.kind not in CLIP_KINDS:
-            raise PgolfError(f"clip method {self.kind!r}: choose from {', '.join(CLIP_KINDS)}")
-        if self.kind == "search" and not self.candidates:
-            raise PgolfError("clip search: no candidate quantiles")
-        for q in self.quantiles:
-            if not (isinstance(q, int | float) and 0.0 < q <= 1.0):
-                raise PgolfError(f"clip quantile {q!r} is not in (0, 1]")
-        if self.kind == "sdclip" and not (isinstance(self.k, int | float) and 0.0 < self.k < 1e4):
-            raise PgolfError(f"sdclip: k = {self.k!r} should be a positive number of standard deviations")
-
     @classmethod
     def percentile(cls, q: float) -> Clip:
         return cls("percentile", q=q)
 
     @classmethod
     def sdclip(cls, k: float) -> Clip:
+        """SDClip at `k` standard deviations: a positive number below 1e4, else refused."""
+        if not (isinstance(k, int | float) and 0.0 < k < 1e4):
+            raise PgolfError(f"sdclip: k = {k!r} should be a positive number of standard deviations")
         return cls("sdclip", k=k)
 
     @property
@@ -88,10 +81,11 @@ class Clip:
 
     def to_json(self) -> dict[str, Any]:
         """Only the fields this kind uses: what an artifact records."""
-        keep = {"percentile": ("q",), "search": ("candidates", "per_row"), "sdclip": ("k",)}[self.kind]
-        return {"kind": self.kind} | {
-            f: list(self.candidates) if f == "candidates" else getattr(self, f) for f in keep
-        }
+        if self.kind == "search":
+            return {"kind": "search", "candidates": list(self.candidates), "per_row": self.per_row}
+        return (
+            {"kind": self.kind, "q": self.q} if self.kind == "percentile" else {"kind": "sdclip", "k": self.k}
+        )
 
 
 def row_scales(w: np.ndarray, bits: int, q: float) -> np.ndarray:

@@ -80,37 +80,35 @@ class Split:
     rest: bytes  # the payload without the grouped matrices
 
 
-def _int8_matrices(payload: bytes) -> dict[str, tuple[int, int, int]]:
-    """name -> (offset in the payload, rows, cols) of every 2-D int8 tensor `q/...` of a safetensors file;
-    nothing when the bytes are not one (or a tensor entry is malformed)."""
-    found = {}
+def _members(payload: bytes) -> dict[str, list[tuple[int, int, int, int]]]:
+    """kind -> [(layer, offset in the payload, rows, cols)] of the 2-D int8 tensors `q/...` of a safetensors
+    file that are of a kind in GROUPS (a tensor outside the blocks: layer 0); nothing when the bytes are not
+    one (or a tensor entry is malformed)."""
+    members: dict[str, list[tuple[int, int, int, int]]] = {}
     try:
         size = int.from_bytes(payload[:8], "little")
         header = json.loads(payload[8 : 8 + size]) if 8 + size <= len(payload) else {}
         for name, entry in header.items():
             if name.startswith("q/") and entry["dtype"] == "I8" and len(entry["shape"]) == 2:
                 (rows, cols), (start, end) = entry["shape"], entry["data_offsets"]
-                if rows * cols == end - start > 0 and 8 + size + end <= len(payload):
-                    found[name[2:]] = (8 + size + start, rows, cols)
+                match = _LAYER.fullmatch(name[2:])
+                layer, kind = (int(match[1]), match[2]) if match else (0, name[2:])
+                if rows * cols == end - start > 0 and 8 + size + end <= len(payload) and kind in GROUPS:
+                    members.setdefault(kind, []).append((layer, 8 + size + start, rows, cols))
     except (AttributeError, KeyError, TypeError, UnicodeDecodeError, ValueError):
         return {}
-    return found
+    return members
 
 
 def split(payload: bytes) -> Split:
     """The payload's groups, orders and rest, and the layout that joins them (see the module docstring)."""
-    members: dict[str, list[tuple[int, tuple[int, int, int]]]] = {}
-    for name, place in _int8_matrices(payload).items():
-        match = _LAYER.fullmatch(name)
-        layer, kind = (int(match[1]), match[2]) if match else (0, name)
-        if kind in GROUPS:
-            members.setdefault(kind, []).append((layer, place))
+    members = _members(payload)
     data = np.frombuffer(payload, dtype=np.uint8)
     keep = np.ones(len(payload), dtype=bool)
     layout, groups, orders = [], [], []
     for kind in (k for k in GROUPS if k in members):
         entries, blobs = [], []
-        for _layer, (start, rows, cols) in sorted(members[kind]):
+        for _layer, start, rows, cols in sorted(members[kind]):
             matrix = data[start : start + rows * cols].view(np.int8).reshape(rows, cols)
             sort = kind in SORTED and rows <= MAX_SORTED_ROWS
             if sort:
@@ -283,7 +281,7 @@ def split_streams(data: bytes, counts: range) -> list[bytes]:
     lengths = struct.unpack(f"<{count}I", data[4 : 4 * (count + 1)])
     if 4 * (count + 1) + sum(lengths) != len(data):
         raise ValueError("the per-group streams do not add up to the data's length")
-    ends = np.cumsum((4 * (count + 1), *lengths)).tolist()
+    ends = list(itertools.accumulate(lengths, initial=4 * (count + 1)))
     return [data[a:b] for a, b in itertools.pairwise(ends)]
 
 
@@ -301,9 +299,7 @@ def unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
         raise ValueError(f"the per-group layout is damaged: {first_line(exc)}") from None
     if total > compress.MAX_OUTPUT_BYTES:
         raise ValueError(f"per-group data decompresses to more than {compress.MAX_OUTPUT_BYTES:,} bytes")
-    if len(sizes) != len(streams) - 1 or any(
-        _lrzip_size(s) != n for s, n in zip(streams[1:], sizes, strict=False)
-    ):
+    if [_lrzip_size(s) for s in streams[1:]] != sizes:
         raise ValueError("the per-group streams do not match their layout")
     groups = lrzip_decompress(streams[1:])
     orders = main[4 + size : 4 + size + order_bytes]
