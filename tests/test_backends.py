@@ -46,6 +46,18 @@ def make_backend(name: str, cfg):
     return backends.create(name, cfg)
 
 
+def graph_capture_only(monkeypatch) -> None:
+    """torch.compile with the aot_eager backend for the rest of a test: dynamo's graphs, guards and
+    recompiles, and AOT autograd, as a run makes them, without inductor's code generation. On a CPU that
+    generation is most of a cold compile and not what runs on a GPU; its numbers are checked against
+    eager ones by test_compiled_step_equals_eager, and the compiled two-process run of
+    tests/test_training.py runs it under DDP."""
+    import torch
+
+    inductor = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: inductor(fn, backend="aot_eager", **kwargs))
+
+
 def fresh_compile_cache(name: str) -> None:
     """Forget earlier tests' compiled graphs: dynamo keeps at most 8 per code object, and every
     model instance of the session adds its own (a limit a single run never reaches)."""
@@ -253,15 +265,17 @@ def assert_steady_state_compiles_nothing(backend, micro) -> None:
 
 @pytest.mark.slow  # compiles the step twice: minutes on 2 cores
 @pytest.mark.parametrize("backend_name", BACKENDS)
-def test_compiled_loop_switch_equals_eager(backend_name):
+def test_compiled_loop_switch_equals_eager(backend_name, monkeypatch):
     """Depth recurrence switched on mid-run takes effect under compile: the losses and weights of
     an eager run that switches at the same step, not those of a compiled run that never switches.
     In PyTorch, the switch then compiled the step once per layout, and the evaluation (one layout,
     then the other) compiles once per layout too: after that, neither layout (nor switching back)
-    compiles anything."""
+    compiles anything. Graphs and guards are what is tested (`graph_capture_only`)."""
     cfg = preset("smoke").replace(**SMALL_LOOPS_LANES)
     micro = [batch(cfg, seed=14), batch(cfg, seed=15)]
     fresh_compile_cache(backend_name)
+    if backend_name == "cuda":
+        graph_capture_only(monkeypatch)
 
     def train(mode: str, switch_at: int | None):
         backend = make_backend(backend_name, cfg.replace(compile=mode))
@@ -385,9 +399,11 @@ def test_mlx_rms_norm_equals_torch_in_both_dtypes(dtype):
 
 @pytest.mark.slow  # torch.compile on a CPU: a minute on 2 cores
 @pytest.mark.torch
-def test_torch_compiled_bf16_steady_state_has_no_recompiles():
+def test_torch_compiled_bf16_steady_state_has_no_recompiles(monkeypatch):
     """bf16 compute (autocast, as on CUDA): after one step, neither new lrs nor new steps nor validation
-    recompile anything (fp32: test_compiled_step_equals_eager). One layer: the guards are what is tested."""
+    recompile anything (fp32: test_compiled_step_equals_eager). One layer and `graph_capture_only`: the
+    guards are what is tested."""
+    graph_capture_only(monkeypatch)
     cfg = preset("smoke").replace(compile="on", compute_dtype="bfloat16", num_layers=1)
     backend = make_backend("cuda", cfg)
     backend.load_params(busy_params(cfg))

@@ -13,7 +13,7 @@ from core.config.presets import preset
 from core.data.tables import ByteTables
 from core.eval.score import EvalData, evaluate_with_ttt, evaluators
 from core.eval.ttt import chunk_window, evaluate_ttt, find_documents, global_lr, plan_batches
-from tests.test_backends import BACKENDS, busy_params, make_backend, needs
+from tests.test_backends import BACKENDS, busy_params, graph_capture_only, make_backend, needs
 from tests.test_golden_records import GOLDEN, read_golden, record_config
 
 # ----------------------------------------------------------- the record's own TTT (make_record_ttt.py)
@@ -212,10 +212,12 @@ def test_both_backends_give_the_same_ttt_losses():
 
 @needs("cuda")
 @pytest.mark.slow
-def test_the_compiled_ttt_forward_scores_what_eager_does():
+def test_the_compiled_ttt_forward_scores_what_eager_does(monkeypatch):
     """torch.compile of the LoRA forward (dynamic shapes: each batch has its own window length), on a CPU:
-    every token's TTT loss within 1e-5 nats of the eager forward's. One layer: the depth is not what is
-    tested, and it makes a cold compile cheaper."""
+    every token's TTT loss within 1e-5 nats of the eager forward's. The graphs dynamo and AOT autograd
+    make of it with symbolic shapes are what is tested (`graph_capture_only`), and one layer: the depth
+    is not what is tested, and both make a cold compile cheaper."""
+    graph_capture_only(monkeypatch)
     cfg = LEGAL_CFG.replace(num_layers=1)
     params = busy_params(cfg, seed=5)
     tokens = stream(3)[:90]  # five documents: two batches of different window lengths
