@@ -240,6 +240,39 @@ def test_the_packaged_script_trains_alone_to_the_same_score(sotu_dataset, pgolf_
     assert "seed:7" in result.stdout and (here / "runs").is_dir()
 
 
+@pytest.mark.slow  # two short runs with test-time training, ~35 s on 2 cores
+@needs("cuda")
+def test_a_packaged_record_0427_run_trains_alone_to_the_same_scores(tmp_path_factory, tmp_path):
+    """The record preset's bundle (its optional modules: flat scoring, sliding windows, LoRA test-time
+    training, mixed format, GPTQ, LQER, the coprime loader, document-masked attention) runs alone,
+    minified, to the run's own three figures, on the embedded corpus's CaseOps version."""
+    from core.datasets.embedded import prepare_sotu
+
+    root = tmp_path_factory.mktemp("caseops")
+    prepare_sotu(root, vocab_size=1024, limit_docs=40, case_ops=True)
+    data = {"DATA_PATH": str(root / "datasets" / "sotu_sp1024_caseops"),
+            "TOKENIZER_PATH": str(root / "tokenizers" / "sotu_1024_bpe_caseops.model")}  # fmt: skip
+    out = tmp_path / "runs"
+    run = cli("train", "--backend", "cuda", "--preset", "record_0427_tiny", "--iterations", "2", "--warmup-steps",
+              "0", "--val-max-tokens", "4096", "--gptq-calibration-batches", "2", "--out-dir", str(out), "--run-id", "r",
+              "--data-path", data["DATA_PATH"], "--tokenizer-path", data["TOKENIZER_PATH"])  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    here, _ = packaged_script(out / "r", tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | data
+    alone = subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    figures = re.compile(
+        r"^final_int6_(roundtrip|sliding_window|ttt)_exact val_loss:(\S+) val_bpb:(\S+)$", re.M
+    )
+    ours, theirs = figures.findall(run.stdout), figures.findall(alone.stdout)
+    assert [name for name, *_ in ours] == ["roundtrip", "sliding_window", "ttt"], run.stdout[-2000:]
+    assert [name for name, *_ in theirs] == [name for name, *_ in ours], alone.stdout[-2000:]
+    for (_, loss, bpb), (_, their_loss, their_bpb) in zip(ours, theirs, strict=True):
+        assert float(their_loss) == pytest.approx(float(loss), abs=1e-6)
+        assert float(their_bpb) == pytest.approx(float(bpb), abs=1e-6)
+
+
 @pytest.mark.slow  # ~45 s on 2 cores
 @needs("cuda")
 @NEEDS_LRZIP
