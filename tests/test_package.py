@@ -183,6 +183,21 @@ def test_minify_drops_annotations_and_all_but_keeps_dataclass_fields():
     assert namespace["P"](2).f(3, 0, 0) == 7 and namespace["P"]().f(20) == 10
 
 
+def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is_no_error(
+    tmp_path, monkeypatch
+):
+    source = 'def twice(x):\n    """Doubled."""\n    return x * 2  # doubled\n'
+    monkeypatch.setenv("PGOLF_CACHE_DIR", str(tmp_path / "cache"))
+    small = minify.__wrapped__(source)  # past the in-process cache
+    (kept,) = (tmp_path / "cache" / "minified").iterdir()
+    assert kept.read_text() == small and "Doubled" not in small
+    kept.write_text("def twice(x):return x+x\n")  # what a later process finds there is what it uses
+    assert minify.__wrapped__(source) == "def twice(x):return x+x\n"
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("PGOLF_CACHE_DIR", str(tmp_path / "file"))  # a file where the folder would go
+    assert minify.__wrapped__(source) == small
+
+
 def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():
     cfg = preset("baseline")
     assert code_bytes(cfg) == len(script(cfg).encode())
@@ -254,7 +269,7 @@ def test_a_packaged_record_0427_run_trains_alone_to_the_same_scores(tmp_path_fac
             "TOKENIZER_PATH": str(root / "tokenizers" / "sotu_1024_bpe_caseops.model")}  # fmt: skip
     out = tmp_path / "runs"
     run = cli("train", "--backend", "cuda", "--preset", "record_0427_tiny", "--iterations", "2", "--warmup-steps",
-              "0", "--val-max-tokens", "4096", "--gptq-calibration-batches", "2", "--out-dir", str(out), "--run-id", "r",
+              "0", "--val-max-tokens", "2048", "--gptq-calibration-batches", "2", "--out-dir", str(out), "--run-id", "r",
               "--data-path", data["DATA_PATH"], "--tokenizer-path", data["TOKENIZER_PATH"])  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     here, _ = packaged_script(out / "r", tmp_path)

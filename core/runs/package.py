@@ -37,8 +37,12 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import functools
+import hashlib
+import importlib.metadata
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,7 @@ import brotli
 import python_minifier
 
 from core.common.errors import PgolfError
+from core.common.files import write_atomic
 from core.config.fields import Config
 from core.runs.stats import mean_std
 from core.runs.summary import RunSummary, summarize
@@ -216,19 +221,42 @@ class _Minifier(ast.NodeTransformer):
         return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
 
 
+# Minified sources are kept on disk, keyed by the source, this file and python-minifier's version: each
+# `train` measures its code bytes, and minifying every bundled module takes seconds. PGOLF_CACHE_DIR
+# moves the folder; a file that cannot be read or written is made again, never an error.
+MINIFY_VERSION = hashlib.sha256(
+    Path(__file__).read_bytes() + importlib.metadata.version("python-minifier").encode()
+).hexdigest()
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("PGOLF_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "pgolf"
+    )
+    return Path(root) / "minified"
+
+
 @functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
 def minify(source: str) -> str:
     """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops, its
-    local names shortened."""
+    local names shortened (from the disk cache above when it holds it)."""
+    cached = _cache_dir() / (hashlib.sha256((MINIFY_VERSION + source).encode()).hexdigest() + ".py")
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return cached.read_text(encoding="utf-8")
     tree = _Minifier().visit(ast.parse(source))
-    small = python_minifier.minify(
-        ast.unparse(tree),
-        rename_locals=True,
-        hoist_literals=False,
-        remove_literal_statements=True,
-        remove_asserts=True,
+    small = (
+        python_minifier.minify(
+            ast.unparse(tree),
+            rename_locals=True,
+            hoist_literals=False,
+            remove_literal_statements=True,
+            remove_asserts=True,
+        )
+        + "\n"
     )
-    return small + "\n"
+    with contextlib.suppress(PgolfError):
+        write_atomic(cached, small.encode("utf-8"))
+    return small
 
 
 def _literal(source: str) -> str:
