@@ -79,6 +79,25 @@ def test_the_bundle_is_the_training_path():
         assert (ROOT / (name.replace(".", "/") + ".py")).is_file() or (ROOT / name / "__init__.py").is_file()
 
 
+@pytest.mark.parametrize("embed", [0.0, 12.0])
+@pytest.mark.parametrize("matrix", [0.0, 11.0])
+@pytest.mark.parametrize("attn_mlp", [0.0, 10.0])
+@pytest.mark.parametrize("bits", [6, 8])
+def test_the_quantile_module_is_bundled_exactly_when_the_configs_clips_use_quantiles(
+    embed, matrix, attn_mlp, bits
+):
+    """The two OPTIONAL rows of percentile clips restate core/artifact/export.py's class_clips rule for
+    the packaged script (which evaluates them over the config alone): they agree with the rule itself."""
+    from core.artifact.export import class_clips
+
+    cfg = preset("tiny").replace(
+        quant_format="mixed", embed_bits=bits, matrix_bits=bits, embed_clip_sigmas=embed,
+        matrix_clip_sigmas=matrix, attn_clip_sigmas=attn_mlp, mlp_clip_sigmas=attn_mlp,
+    ).validate()  # fmt: skip
+    uses = any(clip.quantiles and min(clip.quantiles) < 1 for clip in class_clips(cfg).values())
+    assert ("core.artifact.quantile" in bundled_modules(cfg)) == uses
+
+
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
     int8 = {"core.artifact.int8_format", "core.artifact.quantile"}  # (its clip is a quantile)
