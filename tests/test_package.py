@@ -43,15 +43,16 @@ FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S
 
 
 # What a training run never does, and so the bundle leaves out: the CLI, reading runs back, plots, stats, sweeps,
-# packaging, making or downloading datasets, manifest lookups, the memory check, reading checkpoints or
-# other artifacts (resuming, eval), the challenge's and the records' own files, the checks of files read,
-# the budget table, the trackers, the benchmark, sampling and the PyTorch backend's decoding, MLX.
+# packaging, making or downloading datasets, manifest lookups, the memory check, writing or reading
+# checkpoints (only the CLI's runs write them) or other artifacts (resuming, eval), the challenge's and the
+# records' own files, the checks of files read, the budget table, the trackers, the benchmark, sampling and
+# the PyTorch backend's decoding, MLX.
 LEFT_OUT = (
     "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.sweep", "core.runs.package",
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
     "core.model.memory", "core.model.backend", "core.model.opt_state", "core.common.spelling",
-    "core.artifact.load", "core.artifact.upstream", "core.artifact.records", "core.artifact.checks",
-    "core.artifact.budget", "core.artifact.int8_stats", "core.artifact.container_v1",
+    "core.artifact.checkpoint", "core.artifact.load", "core.artifact.upstream", "core.artifact.records",
+    "core.artifact.checks", "core.artifact.budget", "core.artifact.int8_stats", "core.artifact.container_v1",
     "core.train.report", "core.train.bench", "core.train.interactive", "core.eval.verify", "core.eval.sample",
     "core.eval.token_losses", "cuda_train.memory", "cuda_train.decode", "mlx_train", "mlx_train.backend",
     "mlx_train.model", "mlx_train.memory",
@@ -65,7 +66,6 @@ def test_the_bundle_is_the_training_path():
         | {
             "core.train.rundir",
             "core.artifact.export",
-            "core.artifact.checkpoint",
             "core.artifact.gptq",
             "core.eval.sliding",
             "core.data.shards",

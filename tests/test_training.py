@@ -490,13 +490,13 @@ def test_an_unknown_or_missing_tracker_is_refused_by_name(monkeypatch):
 
 @needs("cuda")
 def test_timed_checkpoints_replace_each_other(sotu_dataset, tmp_path, monkeypatch):
-    from core.train import loop
+    from core.train import interactive, loop
 
     clock = iter(range(0, 10**9, 61))  # perf_counter in seconds: each reading a minute after the one before
     monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))
     written = []
     monkeypatch.setattr(
-        loop, "save_checkpoint", lambda path, ckpt: written.append(path) or path.write_bytes(b"x")
+        interactive, "save_checkpoint", lambda path, ckpt: written.append(path) or path.write_bytes(b"x")
     )
     result = run(sotu_dataset, "cuda", tmp_path, iterations=8, checkpoint_minutes=1.0, checkpoint_every=5)
     steps = [int(p.stem.removeprefix("step_")) for p in written]
@@ -506,3 +506,37 @@ def test_timed_checkpoints_replace_each_other(sotu_dataset, tmp_path, monkeypatc
         int(p.stem.removeprefix("step_")) for p in (result.run_dir / "checkpoints").glob("*.safetensors")
     )
     assert kept == sorted({5, timed[-1], 8})  # each timed checkpoint replaced the one before
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_a_packaged_runs_training_writes_no_checkpoint_and_checks_the_weights_after_the_last_step(
+    sotu_dataset, backend_name, tmp_path, monkeypatch
+):
+    """`Training` alone (what a packaged train_gpt.py runs) writes no checkpoint, whatever checkpoint_every
+    and checkpoint_minutes say; after the last step it still stops a run whose weights passed the limit,
+    before the export, with the one line pgolf's `train` gives there."""
+    from core.common.errors import PgolfError
+    from core.train import loop
+
+    def plain_run(run_id: str, **changes):
+        cfg = sotu_dataset.config(
+            "smoke", out_dir=str(tmp_path), run_id=run_id, iterations=3, checkpoint_every=1,
+            checkpoint_minutes=1e-9, **changes,
+        )  # fmt: skip
+        backend = make_backend(backend_name, cfg)
+        try:
+            return train(backend, log=lambda line: None)
+        finally:
+            backend.close()
+
+    result = plain_run("plain")
+    assert result.steps == 3 and (result.run_dir / "final_model.int8.pgolf").is_file()
+    assert not list(result.run_dir.rglob("*.safetensors"))
+    # No training log line and no validation before the end: the weights are checked there alone.
+    monkeypatch.setattr(loop, "WEIGHT_RMS_LIMIT", 1e-6)
+    with pytest.raises(
+        PgolfError,
+        match=r"^training diverged: the weights' RMS is \S+ at step 3 \(the limit is 1e-06\); no checkpoint written;",
+    ):
+        plain_run("diverged", train_log_every=0, val_loss_every=0)
+    assert not list((tmp_path / "diverged").glob("final_model.*"))

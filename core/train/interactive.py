@@ -1,6 +1,7 @@
-"""What only pgolf's `train` asks of a training run: to resume it, to stop it on a signal, to show
-its progress and to log notes (a packaged train_gpt.py does none of these, so this code stays out of its
-bundle, core/runs/package.py): `InteractiveTraining`, through the hooks of core.train.loop's `Training`.
+"""What only pgolf's `train` asks of a training run: to write checkpoints, to resume it, to stop it on a
+signal, to show its progress and to log notes (a packaged train_gpt.py does none of these, so this code
+stays out of its bundle, core/runs/package.py): `InteractiveTraining`, through the hooks of
+core.train.loop's `Training`.
 
 `resume`: the checkpoint `Training.resume` names, checked and loaded into the run; `resumes_in`:
 whether that checkpoint is the run directory's own.
@@ -15,6 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.load import check_resumable, load_checkpoint, restore_data_position
 from core.common.errors import PgolfError, hint, setting
 from core.train.loop import WEIGHT_RMS_LIMIT, Training, weights_rms
@@ -32,7 +36,8 @@ StopPoll = Callable[[], BaseException | None]
 
 
 class InteractiveTraining(Training):
-    """A training run as pgolf's `train` drives it. Besides `Training`'s options: `resume` (a checkpoint,
+    """A training run as pgolf's `train` drives it: it writes a checkpoint after the last step, every
+    checkpoint_every steps, every checkpoint_minutes and when stopped. Besides `Training`'s options: `resume` (a checkpoint,
     or a run directory's last one); `progress` follows each validation pass and `step_progress` the
     training steps, as (done, expected total); under a wallclock cap the total is where the cap will stop
     the run at the current pace. `notes` are logged after the header (where settings came from,
@@ -51,6 +56,9 @@ class InteractiveTraining(Training):
         super().__init__(backend, **options)
         self.resume, self.progress, self.step_progress = resume, progress, step_progress
         self.notes, self.stop = notes, stop
+        self.saved_step: int | None = None  # the step of the last checkpoint written
+        self.saved_ms: float | None = None  # and the training clock then
+        self.timed_checkpoint: Path | None = None  # the last one written for checkpoint_minutes
 
     def load_weights(self) -> float:
         return super().load_weights() if self.resume is None else resume(self)
@@ -65,6 +73,51 @@ class InteractiveTraining(Training):
         super()._log_header()
         for note in self.notes:
             self.say(note)
+
+    def train_step(self) -> None:
+        super().train_step()
+        self.save_periodic_checkpoint()
+
+    def save_checkpoint(self) -> Path:
+        """Rank 0 writes; every rank's clock stops until it is on disk."""
+        super().save_checkpoint()
+        self.saved_step, self.saved_ms = self.step, self.elapsed_ms
+        return self.run.checkpoint_path(self.step)
+
+    def write_checkpoint(self, params: dict[str, np.ndarray]) -> None:
+        save_checkpoint(
+            self.run.checkpoint_path(self.step),
+            Checkpoint(
+                params=params,
+                optimizer=self.backend.optimizer_state(),
+                config=self.cfg.to_dict(),
+                step=self.step,
+                train_time_ms=self.clock.ms(),
+                data_state=self.loader.state(),
+                backend=self.backend.name,
+                dtypes=self.dtypes,
+            ),
+        )
+
+    def save_periodic_checkpoint(self) -> None:
+        """Every checkpoint_every steps, and every checkpoint_minutes of training time (the clock the
+        ranks agree on), but not at the last step, whose checkpoint comes after validation. A timed
+        checkpoint replaces the timed one before it, so that long runs do not fill the disk."""
+        cfg = self.cfg
+        if self.step >= cfg.iterations:
+            return
+        by_steps = cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0
+        minutes = cfg.checkpoint_minutes
+        since = self.first_ms if self.saved_ms is None else self.saved_ms  # the clock at the last one
+        timed = minutes > 0 and self.elapsed_ms - since >= 60_000.0 * minutes
+        if not (by_steps or timed):
+            return
+        path = self.save_checkpoint()
+        if by_steps:
+            return
+        if self.main and self.timed_checkpoint is not None:
+            self.timed_checkpoint.unlink(missing_ok=True)
+        self.timed_checkpoint = path
 
     def after_step(self) -> None:
         if self.main and self.step_progress is not None:

@@ -10,8 +10,9 @@ The timeline follows the challenge's reference script, one named step each in
 `init_from`'s with a fresh optimizer at step 0; then the run directory),
 `warm_up` (compile-warmup steps, then undone), the loop of `train_step`s with
 `validate` at step 0, every `val_loss_every` steps and at the end, and
-`save_checkpoint`; validation and checkpoints are off the training clock
-(`Clock.paused`). A wallclock cap stops all ranks at the same step. Depth
+`save_checkpoint` after the last step (the weights checked; pgolf's `train` writes them there, and
+periodically: core/train/interactive.py; a packaged run writes no checkpoint); validation and
+checkpoints are off the training clock (`Clock.paused`). A wallclock cap stops all ranks at the same step. Depth
 recurrence switches on at the top of the first `train_step` past
 `enable_looping_at` (`core.model.schedule.looping_active`, recomputed on resume).
 Then `export_and_score`: the moving average of the weights replaces them when
@@ -34,7 +35,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
 from core.common.errors import PgolfError, memory_hint
@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # only annotations name these
 # DIVERGENCE_AFTER_STEPS, or when the RMS of all weights passes WEIGHT_RMS_LIMIT (fresh weights are
 # ~0.03, trained ones stay well below 1; beyond the limit float16, the artifact's format, is a few
 # steps from overflowing). Nothing
-# non-finite is written: the check runs before each metric record and each checkpoint, and a
+# non-finite is written: the check runs before each metric record, each checkpoint and the export, and a
 # checkpoint whose weights break the rule is refused when a run resumes from it.
 DIVERGENCE_AFTER_STEPS = 20
 WEIGHT_RMS_LIMIT = 1e3
@@ -140,9 +140,10 @@ class Clock:
 class Training:
     """One training run, as the named steps the module docstring lists; `run` strings them together.
     A packaged train_gpt.py runs this; pgolf's `train` runs `InteractiveTraining`
-    (core/train/interactive.py), which adds resuming, stopping on a signal, progress displays and notes
-    by overriding `load_weights`, `open_run_dir` and `_log_header`, and the hooks that do nothing here:
-    `after_step`, `trained`, `stop_if_asked`, `watch`."""
+    (core/train/interactive.py), which adds checkpoints, resuming, stopping on a signal, progress displays
+    and notes by overriding `load_weights`, `open_run_dir`, `train_step`, `save_checkpoint` and
+    `_log_header`, and the hooks that do nothing here: `write_checkpoint`, `after_step`, `trained`,
+    `stop_if_asked`, `watch`."""
 
     resume = None  # the checkpoint a run resumes from: only InteractiveTraining's do
 
@@ -158,9 +159,6 @@ class Training:
         # from the config (the CLI passes core.runs.package.code_bytes); None counts none.
         self.code_bytes = code_bytes
         self.budget_table = budget_table  # log where the artifact's bytes go, class by class
-        self.saved_step: int | None = None  # the step of the last checkpoint written
-        self.saved_ms = 0.0  # and the training clock then
-        self.timed_checkpoint: Path | None = None  # the last one written for checkpoint_minutes
         self.main = backend.rank == 0
         self.accum = self.cfg.local_accum_steps(backend.world_size)
         self.dtypes = storage_dtypes(self.cfg, backend.bf16)
@@ -260,9 +258,9 @@ class Training:
         if cfg.train_log_every > 0 and due:
             self._log_train(loss, lr_mult, momentum)
 
-    def save_checkpoint(self) -> Path:
-        """Rank 0 writes; every rank's clock stops until it is on disk."""
-        path = self.run.checkpoint_path(self.step)
+    def save_checkpoint(self) -> None:
+        """After the last step: rank 0 stops a run whose weights have diverged (see WEIGHT_RMS_LIMIT), else
+        hands them to `write_checkpoint`; every rank's clock stops until it is done."""
         with self.clock.paused():
             if self.main:
                 params = self.backend.params()
@@ -272,41 +270,11 @@ class Training:
                         f"training diverged: the weights' RMS is {rms:.3g} at step {self.step} (the limit "
                         f"is {WEIGHT_RMS_LIMIT:g}); no checkpoint written; lower the learning rates"
                     )
-                save_checkpoint(
-                    path,
-                    Checkpoint(
-                        params=params,
-                        optimizer=self.backend.optimizer_state(),
-                        config=self.cfg.to_dict(),
-                        step=self.step,
-                        train_time_ms=self.clock.ms(),
-                        data_state=self.loader.state(),
-                        backend=self.backend.name,
-                        dtypes=self.dtypes,
-                    ),
-                )
+                self.write_checkpoint(params)
             self.backend.all_reduce_sum(np.zeros(1))  # the barrier that keeps the clocks alike
-        self.saved_step, self.saved_ms = self.step, self.elapsed_ms
-        return path
 
-    def save_periodic_checkpoint(self) -> None:
-        """Every checkpoint_every steps, and every checkpoint_minutes of training time (the clock the
-        ranks agree on), but not at the last step, whose checkpoint comes after validation. A timed
-        checkpoint replaces the timed one before it, so that long runs do not fill the disk."""
-        cfg = self.cfg
-        if self.step >= cfg.iterations:
-            return
-        by_steps = cfg.checkpoint_every > 0 and self.step % cfg.checkpoint_every == 0
-        minutes = cfg.checkpoint_minutes
-        timed = minutes > 0 and self.elapsed_ms - self.saved_ms >= 60_000.0 * minutes
-        if not (by_steps or timed):
-            return
-        path = self.save_checkpoint()
-        if by_steps:
-            return
-        if self.main and self.timed_checkpoint is not None:
-            self.timed_checkpoint.unlink(missing_ok=True)
-        self.timed_checkpoint = path
+    def write_checkpoint(self, params: dict[str, np.ndarray]) -> None:
+        """A packaged run writes no checkpoint: only pgolf's `train` resumes, and writes them."""
 
     def stop_if_asked(self) -> None:
         """Polled between steps, between validation batches and between the steps of the final export:
@@ -414,7 +382,7 @@ class Training:
         if cfg.warmup_steps > 0 and self.resume is None:
             self.warm_up()
         self.first_step = self.step
-        self.first_ms = self.elapsed_ms = self.saved_ms = self.clock.ms()
+        self.first_ms = self.elapsed_ms = self.clock.ms()
         self.clock.start()
         while True:
             last = self.step == cfg.iterations or (
@@ -426,7 +394,6 @@ class Training:
             if last:
                 break
             self.train_step()
-            self.save_periodic_checkpoint()
             if self.stop_after is None and self.reached_cap():
                 self.stop_after = self.step
         self.clock.stop()
@@ -448,7 +415,7 @@ class Training:
         """Called after each training step."""
 
     def trained(self) -> None:
-        """Called once training is over and its last checkpoint is on disk."""
+        """Called once training is over and its weights checked (pgolf's `train`: its last checkpoint on disk)."""
 
     # ---------------------------------------------------------------- helpers
     def _score_plain(self) -> BPBMeter:
@@ -588,7 +555,8 @@ def _trackers(report_to: str) -> list[str]:
 
 
 def train(backend: Backend, **options) -> RunResult:
-    """Train, validate, checkpoint and export one model with `backend.cfg`; return the final figures.
+    """Train, validate and export one model with `backend.cfg` (pgolf's `train`: and checkpoint it); return
+    the final figures.
 
     `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code:
     a number, or a function of the config that measures it (the CLI passes the size of the run's packaged
