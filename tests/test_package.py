@@ -272,6 +272,9 @@ def test_the_packaged_script_trains_alone_to_the_same_score(sotu_dataset, pgolf_
     total = int(re.search(r"^Total submission size int8\+zlib: (\d+) bytes", result.stdout, re.M).group(1))
     assert code == size == (here / "train_gpt.py").stat().st_size and total == model + code
     assert "seed:7" in result.stdout and (here / "runs").is_dir()
+    # Its run directory holds the artifact and no checkpoint (only pgolf's `train` resumes, and writes them).
+    assert len(list((here / "runs").glob("*/final_model.int8.pgolf"))) == 1
+    assert not list((here / "runs").rglob("*.safetensors"))
 
 
 @pytest.mark.slow  # two short runs with test-time training, ~35 s on 2 cores
