@@ -259,8 +259,9 @@ class Training:
             self._log_train(loss, lr_mult, momentum)
 
     def save_checkpoint(self) -> None:
-        """After the last step: rank 0 stops a run whose weights have diverged (see WEIGHT_RMS_LIMIT), else
-        hands them to `write_checkpoint`; every rank's clock stops until it is done."""
+        """After the last step (and for each of InteractiveTraining's checkpoints): rank 0 stops a run whose
+        weights have diverged (see WEIGHT_RMS_LIMIT), else hands them to `write_checkpoint`; every rank's
+        clock stops until it is done."""
         with self.clock.paused():
             if self.main:
                 params = self.backend.params()
