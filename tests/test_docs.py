@@ -24,7 +24,7 @@ STOP = {"|", "||", "&&", ";", "#", ">", "<", "2>&1"}  # where a command line's o
 
 def _slug(heading: str) -> str:
     """The anchor a heading gets on GitHub: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[`*]", "", heading.strip().lower())
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
