@@ -26,7 +26,8 @@ Two forms:
   minified by python-minifier as the records minify theirs (`pyminify --no-hoist-literals
   --remove-literal-statements --remove-asserts`), local names shortened too (the records keep theirs:
   `--no-rename-locals`; 1,300 to 1,700 bytes less here), after dropping what only the CLI
-  reads (the config fields' help texts, sections and resume flags, `__all__`); the whole script compressed by brotli (quality 11,
+  reads (the config fields' help texts, sections and resume flags, `__all__`), and the runner after them
+  (`RUNNER`) minified alike; the whole script compressed by brotli (quality 11,
   smaller than lzma's or bz2's best here) and base85-encoded in a two-line script that runs it.
 
 Its errors are one line (`error: ...`, as the CLI's) naming its own environment variables, never a
@@ -266,6 +267,8 @@ def _literal(source: str) -> str:
     return repr(source)
 
 
+# What follows the modules' sources in train_gpt.py: serves them to `import` and trains. Its fields are
+# filled by `script`, which minifies the result in the compressed form.
 RUNNER = '''
 import importlib.abc
 import importlib.util
@@ -377,7 +380,7 @@ def script(cfg: Config, compressed: bool = True) -> str:
         config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
         imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS[1:]),
     )
-    text = "\n".join(lines) + "\n" + runner
+    text = "\n".join(lines) + "\n" + (minify(runner) if compressed else runner)
     if not compressed:
         return text
     return _packed(text)
