@@ -103,8 +103,9 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
     int8 = {"core.artifact.int8_format", "core.artifact.quantile"}  # (its clip is a quantile)
     mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
     tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
-    # Every run has one protocol, one loader, and the byte tables or (CaseOps data) the sidecar.
-    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables"}
+    # Every run has one protocol, one loader, the byte tables or (CaseOps data) the sidecar, and the module of
+    # its compressor (zlib's is other_compressors; pergroup has its own; brotli needs none).
+    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables", "core.common.other_compressors"}
     assert set(bundled_modules(tiny)) & optional == defaults | int8
     # flat, coprime, SDClip alone, every other feature
     record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup", ttt_mode="full")))
@@ -114,7 +115,6 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"ttt_enabled": True, "ttt_mode": "full"}, {"core.eval.ttt", "core.model.lora", "core.eval.ttt_full",
                                                      "core.eval.sliding", *int8}),  # the full mode imports sliding
         ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
-        ({"compressor": "pergroup"}, {"core.common.pergroup", *int8}),
         ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, {*mixed, "core.artifact.quantile"}),
@@ -126,10 +126,13 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == defaults | expected, (
             changes
         )
-    for changes, instead in (  # the other protocol, loader or byte count than tiny's
+    for changes, instead in (  # another protocol, loader, byte count or compressor than tiny's
         ({"train_loader": "coprime"}, {"core.data.sequential": "core.data.coprime"}),
         ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.rows": "core.eval.flat"}),
         ({"caseops_enabled": True}, {"core.data.tables": None}),
+        ({"compressor": "pergroup"}, {"core.common.other_compressors": "core.common.pergroup"}),
+        ({"compressor": "brotli"}, {"core.common.other_compressors": None}),
+        ({"compressor": "zstd"}, {}),
     ):
         expected = {instead.get(m, m) for m in defaults} - {None} | int8
         expected |= {"cuda_train.varlen"} if changes.get("varlen_attn_enabled") else set()
@@ -438,12 +441,20 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         ),
         (tiny, {"QUANT_FORMAT": "mixed"}, ("the mixed format (core.artifact.mixed)", "QUANT_FORMAT=mixed")),
         (
+            tiny.replace(compressor="brotli"),
+            {"COMPRESSOR": "lzma"},
+            (
+                "the none, zlib, lzma, bz2 and zstd compressors (core.common.other_compressors)",
+                "COMPRESSOR=lzma",
+            ),
+        ),
+        (
             tiny,
             {"EVAL_PROTOCOL": "flat", "VARLEN_ATTN_ENABLED": "1"},
             ("the flat protocol (core.eval.flat)", "EVAL_PROTOCOL=flat"),
         ),
     ):
-        result = run_alone(script(cfg), tmp_path / next(iter(env)), **env)
+        result = run_alone(script(cfg), tmp_path / "_".join(f"{k}={v}" for k, v in env.items()), **env)
         assert_one_line(
             result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
         )

@@ -81,6 +81,8 @@ OPTIONAL = (
     ("the flat protocol", ("core.eval.flat",), "cfg.eval_protocol == 'flat'", "eval_protocol"),
     ("the tokenizer's byte tables", ("core.data.tables",), "not cfg.caseops_enabled", "caseops_enabled"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
+    ("the none, zlib, lzma, bz2 and zstd compressors", ("core.common.other_compressors",),
+     "cfg.compressor not in ('brotli', 'pergroup')", "compressor"),
     ("the int8 format", ("core.artifact.int8_format",), "cfg.quant_format == 'int8'", "quant_format"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
     # A class whose *_clip_sigmas are 0 is clipped at quantiles of |w| (core/artifact/export.py: class_clips);
