@@ -429,6 +429,11 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     lora = tiny.replace(ttt_enabled=True).validate()  # test-time training in its LoRA mode
     for cfg, env, names in (
         (tiny, {"TTT_ENABLED": "1"}, ("test-time training (core.eval.ttt)", "TTT_ENABLED=1")),
+        (  # refused by the feature it needs first: the full mode's row is not in the script
+            tiny,
+            {"TTT_ENABLED": "1", "TTT_MODE": "full"},
+            ("test-time training (core.eval.ttt)", "TTT_ENABLED=1"),
+        ),
         (
             lora,
             {"TTT_MODE": "full"},
