@@ -246,8 +246,16 @@ def minify(source: str) -> str:
     cached = _cache_dir() / (hashlib.sha256((MINIFY_VERSION + source).encode()).hexdigest() + ".py")
     with contextlib.suppress(OSError, UnicodeDecodeError):
         return cached.read_text(encoding="utf-8")
+    small = _minified(source)
+    with contextlib.suppress(PgolfError):
+        write_atomic(cached, small.encode("utf-8"))
+    return small
+
+
+def _minified(source: str) -> str:
+    """`minify` without its caches (the runner, different for each config, takes ~10 ms)."""
     tree = _Minifier().visit(ast.parse(source))
-    small = (
+    return (
         python_minifier.minify(
             ast.unparse(tree),
             rename_locals=True,
@@ -257,9 +265,6 @@ def minify(source: str) -> str:
         )
         + "\n"
     )
-    with contextlib.suppress(PgolfError):
-        write_atomic(cached, small.encode("utf-8"))
-    return small
 
 
 def _literal(source: str) -> str:
@@ -387,7 +392,7 @@ def script(cfg: Config, compressed: bool = True) -> str:
         config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
         imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS[1:]),
     )
-    text = "\n".join(lines) + "\n" + (minify(runner) if compressed else runner)
+    text = "\n".join(lines) + "\n" + (_minified(runner) if compressed else runner)
     if not compressed:
         return text
     return _packed(text)
