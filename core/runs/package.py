@@ -359,6 +359,12 @@ if __name__ == "__main__":
 '''
 
 
+HEADER = (
+    "# train_gpt.py: a pgolf training run in one file (`pgolf package`). Run: torchrun --standalone "
+    "--nproc_per_node=8 train_gpt.py, or python train_gpt.py; DATA_PATH, TOKENIZER_PATH, SEED, ... override."
+)
+
+
 def _run_config(cfg: Config) -> dict:
     """The config a packaged run starts from: the run's, writing a freshly named run directory
     under `runs/` beside wherever it is started. Only the fields that differ from the defaults are
@@ -379,11 +385,9 @@ def script(cfg: Config, compressed: bool = True) -> str:
             missing.append(row)
     if compressed:
         modules = {name: minify(source) for name, source in modules.items()}
-    lines = [
-        "# train_gpt.py: a pgolf training run in one file (`pgolf package`). Run: torchrun --standalone "
-        "--nproc_per_node=8 train_gpt.py, or python train_gpt.py; DATA_PATH, TOKENIZER_PATH, SEED, ... override.",
-        "SOURCES = {}",
-    ]
+    # The plain form's first line says what it is; minified, as a comment, it goes.
+    lines = [] if compressed else [HEADER]
+    lines.append("SOURCES = {}")
     lines += [f"SOURCES[{name!r}] = {_literal(src)}" for name, src in modules.items()]
     runner = RUNNER.format(
         packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
