@@ -178,7 +178,9 @@ class _Minifier(ast.NodeTransformer):
     """Drops what running the code does not read: docstrings, the help texts, sections and resume
     flags of Config's fields (`opt(default, help, section, ..., resume=)`: only the CLI reads them), `__all__`, and the annotations of functions and
     of assignments outside class bodies (under `from __future__ import annotations` nothing evaluates
-    them; a class body's are kept, as dataclasses read them)."""
+    them). A class body's annotated names stay, as dataclasses make their fields of them, each annotated
+    `0` (nothing in pgolf reads a field's type; dataclasses only look for ClassVar, InitVar and KW_ONLY,
+    which keep theirs)."""
 
     def __init__(self) -> None:
         self.in_class = False  # whether the statements being visited are a class body's
@@ -219,7 +221,11 @@ class _Minifier(ast.NodeTransformer):
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
         self.generic_visit(node)
-        if self.in_class or node.value is None or not node.simple:
+        if self.in_class:  # dataclasses read which names are annotated, and ClassVar and friends only
+            if not any(word in ast.unparse(node.annotation) for word in ("ClassVar", "InitVar", "KW_ONLY")):
+                node.annotation = ast.Constant(0)
+            return node
+        if node.value is None or not node.simple:
             return node
         return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
 
