@@ -14,7 +14,8 @@ such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
 test-time training and its full mode, sliding windows, each protocol of the plain figure, the byte
-tables, the per-group compressor, the int8 format, the mixed format and its percentile clips, GPTQ,
+tables, the per-group compressor and the others but brotli, the int8 format, the mixed format and its
+percentile clips, GPTQ,
 each training loader, LQER, FlashAttention's varlen kernel) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
