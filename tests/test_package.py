@@ -103,8 +103,9 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
     int8 = {"core.artifact.int8_format", "core.artifact.quantile"}  # (its clip is a quantile)
     mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
     tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
-    # Every run has one protocol, one loader, and the byte tables or (CaseOps data) the sidecar.
-    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables"}
+    # Every run has one protocol, one loader, the byte tables or (CaseOps data) the sidecar, and the module of
+    # its compressor (zlib's is other_compressors; pergroup has its own; brotli needs none).
+    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables", "core.common.other_compressors"}
     assert set(bundled_modules(tiny)) & optional == defaults | int8
     # flat, coprime, SDClip alone, every other feature
     record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup", ttt_mode="full")))
@@ -114,7 +115,6 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"ttt_enabled": True, "ttt_mode": "full"}, {"core.eval.ttt", "core.model.lora", "core.eval.ttt_full",
                                                      "core.eval.sliding", *int8}),  # the full mode imports sliding
         ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
-        ({"compressor": "pergroup"}, {"core.common.pergroup", *int8}),
         ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, {*mixed, "core.artifact.quantile"}),
@@ -126,10 +126,13 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == defaults | expected, (
             changes
         )
-    for changes, instead in (  # the other protocol, loader or byte count than tiny's
+    for changes, instead in (  # another protocol, loader, byte count or compressor than tiny's
         ({"train_loader": "coprime"}, {"core.data.sequential": "core.data.coprime"}),
         ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.rows": "core.eval.flat"}),
         ({"caseops_enabled": True}, {"core.data.tables": None}),
+        ({"compressor": "pergroup"}, {"core.common.other_compressors": "core.common.pergroup"}),
+        ({"compressor": "brotli"}, {"core.common.other_compressors": None}),
+        ({"compressor": "zstd"}, {}),
     ):
         expected = {instead.get(m, m) for m in defaults} - {None} | int8
         expected |= {"cuda_train.varlen"} if changes.get("varlen_attn_enabled") else set()
@@ -180,15 +183,19 @@ def test_minify_drops_docstrings_and_comments_and_keeps_the_code():
         assert module.lr_multiplier(cfg, step, ms) == schedule.lr_multiplier(cfg, step, ms)
 
 
-def test_minify_drops_annotations_and_all_but_keeps_dataclass_fields():
+def test_minify_drops_annotations_and_all_but_keeps_dataclass_fields(monkeypatch):
+    import types
+
     source = (
         "from __future__ import annotations\n"
-        "from dataclasses import dataclass\n"
+        "from dataclasses import dataclass, fields\n"
+        "from typing import ClassVar\n"
         "__all__ = ['P']\n"
         "LIMIT: int = 10\n"
         "@dataclass\n"
         "class P:\n"
         "    x: int = 1\n"
+        "    UNIT: ClassVar[int] = 4\n"
         "    def f(self, y: int, *rest: int, scale: float = 1.0) -> int:\n"
         "        z: int = y + self.x + len(rest)\n"
         "        return min(z * scale, LIMIT)\n"
@@ -196,10 +203,13 @@ def test_minify_drops_annotations_and_all_but_keeps_dataclass_fields():
     small = minify(source)
     assert "__all__" not in small and ": int =" not in small.split("class P")[0]
     assert "->" not in small and not re.search(r"\b[yz] ?: ?int|rest ?: ?int", small)
-    assert "x:int=1" in small.replace(" ", "")  # dataclasses read a class body's annotations
-    namespace: dict = {}
-    exec(compile(small, "minified", "exec"), namespace)
-    assert namespace["P"](2).f(3, 0, 0) == 7 and namespace["P"]().f(20) == 10
+    # dataclasses make fields of a class body's annotated names, whatever the type (not of a ClassVar)
+    assert "x:0=1" in small.replace(" ", "") and "UNIT:ClassVar[int]=4" in small.replace(" ", "")
+    module = types.ModuleType("minified")  # a module dataclasses find: they read "ClassVar" in its namespace
+    monkeypatch.setitem(sys.modules, "minified", module)
+    exec(compile(small, "minified", "exec"), module.__dict__)
+    assert module.P(2).f(3, 0, 0) == 7 and module.P().f(20) == 10
+    assert [f.name for f in module.fields(module.P)] == ["x"] and module.P.UNIT == 4
 
 
 def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is_no_error(
@@ -429,6 +439,11 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     lora = tiny.replace(ttt_enabled=True).validate()  # test-time training in its LoRA mode
     for cfg, env, names in (
         (tiny, {"TTT_ENABLED": "1"}, ("test-time training (core.eval.ttt)", "TTT_ENABLED=1")),
+        (  # refused by the feature it needs first: the full mode's row is not in the script
+            tiny,
+            {"TTT_ENABLED": "1", "TTT_MODE": "full"},
+            ("test-time training (core.eval.ttt)", "TTT_ENABLED=1"),
+        ),
         (
             lora,
             {"TTT_MODE": "full"},
@@ -441,12 +456,20 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         ),
         (tiny, {"QUANT_FORMAT": "mixed"}, ("the mixed format (core.artifact.mixed)", "QUANT_FORMAT=mixed")),
         (
+            tiny.replace(compressor="brotli"),
+            {"COMPRESSOR": "lzma"},
+            (
+                "the none, zlib, lzma, bz2 and zstd compressors (core.common.other_compressors)",
+                "COMPRESSOR=lzma",
+            ),
+        ),
+        (
             tiny,
             {"EVAL_PROTOCOL": "flat", "VARLEN_ATTN_ENABLED": "1"},
             ("the flat protocol (core.eval.flat)", "EVAL_PROTOCOL=flat"),
         ),
     ):
-        result = run_alone(script(cfg), tmp_path / next(iter(env)), **env)
+        result = run_alone(script(cfg), tmp_path / "_".join(f"{k}={v}" for k, v in env.items()), **env)
         assert_one_line(
             result, "this train_gpt.py was packaged without", *names, "a package of a run that uses it"
         )

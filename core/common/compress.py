@@ -2,7 +2,8 @@
 
 Each compressor has a fixed id (the byte pgolf's container stores after its magic;
 ids never change meaning, so old artifacts keep loading), a default level and the
-levels it accepts. brotli and zstandard are imported only when used.
+levels it accepts. brotli and zstandard are imported only when used, and so is the code of
+none, zlib, lzma, bz2 and zstd (core/common/other_compressors.py).
 
 The byte shuffle is the challenge records' layout (2026-04-01): the header
 b"BSHF" + one byte holding the stride, then the bytes at positions 0, s, 2s, ...,
@@ -24,11 +25,8 @@ stream ends, and a stream cut short is refused.
 
 from __future__ import annotations
 
-import bz2
 import importlib
-import lzma
 import shutil
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -84,25 +82,21 @@ def _pergroup() -> Any:
     return pergroup
 
 
+def _other(name: str) -> tuple[Callable[[bytes, int | None], bytes], Callable[[bytes], bytes]]:
+    """The compress and decompress of a compressor of core/common/other_compressors.py, which they import
+    when first called (only the runs that use one of them package it)."""
+
+    def codec() -> tuple[Callable[[bytes, int | None], bytes], Callable[[bytes], bytes]]:
+        from core.common.other_compressors import CODECS
+
+        return CODECS[name]
+
+    return (lambda data, level: codec()[0](data, level)), (lambda data: codec()[1](data))
+
+
 def _too_large(out: bytes, name: str) -> None:
     if len(out) > MAX_OUTPUT_BYTES:
         raise ValueError(f"{name} data decompresses to more than {MAX_OUTPUT_BYTES:,} bytes")
-
-
-def _stream(name: str, make: Callable[[], Any]) -> Callable[[bytes], bytes]:
-    """Decompression by a zlib/lzma/bz2-style decoder object: bounded, whole, nothing after the end."""
-
-    def run(data: bytes) -> bytes:
-        decoder = make()
-        out = decoder.decompress(data, MAX_OUTPUT_BYTES + 1)
-        _too_large(out, name)
-        if not decoder.eof:
-            raise ValueError(f"{name} data ends before the end of its stream")
-        if decoder.unused_data:
-            raise ValueError(f"bytes after the end of the {name} stream")
-        return out
-
-    return run
 
 
 def _brotli_decompress(data: bytes) -> bytes:
@@ -115,25 +109,6 @@ def _brotli_decompress(data: bytes) -> bytes:
     if not decoder.is_finished():
         raise ValueError("brotli data ends before the end of its stream")
     return out
-
-
-def _zstd_decompress(data: bytes) -> bytes:
-    # Stream decoders: they do not trust (and allocate) the size a damaged frame header claims.
-    zstd = _zstd().ZstdDecompressor()
-    with zstd.stream_reader(data, read_across_frames=False) as reader:
-        _too_large(reader.read(MAX_OUTPUT_BYTES + 1), "zstd")
-    decoder = zstd.decompressobj()
-    out = decoder.decompress(data)
-    if not decoder.eof:
-        raise ValueError("zstd data ends before the end of its frame")
-    if decoder.unused_data:
-        raise ValueError("bytes after the end of the zstd frame")
-    return out
-
-
-def _none_decompress(data: bytes) -> bytes:
-    _too_large(data, "uncompressed")
-    return bytes(data)
 
 
 def lrzip_installed() -> bool:
@@ -153,24 +128,14 @@ class Compressor:
 COMPRESSORS: dict[str, Compressor] = {
     c.name: c
     for c in (
-        Compressor("none", 0, None, None, lambda data, level: data, _none_decompress),
-        Compressor(
-            "zlib", 1, 9, range(0, 10), lambda d, lv: zlib.compress(d, lv), _stream("zlib", zlib.decompressobj)
-        ),
-        Compressor(
-            "lzma", 2, 9, range(0, 10),
-            lambda d, lv: lzma.compress(d, preset=lv), _stream("lzma", lzma.LZMADecompressor),
-        ),
-        Compressor(
-            "bz2", 3, 9, range(1, 10), lambda d, lv: bz2.compress(d, lv), _stream("bz2", bz2.BZ2Decompressor)
-        ),
+        Compressor("none", 0, None, None, *_other("none")),
+        Compressor("zlib", 1, 9, range(0, 10), *_other("zlib")),
+        Compressor("lzma", 2, 9, range(0, 10), *_other("lzma")),
+        Compressor("bz2", 3, 9, range(1, 10), *_other("bz2")),
         Compressor(
             "brotli", 4, 11, range(0, 12), lambda d, lv: _brotli().compress(d, quality=lv), _brotli_decompress
         ),
-        Compressor(
-            "zstd", 5, 22, range(1, 23),
-            lambda d, lv: _zstd().ZstdCompressor(level=lv).compress(d), _zstd_decompress,
-        ),
+        Compressor("zstd", 5, 22, range(1, 23), *_other("zstd")),
         Compressor(
             PERGROUP, 6, None, None,
             lambda d, lv: _pergroup().pack(d, 0), lambda d: _pergroup().unpack(d, False)[0],

@@ -14,7 +14,8 @@ such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
 test-time training and its full mode, sliding windows, each protocol of the plain figure, the byte
-tables, the per-group compressor, the int8 format, the mixed format and its percentile clips, GPTQ,
+tables, the per-group compressor and the others but brotli, the int8 format, the mixed format and its
+percentile clips, GPTQ,
 each training loader, LQER, FlashAttention's varlen kernel) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
@@ -26,7 +27,8 @@ Two forms:
   minified by python-minifier as the records minify theirs (`pyminify --no-hoist-literals
   --remove-literal-statements --remove-asserts`), local names shortened too (the records keep theirs:
   `--no-rename-locals`; 1,300 to 1,700 bytes less here), after dropping what only the CLI
-  reads (the config fields' help texts, sections and resume flags, `__all__`); the whole script compressed by brotli (quality 11,
+  reads (the config fields' help texts, sections and resume flags, `__all__`), and the runner after them
+  (`RUNNER`) minified alike; the whole script compressed by brotli (quality 11,
   smaller than lzma's or bz2's best here) and base85-encoded in a two-line script that runs it.
 
 Its errors are one line (`error: ...`, as the CLI's) naming its own environment variables, never a
@@ -80,6 +82,8 @@ OPTIONAL = (
     ("the flat protocol", ("core.eval.flat",), "cfg.eval_protocol == 'flat'", "eval_protocol"),
     ("the tokenizer's byte tables", ("core.data.tables",), "not cfg.caseops_enabled", "caseops_enabled"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
+    ("the none, zlib, lzma, bz2 and zstd compressors", ("core.common.other_compressors",),
+     "cfg.compressor not in ('brotli', 'pergroup')", "compressor"),
     ("the int8 format", ("core.artifact.int8_format",), "cfg.quant_format == 'int8'", "quant_format"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
     # A class whose *_clip_sigmas are 0 is clipped at quantiles of |w| (core/artifact/export.py: class_clips);
@@ -175,7 +179,9 @@ class _Minifier(ast.NodeTransformer):
     """Drops what running the code does not read: docstrings, the help texts, sections and resume
     flags of Config's fields (`opt(default, help, section, ..., resume=)`: only the CLI reads them), `__all__`, and the annotations of functions and
     of assignments outside class bodies (under `from __future__ import annotations` nothing evaluates
-    them; a class body's are kept, as dataclasses read them)."""
+    them). A class body's annotated names stay, as dataclasses make their fields of them, each annotated
+    `0` (nothing in pgolf reads a field's type; dataclasses only look for ClassVar, InitVar and KW_ONLY,
+    which keep theirs)."""
 
     def __init__(self) -> None:
         self.in_class = False  # whether the statements being visited are a class body's
@@ -216,7 +222,11 @@ class _Minifier(ast.NodeTransformer):
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
         self.generic_visit(node)
-        if self.in_class or node.value is None or not node.simple:
+        if self.in_class:  # dataclasses read which names are annotated, and ClassVar and friends only
+            if not any(word in ast.unparse(node.annotation) for word in ("ClassVar", "InitVar", "KW_ONLY")):
+                node.annotation = ast.Constant(0)
+            return node
+        if node.value is None or not node.simple:
             return node
         return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
 
@@ -243,8 +253,16 @@ def minify(source: str) -> str:
     cached = _cache_dir() / (hashlib.sha256((MINIFY_VERSION + source).encode()).hexdigest() + ".py")
     with contextlib.suppress(OSError, UnicodeDecodeError):
         return cached.read_text(encoding="utf-8")
+    small = _minified(source)
+    with contextlib.suppress(PgolfError):
+        write_atomic(cached, small.encode("utf-8"))
+    return small
+
+
+def _minified(source: str) -> str:
+    """`minify` without its caches (the runner, different for each config, takes ~10 ms)."""
     tree = _Minifier().visit(ast.parse(source))
-    small = (
+    return (
         python_minifier.minify(
             ast.unparse(tree),
             rename_locals=True,
@@ -254,9 +272,6 @@ def minify(source: str) -> str:
         )
         + "\n"
     )
-    with contextlib.suppress(PgolfError):
-        write_atomic(cached, small.encode("utf-8"))
-    return small
 
 
 def _literal(source: str) -> str:
@@ -266,6 +281,8 @@ def _literal(source: str) -> str:
     return repr(source)
 
 
+# What follows the modules' sources in train_gpt.py: serves them to `import` and trains. Its fields are
+# filled by `script`, which minifies the result in the compressed form.
 RUNNER = '''
 import importlib.abc
 import importlib.util
@@ -349,6 +366,12 @@ if __name__ == "__main__":
 '''
 
 
+HEADER = (
+    "# train_gpt.py: a pgolf training run in one file (`pgolf package`). Run: torchrun --standalone "
+    "--nproc_per_node=8 train_gpt.py, or python train_gpt.py; DATA_PATH, TOKENIZER_PATH, SEED, ... override."
+)
+
+
 def _run_config(cfg: Config) -> dict:
     """The config a packaged run starts from: the run's, writing a freshly named run directory
     under `runs/` beside wherever it is started. Only the fields that differ from the defaults are
@@ -361,23 +384,26 @@ def _run_config(cfg: Config) -> dict:
 def script(cfg: Config, compressed: bool = True) -> str:
     """The text of `train_gpt.py` for a run of `cfg` (see the module docstring)."""
     modules = bundled_modules(cfg)
-    missing = left_out(modules)
+    # What the script checks: a feature whose condition is an earlier left-out one's `and` more is refused by
+    # that one first (test-time training's full mode, where test-time training is left out), so not listed.
+    missing = []
+    for row in left_out(modules):
+        if not any(row[2].startswith(f"{earlier[2]} and ") for earlier in missing):
+            missing.append(row)
     if compressed:
         modules = {name: minify(source) for name, source in modules.items()}
-    lines = [
-        "# train_gpt.py: a pgolf training run in one file (`pgolf package`). Run: torchrun --standalone "
-        "--nproc_per_node=8 train_gpt.py, or python train_gpt.py; DATA_PATH, TOKENIZER_PATH, SEED, ... override.",
-        "SOURCES = {}",
-    ]
+    # The plain form's first line says what it is; minified, as a comment, it goes.
+    lines = [] if compressed else [HEADER]
+    lines.append("SOURCES = {}")
     lines += [f"SOURCES[{name!r}] = {_literal(src)}" for name, src in modules.items()]
     runner = RUNNER.format(
         packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
         config=json.dumps(_run_config(cfg), sort_keys=True),
-        left_out=missing,
+        left_out=tuple(missing),
         config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
         imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS[1:]),
     )
-    text = "\n".join(lines) + "\n" + runner
+    text = "\n".join(lines) + "\n" + (_minified(runner) if compressed else runner)
     if not compressed:
         return text
     return _packed(text)
