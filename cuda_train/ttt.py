@@ -22,12 +22,11 @@ class TorchTTT:
     """The operations of core.model.backend's `TTT` on a TorchBackend's model, for one evaluation."""
 
     def __init__(self, backend: TorchBackend):
-        self.backend = backend
-        self.cfg = backend.cfg
+        self.backend, self.cfg, self.model = backend, backend.cfg, backend.model
         # The LoRA forward, adapters in and their gradients out: each batch of documents has its own window
         # length, so its shapes are dynamic.
         on_gpu = backend.torch_device.type == "cuda"
-        self._losses = maybe_compile(backend.model.token_losses, self.cfg.uses_compile(on_gpu), dynamic=True)
+        self._losses = maybe_compile(self.model.token_losses, self.cfg.uses_compile(on_gpu), dynamic=True)
         self._sgd: torch.optim.SGD | None = None
 
     def new_adapters(self, a: dict[str, np.ndarray]) -> tuple:
@@ -76,7 +75,7 @@ class TorchTTT:
         train_from: int,
         train_len: int,
     ) -> np.ndarray:
-        backend, model = self.backend, self.backend.model
+        backend, model = self.backend, self.model
         model.eval()
         pairs, optimizer = adapters
         xt, yt = backend._to_device(x), backend._to_device(y)
@@ -100,13 +99,13 @@ class TorchTTT:
         return scored
 
     def sgd_reset(self, momentum: float, frozen: tuple[str, ...] = ()) -> None:
-        params = [p for n, p in self.backend.model.named_parameters() if not n.startswith(frozen)]
+        params = [p for n, p in self.model.named_parameters() if not n.startswith(frozen)]
         self._sgd = torch.optim.SGD(params, lr=0.0, momentum=momentum)
 
     def sgd_step(
         self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float, doc_mask: bool = True
     ) -> None:
-        backend, model = self.backend, self.backend.model
+        backend, model = self.backend, self.model
         model.train()
         group = self._sgd.param_groups[0]
         params = group["params"]
