@@ -24,8 +24,7 @@ class MLXTTT:
     """The operations of core.model.backend's `TTT` on an MLXBackend's model, for one evaluation."""
 
     def __init__(self, backend: MLXBackend):
-        self.backend = backend
-        self.cfg = backend.cfg
+        self.backend, self.cfg, self.model = backend, backend.cfg, backend.model
 
     def new_adapters(self, a: dict[str, np.ndarray]) -> MLXAdapters:
         return MLXAdapters(self.cfg, a)
@@ -42,7 +41,7 @@ class MLXTTT:
         train_from: int,
         train_len: int,
     ) -> np.ndarray:
-        model, looping = self.backend.model, self.backend.looping
+        model, looping = self.model, self.backend.looping
         xs, ys = mx.array(x), mx.array(y)
         steps = self.cfg.ttt_grad_steps if train_rows.any() else 0
         if steps == 0:
@@ -69,7 +68,7 @@ class MLXTTT:
     def sgd_step(
         self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float, doc_mask: bool = True
     ) -> None:
-        backend, model = self.backend, self.backend.model
+        backend, model = self.backend, self.model
         params = {k: p for k, p in tree_flatten(model.parameters()) if not k.startswith(self._sgd_frozen)}
         if x.shape[0]:
 
