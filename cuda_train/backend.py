@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,6 +26,9 @@ from core.config.fields import Config
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
+
+if TYPE_CHECKING:  # only annotations name it
+    from cuda_train.ttt import TorchTTT
 
 # Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:
 # the PCIe and NVL cards of a generation are slower than its SXM one (a substring would mix them).
@@ -106,9 +110,6 @@ class TorchBackend:
         self.looping = cfg.num_loops > 0  # passed to every forward: an argument compile guards on
         self.compiled = maybe_compile(self.model, compile_on)
         self._token_losses = maybe_compile(self.model.token_losses, compile_on)  # sliding-window evaluation's
-        # Test-time training's forward, adapters in and their gradients out: each batch of documents has
-        # its own window length, so its shapes are dynamic.
-        self._ttt_losses = maybe_compile(self.model.token_losses, compile_on, dynamic=True)
         self.runner = self.compiled
         if self.world_size > 1:
             # An empty parameter (the skip weights of a one-layer model) never gets a gradient, which
@@ -276,105 +277,10 @@ class TorchBackend:
 
         return decoder(self)
 
-    # ----------------------------------------------------- test-time training
-    def new_adapters(self, a: dict[str, np.ndarray]) -> tuple:
-        """LoRA adapters (core/model/lora.py) as fp32 tensors {name: (A, B)}, and their optimizer."""
-        from core.model.lora import adapter_shapes
+    def ttt(self) -> TorchTTT:
+        from cuda_train.ttt import TorchTTT  # (test-time training's runs only)
 
-        cfg, device = self.cfg, self.torch_device
-        shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0])
-        pairs = {
-            name: (
-                torch.nn.Parameter(torch.tensor(a[name], device=device)),
-                torch.nn.Parameter(torch.zeros(b_shape, device=device)),
-            )
-            for name, (_, b_shape) in shapes.items()
-        }
-        params = [t for pair in pairs.values() for t in pair]
-        if cfg.ttt_optimizer == "sgd":
-            optimizer = torch.optim.SGD(
-                params, lr=cfg.ttt_lora_lr, momentum=cfg.ttt_beta1, weight_decay=cfg.ttt_weight_decay
-            )
-        else:
-            optimizer = torch.optim.AdamW(
-                params,
-                lr=cfg.ttt_lora_lr,
-                betas=(cfg.ttt_beta1, cfg.ttt_beta2),
-                eps=1e-10,
-                weight_decay=cfg.ttt_weight_decay,
-                fused=device.type == "cuda",
-            )
-        return pairs, optimizer
-
-    @torch.no_grad()
-    def restart_adapters(self, adapters: tuple, a: dict[str, np.ndarray] | None = None) -> None:
-        """B back to zero, A to `a` (or kept), the optimizer's state forgotten."""
-        pairs, optimizer = adapters
-        for name, (a_t, b_t) in pairs.items():
-            b_t.zero_()
-            if a is not None:
-                a_t.copy_(torch.from_numpy(a[name]))
-        optimizer.state.clear()
-
-    def score_then_adapt(
-        self,
-        adapters: tuple,
-        x: np.ndarray,
-        y: np.ndarray,
-        train_rows: np.ndarray,
-        train_from: int,
-        train_len: int,
-    ) -> np.ndarray:
-        self.model.eval()
-        pairs, optimizer = adapters
-        xt, yt = self._to_device(x), self._to_device(y)
-        rows = torch.tensor(train_rows, dtype=torch.float32, device=self.torch_device)
-        steps = self.cfg.ttt_grad_steps if train_rows.any() else 0
-        self.model.requires_grad_(False)  # the model's own weights out of autograd: only adapters learn
-        try:
-            for step in range(max(steps, 1)):
-                with torch.set_grad_enabled(steps > 0), self.autocast:
-                    nll = self._ttt_losses(xt, yt, self.looping, pairs)
-                if step == 0:
-                    scored = nll.detach().float().cpu().numpy()  # before any step has seen the chunk
-                if steps == 0:
-                    break
-                per_row = nll[:, train_from : train_from + train_len].mean(dim=-1)
-                optimizer.zero_grad(set_to_none=True)
-                (per_row * rows).sum().backward()
-                optimizer.step()
-        finally:
-            self.model.requires_grad_(True)
-        return scored
-
-    def sgd_reset(self, momentum: float, frozen: tuple[str, ...] = ()) -> None:
-        params = [p for n, p in self.model.named_parameters() if not n.startswith(frozen)]
-        self._sgd = torch.optim.SGD(params, lr=0.0, momentum=momentum)
-
-    def sgd_step(
-        self, x: np.ndarray, y: np.ndarray, lr: float, total_tokens: int, clip: float, doc_mask: bool = True
-    ) -> None:
-        self.model.train()
-        group = self._sgd.param_groups[0]
-        params = group["params"]
-        self._sgd.zero_grad(set_to_none=False)
-        if x.shape[0]:
-            with self.autocast, self.model.walk.plain_causal(not doc_mask):
-                loss = self.model(
-                    self._to_device(x), self._to_device(y), reduction="sum", looping=self.looping
-                )
-            (loss / total_tokens).backward()
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            if self.world_size > 1:
-                dist.all_reduce(p.grad)
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, clip)
-        group["lr"] = lr
-        self._sgd.step()
-        self.model.zero_grad(set_to_none=True)  # frozen weights got gradients too
-        self.model.eval()
+        return TorchTTT(self)
 
     def counter_add(self, key: str, amount: int) -> int:
         if self.world_size == 1:

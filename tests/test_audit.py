@@ -25,7 +25,7 @@ from core.runs.audit import (
 )
 from tests.test_backends import BACKENDS, busy_params, make_backend, needs
 from tests.test_cli import cli, data_flags
-from tests.test_ttt import LEGAL_CFG, stream, unit_tables
+from tests.test_ttt import LEGAL_CFG, AdaptsFirst, stream, unit_tables
 
 PLAIN_CFG = preset("smoke").replace(eval_seq_len=16)
 SLIDING_CFG = PLAIN_CFG.replace(eval_stride=4, eval_batch_seqs=4)
@@ -75,18 +75,18 @@ class LearnsFirst:
 
     def __init__(self, backend):
         self.inner = backend
-        backend.sgd_reset(0.0)
+        self.learner = backend.ttt()
+        self.learner.sgd_reset(0.0)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def token_losses(self, x, y):
-        self.inner.sgd_step(x, y, 0.05, x.size, 0.0)
+        self.learner.sgd_step(x, y, 0.05, x.size, 0.0)
         return self.inner.token_losses(x, y)
 
-    def score_then_adapt(self, adapters, x, y, train_rows, train_from, train_len):
-        self.inner.score_then_adapt(adapters, x, y, train_rows | True, train_from, train_len)
-        return self.inner.score_then_adapt(adapters, x, y, train_rows, train_from, train_len)
+    def ttt(self):
+        return AdaptsFirst(self.inner.ttt())
 
 
 class PeeksAhead:

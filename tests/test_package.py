@@ -55,7 +55,7 @@ LEFT_OUT = (
     "core.artifact.checks", "core.artifact.budget", "core.artifact.int8_stats", "core.artifact.container_v1",
     "core.train.report", "core.train.bench", "core.train.interactive", "core.eval.verify", "core.eval.sample",
     "core.eval.token_losses", "cuda_train.memory", "cuda_train.decode", "mlx_train", "mlx_train.backend",
-    "mlx_train.model", "mlx_train.memory",
+    "mlx_train.model", "mlx_train.memory", "mlx_train.ttt",
 )  # fmt: skip
 
 
@@ -102,6 +102,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
     int8 = {"core.artifact.int8_format", "core.artifact.quantile"}  # (its clip is a quantile)
     mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
+    ttt = {"core.eval.ttt", "core.model.lora", "cuda_train.ttt"}  # the PyTorch backend's part too
     tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
     # Every run has one protocol, one loader, the byte tables or (CaseOps data) the sidecar, and the module of
     # its compressor (zlib's is other_compressors; pergroup has its own; brotli needs none).
@@ -111,9 +112,9 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
     record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup", ttt_mode="full")))
     assert record & optional == optional - defaults - int8
     for changes, expected in (
-        ({"ttt_enabled": True}, {"core.eval.ttt", "core.model.lora", *int8}),
-        ({"ttt_enabled": True, "ttt_mode": "full"}, {"core.eval.ttt", "core.model.lora", "core.eval.ttt_full",
-                                                     "core.eval.sliding", *int8}),  # the full mode imports sliding
+        ({"ttt_enabled": True}, {*ttt, *int8}),
+        ({"ttt_enabled": True, "ttt_mode": "full"}, {*ttt, "core.eval.ttt_full", "core.eval.sliding", *int8}),
+        # (the full mode imports sliding)
         ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
         ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone

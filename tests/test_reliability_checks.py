@@ -161,8 +161,10 @@ def too_large(*args, **kwargs):
 
 @needs("cuda")
 def test_out_of_memory_during_ttt_names_the_settings_to_lower(monkeypatch):
+    from cuda_train.ttt import TorchTTT
+
     backend = make_backend("cuda", LEGAL_CFG)
-    monkeypatch.setattr(backend, "score_then_adapt", too_large)
+    monkeypatch.setattr(TorchTTT, "score_then_adapt", too_large)
     tokens = np.random.default_rng(0).integers(3, LEGAL_CFG.vocab_size, 400).astype(np.int32)
     tokens[[0, 150, 300]] = LEGAL_CFG.bos_id
     try:

@@ -121,8 +121,9 @@ def test_the_global_phase_follows_respect_doc_boundaries(backend_name):
 
     def after(cfg, doc_mask: bool) -> dict[str, np.ndarray]:
         backend = loaded(backend_name, cfg, params)
-        backend.sgd_reset(0.9)
-        backend.sgd_step(x, y, 0.05, y.size, 1.0, doc_mask)
+        ttt = backend.ttt()
+        ttt.sgd_reset(0.9)
+        ttt.sgd_step(x, y, 0.05, y.size, 1.0, doc_mask)
         return backend.params()
 
     masked, unmasked = after(CFG, True), after(CFG, False)
@@ -132,8 +133,9 @@ def test_the_global_phase_follows_respect_doc_boundaries(backend_name):
     assert np.abs(masked[name] - plain[name]).max() > 1e-5
     # The flag is a switch of the step only: the model is masked again afterwards.
     backend = loaded(backend_name, CFG, params)
-    backend.sgd_reset(0.9)
-    backend.sgd_step(x, y, 0.0, y.size, 1.0, False)
+    ttt = backend.ttt()
+    ttt.sgd_reset(0.9)
+    ttt.sgd_step(x, y, 0.0, y.size, 1.0, False)
     np.testing.assert_allclose(backend.logits(x), reference_logits(params, CFG, x), atol=1e-4)
 
 

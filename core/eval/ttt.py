@@ -17,10 +17,11 @@ chunk of the stream once scored), and `lora` (2026-04-13 on), here:
   the batches' order are scored (in even steps, one per phase), every weight of the model trains
   by SGD on the documents scored so far (`global_ttt_*`), and the adapters start afresh.
 
-Legal by construction: the backend returns a chunk's losses from the forward before any step that
-sees it, and every later step only reads tokens already scored; tests/test_ttt.py changes a token
-and checks that no loss scored before it moves. Several ranks take batches from a counter that
-all share (`Backend.counter_add`); a phase waits until every batch before it is scored.
+Legal by construction: the backend's `TTT` (core/model/backend.py, made once per evaluation) returns a
+chunk's losses from the forward before any step that sees it, and every later step only reads tokens
+already scored; tests/test_ttt.py changes a token and checks that no loss scored before it moves.
+Several ranks take batches from a counter that all share (`Backend.counter_add`); a phase waits until
+every batch before it is scored.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # only annotations name these
     from typing import Any
 
     from core.eval.score import EvalData, Progress
-    from core.model.backend import Backend
+    from core.model.backend import TTT, Backend
 
 _evaluations = itertools.count()  # every rank runs the same evaluations: a counter key of its own for each
 
@@ -109,7 +110,14 @@ def global_lr(cfg, chunk: int, chunks: int) -> float:
 
 
 def sgd_over(
-    backend: Backend, tokens: np.ndarray, lr: float, epochs: int, batch_seqs: int, clip: float, doc_mask: bool
+    backend: Backend,
+    ttt: TTT,
+    tokens: np.ndarray,
+    lr: float,
+    epochs: int,
+    batch_seqs: int,
+    clip: float,
+    doc_mask: bool,
 ) -> None:
     """SGD steps at `lr` over the whole sequences of the evaluation length in `tokens` (a span and the
     token after it, their last target), `epochs` times, `batch_seqs` sequences a step shared out over
@@ -123,20 +131,21 @@ def sgd_over(
         for first in range(0, seqs, batch_seqs):
             count = min(batch_seqs, seqs - first)
             mine = slice(first + count * rank // world, first + count * (rank + 1) // world)
-            backend.sgd_step(x[mine], y[mine], lr, count * seq, clip, doc_mask)
+            ttt.sgd_step(x[mine], y[mine], lr, count * seq, clip, doc_mask)
 
 
-def train_global(backend: Backend, tokens: np.ndarray, docs: list[Document]) -> None:
+def train_global(backend: Backend, ttt: TTT, tokens: np.ndarray, docs: list[Document]) -> None:
     """A global phase: SGD with momentum on every weight over the tokens of `docs` (scored documents,
     joined), chunk by chunk under `global_lr`; the last chunk is not trained on."""
     cfg = backend.cfg
     joined = np.concatenate([tokens[d.start : d.start + d.length] for d in docs])
     size = cfg.global_ttt_chunk_tokens
     chunks = -(-(len(joined) - 1) // size)
-    backend.sgd_reset(cfg.global_ttt_momentum)
+    ttt.sgd_reset(cfg.global_ttt_momentum)
     for c in range(chunks - 1):
         sgd_over(
             backend,
+            ttt,
             joined[c * size : (c + 1) * size + 1],
             global_lr(cfg, c, chunks),
             cfg.global_ttt_epochs,
@@ -184,7 +193,8 @@ def _score_lora(
 
     # The adapters of full batches are made once (and after each phase), restarted for each batch, A
     # kept warm if ttt_warm_start_a; a shorter batch gets its own.
-    main = backend.new_adapters(draw(cfg.ttt_batch_size))
+    ttt = backend.ttt()
+    main = ttt.new_adapters(draw(cfg.ttt_batch_size))
     meter = BPBMeter()
     phase = 0
     key = f"pgolf/ttt/{next(_evaluations)}/next_batch"
@@ -198,18 +208,18 @@ def _score_lora(
                 (d for batch in queue[: ends[phase] + 1] for d in batch), key=lambda d: (d.length, d.index)
             )
             if boundaries[phase]:
-                train_global(backend, tokens, scored[: boundaries[phase]])
-            main = backend.new_adapters(draw(cfg.ttt_batch_size))
+                train_global(backend, ttt, tokens, scored[: boundaries[phase]])
+            main = ttt.new_adapters(draw(cfg.ttt_batch_size))
             phase += 1
         if q >= len(queue):
             break
         batch = queue[q]
         if len(batch) == cfg.ttt_batch_size:
-            backend.restart_adapters(main, None if cfg.ttt_warm_start_a else draw(len(batch)))
+            ttt.restart_adapters(main, None if cfg.ttt_warm_start_a else draw(len(batch)))
             adapters = main
         else:
-            adapters = backend.new_adapters(draw(len(batch)))
-        for nll, positions in _score_batch(backend, tokens, batch, adapters):
+            adapters = ttt.new_adapters(draw(len(batch)))
+        for nll, positions in _score_batch(backend, ttt, tokens, batch, adapters):
             meter.nats += float(nll.astype(np.float64).sum())
             meter.count_bytes(data.target_bytes[positions])
             if token_losses is not None:
@@ -219,7 +229,7 @@ def _score_lora(
     return meter
 
 
-def _score_batch(backend: Backend, tokens: np.ndarray, batch: list[Document], adapters: Any):
+def _score_batch(backend: Backend, ttt: TTT, tokens: np.ndarray, batch: list[Document], adapters: Any):
     """Score a batch chunk by chunk, training after each chunk; yields (losses, stream positions)."""
     cfg = backend.cfg
     size, seq = cfg.ttt_chunk_size, cfg.ttt_eval_seq_len
@@ -236,7 +246,7 @@ def _score_batch(backend: Backend, tokens: np.ndarray, batch: list[Document], ad
                 x[row, : w.length], y[row, : w.length] = run[:-1], run[1:]
                 scored.append((row, w, at))
         train_rows = np.array([(c + 1) * size < doc.targets for doc in batch])  # not a document's last chunk
-        nll = backend.score_then_adapt(adapters, x, y, train_rows, full.offset, size)
+        nll = ttt.score_then_adapt(adapters, x, y, train_rows, full.offset, size)
         for row, w, at in scored:
             first = at + w.offset + 1  # stream position of the chunk's first target
             yield nll[row, w.offset : w.offset + w.scored], np.arange(first, first + w.scored)

@@ -34,7 +34,8 @@ def score_full(
     chunks = -(-total // size)
     chunk_of = np.minimum((plan.starts + plan.score_from) // size, chunks - 1)
     frozen = tuple(f"blocks.{i}." for i in range(min(cfg.ttt_freeze_blocks, cfg.num_layers)))
-    backend.sgd_reset(cfg.ttt_momentum, frozen)
+    ttt = backend.ttt()
+    ttt.sgd_reset(cfg.ttt_momentum, frozen)
     meter = BPBMeter()
     for c in range(chunks):
         windows = rank_windows(plan[chunk_of == c], backend.rank, backend.world_size)
@@ -42,7 +43,9 @@ def score_full(
         if c < chunks - 1:
             lr = cosine(cfg.ttt_lr, c, chunks - 1)
             span = tokens[c * size : (c + 1) * size + 1]
-            sgd_over(backend, span, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip, doc_mask=True)
+            sgd_over(
+                backend, ttt, span, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip, doc_mask=True
+            )
         if progress is not None:
             progress(c + 1, chunks)
     return meter

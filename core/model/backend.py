@@ -14,7 +14,8 @@ layout of `core.model.params`:
 A backend is the module `<package>.backend` of its entry in BACKENDS, with a
 function `create_backend(cfg)` and `check_config(cfg)` (the config options that only it reads); its
 module `<package>.memory` says how much memory its device has (`device_memory(cfg)`:
-core/model/memory.py checks a run against it).
+core/model/memory.py checks a run against it); its module `<package>.ttt` holds test-time training's
+device side (`Backend.ttt`), apart so that a packaged run without test-time training leaves it out.
 """
 
 from __future__ import annotations
@@ -176,8 +177,44 @@ class Backend(Protocol):
         then one at a time) and returns the float32 logits after the last of them. Keys and values of
         the ids it has seen are kept between calls (a KV cache), so each call costs its own tokens."""
 
-    # Test-time training (core/eval/ttt.py): LoRA adapters (core/model/lora.py) on this rank's documents,
-    # and SGD on every weight in the global phases.
+    def ttt(self) -> TTT:
+        """Test-time training's device side (`TTT` below), made afresh for each evaluation that trains at
+        test time (core/eval/ttt.py). Its class lives in `<package>.ttt`, which only this method imports."""
+
+    def counter_add(self, key: str, amount: int) -> int:
+        """Add `amount` to the counter `key` shared by the ranks (from 0) and return its new value: how the
+        ranks share out work as they get free (one process: a plain counter)."""
+
+    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
+        """Sum a float64 vector over ranks (identity when world_size is 1); also a barrier."""
+
+    def from_rank_0(self, key: str, text: str | None, wait_seconds: float) -> str:
+        """The `text` rank 0 gives under `key` (the other ranks give None), on every rank. The others
+        wait for it up to `wait_seconds`, however long the collectives' timeout: rank 0 may work alone
+        for many minutes first (the artifact fit). A key is given once per job."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that wall-clock timings are honest."""
+
+    def peak_memory_bytes(self) -> int | None:
+        """Peak device memory in use so far, if the framework can tell."""
+
+    def close(self, failed: bool = False) -> int | None:
+        """Release process groups and other resources.
+
+        After a success every rank leaves together. After a failure (`failed`: an exception is
+        ending the command) this rank waits for no other, as they may be gone or stuck in a
+        collective, and returns the rank whose failure came first in the job when it can tell
+        (this one or another), so that the error of that rank alone is shown; the process is
+        then expected to end at once, which is what makes the other ranks' collectives fail.
+        """
+
+
+class TTT(Protocol):
+    """What test-time training (core/eval/ttt.py, ttt_full.py) asks of a backend's device, for one
+    evaluation (`Backend.ttt`): LoRA adapters (core/model/lora.py) on this rank's documents, and SGD on
+    the backend model's own weights (the global phases, the full mode), its momentum kept here."""
+
     def new_adapters(self, a: dict[str, np.ndarray]) -> Any:
         """Adapters for a batch of documents: A from `a` (float32, the shapes of `adapter_shapes`), B zero,
         and their optimizer (`ttt_optimizer`) fresh. An opaque handle for the calls below."""
@@ -208,31 +245,3 @@ class Backend(Protocol):
         """One SGD step at `lr` on the summed loss of every rank's x, y (this rank's may be empty) over
         `total_tokens`, the gradient's norm clipped to `clip` (0: not clipped). The forward is the
         model's own, segmented as train_step's (varlen_attn_enabled); `doc_mask` off: plain causal."""
-
-    def counter_add(self, key: str, amount: int) -> int:
-        """Add `amount` to the counter `key` shared by the ranks (from 0) and return its new value: how the
-        ranks share out work as they get free (one process: a plain counter)."""
-
-    def all_reduce_sum(self, values: np.ndarray) -> np.ndarray:
-        """Sum a float64 vector over ranks (identity when world_size is 1); also a barrier."""
-
-    def from_rank_0(self, key: str, text: str | None, wait_seconds: float) -> str:
-        """The `text` rank 0 gives under `key` (the other ranks give None), on every rank. The others
-        wait for it up to `wait_seconds`, however long the collectives' timeout: rank 0 may work alone
-        for many minutes first (the artifact fit). A key is given once per job."""
-
-    def synchronize(self) -> None:
-        """Wait for queued device work, so that wall-clock timings are honest."""
-
-    def peak_memory_bytes(self) -> int | None:
-        """Peak device memory in use so far, if the framework can tell."""
-
-    def close(self, failed: bool = False) -> int | None:
-        """Release process groups and other resources.
-
-        After a success every rank leaves together. After a failure (`failed`: an exception is
-        ending the command) this rank waits for no other, as they may be gone or stuck in a
-        collective, and returns the rank whose failure came first in the job when it can tell
-        (this one or another), so that the error of that rank alone is shown; the process is
-        then expected to end at once, which is what makes the other ranks' collectives fail.
-        """

@@ -74,7 +74,7 @@ PACKAGES = ("core", "cuda_train")
 # A run's bundle holds those its config uses; every other module imports them inside the functions
 # that use them.
 OPTIONAL = (
-    ("test-time training", ("core.eval.ttt", "core.model.lora"), "cfg.ttt_enabled", "ttt_enabled"),
+    ("test-time training", ("core.eval.ttt", "core.model.lora", "cuda_train.ttt"), "cfg.ttt_enabled", "ttt_enabled"),
     # (test-time training's full mode imports the module too)
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
     ("test-time training's full mode", ("core.eval.ttt_full",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
