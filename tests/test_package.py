@@ -213,6 +213,28 @@ def test_minify_drops_annotations_and_all_but_keeps_dataclass_fields(monkeypatch
     assert [f.name for f in module.fields(module.P)] == ["x"] and module.P.UNIT == 4
 
 
+def test_minify_drops_type_checking_imports_and_keeps_a_test_that_has_an_else():
+    source = (
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING, Any\n"
+        "if TYPE_CHECKING:\n"
+        "    from no_such_module import Thing\n"
+        "def f(x: Thing) -> Any:\n"
+        "    return x + 1\n"
+    )
+    small = minify(source)
+    assert "TYPE_CHECKING" not in small and "no_such_module" not in small
+    namespace: dict = {}
+    exec(compile(small, "minified", "exec"), namespace)  # the module that was never importable runs
+    assert namespace["f"](1) == 2
+    kept = source.replace(
+        "    from no_such_module import Thing\n", "    Thing = int\nelse:\n    Thing = float\n"
+    )
+    namespace = {}
+    exec(compile(minify(kept), "minified", "exec"), namespace)
+    assert namespace["Thing"] is float  # an else runs: the test and its import stay
+
+
 def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is_no_error(
     tmp_path, monkeypatch
 ):

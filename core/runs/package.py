@@ -108,6 +108,9 @@ def _file(module: str) -> Path | None:
     return path if path.is_file() else None
 
 
+TYPE_CHECKING_TESTS = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
 def _top_level(tree: ast.AST) -> list[ast.AST]:
     """The nodes of a module that run when it is imported: everything but the insides of functions
     and of `if TYPE_CHECKING:` blocks (imports for annotations alone)."""
@@ -117,7 +120,7 @@ def _top_level(tree: ast.AST) -> list[ast.AST]:
         found.append(node)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             continue
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in TYPE_CHECKING_TESTS:
             todo += node.orelse
             continue
         todo += ast.iter_child_nodes(node)
@@ -179,7 +182,7 @@ class _Minifier(ast.NodeTransformer):
     """Drops what running the code does not read: docstrings, the help texts, sections and resume
     flags of Config's fields (`opt(default, help, section, ..., resume=)`: only the CLI reads them), `__all__`, and the annotations of functions and
     of assignments outside class bodies (under `from __future__ import annotations` nothing evaluates
-    them). A class body's annotated names stay, as dataclasses make their fields of them, each annotated
+    them) and the `if TYPE_CHECKING:` blocks that import their names. A class body's annotated names stay, as dataclasses make their fields of them, each annotated
     `0` (nothing in pgolf reads a field's type; dataclasses only look for ClassVar, InitVar and KW_ONLY,
     which keep theirs)."""
 
@@ -199,7 +202,7 @@ class _Minifier(ast.NodeTransformer):
         self.in_class = outer
         return node
 
-    visit_Module = visit_ClassDef = _scope
+    visit_ClassDef = _scope
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
         node.returns = None
@@ -219,6 +222,20 @@ class _Minifier(ast.NodeTransformer):
     def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
         names = [t.id for t in node.targets if isinstance(t, ast.Name)]
         return None if names == ["__all__"] else self.generic_visit(node)
+
+    def visit_If(self, node: ast.If) -> ast.AST | None:
+        """`if TYPE_CHECKING:` imports names for annotations alone, which are dropped: it never runs."""
+        if ast.unparse(node.test) in TYPE_CHECKING_TESTS and not node.orelse:
+            return None
+        return self.generic_visit(node)
+
+    def visit_Module(self, node: ast.Module) -> ast.AST:
+        self._scope(node)
+        if not any(isinstance(n, ast.Name) and n.id == "TYPE_CHECKING" for n in ast.walk(node)):
+            for imp in [n for n in node.body if isinstance(n, ast.ImportFrom) and n.module == "typing"]:
+                imp.names = [a for a in imp.names if a.name != "TYPE_CHECKING"]
+            node.body = [n for n in node.body if not isinstance(n, ast.ImportFrom) or n.names]
+        return node
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
         self.generic_visit(node)
