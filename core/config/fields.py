@@ -811,14 +811,8 @@ class Config:
     @property
     def ve_layer_indices(self) -> list[int]:
         """The layers that get the value embedding (empty when ve_enabled is off)."""
-        if not self.ve_enabled:
-            return []
-        try:
-            return [int(part) for part in self.ve_layers.split(",")]
-        except ValueError:
-            raise PgolfError(
-                f"config: ve_layers must be comma-separated layer numbers, got {self.ve_layers!r}"
-            ) from None
+        # A config is validated before use, and ve_layers' own check (LAYER_LIST) makes each part a number.
+        return [int(part) for part in self.ve_layers.split(",")] if self.ve_enabled else []
 
     # ------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
