@@ -766,8 +766,8 @@ class Config:
         )
         if self.ve_enabled:
             layers = self.ve_layer_indices
-            bad = [i for i in layers if not 0 <= i < self.num_layers]
-            require(not bad, f"ve_layers: layer {bad[0] if bad else 0} is not in 0..{self.num_layers - 1}")
+            for i in layers:
+                require(0 <= i < self.num_layers, f"ve_layers: layer {i} is not in 0..{self.num_layers - 1}")
             require(len(set(layers)) == len(layers), f"ve_layers lists a layer twice: {self.ve_layers!r}")
         if self.num_loops > 0:
             require(
