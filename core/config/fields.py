@@ -34,12 +34,6 @@ MAX_NS_STEPS = 100  # Newton-Schulz iterations: the records use 5
 QUANT_BITS = (5, 6, 7, 8, 16)
 
 
-def sliding_enabled(stride: int, window: int) -> bool:
-    """EVAL_STRIDE's rule: windows of `window` tokens advancing by `stride` overlap, so scoring slides
-    them, when 0 < stride < window."""
-    return 0 < stride < window
-
-
 @dataclass(frozen=True)
 class Check:
     """A rule one field's value must follow: `ok(value)`, else the error reads "<field> <rule>, got <value>"."""
@@ -655,8 +649,9 @@ class Config:
 
     @property
     def sliding_eval(self) -> bool:
-        """Whether the final score also slides windows (core/eval/sliding.py) over the validation text."""
-        return sliding_enabled(self.eval_stride, self.eval_window)
+        """Whether the final score also slides windows (core/eval/sliding.py) over the validation text:
+        windows of eval_window tokens advancing by eval_stride overlap when 0 < eval_stride < eval_window."""
+        return 0 < self.eval_stride < self.eval_window
 
     @property
     def max_doc_len(self) -> int:
