@@ -852,7 +852,7 @@ def _coerce(name: str, value: Any) -> Any:
                 raise ValueError(value)
             return int(number)
         if kind is float:
-            return float(str(value).replace("_", "")) if isinstance(value, str) else float(value)
+            return float(text.replace("_", ""))
         return str(value)
     except (ValueError, TypeError, OverflowError):
         raise PgolfError(f"config: {name} expects {kind.__name__}, got {value!r}") from None
