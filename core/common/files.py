@@ -32,7 +32,7 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     naming `path`, and leaves neither a temp file nor a changed `path` behind.
     """
     path = Path(path)
-    if path.name in ("", ".", ".."):
+    if path.name in ("", ".."):  # Path(".").name is ""
         raise PgolfError(f"cannot write {str(path)!r}: not a file name")
     tmp = None
     try:
