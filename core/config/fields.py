@@ -794,13 +794,10 @@ class Config:
         segment runs 1 + num_loops times; the visit list is then split in two halves,
         the encoder getting the shorter one when its length is odd.
         """
-        n = self.num_layers
+        order = list(range(self.num_layers))
         if looping and self.num_loops > 0:
-            segment = list(range(self.loop_start, self.loop_end + 1))
-            order = list(range(self.loop_start)) + segment * (self.num_loops + 1)
-            order += list(range(self.loop_end + 1, n))
-        else:
-            order = list(range(n))
+            segment = slice(self.loop_start, self.loop_end + 1)
+            order[segment] = order[segment] * (self.num_loops + 1)
         return order[: len(order) // 2], order[len(order) // 2 :]
 
     @property
