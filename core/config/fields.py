@@ -867,13 +867,11 @@ ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len", "VAL_BATCH_TOKENS": "val_ba
 
 
 def env_names(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR)."""
+    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR);
+    a field's own name wins over its alias."""
     env = os.environ if environ is None else environ
-    out = {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
-    for alias, name in ENV_ALIASES.items():
-        if alias in env and name not in out:
-            out[name] = alias
-    return out
+    aliased = {name: alias for alias, name in ENV_ALIASES.items() if alias in env}
+    return aliased | {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
 
 
 def from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
