@@ -48,7 +48,7 @@ class RunDir:
         for folder in (self.path, self.path / "checkpoints"):  # a killed run's temp files, when resuming it
             remove_stale_temps(folder)
 
-    def artifact(self, label: str = "int8") -> Path:
+    def artifact(self, label: str) -> Path:
         return self.path / f"final_model.{label}.pgolf"
 
     def checkpoint_path(self, step: int) -> Path:
