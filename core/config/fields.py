@@ -18,7 +18,6 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from core.common.compress import COMPRESSORS
@@ -48,7 +47,7 @@ POSITIVE = Check("must be positive", lambda v: v > 0)
 NON_NEGATIVE = Check("must be >= 0", lambda v: v >= 0)
 FRACTION = Check("must be in [0, 1)", lambda v: 0 <= v < 1)
 UNIT = Check("must be in [0, 1]", lambda v: 0 <= v <= 1)
-PLAIN_NAME = Check("must be a plain folder name", lambda v: v == Path(v).name and v not in (".", ".."))
+PLAIN_NAME = Check("must be a plain folder name", lambda v: "/" not in v and v not in (".", ".."))
 LAYER_LIST = Check(
     "must be comma-separated layer numbers (e.g. 9,10), none blank",
     lambda v: re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", v) is not None,
