@@ -17,7 +17,7 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from core.common.compress import COMPRESSORS
@@ -807,7 +807,7 @@ class Config:
 
     # ------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, strict: bool = False) -> Config:
