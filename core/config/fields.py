@@ -758,11 +758,10 @@ class Config:
             self.bos_id < self.vocab_size,
             f"bos_id={self.bos_id} is not a token of vocab_size={self.vocab_size}",
         )
-        if self.ve_enabled:
-            layers = self.ve_layer_indices
-            for i in layers:
-                require(0 <= i < self.num_layers, f"ve_layers: layer {i} is not in 0..{self.num_layers - 1}")
-            require(len(set(layers)) == len(layers), f"ve_layers lists a layer twice: {self.ve_layers!r}")
+        layers = self.ve_layer_indices  # none when ve_enabled is off
+        for i in layers:
+            require(0 <= i < self.num_layers, f"ve_layers: layer {i} is not in 0..{self.num_layers - 1}")
+        require(len(set(layers)) == len(layers), f"ve_layers lists a layer twice: {self.ve_layers!r}")
         if self.num_loops > 0:
             require(
                 self.loop_start <= self.loop_end < self.num_layers,
