@@ -28,7 +28,6 @@ SEED_MAX = 2**32 - 1  # seeds in 0..SEED_MAX: a range numpy, torch and MLX all a
 # Far deeper than any model the 16 MB budget allows; it bounds the parameter table (and what an
 # artifact's tensor names may declare) before anything is built from it.
 MAX_LAYERS = 1024
-MAX_NS_STEPS = 100  # Newton-Schulz iterations: the records use 5
 # The mixed format's bits per class: int-N with per-row scales, or 16 = kept in fp16.
 QUANT_BITS = (5, 6, 7, 8, 16)
 
@@ -468,7 +467,10 @@ class Config:
     )
     muon_momentum: float = opt(0.95, "Muon momentum after warmup", "optimizer", FRACTION)
     muon_backend_steps: int = opt(
-        5, "Newton-Schulz iterations", "optimizer", (NON_NEGATIVE, at_most(MAX_NS_STEPS))
+        5,
+        "Newton-Schulz iterations",
+        "optimizer",
+        (NON_NEGATIVE, at_most(100)),  # the records use 5
     )
     muon_momentum_warmup_start: float = opt(0.85, "Muon momentum at step 0", "optimizer", FRACTION)
     muon_momentum_warmup_steps: int = opt(
