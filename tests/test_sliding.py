@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.common.errors import PgolfError
-from core.config.fields import sliding_enabled
+from core.config.fields import Config
 from core.config.presets import preset
 from core.data.tables import ByteTables, byte_tables, stream_bytes, token_bytes
 from core.data.tokenizer import load_tokenizer
@@ -90,7 +90,11 @@ def test_batches_and_arrays():
 def test_settings():
     """The window settings come from a validated Config (its checks refuse a stride past the window,
     and batches of no window), so SlidingEval takes them as they are."""
-    assert sliding_enabled(64, 2048) and not sliding_enabled(0, 2048) and not sliding_enabled(2048, 2048)
+
+    def slides(stride):
+        return Config(eval_stride=stride, eval_seq_len=2048).sliding_eval
+
+    assert slides(64) and not slides(0) and not slides(2048)
     for change, match in [
         ({"eval_stride": 65}, r"eval_stride=65 is longer than the evaluation window \(64\)"),
         ({"eval_batch_seqs": 0}, "eval_batch_seqs must be positive"),

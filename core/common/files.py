@@ -32,7 +32,7 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     naming `path`, and leaves neither a temp file nor a changed `path` behind.
     """
     path = Path(path)
-    if path.name in ("", ".", ".."):
+    if path.name in ("", ".."):  # Path(".").name is ""
         raise PgolfError(f"cannot write {str(path)!r}: not a file name")
     tmp = None
     try:
@@ -106,20 +106,19 @@ def open_regular(path: str | Path, what: str, max_bytes: int | None = None) -> B
     """`path` opened for reading, if it is a regular file of at most `max_bytes`; else a PgolfError
     naming it (as `what`, e.g. "checkpoint"). Opening never blocks, even on a FIFO."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
     info = os.fstat(fd)
-    problem = None
     if not stat.S_ISREG(info.st_mode):
         problem = "is not a regular file (a folder, a FIFO or a device)"
     elif max_bytes is not None and info.st_size > max_bytes:
         problem = f"is {info.st_size:,} bytes, over the limit of {max_bytes:,}"
-    if problem:
-        os.close(fd)
-        raise PgolfError(f"{what} {path} {problem}")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    else:
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    os.close(fd)
+    raise PgolfError(f"{what} {path} {problem}")
 
 
 def read_file(path: str | Path, what: str, max_bytes: int | None = None) -> bytes:

@@ -17,8 +17,7 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from core.common.compress import COMPRESSORS
@@ -29,15 +28,8 @@ SEED_MAX = 2**32 - 1  # seeds in 0..SEED_MAX: a range numpy, torch and MLX all a
 # Far deeper than any model the 16 MB budget allows; it bounds the parameter table (and what an
 # artifact's tensor names may declare) before anything is built from it.
 MAX_LAYERS = 1024
-MAX_NS_STEPS = 100  # Newton-Schulz iterations: the records use 5
 # The mixed format's bits per class: int-N with per-row scales, or 16 = kept in fp16.
 QUANT_BITS = (5, 6, 7, 8, 16)
-
-
-def sliding_enabled(stride: int, window: int) -> bool:
-    """EVAL_STRIDE's rule: windows of `window` tokens advancing by `stride` overlap, so scoring slides
-    them, when 0 < stride < window."""
-    return 0 < stride < window
 
 
 @dataclass(frozen=True)
@@ -54,7 +46,7 @@ POSITIVE = Check("must be positive", lambda v: v > 0)
 NON_NEGATIVE = Check("must be >= 0", lambda v: v >= 0)
 FRACTION = Check("must be in [0, 1)", lambda v: 0 <= v < 1)
 UNIT = Check("must be in [0, 1]", lambda v: 0 <= v <= 1)
-PLAIN_NAME = Check("must be a plain folder name", lambda v: v == Path(v).name and v not in (".", ".."))
+PLAIN_NAME = Check("must be a plain folder name", lambda v: "/" not in v and v not in (".", ".."))
 LAYER_LIST = Check(
     "must be comma-separated layer numbers (e.g. 9,10), none blank",
     lambda v: re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", v) is not None,
@@ -475,7 +467,10 @@ class Config:
     )
     muon_momentum: float = opt(0.95, "Muon momentum after warmup", "optimizer", FRACTION)
     muon_backend_steps: int = opt(
-        5, "Newton-Schulz iterations", "optimizer", (NON_NEGATIVE, at_most(MAX_NS_STEPS))
+        5,
+        "Newton-Schulz iterations",
+        "optimizer",
+        (NON_NEGATIVE, at_most(100)),  # the records use 5
     )
     muon_momentum_warmup_start: float = opt(0.85, "Muon momentum at step 0", "optimizer", FRACTION)
     muon_momentum_warmup_steps: int = opt(
@@ -655,8 +650,9 @@ class Config:
 
     @property
     def sliding_eval(self) -> bool:
-        """Whether the final score also slides windows (core/eval/sliding.py) over the validation text."""
-        return sliding_enabled(self.eval_stride, self.eval_window)
+        """Whether the final score also slides windows (core/eval/sliding.py) over the validation text:
+        windows of eval_window tokens advancing by eval_stride overlap when 0 < eval_stride < eval_window."""
+        return 0 < self.eval_stride < self.eval_window
 
     @property
     def max_doc_len(self) -> int:
@@ -764,11 +760,10 @@ class Config:
             self.bos_id < self.vocab_size,
             f"bos_id={self.bos_id} is not a token of vocab_size={self.vocab_size}",
         )
-        if self.ve_enabled:
-            layers = self.ve_layer_indices
-            bad = [i for i in layers if not 0 <= i < self.num_layers]
-            require(not bad, f"ve_layers: layer {bad[0] if bad else 0} is not in 0..{self.num_layers - 1}")
-            require(len(set(layers)) == len(layers), f"ve_layers lists a layer twice: {self.ve_layers!r}")
+        layers = self.ve_layer_indices  # none when ve_enabled is off
+        for i in layers:
+            require(0 <= i < self.num_layers, f"ve_layers: layer {i} is not in 0..{self.num_layers - 1}")
+        require(len(set(layers)) == len(layers), f"ve_layers lists a layer twice: {self.ve_layers!r}")
         if self.num_loops > 0:
             require(
                 self.loop_start <= self.loop_end < self.num_layers,
@@ -781,15 +776,15 @@ class Config:
                 psl < self.num_layers,
                 f"parallel_start_layer={psl} must be below num_layers={self.num_layers}",
             )
-            for looping in (False, True):
-                decoder = self.layer_layout(looping)[1]
-                lanes = [i >= psl for i in decoder]
-                # Once split, the stream is two lanes: a serial layer after that would read a stale x.
-                require(
-                    lanes == sorted(lanes),
-                    f"parallel_start_layer={psl}: the decoder order {decoder} runs a layer below {psl} "
-                    "after a parallel one",
-                )
+            # Once split, the stream is two lanes: a serial layer after that would read a stale x. Only
+            # looping can reorder the decoder (without it, its layers come in increasing order).
+            decoder = self.layer_layout(looping=True)[1]
+            lanes = [i >= psl for i in decoder]
+            require(
+                lanes == sorted(lanes),
+                f"parallel_start_layer={psl}: the decoder order {decoder} runs a layer below {psl} "
+                "after a parallel one",
+            )
         return self
 
     def layer_layout(self, looping: bool) -> tuple[list[int], list[int]]:
@@ -799,30 +794,21 @@ class Config:
         segment runs 1 + num_loops times; the visit list is then split in two halves,
         the encoder getting the shorter one when its length is odd.
         """
-        n = self.num_layers
+        order = list(range(self.num_layers))
         if looping and self.num_loops > 0:
-            segment = list(range(self.loop_start, self.loop_end + 1))
-            order = list(range(self.loop_start)) + segment * (self.num_loops + 1)
-            order += list(range(self.loop_end + 1, n))
-        else:
-            order = list(range(n))
+            segment = slice(self.loop_start, self.loop_end + 1)
+            order[segment] = order[segment] * (self.num_loops + 1)
         return order[: len(order) // 2], order[len(order) // 2 :]
 
     @property
     def ve_layer_indices(self) -> list[int]:
         """The layers that get the value embedding (empty when ve_enabled is off)."""
-        if not self.ve_enabled:
-            return []
-        try:
-            return [int(part) for part in self.ve_layers.split(",")]
-        except ValueError:
-            raise PgolfError(
-                f"config: ve_layers must be comma-separated layer numbers, got {self.ve_layers!r}"
-            ) from None
+        # A config is validated before use, and ve_layers' own check (LAYER_LIST) makes each part a number.
+        return [int(part) for part in self.ve_layers.split(",")] if self.ve_enabled else []
 
     # ------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, strict: bool = False) -> Config:
@@ -863,7 +849,7 @@ def _coerce(name: str, value: Any) -> Any:
                 raise ValueError(value)
             return int(number)
         if kind is float:
-            return float(str(value).replace("_", "")) if isinstance(value, str) else float(value)
+            return float(text.replace("_", ""))
         return str(value)
     except (ValueError, TypeError, OverflowError):
         raise PgolfError(f"config: {name} expects {kind.__name__}, got {value!r}") from None
@@ -881,13 +867,11 @@ ENV_ALIASES = {"TRAIN_MAX_SEQ_LEN": "train_seq_len", "VAL_BATCH_TOKENS": "val_ba
 
 
 def env_names(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR)."""
+    """{field: the environment variable that sets it} for the upstream variables present (e.g. MATRIX_LR);
+    a field's own name wins over its alias."""
     env = os.environ if environ is None else environ
-    out = {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
-    for alias, name in ENV_ALIASES.items():
-        if alias in env and name not in out:
-            out[name] = alias
-    return out
+    aliased = {name: alias for alias, name in ENV_ALIASES.items() if alias in env}
+    return aliased | {name: name.upper() for name in sorted(field_names()) if name.upper() in env}
 
 
 def from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:

@@ -45,10 +45,10 @@ class RunDir:
             self.close()
             raise PgolfError(taken)
         make_dir(self.path / "checkpoints", "run directory")
-        for folder in (self.path, self.path / "checkpoints"):  # a killed run's temp files, when resuming it
-            remove_stale_temps(folder)
+        # A killed run's temp files, when resuming it (those beside config.json go as write_config writes it).
+        remove_stale_temps(self.path / "checkpoints")
 
-    def artifact(self, label: str = "int8") -> Path:
+    def artifact(self, label: str) -> Path:
         return self.path / f"final_model.{label}.pgolf"
 
     def checkpoint_path(self, step: int) -> Path:
