@@ -51,7 +51,7 @@ def trajectory(name: str, preset_name: str, dataset, backend_name: str, tmp_path
     cfg = preset(preset_name).replace(**from_env(env)).replace(**pgolf_only).validate()
     backend = make_backend(backend_name, cfg)
     try:
-        result = train(backend, log=lambda line: None)
+        result = train(backend, log=lambda line: None, resume=None)  # the CLI's run: it checkpoints
     finally:
         backend.close()
     losses = [r["train_loss"] for r in read_metrics(result.run_dir) if r["kind"] == "train"]
