@@ -220,10 +220,7 @@ def _score_lora(
         else:
             adapters = ttt.new_adapters(draw(len(batch)))
         for nll, positions in _score_batch(backend, ttt, tokens, batch, adapters):
-            meter.nats += float(nll.astype(np.float64).sum())
-            meter.count_bytes(data.target_bytes[positions])
-            if token_losses is not None:
-                token_losses[positions] = nll
+            meter.add(nll, positions, data.target_bytes, token_losses)
         if progress is not None:
             progress(q + 1, len(queue))
     return meter
