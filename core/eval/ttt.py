@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.common.errors import PgolfError, setting
+from core.common.errors import PgolfError, memory_hint, setting
 from core.eval.bpb import BPBMeter
 from core.model.lora import initial_a
 
@@ -158,16 +158,27 @@ def train_global(backend: Backend, ttt: TTT, tokens: np.ndarray, docs: list[Docu
 def evaluate_ttt(
     backend: Backend, data: EvalData, progress: Progress | None = None, token_losses: np.ndarray | None = None
 ) -> BPBMeter:
-    """The score with test-time training (`ttt_mode`), summed over the ranks. The backend's weights
-    change (the global phases, the full mode): load them again before scoring anything else.
+    """val_loss and val_bpb with test-time training (`ttt_mode`), summed over the ranks; the backend's
+    weights are the same afterwards. Out of memory names the settings that size it in the run's mode.
     `token_losses` (float32, one per token, NaN at first) receives each scored target's loss at its
     stream position."""
-    if backend.cfg.ttt_mode == "full":
+    cfg = backend.cfg
+    phases = cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
+    if cfg.ttt_mode == "full":
         from core.eval.ttt_full import score_full as score
+
+        lower = "--ttt-batch-seqs"
     else:
         score = _score_lora
-    meter = score(backend, data, progress, token_losses)
-    return BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
+        lower = "--ttt-batch-size, --ttt-lora-rank or --ttt-eval-seq-len"
+        lower += " (global phases: --global-ttt-batch-seqs)" if phases else ""
+    before = backend.params() if cfg.ttt_mode == "full" or phases else None  # the modes that train weights
+    with memory_hint("test-time training", lower):
+        meter = score(backend, data, progress, token_losses)
+        total = BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
+    if before is not None:
+        backend.load_params(before)
+    return total
 
 
 def _score_lora(
