@@ -196,16 +196,13 @@ def _score_lora(
     boundaries = [prefix * (p + 1) // phases for p in range(phases)]
     cumulative = np.cumsum([len(batch) for batch in queue])
     ends = [int(e) for e in np.searchsorted(cumulative, boundaries) if e < len(queue) - 1]
-    rng = np.random.default_rng(cfg.seed + 7919 * backend.rank)
-
-    def draw(rows: int) -> dict[str, np.ndarray]:
-        """Fresh A matrices for adapters of `rows` documents (B always starts at zero)."""
-        return initial_a(cfg, rows, rng)
-
+    rng = np.random.default_rng(
+        cfg.seed + 7919 * backend.rank
+    )  # fresh A matrices: initial_a (B starts at zero)
     # The adapters of full batches are made once (and after each phase), restarted for each batch, A
     # kept warm if ttt_warm_start_a; a shorter batch gets its own.
     ttt = backend.ttt()
-    main = ttt.new_adapters(draw(cfg.ttt_batch_size))
+    main = ttt.new_adapters(initial_a(cfg, cfg.ttt_batch_size, rng))
     meter = BPBMeter()
     phase = 0
     key = f"pgolf/ttt/{next(_evaluations)}/next_batch"
@@ -220,16 +217,16 @@ def _score_lora(
             )
             if boundaries[phase]:
                 train_global(backend, ttt, tokens, scored[: boundaries[phase]])
-            main = ttt.new_adapters(draw(cfg.ttt_batch_size))
+            main = ttt.new_adapters(initial_a(cfg, cfg.ttt_batch_size, rng))
             phase += 1
         if q >= len(queue):
             break
         batch = queue[q]
         if len(batch) == cfg.ttt_batch_size:
-            ttt.restart_adapters(main, None if cfg.ttt_warm_start_a else draw(len(batch)))
+            ttt.restart_adapters(main, None if cfg.ttt_warm_start_a else initial_a(cfg, len(batch), rng))
             adapters = main
         else:
-            adapters = ttt.new_adapters(draw(len(batch)))
+            adapters = ttt.new_adapters(initial_a(cfg, len(batch), rng))
         for nll, positions in _score_batch(backend, ttt, tokens, batch, adapters):
             meter.add(nll, positions, data.target_bytes, token_losses)
         if progress is not None:
