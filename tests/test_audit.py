@@ -11,8 +11,9 @@ import pytest
 
 from core.config.presets import preset
 from core.eval.rows import evaluate
-from core.eval.score import EvalData, evaluate_with_ttt
+from core.eval.score import EvalData
 from core.eval.sliding import evaluate_sliding
+from core.eval.ttt import evaluate_ttt
 from core.runs.audit import (
     Audit,
     Calibration,
@@ -36,8 +37,8 @@ FULL_CFG = PLAIN_CFG.replace(
 CASES = {
     "plain": (PLAIN_CFG, evaluate),
     "sliding": (SLIDING_CFG, evaluate_sliding),
-    "ttt_lora_phased": (LEGAL_CFG, evaluate_with_ttt),
-    "ttt_full": (FULL_CFG, evaluate_with_ttt),
+    "ttt_lora_phased": (LEGAL_CFG, evaluate_ttt),
+    "ttt_full": (FULL_CFG, evaluate_ttt),
 }
 
 

@@ -25,7 +25,8 @@ from core.common.errors import PgolfError, memory_hint
 from core.common.files import file_sha256
 from core.config.presets import preset
 from core.data.manifest import check_tokenizer, read_manifest
-from core.eval.score import EvalData, evaluate_with_ttt
+from core.eval.score import EvalData
+from core.eval.ttt import evaluate_ttt
 from core.model.params import init_params, storage_dtypes
 from core.runs.setup import export_setup
 from core.train.fitting import fit_files
@@ -169,7 +170,7 @@ def test_out_of_memory_during_ttt_names_the_settings_to_lower(monkeypatch):
     tokens[[0, 150, 300]] = LEGAL_CFG.bos_id
     try:
         with pytest.raises(PgolfError) as caught:
-            evaluate_with_ttt(backend, EvalData(tokens, unit_tables(LEGAL_CFG.vocab_size)))
+            evaluate_ttt(backend, EvalData(tokens, unit_tables(LEGAL_CFG.vocab_size)))
     finally:
         backend.close()
     message = str(caught.value)

@@ -11,7 +11,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.data.tables import ByteTables
-from core.eval.score import EvalData, evaluate_with_ttt, evaluators
+from core.eval.score import EvalData, evaluators
 from core.eval.ttt import chunk_window, evaluate_ttt, find_documents, global_lr, plan_batches
 from tests.test_backends import BACKENDS, busy_params, graph_capture_only, make_backend, needs
 from tests.test_golden_records import GOLDEN, read_golden, record_config
@@ -207,7 +207,7 @@ def test_every_target_is_scored_once_and_the_weights_come_back(backend_name):
     assert np.isfinite(losses[1:]).all() and np.isnan(losses[0])
     assert losses[1:].astype(np.float64).sum() == pytest.approx(nats, rel=1e-6)
     backend.load_params(params)
-    evaluate_with_ttt(backend, EvalData(tokens, unit_tables(LEGAL_CFG.vocab_size)))
+    evaluate_ttt(backend, EvalData(tokens, unit_tables(LEGAL_CFG.vocab_size)))
     after = backend.params()
     assert all(np.array_equal(after[k], params[k]) for k in params)  # the phases trained a copy
     assert "ttt" in evaluators(LEGAL_CFG) and "ttt" not in evaluators(preset("smoke"))

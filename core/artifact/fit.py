@@ -615,7 +615,9 @@ class _Search:
 
 def default_compression() -> tuple[tuple[str, int], ...]:
     """The (compressor, byte shuffle) pairs a fit tries: COMPRESSION, and PERGROUP where lrzip is installed."""
-    return COMPRESSION + ((PERGROUP,) if compress.lrzip_installed() else ())
+    from core.common.pergroup import lrzip_installed
+
+    return COMPRESSION + ((PERGROUP,) if lrzip_installed() else ())
 
 
 def fit_artifact(

@@ -26,8 +26,6 @@ stream ends, and a stream cut short is refused.
 from __future__ import annotations
 
 import importlib
-import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +44,6 @@ __all__ = [
     "compress",
     "compressor_by_id",
     "decompress",
-    "lrzip_installed",
     "pack",
     "unpack",
 ]
@@ -71,27 +68,11 @@ def _brotli() -> Any:
     return _package("brotli", "brotli", "1.1")
 
 
-def _zstd() -> Any:
-    return _package("zstd", "zstandard", "0.22")
-
-
 def _pergroup() -> Any:
     """core/common/pergroup.py, imported only by the runs that use the pergroup compressor."""
     from core.common import pergroup
 
     return pergroup
-
-
-def _other(name: str) -> tuple[Callable[[bytes, int | None], bytes], Callable[[bytes], bytes]]:
-    """The compress and decompress of a compressor of core/common/other_compressors.py, which they import
-    when first called (only the runs that use one of them package it)."""
-
-    def codec() -> tuple[Callable[[bytes, int | None], bytes], Callable[[bytes], bytes]]:
-        from core.common.other_compressors import CODECS
-
-        return CODECS[name]
-
-    return (lambda data, level: codec()[0](data, level)), (lambda data: codec()[1](data))
 
 
 def _too_large(out: bytes, name: str) -> None:
@@ -111,37 +92,25 @@ def _brotli_decompress(data: bytes) -> bytes:
     return out
 
 
-def lrzip_installed() -> bool:
-    return shutil.which("lrzip") is not None
-
-
 @dataclass(frozen=True)
 class Compressor:
     name: str
     id: int  # the container's id byte (without SHUFFLE_FLAG); never reused
-    default_level: int | None
-    levels: range | None
-    compress: Callable[[bytes, int | None], bytes]
-    decompress: Callable[[bytes], bytes]
+    levels: range | None  # the levels it accepts, the last one its default; None: it has no levels
 
 
 COMPRESSORS: dict[str, Compressor] = {
     c.name: c
     for c in (
-        Compressor("none", 0, None, None, *_other("none")),
-        Compressor("zlib", 1, 9, range(0, 10), *_other("zlib")),
-        Compressor("lzma", 2, 9, range(0, 10), *_other("lzma")),
-        Compressor("bz2", 3, 9, range(1, 10), *_other("bz2")),
-        Compressor(
-            "brotli", 4, 11, range(0, 12), lambda d, lv: _brotli().compress(d, quality=lv), _brotli_decompress
-        ),
-        Compressor("zstd", 5, 22, range(1, 23), *_other("zstd")),
-        Compressor(
-            PERGROUP, 6, None, None,
-            lambda d, lv: _pergroup().pack(d, 0), lambda d: _pergroup().unpack(d, False)[0],
-        ),
+        Compressor("none", 0, None),
+        Compressor("zlib", 1, range(0, 10)),
+        Compressor("lzma", 2, range(0, 10)),
+        Compressor("bz2", 3, range(1, 10)),
+        Compressor("brotli", 4, range(0, 12)),
+        Compressor("zstd", 5, range(1, 23)),
+        Compressor(PERGROUP, 6, None),
     )
-}  # fmt: skip
+}
 
 
 def get(name: str) -> Compressor:
@@ -156,7 +125,9 @@ def check_available(name: str) -> None:
     if name in ("brotli", PERGROUP):
         _brotli()
     if name == "zstd":
-        _zstd()
+        from core.common.other_compressors import zstd_package
+
+        zstd_package()
     if name == PERGROUP:
         _pergroup().require_lrzip("the pergroup compressor")
 
@@ -170,21 +141,29 @@ def compressor_by_id(code: int) -> Compressor:
 
 def resolve_level(name: str, level: int | None) -> int | None:
     """The level to use: the compressor's default when None; refused when out of range."""
-    c = get(name)
-    if c.levels is None:
+    levels = get(name).levels
+    if levels is None:
         return None
-    level = c.default_level if level is None else level
-    if level not in c.levels:
-        raise PgolfError(f"compressor {name}: level {level} is not in {c.levels.start}..{c.levels.stop - 1}")
+    level = levels[-1] if level is None else level
+    if level not in levels:
+        raise PgolfError(f"compressor {name}: level {level} is not in {levels.start}..{levels.stop - 1}")
     return level
 
 
 def compress(data: bytes, name: str, level: int | None = None) -> bytes:
-    return get(name).compress(data, resolve_level(name, level))
+    """`data` compressed by compressor `name` (at its default level when None): `pack`'s bytes without the id byte."""
+    return pack(data, name, level)[1:]
 
 
 def decompress(data: bytes, name: str) -> bytes:
-    return get(name).decompress(data)
+    get(name)
+    if name == "brotli":
+        return _brotli_decompress(data)
+    if name == PERGROUP:
+        return _pergroup().unpack(data, False)[0]
+    from core.common.other_compressors import CODECS
+
+    return CODECS[name][1](data)
 
 
 # ---------------------------------------------------------------- byte shuffle
@@ -228,16 +207,20 @@ def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: 
     `shuffle` is the byte-shuffle stride (0 for none; 2 suits fp16 data); `pergroup` shuffles only the
     part of the payload it compresses with brotli.
     """
-    c = get(name)
-    lv = resolve_level(name, level)
+    level = resolve_level(name, level)
     if shuffle not in (0, *range(2, 256)):
         raise PgolfError(f"byte shuffle stride {shuffle}: use 0 (none) or 2..255")
     if shuffle and len(payload) < shuffle:
         raise PgolfError(f"byte shuffle stride {shuffle} is longer than the {len(payload)}-byte payload")
-    code = bytes([c.id | (SHUFFLE_FLAG if shuffle else 0)])
-    if c.name == PERGROUP:
+    code = bytes([COMPRESSORS[name].id | (SHUFFLE_FLAG if shuffle else 0)])
+    if name == PERGROUP:
         return code + _pergroup().pack(payload, shuffle)
-    return code + c.compress(byte_shuffle(payload, shuffle), lv)
+    data = byte_shuffle(payload, shuffle)
+    if name == "brotli":
+        return code + _brotli().compress(data, quality=level)
+    from core.common.other_compressors import CODECS
+
+    return code + CODECS[name][0](data, level)
 
 
 def unpack(blob: bytes) -> tuple[bytes, str, int]:
@@ -249,7 +232,7 @@ def unpack(blob: bytes) -> tuple[bytes, str, int]:
     if c.name == PERGROUP:
         payload, stride = _pergroup().unpack(blob[1:], bool(code & SHUFFLE_FLAG))
         return payload, c.name, stride
-    body = c.decompress(blob[1:])
+    body = decompress(blob[1:], c.name)
     if not code & SHUFFLE_FLAG:
         return body, c.name, 0
     return byte_unshuffle(body, strict=True), c.name, body[4]

@@ -11,7 +11,12 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from core.common.compress import MAX_OUTPUT_BYTES, _too_large, _zstd
+from core.common.compress import MAX_OUTPUT_BYTES, _package, _too_large
+
+
+def zstd_package() -> Any:
+    """The zstandard package, or a PgolfError saying how to install it."""
+    return _package("zstd", "zstandard", "0.22")
 
 
 def _stream(name: str, make: Callable[[], Any]) -> Callable[[bytes], bytes]:
@@ -32,7 +37,7 @@ def _stream(name: str, make: Callable[[], Any]) -> Callable[[bytes], bytes]:
 
 def _zstd_decompress(data: bytes) -> bytes:
     # Stream decoders: they do not trust (and allocate) the size a damaged frame header claims.
-    zstd = _zstd().ZstdDecompressor()
+    zstd = zstd_package().ZstdDecompressor()
     with zstd.stream_reader(data, read_across_frames=False) as reader:
         _too_large(reader.read(MAX_OUTPUT_BYTES + 1), "zstd")
     decoder = zstd.decompressobj()
@@ -55,5 +60,5 @@ CODECS: dict[str, tuple[Callable[[bytes, int | None], bytes], Callable[[bytes], 
     "zlib": (lambda d, lv: zlib.compress(d, lv), _stream("zlib", zlib.decompressobj)),
     "lzma": (lambda d, lv: lzma.compress(d, preset=lv), _stream("lzma", lzma.LZMADecompressor)),
     "bz2": (lambda d, lv: bz2.compress(d, lv), _stream("bz2", bz2.BZ2Decompressor)),
-    "zstd": (lambda d, lv: _zstd().ZstdCompressor(level=lv).compress(d), _zstd_decompress),
+    "zstd": (lambda d, lv: zstd_package().ZstdCompressor(level=lv).compress(d), _zstd_decompress),
 }

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import tempfile
@@ -34,7 +35,7 @@ from core.common import compress
 from core.common.errors import PgolfError, first_line, setting
 
 __all__ = [
-    "GROUPS", "SORTED", "Split", "group_bytes", "join", "lrzip_decompress", "lrzip_timeout", "pack",
+    "GROUPS", "SORTED", "Split", "group_bytes", "join", "lrzip_decompress", "lrzip_installed", "lrzip_timeout", "pack",
     "require_lrzip", "similarity_order", "split", "split_streams", "unpack", "unstack",
 ]  # fmt: skip
 
@@ -184,10 +185,14 @@ def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> byte
 LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")
 
 
+def lrzip_installed() -> bool:
+    return shutil.which("lrzip") is not None
+
+
 def require_lrzip(doing: str, writing: bool = True) -> None:
     """Refuse in one line when the lrzip program is missing: how to install it, and, when `writing`,
     the compressors that need no program (a file already written needs lrzip to be read)."""
-    if not compress.lrzip_installed():
+    if not lrzip_installed():
         other = f", or choose another compressor ({setting('compressor', 'brotli')})" if writing else ""
         raise PgolfError(
             f"{doing} needs the lrzip program, which is not installed: apt-get install lrzip (Debian, "

@@ -170,19 +170,7 @@ class CoprimeLoader:
         return batch[:, :-1], batch[:, 1:]
 
     def state(self) -> dict[str, Any]:
-        """Everything a resume needs, JSON-safe; the same on every rank (the windows are global)."""
-        rng = self.rng.bit_generator.state
-        return {
-            "loader": "coprime",
-            "seed": str(self.seed),
-            "shards": len(self.files),
-            "seq_len": self.seq_len,
-            "calls": self.calls,
-            # PCG64's 128-bit state and inc as decimal strings: JSON readers other than Python's lose their digits.
-            "rng": {key: str(value) for key, value in rng["state"].items()}
-            | {"has_uint32": rng["has_uint32"], "uinteger": rng["uinteger"]},
-            "cursors": {key: getattr(self, key).tolist() for key in CURSORS},
-        }
+        """Everything a resume needs (core/data/coprime_state.py: only checkpoints take it)."""
+        from core.data.coprime_state import coprime_state
 
-
-CURSORS = ("phase", "blocks", "next", "start", "stride", "active")  # CoprimeLoader's per-shard arrays
+        return coprime_state(self)

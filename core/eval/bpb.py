@@ -19,6 +19,21 @@ class BPBMeter:
         self.tokens += float(np.size(target_bytes))
         self.nbytes += float(np.sum(target_bytes, dtype=np.int64))
 
+    def add(
+        self,
+        losses: np.ndarray,
+        positions: np.ndarray | slice,
+        target_bytes: np.ndarray,
+        sink: np.ndarray | None,
+    ) -> None:
+        """Scored targets: their losses in nats, and their stream positions (an index array or a slice)
+        into `target_bytes` (EvalData.target_bytes) and `sink` (one float per token, None: no sink),
+        which receives each loss at its position. The losses are summed in float64."""
+        self.nats += float(np.sum(losses, dtype=np.float64))
+        self.count_bytes(target_bytes[positions])
+        if sink is not None:
+            sink[positions] = losses
+
     def as_array(self) -> np.ndarray:
         return np.array([self.nats, self.tokens, self.nbytes], dtype=np.float64)
 

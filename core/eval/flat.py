@@ -35,10 +35,7 @@ def evaluate_flat(
         for i, (start, end) in enumerate(spans):
             chunk = data.tokens[start:end].astype(np.int32)
             losses = backend.token_losses(chunk[None, :-1], chunk[None, 1:])[0]
-            meter.nats += float(np.sum(losses, dtype=np.float64))
-            meter.count_bytes(data.target_bytes[start + 1 : end])
-            if sink is not None:
-                sink[start + 1 : end] = losses
+            meter.add(losses, slice(start + 1, end), data.target_bytes, sink)
             if progress is not None:
                 progress(i + 1, len(spans))
     total = BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.common.errors import PgolfError, hint, memory_hint, setting
+from core.common.errors import PgolfError, hint, setting
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter
@@ -23,7 +23,6 @@ from core.eval.bpb import BPBMeter
 if TYPE_CHECKING:  # only annotations name these
     from core.config.fields import Config
     from core.data.tables import ByteTables
-    from core.model.backend import Backend
 
 Progress = Callable[[int, int], None]  # (done, total) of something long
 
@@ -85,28 +84,6 @@ def load_eval_data(cfg: Config) -> EvalData:
     return EvalData(tokens, byte_tables(sp, cfg.vocab_size))
 
 
-def evaluate_with_ttt(
-    backend: Backend, data: EvalData, progress: Progress | None = None, sink: np.ndarray | None = None
-) -> BPBMeter:
-    """val_loss and val_bpb with test-time training (core/eval/ttt.py); the backend's weights are
-    the same afterwards. Out of memory names the settings that size it in the run's mode."""
-    from core.eval.ttt import evaluate_ttt
-
-    cfg = backend.cfg
-    phases = cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
-    if cfg.ttt_mode == "full":
-        lower = "--ttt-batch-seqs"
-    else:
-        lower = "--ttt-batch-size, --ttt-lora-rank or --ttt-eval-seq-len"
-        lower += " (global phases: --global-ttt-batch-seqs)" if phases else ""
-    before = backend.params() if cfg.ttt_mode == "full" or phases else None  # the modes that train weights
-    with memory_hint("test-time training", lower):
-        meter = evaluate_ttt(backend, data, progress, token_losses=sink)
-    if before is not None:
-        backend.load_params(before)
-    return meter
-
-
 Evaluator = Callable[..., BPBMeter]  # (backend, data, progress=None, sink=None)
 
 
@@ -137,5 +114,7 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
 
         out["sliding_window"] = evaluate_sliding
     if cfg.ttt_enabled:
-        out["ttt"] = evaluate_with_ttt
+        from core.eval.ttt import evaluate_ttt
+
+        out["ttt"] = evaluate_ttt
     return out

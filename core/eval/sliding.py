@@ -126,10 +126,7 @@ def score_windows(
         nll = np.asarray(token_losses(x, y))
         scored = (pos[None, :] >= batch.score_from[:, None]) & (pos[None, :] < batch.lengths[:, None])
         positions = (batch.starts[:, None] + pos[None, :] + 1)[scored]
-        meter.nats += float(nll[scored].astype(np.float64).sum())
-        meter.count_bytes(target_bytes[positions])
-        if sink is not None:
-            sink[positions] = nll[scored]
+        meter.add(nll[scored], positions, target_bytes, sink)
         if progress is not None:
             progress(i + 1, total)
 

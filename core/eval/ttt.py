@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.common.errors import PgolfError, setting
+from core.common.errors import PgolfError, memory_hint, setting
 from core.eval.bpb import BPBMeter
 from core.model.lora import initial_a
 
@@ -158,16 +158,27 @@ def train_global(backend: Backend, ttt: TTT, tokens: np.ndarray, docs: list[Docu
 def evaluate_ttt(
     backend: Backend, data: EvalData, progress: Progress | None = None, token_losses: np.ndarray | None = None
 ) -> BPBMeter:
-    """The score with test-time training (`ttt_mode`), summed over the ranks. The backend's weights
-    change (the global phases, the full mode): load them again before scoring anything else.
+    """val_loss and val_bpb with test-time training (`ttt_mode`), summed over the ranks; the backend's
+    weights are the same afterwards. Out of memory names the settings that size it in the run's mode.
     `token_losses` (float32, one per token, NaN at first) receives each scored target's loss at its
     stream position."""
-    if backend.cfg.ttt_mode == "full":
+    cfg = backend.cfg
+    phases = cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
+    if cfg.ttt_mode == "full":
         from core.eval.ttt_full import score_full as score
+
+        lower = "--ttt-batch-seqs"
     else:
         score = _score_lora
-    meter = score(backend, data, progress, token_losses)
-    return BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
+        lower = "--ttt-batch-size, --ttt-lora-rank or --ttt-eval-seq-len"
+        lower += " (global phases: --global-ttt-batch-seqs)" if phases else ""
+    before = backend.params() if cfg.ttt_mode == "full" or phases else None  # the modes that train weights
+    with memory_hint("test-time training", lower):
+        meter = score(backend, data, progress, token_losses)
+        total = BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
+    if before is not None:
+        backend.load_params(before)
+    return total
 
 
 def _score_lora(
@@ -185,16 +196,13 @@ def _score_lora(
     boundaries = [prefix * (p + 1) // phases for p in range(phases)]
     cumulative = np.cumsum([len(batch) for batch in queue])
     ends = [int(e) for e in np.searchsorted(cumulative, boundaries) if e < len(queue) - 1]
-    rng = np.random.default_rng(cfg.seed + 7919 * backend.rank)
-
-    def draw(rows: int) -> dict[str, np.ndarray]:
-        """Fresh A matrices for adapters of `rows` documents (B always starts at zero)."""
-        return initial_a(cfg, rows, rng)
-
+    rng = np.random.default_rng(
+        cfg.seed + 7919 * backend.rank
+    )  # fresh A matrices: initial_a (B starts at zero)
     # The adapters of full batches are made once (and after each phase), restarted for each batch, A
     # kept warm if ttt_warm_start_a; a shorter batch gets its own.
     ttt = backend.ttt()
-    main = ttt.new_adapters(draw(cfg.ttt_batch_size))
+    main = ttt.new_adapters(initial_a(cfg, cfg.ttt_batch_size, rng))
     meter = BPBMeter()
     phase = 0
     key = f"pgolf/ttt/{next(_evaluations)}/next_batch"
@@ -209,21 +217,18 @@ def _score_lora(
             )
             if boundaries[phase]:
                 train_global(backend, ttt, tokens, scored[: boundaries[phase]])
-            main = ttt.new_adapters(draw(cfg.ttt_batch_size))
+            main = ttt.new_adapters(initial_a(cfg, cfg.ttt_batch_size, rng))
             phase += 1
         if q >= len(queue):
             break
         batch = queue[q]
         if len(batch) == cfg.ttt_batch_size:
-            ttt.restart_adapters(main, None if cfg.ttt_warm_start_a else draw(len(batch)))
+            ttt.restart_adapters(main, None if cfg.ttt_warm_start_a else initial_a(cfg, len(batch), rng))
             adapters = main
         else:
-            adapters = ttt.new_adapters(draw(len(batch)))
+            adapters = ttt.new_adapters(initial_a(cfg, len(batch), rng))
         for nll, positions in _score_batch(backend, ttt, tokens, batch, adapters):
-            meter.nats += float(nll.astype(np.float64).sum())
-            meter.count_bytes(data.target_bytes[positions])
-            if token_losses is not None:
-                token_losses[positions] = nll
+            meter.add(nll, positions, data.target_bytes, token_losses)
         if progress is not None:
             progress(q + 1, len(queue))
     return meter
