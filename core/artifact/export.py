@@ -48,7 +48,7 @@ __all__ = [
     "class_floors",
     "dequantize",
     "export_artifact",
-    "open_artifact",
+    "from_container",
     "quant_label",
     "quantize_mixed_for",
     "read_pgolf_artifact",
@@ -227,31 +227,29 @@ def export_artifact(
 
 
 # ------------------------------------------------------------------- reading
-def open_artifact(blob: bytes, path: str | Path, check: Any = None) -> Int8Model | MixedModel:
-    """The model in the bytes of a pgolf artifact (its container, either format), read from `path`;
-    damage is one PgolfError line naming it. `check` (core/artifact/checks.py's `check_container`: for
-    other files than a run's own) sees the opened container first."""
+def from_container(box: int8.Container) -> Int8Model | MixedModel:
+    """The model of an opened pgolf container, in the format its metadata names, as pgolf wrote it (the
+    readers of other files than a run's own check the container first: core/artifact/load.py)."""
+    if box.meta["format"] == int8.CONTAINER_FORMAT:
+        from core.artifact.int8_format import int8_from_container
+
+        return int8_from_container(box)
+    from core.artifact.mixed import mixed_from_container
+
+    return mixed_from_container(box)
+
+
+def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
+    """A pgolf artifact, as `export_artifact` wrote it (core/artifact/load.py reads any format); damage
+    is one PgolfError line naming it."""
+    path = Path(path)
+    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     try:
-        box = int8.open_container(blob, path)
-        if check:
-            check(box)
-        if box.meta["format"] == int8.CONTAINER_FORMAT:
-            from core.artifact.int8_format import int8_from_container
-
-            return int8_from_container(box)
-        from core.artifact.mixed import mixed_from_container
-
-        return mixed_from_container(box)
+        return from_container(int8.open_container(blob))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
         raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
-
-
-def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
-    """A pgolf artifact, as `export_artifact` wrote it (core/artifact/load.py reads any format)."""
-    path = Path(path)
-    return open_artifact(read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES), path)
 
 
 def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:

@@ -14,11 +14,11 @@ tensors named `role/name` (`model_parts`), and one metadata entry "pgolf" holdin
 JSON, its "format" naming the format (CONTAINER_FORMAT for int8, or the mixed one) and the rest
 the format's own. The same weights always give the same bytes, whatever order they come in.
 
-Containers written before the checksum (MAGIC_V1, b"PGOLF-INT8\\x00", the same layout
-without the trailing digest) are still read, with a warning (core/artifact/container_v1.py). A file
-may be at most MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES. A run reads
-back the container it has just written as it is; the readers of other files check its metadata and
-tensor names first (core/artifact/checks.py: `check_container`).
+Containers written before the checksum (b"PGOLF-INT8\\x00", the same layout without the trailing
+digest) are still read by the readers of other files, with a warning (core/artifact/container_v1.py:
+`open_any`). A file may be at most MAX_ARTIFACT_BYTES, and its payload at most
+compress.MAX_OUTPUT_BYTES. A run reads back the container it has just written as it is; the readers
+of other files check its metadata and tensor names first (core/artifact/checks.py: `check_container`).
 
 The challenge's own containers (its torch file, its MLX pickle) are core/artifact/upstream.py's.
 """
@@ -56,7 +56,6 @@ __all__ = [
 
 CONTAINER_FORMAT = "pgolf-int8"  # the int8 format's name in the metadata (its version: int8_format.py)
 MAGIC = b"PGOLF-INT8\x01"  # the container with the payload's checksum
-MAGIC_V1 = b"PGOLF-INT8\x00"  # the first container: no checksum
 DIGEST_BYTES = 32  # sha256
 # The metadata key of the SHA-256 of the tokenizer file a model was trained with (absent in older
 # artifacts, and where the file was not at hand): a reader given another tokenizer refuses it.
@@ -188,22 +187,17 @@ class Container:
     shuffle: int  # byte-shuffle stride, 0 for none
 
 
-def open_container(blob: bytes, source: str | Path = "an artifact") -> Container:
-    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged.
-
-    `source` names the file in the warning an old container (without a checksum) gets."""
-    if blob.startswith(MAGIC_V1):
-        from core.artifact.container_v1 import unpack_v1  # older files: never what a run wrote
-
-        payload, compressor, shuffle = unpack_v1(blob, source)
-    else:
-        if not blob.startswith(MAGIC):
-            raise ValueError("not a pgolf container (no magic bytes)")
-        if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
-            raise ValueError("file ends before its checksum")
-        payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
-        if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
-            raise ValueError("its content does not match its checksum (the file is damaged)")
+def open_container(blob: bytes) -> Container:
+    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged. (The first
+    container, without a checksum: core/artifact/container_v1.py's `open_any`, for other files than a
+    run's own.)"""
+    if not blob.startswith(MAGIC):
+        raise ValueError("not a pgolf container (no magic bytes)")
+    if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
+        raise ValueError("file ends before its checksum")
+    payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
+    if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
+        raise ValueError("its content does not match its checksum (the file is damaged)")
     tensors = st_load(payload)
     header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
     meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
