@@ -191,7 +191,7 @@ def export_artifact(
     path: Path,
     code_bytes: int,
     hessians: dict[str, np.ndarray] | None = None,
-    upstream: bool = False,
+    write: Any = None,  # (path, model) -> int8.ArtifactInfo
     quantized: MixedModel | None = None,
 ) -> ExportReport:
     """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (where its
@@ -199,8 +199,9 @@ def export_artifact(
 
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
-    weights in the mixed format; `upstream` writes the challenge's torch container
-    (int8 only: core/runs/setup.py's `export_setup` refuses another format); `code_bytes` are the
+    weights in the mixed format; `write` puts the model at `path` in
+    another container than pgolf's (the CLI's upstream format: core/artifact/upstream.py's
+    `save_upstream_torch`, int8 only: core/runs/setup.py's `export_setup` refuses another format); `code_bytes` are the
     bytes counted as code (core.runs.package.code_bytes);
     `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
@@ -212,10 +213,8 @@ def export_artifact(
     else:
         model = quantized if quantized is not None else quantize_mixed_for(params, cfg, dtypes, hessians)
         gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
-    if upstream:  # int8 only
-        from core.artifact.upstream import save_upstream_torch  # (not a training run's)
-
-        info = save_upstream_torch(path, model)
+    if write:
+        info = write(path, model)
     else:
         info = int8.write_artifact(path, artifact_blob(model, cfg), cfg.compressor)
     lqer_factors = [a for f in getattr(model, "lqer", {}).values() for a in f.values()]
