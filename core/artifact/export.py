@@ -217,10 +217,9 @@ def export_artifact(
         info = write(path, model)
     else:
         info = int8.write_artifact(path, artifact_blob(model, cfg), cfg.compressor)
-    lqer_factors = [a for f in getattr(model, "lqer", {}).values() for a in f.values()]
-    payload = sum(
-        a.nbytes for part in (model.quantized, model.scales, model.passthrough) for a in part.values()
-    ) + sum(a.nbytes for a in lqer_factors)
+    # The payload: the bytes of every array it holds, LQER's factors (mixed format) included.
+    parts = [model.quantized, model.scales, model.passthrough, *getattr(model, "lqer", {}).values()]
+    payload = sum(a.nbytes for part in parts for a in part.values())
     sizes = int8.size_report(payload, info.file_bytes, code_bytes)
     return ExportReport(sizes, gptq, model, classes, params, cfg.compressor, cfg.byte_shuffle)
 
