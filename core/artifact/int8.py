@@ -143,11 +143,11 @@ def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
 def container_bytes(
     tensors: dict[str, np.ndarray],
     meta: dict[str, Any],
-    compressor: str = "zlib",
-    level: int | None = None,
-    shuffle: int = 0,
-    config: dict[str, Any] | None = None,
-    tokenizer: str | None = None,
+    compressor: str,
+    level: int | None,
+    shuffle: int,
+    config: dict[str, Any] | None,
+    tokenizer: str | None,
 ) -> bytes:
     """MAGIC + id byte + the compressed safetensors file holding `tensors` and `meta` (canonical JSON),
     then the payload's SHA-256. `config` (the run settings the weights are scored with) and `tokenizer`
