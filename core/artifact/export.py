@@ -99,12 +99,10 @@ def class_clips(cfg: Config) -> dict[str, Clip]:
     }
     bits = class_bits(cfg)
 
-    def rule(cls: str, k: float) -> Clip:
-        if k > 0:
-            return Clip.sdclip(k)
-        return Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip()
-
-    return {cls: rule(cls, k) for cls, k in sigmas.items()}
+    return {
+        cls: Clip.sdclip(k) if k > 0 else Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip()
+        for cls, k in sigmas.items()
+    }
 
 
 def quant_label(cfg: Config) -> str:
