@@ -641,7 +641,7 @@ def export_command(
                     "artifact": str(target),
                     **extra,
                     "sizes": report.sizes,
-                    "classes": export_budget(report),
+                    "classes": export_budget(report, cfg, job.params),
                     "gptq_tensors": report.gptq_tensors,
                 }
             )
@@ -653,7 +653,7 @@ def export_command(
     console.print(f"wrote {target}")
     for key, value in report.sizes.items():
         console.print(f"{key}: {value:,}")
-    for line in format_budget(report):
+    for line in format_budget(report, cfg, job.params):
         console.print(line)
 
 

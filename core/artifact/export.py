@@ -117,11 +117,7 @@ def quant_label(cfg: Config) -> str:
 class ExportReport:
     sizes: dict[str, int]  # int8.size_report: payload, model, code, total, budget, headroom bytes
     gptq_tensors: int  # matrices rounded by GPTQ
-    model: Int8Model | MixedModel  # what was written
-    classes: dict[str, str]  # the artifact class of each tensor
-    weights: dict[str, np.ndarray]  # the float weights it holds, before quantization
-    compressor: str
-    shuffle: int
+    model: Int8Model | MixedModel  # what was written (its budget table: core/artifact/budget.py)
 
 
 def lqer_settings(cfg: Config) -> LqerSettings | None:
@@ -193,7 +189,7 @@ def export_artifact(
     quantized: MixedModel | None = None,
 ) -> ExportReport:
     """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (where its
-    bytes went, class by class: core/artifact/budget.py's `export_budget` of the report).
+    bytes went, class by class: core/artifact/budget.py's `export_budget` of the report, `cfg` and `params`).
 
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
@@ -203,11 +199,10 @@ def export_artifact(
     bytes counted as code (core.runs.package.code_bytes);
     `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
-    classes = artifact_classes(cfg)
     if cfg.quant_format == "int8":
         from core.artifact.int8_format import quantize_int8
 
-        model, gptq = quantize_int8(params, dtypes, classes), 0
+        model, gptq = quantize_int8(params, dtypes, artifact_classes(cfg)), 0
     else:
         model = quantized if quantized is not None else quantize_mixed_for(params, cfg, dtypes, hessians)
         gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
@@ -219,7 +214,7 @@ def export_artifact(
     parts = [model.quantized, model.scales, model.passthrough, *getattr(model, "lqer", {}).values()]
     payload = sum(a.nbytes for part in parts for a in part.values())
     sizes = int8.size_report(payload, info.file_bytes, code_bytes)
-    return ExportReport(sizes, gptq, model, classes, params, cfg.compressor, cfg.byte_shuffle)
+    return ExportReport(sizes, gptq, model)
 
 
 # ------------------------------------------------------------------- reading
