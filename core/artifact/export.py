@@ -193,9 +193,9 @@ def export_artifact(
 
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
-    weights in the mixed format; `write` puts the model at `path` in
-    another container than pgolf's (the CLI's upstream format: core/artifact/upstream.py's
-    `save_upstream_torch`, int8 only: core/runs/setup.py's `export_setup` refuses another format); `code_bytes` are the
+    weights in the mixed format; `write` puts the model at `path` in another container than
+    pgolf's (the CLI's upstream format: core/artifact/upstream.py's `save_upstream_torch`, int8
+    only: core/runs/setup.py's `export_setup` refuses another format); `code_bytes` are the
     bytes counted as code (core.runs.package.code_bytes);
     `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
@@ -204,8 +204,8 @@ def export_artifact(
 
         model, gptq = quantize_int8(params, dtypes, artifact_classes(cfg)), 0
     else:
-        model = quantized if quantized is not None else quantize_mixed_for(params, cfg, dtypes, hessians)
-        gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
+        model = quantized or quantize_mixed_for(params, cfg, dtypes, hessians)
+        gptq = sum(i.get("method") == "gptq" for i in model.info.values())
     if write:
         info = write(path, model)
     else:
