@@ -182,15 +182,17 @@ def container_tensors(model: QuantizedModel) -> dict[str, np.ndarray]:
 @dataclass(frozen=True)
 class Container:
     tensors: dict[str, np.ndarray]
-    meta: dict[str, Any]  # the parsed "pgolf" metadata: a dict with a "format" key
+    # The parsed "pgolf" metadata: a dict with a "format" key (the readers of other files check it:
+    # container_v1.open_any).
+    meta: dict[str, Any]
     compressor: str
     shuffle: int  # byte-shuffle stride, 0 for none
 
 
 def open_container(blob: bytes) -> Container:
-    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged. (The first
-    container, without a checksum: core/artifact/container_v1.py's `open_any`, for other files than a
-    run's own.)"""
+    """The parts of a pgolf container, as a run reads back the one it has just written; ValueError (to
+    be worded by the caller) when damaged. The readers of other files open theirs with
+    core/artifact/container_v1.py's `open_any`: the first container too, and its metadata checked."""
     if not blob.startswith(MAGIC):
         raise ValueError("not a pgolf container (no magic bytes)")
     if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
@@ -201,8 +203,6 @@ def open_container(blob: bytes) -> Container:
     tensors = st_load(payload)
     header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
     meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
-    if not isinstance(meta, dict) or not isinstance(meta.get("format"), str):
-        raise ValueError("no pgolf metadata")
     return Container(tensors, meta, compressor, shuffle)
 
 
