@@ -17,8 +17,10 @@ the format's own. The same weights always give the same bytes, whatever order th
 Containers written before the checksum (b"PGOLF-INT8\\x00", the same layout without the trailing
 digest) are still read by the readers of other files, with a warning (core/artifact/container_v1.py:
 `open_any`). A file may be at most MAX_ARTIFACT_BYTES, and its payload at most
-compress.MAX_OUTPUT_BYTES. A run reads back the container it has just written as it is; the readers
-of other files check its metadata and tensor names first (core/artifact/checks.py: `check_container`).
+compress.MAX_OUTPUT_BYTES. A run reads back the container it has just written as it is (`open_container`:
+its checksum says it is what was written); the readers of other files open theirs with
+container_v1.open_any (which checks the metadata names a format), then check its metadata and tensor
+names (core/artifact/checks.py: `check_container`).
 
 The challenge's own containers (its torch file, its MLX pickle) are core/artifact/upstream.py's.
 """
