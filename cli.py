@@ -619,9 +619,10 @@ def export_command(
                 cfg = fit.cfg
                 target = out or checkpoint.with_suffix(f".{quant_label(cfg)}.pgolf")
     quantized = fit.model if fit is not None else None
-    report = export_artifact(
-        job.params, cfg, job.dtypes, target, code_bytes(cfg), hessians, job.upstream, quantized
-    )
+    from core.artifact.upstream import save_upstream_torch
+
+    write = save_upstream_torch if job.upstream else None
+    report = export_artifact(job.params, cfg, job.dtypes, target, code_bytes(cfg), hessians, write, quantized)
     extra: dict[str, Any] = {}
     if fit is not None:
         from core.train.fitting import write_fit
@@ -640,7 +641,7 @@ def export_command(
                     "artifact": str(target),
                     **extra,
                     "sizes": report.sizes,
-                    "classes": export_budget(report),
+                    "classes": export_budget(report, cfg, job.params),
                     "gptq_tensors": report.gptq_tensors,
                 }
             )
@@ -652,7 +653,7 @@ def export_command(
     console.print(f"wrote {target}")
     for key, value in report.sizes.items():
         console.print(f"{key}: {value:,}")
-    for line in format_budget(report):
+    for line in format_budget(report, cfg, job.params):
         console.print(line)
 
 

@@ -61,7 +61,7 @@ def test_the_int8_export_is_the_int8_format(tmp_path):
     assert (tmp_path / "a.pgolf").read_bytes() == int8_format.artifact_bytes(model, config=kept)
     assert report.sizes["model_bytes"] == (tmp_path / "a.pgolf").stat().st_size
     assert report.sizes["payload_bytes"] == int8_stats(params, model, dtypes)["int8_payload_bytes"]
-    rows = {r["class"]: r for r in export_budget(report)}
+    rows = {r["class"]: r for r in export_budget(report, cfg, params)}
     assert rows["mlp"]["bits"] == "int8" and rows["total"]["params"] == sum(v.size for v in params.values())
 
 
@@ -83,7 +83,7 @@ def test_the_mixed_export_follows_the_config(tmp_path):
     assert (box.compressor, box.shuffle) == ("zstd", 2)
     assert model.info["blocks.0.mlp.fc.weight"]["bits"] == 7
     assert model.info["tok_emb.weight"]["store"] == "fp16"
-    rows = {r["class"]: r for r in export_budget(report)}
+    rows = {r["class"]: r for r in export_budget(report, cfg, params)}
     assert rows["mlp"]["bits"] == "int7" and rows["embedding"]["bits"] == "fp16"
     assert rows["total"]["bytes_compressed"] == report.sizes["model_bytes"]
     assert report.gptq_tensors == 0  # no Hessians given

@@ -19,8 +19,8 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from core.artifact import container_v1, int8_format, quantile, upstream
 from core.artifact import int8 as quant
-from core.artifact import int8_format, quantile, upstream
 from core.artifact.int8_stats import int8_stats
 from core.common import compress
 from core.common.errors import PgolfError
@@ -336,7 +336,9 @@ def test_golden_bytes(compressor):
         pytest.skip(f"zlib-ng ({zlib.ZLIB_RUNTIME_VERSION}) deflates differently from zlib")
     blob = int8_format.artifact_bytes(quantize(*golden_state()), compressor=compressor)
     assert hashlib.sha256(blob).hexdigest() == GOLDEN_SHA256[compressor]
-    old = quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES]  # the checksum is all that changed
+    old = (
+        container_v1.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES]
+    )  # the checksum is all that changed
     assert hashlib.sha256(old).hexdigest() == GOLDEN_V1_SHA256[compressor]
 
 
@@ -344,7 +346,7 @@ def test_artifacts_written_before_the_checksum_still_load_with_a_warning(tmp_pat
     model = quantize(*golden_state())
     blob = int8_format.artifact_bytes(model, compressor="zlib")
     path = tmp_path / "old.pgolf"
-    path.write_bytes(quant.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    path.write_bytes(container_v1.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
     with pytest.warns(UserWarning, match="before pgolf's containers carried a checksum"):
         assert equal_weights(model, upstream.load_artifact(path))
 

@@ -16,6 +16,8 @@ from core.artifact.export import ExportReport
 from core.artifact.int8 import BUDGET_BYTES, Int8Model, payload_bytes
 from core.artifact.mixed import CLASSES, MixedModel, dequantize_mixed, mixed_artifact_bytes
 from core.common import compress
+from core.config.fields import Config
+from core.model.params import artifact_classes
 
 __all__ = ["budget_table", "export_budget", "format_budget", "from_int8"]
 
@@ -110,25 +112,25 @@ def _budget_row(
     }
 
 
-def export_budget(report: ExportReport) -> list[dict[str, Any]]:
-    """The budget table of what `export_artifact` wrote (see `budget_table`): one row per tensor class, then
-    the total."""
+def export_budget(report: ExportReport, cfg: Config, params: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """The budget table of what `export_artifact` wrote of `params` with `cfg` (see `budget_table`): one row
+    per tensor class, then the total."""
     model = report.model
-    view = from_int8(model, report.classes) if isinstance(model, Int8Model) else model
+    view = from_int8(model, artifact_classes(cfg)) if isinstance(model, Int8Model) else model
     return budget_table(
         view,
-        report.compressor,
-        shuffle=report.shuffle,
-        weights=report.weights,
+        cfg.compressor,
+        shuffle=cfg.byte_shuffle,
+        weights=params,
         total_bytes=report.sizes["model_bytes"],
     )
 
 
-def format_budget(report: ExportReport) -> list[str]:
-    """The budget table as aligned text lines (the train log and `export`)."""
+def format_budget(report: ExportReport, cfg: Config, params: dict[str, np.ndarray]) -> list[str]:
+    """`export_budget`'s table as aligned text lines (the train log and `export`)."""
     header = f"{'class':<10} {'tensors':>7} {'params':>11} {'bits':>10} {'raw B':>11} {'packed B':>11} {'share':>7} {'rms':>8}"
     lines = [header]
-    for r in export_budget(report):
+    for r in export_budget(report, cfg, params):
         lines.append(
             f"{r['class']:<10} {r['tensors']:>7} {r['params']:>11,} {'' if r['class'] == 'total' else r['bits']:>10} "
             f"{r['bytes_raw']:>11,} "

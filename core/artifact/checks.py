@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from core.artifact.container_v1 import MAGIC_V1
 from core.artifact.int8 import (
     CONTAINER_FORMAT,
     FLOAT_BYTES,
     MAGIC,
-    MAGIC_V1,
     TOKENIZER_KEY,
     Container,
     Int8Model,

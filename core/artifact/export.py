@@ -48,7 +48,7 @@ __all__ = [
     "class_floors",
     "dequantize",
     "export_artifact",
-    "open_artifact",
+    "from_container",
     "quant_label",
     "quantize_mixed_for",
     "read_pgolf_artifact",
@@ -99,12 +99,10 @@ def class_clips(cfg: Config) -> dict[str, Clip]:
     }
     bits = class_bits(cfg)
 
-    def rule(cls: str, k: float) -> Clip:
-        if k > 0:
-            return Clip.sdclip(k)
-        return Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip()
-
-    return {cls: rule(cls, k) for cls, k in sigmas.items()}
+    return {
+        cls: Clip.sdclip(k) if k > 0 else Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip()
+        for cls, k in sigmas.items()
+    }
 
 
 def quant_label(cfg: Config) -> str:
@@ -119,11 +117,7 @@ def quant_label(cfg: Config) -> str:
 class ExportReport:
     sizes: dict[str, int]  # int8.size_report: payload, model, code, total, budget, headroom bytes
     gptq_tensors: int  # matrices rounded by GPTQ
-    model: Int8Model | MixedModel  # what was written
-    classes: dict[str, str]  # the artifact class of each tensor
-    weights: dict[str, np.ndarray]  # the float weights it holds, before quantization
-    compressor: str
-    shuffle: int
+    model: Int8Model | MixedModel  # what was written (its budget table: core/artifact/budget.py)
 
 
 def lqer_settings(cfg: Config) -> LqerSettings | None:
@@ -191,67 +185,62 @@ def export_artifact(
     path: Path,
     code_bytes: int,
     hessians: dict[str, np.ndarray] | None = None,
-    upstream: bool = False,
+    write: Any = None,  # (path, model) -> int8.ArtifactInfo
     quantized: MixedModel | None = None,
 ) -> ExportReport:
     """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (where its
-    bytes went, class by class: core/artifact/budget.py's `export_budget` of the report).
+    bytes went, class by class: core/artifact/budget.py's `export_budget` of the report, `cfg` and `params`).
 
     `dtypes` are the storage dtypes of the weights in the model that trained them;
     `hessians` (name -> the Gram matrix of that weight's inputs) turn on GPTQ for those
-    weights in the mixed format; `upstream` writes the challenge's torch container
-    (int8 only: core/runs/setup.py's `export_setup` refuses another format); `code_bytes` are the
+    weights in the mixed format; `write` puts the model at `path` in another container than
+    pgolf's (the CLI's upstream format: core/artifact/upstream.py's `save_upstream_torch`, int8
+    only: core/runs/setup.py's `export_setup` refuses another format); `code_bytes` are the
     bytes counted as code (core.runs.package.code_bytes);
     `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
-    classes = artifact_classes(cfg)
     if cfg.quant_format == "int8":
         from core.artifact.int8_format import quantize_int8
 
-        model, gptq = quantize_int8(params, dtypes, classes), 0
+        model, gptq = quantize_int8(params, dtypes, artifact_classes(cfg)), 0
     else:
-        model = quantized if quantized is not None else quantize_mixed_for(params, cfg, dtypes, hessians)
-        gptq = sum(1 for i in model.info.values() if i.get("method") == "gptq")
-    if upstream:  # int8 only
-        from core.artifact.upstream import save_upstream_torch  # (not a training run's)
-
-        info = save_upstream_torch(path, model)
+        model = quantized or quantize_mixed_for(params, cfg, dtypes, hessians)
+        gptq = sum(i.get("method") == "gptq" for i in model.info.values())
+    if write:
+        info = write(path, model)
     else:
         info = int8.write_artifact(path, artifact_blob(model, cfg), cfg.compressor)
-    lqer_factors = [a for f in getattr(model, "lqer", {}).values() for a in f.values()]
-    payload = sum(
-        a.nbytes for part in (model.quantized, model.scales, model.passthrough) for a in part.values()
-    ) + sum(a.nbytes for a in lqer_factors)
+    # The payload: the bytes of every array it holds, LQER's factors (mixed format) included.
+    parts = [model.quantized, model.scales, model.passthrough, *getattr(model, "lqer", {}).values()]
+    payload = sum(a.nbytes for part in parts for a in part.values())
     sizes = int8.size_report(payload, info.file_bytes, code_bytes)
-    return ExportReport(sizes, gptq, model, classes, params, cfg.compressor, cfg.byte_shuffle)
+    return ExportReport(sizes, gptq, model)
 
 
 # ------------------------------------------------------------------- reading
-def open_artifact(blob: bytes, path: str | Path, check: Any = None) -> Int8Model | MixedModel:
-    """The model in the bytes of a pgolf artifact (its container, either format), read from `path`;
-    damage is one PgolfError line naming it. `check` (core/artifact/checks.py's `check_container`: for
-    other files than a run's own) sees the opened container first."""
+def from_container(box: int8.Container) -> Int8Model | MixedModel:
+    """The model of an opened pgolf container, in the format its metadata names, as pgolf wrote it (the
+    readers of other files than a run's own check the container first: core/artifact/load.py)."""
+    if box.meta["format"] == int8.CONTAINER_FORMAT:
+        from core.artifact.int8_format import int8_from_container
+
+        return int8_from_container(box)
+    from core.artifact.mixed import mixed_from_container
+
+    return mixed_from_container(box)
+
+
+def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
+    """A pgolf artifact, as `export_artifact` wrote it (core/artifact/load.py reads any format); damage
+    is one PgolfError line naming it."""
+    path = Path(path)
+    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     try:
-        box = int8.open_container(blob, path)
-        if check:
-            check(box)
-        if box.meta["format"] == int8.CONTAINER_FORMAT:
-            from core.artifact.int8_format import int8_from_container
-
-            return int8_from_container(box)
-        from core.artifact.mixed import mixed_from_container
-
-        return mixed_from_container(box)
+        return from_container(int8.open_container(blob))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
         raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
-
-
-def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
-    """A pgolf artifact, as `export_artifact` wrote it (core/artifact/load.py reads any format)."""
-    path = Path(path)
-    return open_artifact(read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES), path)
 
 
 def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:

@@ -67,7 +67,7 @@ from core.artifact.export import (
     quantize_mixed_for,
 )
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
-from core.artifact.lqer import LqerSettings, add_lqer, correction, factors, ranked_errors, rounding_of
+from core.artifact.lqer import LqerSettings, add_lqer, correction, factors, ranked_errors
 from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed
 from core.common import compress
 from core.common.errors import PgolfError
@@ -468,7 +468,7 @@ class _Search:
         """Each LQER setting (top_k, rank) on `t`'s rounding ((0, 0): off): the bytes its factors add
         and the calibration loss they take off, by the size and loss models."""
         cfg = self.base.replace(**t.changes)
-        errors = ranked_errors(*rounding_of(self.params, model))
+        errors = ranked_errors(self.params, model)
         n = len(errors)
         top_ks = {*(2**i for i in range(n.bit_length()) if 2**i < n), n, min(cfg.lqer_top_k, n)}
         ranks = sorted({*LQER_RANKS, cfg.lqer_rank})

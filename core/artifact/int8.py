@@ -14,11 +14,13 @@ tensors named `role/name` (`model_parts`), and one metadata entry "pgolf" holdin
 JSON, its "format" naming the format (CONTAINER_FORMAT for int8, or the mixed one) and the rest
 the format's own. The same weights always give the same bytes, whatever order they come in.
 
-Containers written before the checksum (MAGIC_V1, b"PGOLF-INT8\\x00", the same layout
-without the trailing digest) are still read, with a warning (core/artifact/container_v1.py). A file
-may be at most MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES. A run reads
-back the container it has just written as it is; the readers of other files check its metadata and
-tensor names first (core/artifact/checks.py: `check_container`).
+Containers written before the checksum (b"PGOLF-INT8\\x00", the same layout without the trailing
+digest) are still read by the readers of other files, with a warning (core/artifact/container_v1.py:
+`open_any`). A file may be at most MAX_ARTIFACT_BYTES, and its payload at most
+compress.MAX_OUTPUT_BYTES. A run reads back the container it has just written as it is (`open_container`:
+its checksum says it is what was written); the readers of other files open theirs with
+container_v1.open_any (which checks the metadata names a format), then check its metadata and tensor
+names (core/artifact/checks.py: `check_container`).
 
 The challenge's own containers (its torch file, its MLX pickle) are core/artifact/upstream.py's.
 """
@@ -56,7 +58,6 @@ __all__ = [
 
 CONTAINER_FORMAT = "pgolf-int8"  # the int8 format's name in the metadata (its version: int8_format.py)
 MAGIC = b"PGOLF-INT8\x01"  # the container with the payload's checksum
-MAGIC_V1 = b"PGOLF-INT8\x00"  # the first container: no checksum
 DIGEST_BYTES = 32  # sha256
 # The metadata key of the SHA-256 of the tokenizer file a model was trained with (absent in older
 # artifacts, and where the file was not at hand): a reader given another tokenizer refuses it.
@@ -144,11 +145,11 @@ def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
 def container_bytes(
     tensors: dict[str, np.ndarray],
     meta: dict[str, Any],
-    compressor: str = "zlib",
-    level: int | None = None,
-    shuffle: int = 0,
-    config: dict[str, Any] | None = None,
-    tokenizer: str | None = None,
+    compressor: str,
+    level: int | None,
+    shuffle: int,
+    config: dict[str, Any] | None,
+    tokenizer: str | None,
 ) -> bytes:
     """MAGIC + id byte + the compressed safetensors file holding `tensors` and `meta` (canonical JSON),
     then the payload's SHA-256. `config` (the run settings the weights are scored with) and `tokenizer`
@@ -183,32 +184,27 @@ def container_tensors(model: QuantizedModel) -> dict[str, np.ndarray]:
 @dataclass(frozen=True)
 class Container:
     tensors: dict[str, np.ndarray]
-    meta: dict[str, Any]  # the parsed "pgolf" metadata: a dict with a "format" key
+    # The parsed "pgolf" metadata: a dict with a "format" key (the readers of other files check it:
+    # container_v1.open_any).
+    meta: dict[str, Any]
     compressor: str
     shuffle: int  # byte-shuffle stride, 0 for none
 
 
-def open_container(blob: bytes, source: str | Path = "an artifact") -> Container:
-    """The parts of a pgolf container; ValueError (to be worded by the caller) when damaged.
-
-    `source` names the file in the warning an old container (without a checksum) gets."""
-    if blob.startswith(MAGIC_V1):
-        from core.artifact.container_v1 import unpack_v1  # older files: never what a run wrote
-
-        payload, compressor, shuffle = unpack_v1(blob, source)
-    else:
-        if not blob.startswith(MAGIC):
-            raise ValueError("not a pgolf container (no magic bytes)")
-        if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
-            raise ValueError("file ends before its checksum")
-        payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
-        if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
-            raise ValueError("its content does not match its checksum (the file is damaged)")
+def open_container(blob: bytes) -> Container:
+    """The parts of a pgolf container, as a run reads back the one it has just written; ValueError (to
+    be worded by the caller) when damaged. The readers of other files open theirs with
+    core/artifact/container_v1.py's `open_any`: the first container too, and its metadata checked."""
+    if not blob.startswith(MAGIC):
+        raise ValueError("not a pgolf container (no magic bytes)")
+    if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
+        raise ValueError("file ends before its checksum")
+    payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
+    if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
+        raise ValueError("its content does not match its checksum (the file is damaged)")
     tensors = st_load(payload)
     header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
     meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
-    if not isinstance(meta, dict) or not isinstance(meta.get("format"), str):
-        raise ValueError("no pgolf metadata")
     return Container(tensors, meta, compressor, shuffle)
 
 

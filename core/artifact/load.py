@@ -38,8 +38,9 @@ from core.artifact.checkpoint import (
     tensors_digest,
 )
 from core.artifact.checks import check_container, check_finite, check_mixed, check_model, is_container
-from core.artifact.export import dequantize, open_artifact
-from core.artifact.int8 import Int8Model, open_container
+from core.artifact.container_v1 import open_any
+from core.artifact.export import dequantize, from_container
+from core.artifact.int8 import Int8Model
 from core.artifact.mixed import MIXED_FORMAT, MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact, record_compressor
 from core.artifact.upstream import load_artifact
@@ -288,10 +289,11 @@ def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | M
     path = Path(path)
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     if is_container(blob):
-        model = open_artifact(blob, path, check_container)
         try:
-            return check_model(model)
-        except Exception as exc:  # anything wrong in what it holds is a problem with the input
+            return check_model(from_container(check_container(open_any(blob, path))))
+        except PgolfError as exc:  # e.g. a compressor package that is not installed
+            raise PgolfError(f"artifact {path}: {exc}") from None
+        except Exception as exc:  # any decoding failure, anything wrong in what it holds: the input's
             raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
     if not _is_zlib(blob):  # brotli, lzma or zstd: a record's
         return load_record_artifact(path)
@@ -320,7 +322,7 @@ def load_mixed_artifact(path: str | Path) -> MixedModel:
     path = Path(path)
     blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
     try:
-        return check_mixed(mixed_from_container(check_container(open_container(blob, path), MIXED_FORMAT)))
+        return check_mixed(mixed_from_container(check_container(open_any(blob, path), MIXED_FORMAT)))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input
@@ -349,7 +351,7 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
     if not is_container(blob):
         return None
     try:
-        kept = int8.open_container(blob, path).meta.get("config")
+        kept = open_any(blob, path).meta.get("config")
     except PgolfError as exc:  # not damage: e.g. the program its compressor needs is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # a damaged file: its reader names the problem when the weights are read

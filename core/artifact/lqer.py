@@ -54,12 +54,15 @@ def correction(packed: dict[str, np.ndarray]) -> np.ndarray:
     return dequantize_rows(q_a, s_a) @ dequantize_rows(q_b.reshape(s_b.size, -1), s_b).reshape(q_b.shape)
 
 
-def ranked_errors(
-    weights: dict[str, np.ndarray], dequantized: dict[str, np.ndarray]
-) -> list[tuple[str, np.ndarray]]:
-    """The quantization errors W - W_q of the matrices of `weights`, largest Frobenius norm first:
-    the order LQER corrects them in."""
-    errors = {n: weights[n].astype(np.float32) - dequantized[n] for n in weights if weights[n].ndim == 2}
+def ranked_errors(state: dict[str, np.ndarray], model: MixedModel) -> list[tuple[str, np.ndarray]]:
+    """The quantization errors W - W_q of the matrices `model` (made of `state`, without corrections)
+    quantized, largest Frobenius norm first: the order LQER corrects them in. W is each as it was given,
+    in its model dtype's precision."""
+    errors = {}
+    for name, q in model.quantized.items():
+        if q.ndim == 2:
+            w = _in_dtype(np.asarray(state[name], dtype=np.float32), model.info[name]["dtype"])
+            errors[name] = w - dequantize_rows(q, model.scales[name])
     norms = {n: float(np.linalg.norm(e)) for n, e in errors.items()}
     return [(n, errors[n]) for n in sorted(norms, key=lambda n: (-norms[n], n))]
 
@@ -78,21 +81,10 @@ def factors(
     return "sym", pack_sym(a, b, settings.factor_bits)
 
 
-def rounding_of(
-    state: dict[str, np.ndarray], model: MixedModel
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """What LQER corrects in `model` (made of `state`): its quantized tensors as they were given (in
-    their model dtype's precision), and as rounded (without any correction)."""
-    weights = {
-        n: _in_dtype(np.asarray(state[n], dtype=np.float32), model.info[n]["dtype"]) for n in model.quantized
-    }
-    return weights, {n: dequantize_rows(model.quantized[n], model.scales[n]) for n in weights}
-
-
 def add_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings) -> MixedModel:
     """`model` (core/artifact/mixed.py, made of `state`, without corrections) given the LQER corrections
     `lqer` asks for: of its `lqer.top_k` matrices whose quantization error has the largest Frobenius norm."""
-    for name, error in ranked_errors(*rounding_of(state, model))[: lqer.top_k]:
+    for name, error in ranked_errors(state, model)[: lqer.top_k]:
         kind, packed = factors(np.linalg.svd(error, full_matrices=False), lqer)
         model.lqer[name] = packed
         model.info[name]["lqer"] = kind

@@ -115,12 +115,11 @@ def quantize_mixed(
     a tensor of theirs may have and stay in fp16 (default: the records' 65,536).
     """
     table = _bits_table(bits)
-    hessians = hessians or {}
-    orig_dtypes = orig_dtypes or {}
-    missing = [n for n in state if n not in classes]
+    missing = sorted(state.keys() - classes.keys())
     if missing:
-        raise PgolfError(f"quantize: no class given for {', '.join(sorted(missing)[:5])}")
-    unknown = sorted(n for n in hessians if n not in state)
+        raise PgolfError(f"quantize: no class given for {', '.join(missing[:5])}")
+    hessians = hessians or {}
+    unknown = sorted(hessians.keys() - state.keys())
     if unknown:
         raise PgolfError(f"quantize: Hessians given for tensors not in the model: {', '.join(unknown[:5])}")
     out = MixedModel()
@@ -135,7 +134,7 @@ def quantize_mixed(
             out.passthrough[name] = t
             out.info[name] = {"class": cls, "dtype": t.dtype.name, "store": "raw"}
             continue
-        dtype = orig_dtypes.get(name, t.dtype.name)
+        dtype = (orig_dtypes or {}).get(name, t.dtype.name)
         w = float_weight(name, t, dtype)
         info = out.info[name] = {"class": cls, "dtype": dtype}
         b, c = 8, Clip.percentile(1.0)  # the gates', and the clip of any tensor but a matrix
@@ -166,11 +165,11 @@ def quantize_mixed(
             _check_float16_range(name, w, s)
         out.quantized[name], out.scales[name] = q, s
         info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
-    if lqer is None:
-        return out
-    from core.artifact.lqer import add_lqer
+    if lqer:
+        from core.artifact.lqer import add_lqer
 
-    return add_lqer(out, state, lqer)
+        add_lqer(out, state, lqer)
+    return out
 
 
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:

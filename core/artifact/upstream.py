@@ -23,7 +23,8 @@ import numpy as np
 
 from core.artifact import int8
 from core.artifact.checks import check_container, check_int8, is_container, names_to
-from core.artifact.int8 import ArtifactInfo, Int8Model, open_container, write_artifact
+from core.artifact.container_v1 import open_any
+from core.artifact.int8 import ArtifactInfo, Int8Model, write_artifact
 from core.artifact.int8_format import QUANT_FORMAT, int8_from_container
 from core.common import compress
 from core.common.errors import PgolfError, first_line
@@ -78,7 +79,7 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     try:
         if is_container(blob):
             return check_int8(
-                int8_from_container(check_container(open_container(blob, path), int8.CONTAINER_FORMAT))
+                int8_from_container(check_container(open_any(blob, path), int8.CONTAINER_FORMAT))
             )
         raw = compress.decompress(blob, "zlib")
         if raw.startswith(b"PK"):  # a zip: what torch.save writes

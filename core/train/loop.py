@@ -340,7 +340,7 @@ class Training:
             if self.budget_table:
                 from core.artifact.budget import format_budget
 
-                for line in format_budget(report):
+                for line in format_budget(report, cfg, params):
                     self.say(line)
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
         t_scoring = time.perf_counter()  # from the compressed file on disk, as the challenge times it
