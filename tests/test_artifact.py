@@ -58,7 +58,11 @@ def test_the_int8_export_is_the_int8_format(tmp_path):
     model = int8_format.quantize_int8(params, dtypes, artifact_classes(cfg))
     kept = artifact.scoring_config(cfg)  # what the artifact keeps to be scored alone
     assert kept == {"train_seq_len": 64, "val_max_tokens": 4096}  # the smoke preset's, shapes aside
-    assert (tmp_path / "a.pgolf").read_bytes() == int8_format.artifact_bytes(model, config=kept)
+    # the default tokenizer's digest when its file is there (data prepared), else none
+    tokenizer = artifact.tokenizer_digest(cfg)
+    assert (tmp_path / "a.pgolf").read_bytes() == int8_format.artifact_bytes(
+        model, config=kept, tokenizer=tokenizer
+    )
     assert report.sizes["model_bytes"] == (tmp_path / "a.pgolf").stat().st_size
     assert report.sizes["payload_bytes"] == int8_stats(params, model, dtypes)["int8_payload_bytes"]
     rows = {r["class"]: r for r in export_budget(report, cfg, params)}
