@@ -22,6 +22,7 @@ DIFFERENT_0427 = {
     "grad_accum_steps": "the record's is per rank (1 on each of 8 GPUs); pgolf's counts all ranks' micro-batches",
     "eval_seq_len": "pgolf's 0 means train_seq_len (2048): compared as eval_window below",
     "tokenizer_path": "the record's machine's absolute path: compared by file name below",
+    "eval_stride": "logged (64), but the record's script never reads it: it scores no sliding windows, nor does the preset",
     "seed": "a run's, not the recipe's",
     "run_id": "a run's, not the recipe's",
 }
