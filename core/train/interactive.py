@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.artifact.budget import format_budget
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
-from core.artifact.export import quant_label
+from core.artifact.export import ExportReport, quant_label
 from core.artifact.load import check_resumable, load_checkpoint, load_init_weights, restore_data_position
 from core.common.errors import PgolfError, hint, setting
 from core.config.fields import Config
@@ -42,7 +43,8 @@ StopPoll = Callable[[], BaseException | None]
 
 class InteractiveTraining(Training):
     """A training run as pgolf's `train` drives it: it writes a checkpoint after the last step, every
-    checkpoint_every steps, every checkpoint_minutes and when stopped. Besides `Training`'s options: `resume` (a checkpoint,
+    checkpoint_every steps, every checkpoint_minutes and when stopped. Besides `Training`'s options
+    (`code_bytes` may be a function of the config, see `artifact_settings`): `resume` (a checkpoint,
     or a run directory's last one); `progress` follows each validation pass and `step_progress` the
     training steps, as (done, expected total); under a wallclock cap the total is where the cap will stop
     the run at the current pace. `notes` are logged after the header (where settings came from,
@@ -100,16 +102,24 @@ class InteractiveTraining(Training):
     ) -> tuple[Config, MixedModel | None, Sequence[Path]]:
         """With `artifact_fit_bytes`, the settings the fit chose under that cap (every rank gets rank 0's
         choice, core/train/fitting.py); rank 0 writes the fit's files beside the artifact and returns
-        the shards its calibration read."""
-        if self.cfg.artifact_fit_bytes <= 0:
-            return super().artifact_settings(params, hessians)
-        from core.train.fitting import fit_in_run, write_fit_in_run
+        the shards its calibration read. A `code_bytes` function is measured here, on that config."""
+        cfg, quantized, shards = super().artifact_settings(params, hessians)
+        if cfg.artifact_fit_bytes > 0:
+            from core.train.fitting import fit_in_run, write_fit_in_run
 
-        cfg, fit = fit_in_run(self, params, hessians)
-        self.stop_if_asked()
-        if fit is None:  # the other ranks
-            return cfg, None, ()
-        return cfg, fit.model, write_fit_in_run(fit, self.run.artifact(quant_label(cfg)), self.say)
+            cfg, fit = fit_in_run(self, params, hessians)
+            self.stop_if_asked()
+            if fit is not None:  # rank 0
+                quantized = fit.model
+                shards = write_fit_in_run(fit, self.run.artifact(quant_label(cfg)), self.say)
+        if callable(self.code_bytes):
+            self.code_bytes = self.code_bytes(cfg) if self.main else 0
+        return cfg, quantized, shards
+
+    def wrote_artifact(self, report: ExportReport) -> None:
+        """Where the artifact's bytes go, class by class (core/artifact/budget.py), after its size."""
+        for line in format_budget(report):
+            self.say(line)
 
     def _log_header(self) -> None:
         if self.resume is not None:

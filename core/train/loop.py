@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
+from core.artifact.export import ExportReport, dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
 from core.common.errors import PgolfError, memory_hint
 from core.config.fields import Config
@@ -147,18 +147,9 @@ class Training:
     the hooks that do nothing here: `write_checkpoint`, `after_step`, `trained`, `stop_if_asked`,
     `watch`."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        log: Log = print,
-        code_bytes: int | Callable[[Config], int] | None = None,
-        budget_table: bool = True,
-    ):
+    def __init__(self, backend: Backend, log: Log = print, code_bytes: int = 0):
         self.backend, self.cfg, self.log = backend, backend.cfg, log
-        # The run's code bytes: a number (a packaged run knows its own size), or how to measure them
-        # from the config (the CLI passes core.runs.package.code_bytes); None counts none.
-        self.code_bytes = code_bytes
-        self.budget_table = budget_table  # log where the artifact's bytes go, class by class
+        self.code_bytes = code_bytes  # the run's code bytes (a packaged run knows its own size)
         self.main = backend.rank == 0
         self.accum = self.cfg.local_accum_steps(backend.world_size)
         self.dtypes = storage_dtypes(self.cfg, backend.bf16)
@@ -298,9 +289,6 @@ class Training:
         cfg, quantized, fit_shards = self.artifact_settings(params, hessians)
         label = quant_label(cfg)
         artifact = self.run.artifact(label)
-        if callable(self.code_bytes):
-            self.code_bytes = self.code_bytes(cfg) if self.main else 0
-        self.code_bytes = self.code_bytes or 0
         sizes: dict[str, int] = {}
         if self.main:
             report = export_artifact(
@@ -319,11 +307,7 @@ class Training:
                 f"budget:{sizes['budget_bytes']} headroom:{sizes['headroom_bytes']}"
                 + (f" gptq_tensors:{report.gptq_tensors}" if cfg.gptq_enabled else "")
             )
-            if self.budget_table:
-                from core.artifact.budget import format_budget
-
-                for line in format_budget(report):
-                    self.say(line)
+            self.wrote_artifact(report)
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
         t_scoring = time.perf_counter()  # from the compressed file on disk, as the challenge times it
         backend.load_params(dequantize(read_pgolf_artifact(artifact)))
@@ -366,6 +350,9 @@ class Training:
         training shards that chose them: the run's config (InteractiveTraining's: the artifact fit's
         choice, `artifact_fit_bytes`, its files already beside the artifact)."""
         return self.cfg, None, ()
+
+    def wrote_artifact(self, report: ExportReport) -> None:
+        """Called on rank 0 once the artifact is written and its size logged."""
 
     def run(self) -> RunResult:
         cfg = self.cfg
@@ -541,17 +528,17 @@ def train(backend: Backend, **options) -> RunResult:
     """Train, validate and export one model with `backend.cfg` (pgolf's `train`: and checkpoint it); return
     the final figures.
 
-    `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code:
-    a number, or a function of the (fitted) config that measures it (the CLI passes the size of the run's packaged
-    train_gpt.py, core/runs/package.py); None, none; `budget_table`: log the artifact's bytes class by
-    class (core/artifact/budget.py) after its size (a packaged run does not). Any other option (`resume`,
-    `stop`, `progress`, `step_progress`, `notes`), or a config with what only pgolf's `train` does
-    (`init_from`, `artifact_fit_bytes`, `report_to`), runs an `InteractiveTraining`
-    (core/train/interactive.py; a packaged train_gpt.py, which lacks it, stops at its import).
+    `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code
+    (a packaged train_gpt.py passes its own size; 0 when not given). Any other option (`resume`, `stop`,
+    `progress`, `step_progress`, `notes`), or a config with what only pgolf's `train` does (`init_from`,
+    `artifact_fit_bytes`, `report_to`), runs an `InteractiveTraining` (core/train/interactive.py: it also
+    takes `code_bytes` as a function of the config the artifact is written with, as the CLI passes
+    core.runs.package.code_bytes, and logs the artifact's bytes class by class after its size); a
+    packaged train_gpt.py, which lacks it, stops at its import.
     """
     cfg = backend.cfg
     pgolf_only = cfg.init_from or cfg.artifact_fit_bytes > 0 or cfg.report_to
-    if options.keys() <= {"log", "code_bytes", "budget_table"} and not pgolf_only:
+    if options.keys() <= {"log", "code_bytes"} and not pgolf_only:
         training = Training(backend, **options)
     else:
         from core.train.interactive import InteractiveTraining
