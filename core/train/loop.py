@@ -84,6 +84,10 @@ class RunResult:
     ttt_val_bpb: float | None = None
 
 
+# The RunResult figures of each evaluator (core.eval.score): <its name here>_val_loss and _val_bpb.
+RESULT_FIGURES = {"plain": "roundtrip", "sliding_window": "sliding", "ttt": "ttt"}
+
+
 def train_loader(cfg: Config, backend: Backend) -> BatchLoader | CoprimeLoader:
     """This rank's training data from its start."""
     files = find_shards(cfg.data_path, "train")
@@ -311,13 +315,15 @@ class Training:
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
         t_scoring = time.perf_counter()  # from the compressed file on disk, as the challenge times it
         backend.load_params(dequantize(read_pgolf_artifact(artifact)))
-        scores: dict[str, BPBMeter] = {}
+        figures: dict[str, float] = {}
         # The challenge's log names: final_int8_zlib_roundtrip (its baseline); final_int6_roundtrip and
         # final_int6_sliding_window (the records).
         prefix = f"final_int8_{cfg.compressor}" if label == "int8" else f"final_{label}"
         for name, evaluator in evaluators(cfg).items():
             t_eval = time.perf_counter()
-            meter = scores[name] = evaluator(backend, self.data, self.watch)
+            meter = evaluator(backend, self.data, self.watch)
+            figure = RESULT_FIGURES[name]
+            figures[f"{figure}_val_loss"], figures[f"{figure}_val_bpb"] = meter.val_loss, meter.val_bpb
             tag = f"{prefix}_{'roundtrip' if name == 'plain' else name}"
             self.say(
                 f"{tag} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
@@ -325,22 +331,16 @@ class Training:
             )
             self.say(f"{tag}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
         self.say(f"total_eval_time:{time.perf_counter() - t_scoring:.1f}s (decompression included)")
-        plain, sliding, ttt = scores["plain"], scores.get("sliding_window"), scores.get("ttt")
         return RunResult(
             run_dir=self.run.path,
             steps=self.step,
             train_time_ms=self.clock.ms(),
             val_loss=self.val_loss,
             val_bpb=self.val_bpb,
-            roundtrip_val_loss=plain.val_loss,
-            roundtrip_val_bpb=plain.val_bpb,
             artifact_bytes=sizes.get("model_bytes", 0),
             code_bytes=sizes.get("code_bytes", 0),
             peak_memory_bytes=self.peak_memory,
-            sliding_val_loss=sliding.val_loss if sliding else None,
-            sliding_val_bpb=sliding.val_bpb if sliding else None,
-            ttt_val_loss=ttt.val_loss if ttt else None,
-            ttt_val_bpb=ttt.val_bpb if ttt else None,
+            **figures,
         )
 
     def artifact_settings(
