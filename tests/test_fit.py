@@ -56,7 +56,7 @@ def setup(name: str, path):
     cfg = Config.from_dict(ckpt.config)
     backend = make_backend(name, cfg)
     backend.load_params(ckpt.params)
-    hessians = calibrate_gptq(backend)
+    hessians = calibrate_gptq(backend, lambda line: None)
     return ckpt, cfg, hessians, calibration_loss(backend, calibration_tokens(cfg))
 
 

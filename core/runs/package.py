@@ -370,7 +370,6 @@ def run():
             backend,
             log=lambda line: print(line, flush=True),
             code_bytes=os.path.getsize(__file__),
-            budget_table=False,
         )
     except BaseException:
         backend.close(failed=True)

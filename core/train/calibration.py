@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from core.model.backend import Backend
 
 
-def write_calibration(artifact: Path, cfg: Config, fit_shards: Sequence[Path] = ()) -> Path:
+def write_calibration(artifact: Path, cfg: Config, fit_shards: Sequence[Path]) -> Path:
     """Beside the artifact (`.calibration.json`): the files its calibration read, GPTQ's Hessians and the
     artifact fit's scoring (`fit_shards`, when there was a fit), by name, for `audit` to check."""
     record = {
@@ -35,9 +35,10 @@ def write_calibration(artifact: Path, cfg: Config, fit_shards: Sequence[Path] = 
     )
 
 
-def calibrate_gptq(backend: Backend, log: Callable[[str], None] | None = None) -> dict[str, np.ndarray]:
+def calibrate_gptq(backend: Backend, log: Callable[[str], None]) -> dict[str, np.ndarray]:
     """GPTQ's Hessians: `gptq_calibration_batches` training micro-batches per rank, read from the start
-    of the training stream, through the backend's `input_hessians`; the mean over every rank's batches."""
+    of the training stream, through the backend's `input_hessians`; the mean over every rank's batches,
+    and a line to `log` on how long it took."""
     cfg = backend.cfg
     t0 = time.perf_counter()
     loader = train_loader(cfg, backend)
@@ -53,8 +54,5 @@ def calibrate_gptq(backend: Backend, log: Callable[[str], None] | None = None) -
         .reshape(h.shape)
         for name, h in sorted(backend.input_hessians(batches).items())
     }
-    if log is not None:
-        log(
-            f"gptq:collected {len(hessians)} Hessians from {count} batches in {time.perf_counter() - t0:.1f}s"
-        )
+    log(f"gptq:collected {len(hessians)} Hessians from {count} batches in {time.perf_counter() - t0:.1f}s")
     return hessians

@@ -1,9 +1,10 @@
-"""What only pgolf's `train` asks of a training run: to write checkpoints, to resume it, to stop it on a
-signal, to show its progress and to log notes (a packaged train_gpt.py does none of these, so this code
-stays out of its bundle, core/runs/package.py): `InteractiveTraining`, through the hooks of
-core.train.loop's `Training`.
+"""What only pgolf's `train` asks of a training run: to write checkpoints, to resume it, to start from
+`init_from`'s weights, to fit the artifact under `artifact_fit_bytes`, to mirror its metrics to the
+trackers of `report_to`, to stop it on a signal, to show its progress and to log notes (a packaged
+train_gpt.py does none of these, so this code stays out of its bundle, core/runs/package.py):
+`InteractiveTraining`, through the hooks of core.train.loop's `Training`.
 
-`resume`: the checkpoint `Training.resume` names, checked and loaded into the run; `resumes_in`:
+`resume`: the checkpoint `InteractiveTraining.resume` names, checked and loaded into the run; `resumes_in`:
 whether that checkpoint is the run directory's own.
 `stopped_note`, `release_note`: what a stopped run tells its user to do next.
 `expected_steps`: the total of the training steps' progress display.
@@ -18,13 +19,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.artifact.budget import format_budget
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
-from core.artifact.load import check_resumable, load_checkpoint, restore_data_position
+from core.artifact.export import ExportReport, quant_label
+from core.artifact.load import check_resumable, load_checkpoint, load_init_weights, restore_data_position
 from core.common.errors import PgolfError, hint, setting
-from core.train.loop import WEIGHT_RMS_LIMIT, Training, weights_rms
+from core.config.fields import Config
+from core.train.loop import WEIGHT_RMS_LIMIT, Training, rank_mean, weights_rms
+from core.train.report import report_targets
 from core.train.rundir import RunDir
 
 if TYPE_CHECKING:
+    from core.artifact.mixed import MixedModel
     from core.eval.score import Progress
     from core.model.backend import Backend
 
@@ -37,7 +43,8 @@ StopPoll = Callable[[], BaseException | None]
 
 class InteractiveTraining(Training):
     """A training run as pgolf's `train` drives it: it writes a checkpoint after the last step, every
-    checkpoint_every steps, every checkpoint_minutes and when stopped. Besides `Training`'s options: `resume` (a checkpoint,
+    checkpoint_every steps, every checkpoint_minutes and when stopped. Besides `Training`'s options
+    (`code_bytes` may be a function of the config, see `artifact_settings`): `resume` (a checkpoint,
     or a run directory's last one); `progress` follows each validation pass and `step_progress` the
     training steps, as (done, expected total); under a wallclock cap the total is where the cap will stop
     the run at the current pace. `notes` are logged after the header (where settings came from,
@@ -61,16 +68,65 @@ class InteractiveTraining(Training):
         self.timed_checkpoint: Path | None = None  # the last one written for checkpoint_minutes
 
     def load_weights(self) -> float:
-        return super().load_weights() if self.resume is None else resume(self)
+        """A checkpoint's weights and state to resume from, else `init_from`'s weights (with a fresh
+        optimizer, at step 0), else seeded ones."""
+        cfg = self.cfg
+        if self.resume is not None:
+            return resume(self)
+        if cfg.init_from:
+            self.backend.load_params(load_init_weights(cfg.init_from, cfg))
+            return 0.0
+        return super().load_weights()
 
     def open_run_dir(self, run_id: str) -> RunDir:
+        """The run directory (a resumed run's own, when it resumes in it), its metrics mirrored to the
+        trackers of `report_to` (core/train/report.py), which are checked before it is made."""
+        trackers = report_targets(self.cfg.report_to)
         own_run = self.resume is not None and resumes_in(self.resume, Path(self.cfg.out_dir) / run_id)
-        return RunDir(self.cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
+        run = RunDir(self.cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
+        run.report_to(trackers, self.cfg.to_dict())
+        return run
+
+    def warm_up(self) -> None:
+        if self.resume is None:  # a resumed run's weights are not the initial ones to restore
+            super().warm_up()
+
+    def agreed_ms(self) -> float:
+        """Timed checkpoints read the clock too: several ranks agree on it under checkpoint_minutes."""
+        if self.cfg.checkpoint_minutes > 0:
+            return rank_mean(self.backend, self.clock.ms())
+        return super().agreed_ms()
+
+    def artifact_settings(
+        self, params: dict[str, np.ndarray], hessians: dict[str, np.ndarray] | None
+    ) -> tuple[Config, MixedModel | None, Sequence[Path]]:
+        """With `artifact_fit_bytes`, the settings the fit chose under that cap (every rank gets rank 0's
+        choice, core/train/fitting.py); rank 0 writes the fit's files beside the artifact and returns
+        the shards its calibration read. A `code_bytes` function is measured here, on that config."""
+        cfg, quantized, shards = super().artifact_settings(params, hessians)
+        if cfg.artifact_fit_bytes > 0:
+            from core.train.fitting import fit_in_run, write_fit_in_run
+
+            cfg, fit = fit_in_run(self, params, hessians)
+            self.stop_if_asked()
+            if fit is not None:  # rank 0
+                quantized = fit.model
+                shards = write_fit_in_run(fit, self.run.artifact(quant_label(cfg)), self.say)
+        if callable(self.code_bytes):
+            self.code_bytes = self.code_bytes(cfg) if self.main else 0
+        return cfg, quantized, shards
+
+    def wrote_artifact(self, report: ExportReport, cfg: Config, params: dict[str, np.ndarray]) -> None:
+        """Where the artifact's bytes go, class by class (core/artifact/budget.py), after its size."""
+        for line in format_budget(report, cfg, params):
+            self.say(line)
 
     def _log_header(self) -> None:
         if self.resume is not None:
             self.say(f"resumed:{self.resume} step:{self.step} train_time:{self.clock.ms():.0f}ms")
         super()._log_header()
+        if self.cfg.init_from and self.resume is None:
+            self.say(f"init_from:{self.cfg.init_from} (its weights, a fresh optimizer, step 0)")
         for note in self.notes:
             self.say(note)
 

@@ -7,8 +7,8 @@ one config (`backend.cfg`).
 
 The timeline follows the challenge's reference script, one named step each in
 `Training`: `start` (everything that can be refused, the initial weights included: seeded, or
-`init_from`'s with a fresh optimizer at step 0; then the run directory),
-`warm_up` (compile-warmup steps, then undone), the loop of `train_step`s with
+pgolf's `train`'s `init_from` with a fresh optimizer at step 0; then the run directory),
+`warm_up` (compile-warmup steps, then undone; not when resuming), the loop of `train_step`s with
 `validate` at step 0, every `val_loss_every` steps and at the end, and
 `save_checkpoint` after the last step (the weights checked; pgolf's `train` writes them there, and
 periodically: core/train/interactive.py; a packaged run writes no checkpoint); validation and
@@ -28,14 +28,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.artifact.export import dequantize, export_artifact, quant_label, read_pgolf_artifact
+from core.artifact.export import ExportReport, dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
 from core.common.errors import PgolfError, memory_hint
 from core.config.fields import Config
@@ -47,6 +47,7 @@ from core.model.schedule import looping_active, lr_multiplier, muon_momentum, mu
 from core.train.rundir import RunDir
 
 if TYPE_CHECKING:  # only annotations name these
+    from core.artifact.mixed import MixedModel
     from core.data.coprime import CoprimeLoader
     from core.data.sequential import BatchLoader
     from core.model.backend import Backend
@@ -81,6 +82,10 @@ class RunResult:
     sliding_val_bpb: float | None = None
     ttt_val_loss: float | None = None  # after the round trip, with test-time training (ttt_enabled)
     ttt_val_bpb: float | None = None
+
+
+# The RunResult figures of each evaluator (core.eval.score): <its name here>_val_loss and _val_bpb.
+RESULT_FIGURES = {"plain": "roundtrip", "sliding_window": "sliding", "ttt": "ttt"}
 
 
 def train_loader(cfg: Config, backend: Backend) -> BatchLoader | CoprimeLoader:
@@ -140,25 +145,15 @@ class Clock:
 class Training:
     """One training run, as the named steps the module docstring lists; `run` strings them together.
     A packaged train_gpt.py runs this; pgolf's `train` runs `InteractiveTraining`
-    (core/train/interactive.py), which adds checkpoints, resuming, stopping on a signal, progress displays
-    and notes by overriding `load_weights`, `open_run_dir`, `train_step`, `save_checkpoint` and
-    `_log_header`, and the hooks that do nothing here: `write_checkpoint`, `after_step`, `trained`,
-    `stop_if_asked`, `watch`."""
+    (core/train/interactive.py), which adds checkpoints, resuming, `init_from`, the artifact fit, trackers,
+    stopping on a signal, progress displays and notes by overriding `load_weights`, `open_run_dir`,
+    `warm_up`, `train_step`, `agreed_ms`, `save_checkpoint`, `artifact_settings` and `_log_header`, and
+    the hooks that do nothing here: `write_checkpoint`, `after_step`, `trained`, `stop_if_asked`,
+    `watch`."""
 
-    resume = None  # the checkpoint a run resumes from: only InteractiveTraining's do
-
-    def __init__(
-        self,
-        backend: Backend,
-        log: Log = print,
-        code_bytes: int | Callable[[Config], int] | None = None,
-        budget_table: bool = True,
-    ):
+    def __init__(self, backend: Backend, log: Log = print, code_bytes: int = 0):
         self.backend, self.cfg, self.log = backend, backend.cfg, log
-        # The run's code bytes: a number (a packaged run knows its own size), or how to measure them
-        # from the config (the CLI passes core.runs.package.code_bytes); None counts none.
-        self.code_bytes = code_bytes
-        self.budget_table = budget_table  # log where the artifact's bytes go, class by class
+        self.code_bytes = code_bytes  # the run's code bytes (a packaged run knows its own size)
         self.main = backend.rank == 0
         self.accum = self.cfg.local_accum_steps(backend.world_size)
         self.dtypes = storage_dtypes(self.cfg, backend.bf16)
@@ -175,7 +170,6 @@ class Training:
         check_available(cfg.compressor)  # refused now, not when the artifact is written
         self.data = load_eval_data(cfg)
         self.loader = train_loader(cfg, backend)
-        trackers = _trackers(cfg.report_to)
         start_ms = self.load_weights()
         # Derived from the step and the clock, so a resumed run needs nothing saved for it.
         self.looping = looping_active(cfg, self.step, start_ms)
@@ -183,22 +177,15 @@ class Training:
         self.clock = Clock(backend, start_ms)
         self.run = self.open_run_dir(_shared_run_id(cfg, backend))
         self.run.write_config(cfg.to_dict())
-        self.run.report_to(trackers, cfg.to_dict())
         self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
                     world_size=backend.world_size)  # fmt: skip
         self._log_header()
         self.say(f"run_dir:{self.run.path}")
 
     def load_weights(self) -> float:
-        """The initial weights: `init_from`'s (with a fresh optimizer, at step 0), else seeded; returns
+        """The initial weights, seeded (InteractiveTraining's: `init_from`'s, or a checkpoint's); returns
         the training clock the run starts from."""
-        cfg, backend = self.cfg, self.backend
-        if cfg.init_from:
-            from core.artifact.load import load_init_weights
-
-            backend.load_params(load_init_weights(cfg.init_from, cfg))
-        else:
-            backend.load_params(init_params(cfg, bf16=backend.bf16))
+        self.backend.load_params(init_params(self.cfg, bf16=self.backend.bf16))
         return 0.0
 
     def open_run_dir(self, run_id: str) -> RunDir:
@@ -296,34 +283,21 @@ class Training:
                 f"ema val_loss:{self.val_loss:.4f} val_bpb:{self.val_bpb:.4f} (exported: the moving average)"
             )
         self.stop_if_asked()
-        hessians = fit = None
+        hessians = None
         if cfg.gptq_enabled or cfg.artifact_fit_bytes > 0:
             from core.train.calibration import calibrate_gptq, write_calibration
 
             hessians = calibrate_gptq(backend, self.say)
             self.stop_if_asked()
         params = backend.params()
-        if cfg.artifact_fit_bytes > 0:  # the artifact's settings chosen under the cap (not a packaged run's)
-            from core.train.fitting import fit_in_run
-
-            cfg, fit = fit_in_run(self, params, hessians)
-            self.stop_if_asked()
+        cfg, quantized, fit_shards = self.artifact_settings(params, hessians)
         label = quant_label(cfg)
         artifact = self.run.artifact(label)
-        if callable(self.code_bytes):
-            self.code_bytes = self.code_bytes(cfg) if self.main else 0
-        self.code_bytes = self.code_bytes or 0
         sizes: dict[str, int] = {}
         if self.main:
-            quantized = fit.model if fit is not None else None
             report = export_artifact(
                 params, cfg, self.dtypes, artifact, self.code_bytes, hessians, quantized=quantized
             )
-            fit_shards = ()
-            if fit is not None:
-                from core.train.fitting import write_fit_in_run
-
-                fit_shards = write_fit_in_run(fit, artifact, self.say)
             if hessians is not None:
                 write_calibration(artifact, cfg, fit_shards)
             sizes = report.sizes
@@ -337,21 +311,19 @@ class Training:
                 f"budget:{sizes['budget_bytes']} headroom:{sizes['headroom_bytes']}"
                 + (f" gptq_tensors:{report.gptq_tensors}" if cfg.gptq_enabled else "")
             )
-            if self.budget_table:
-                from core.artifact.budget import format_budget
-
-                for line in format_budget(report, cfg, params):
-                    self.say(line)
+            self.wrote_artifact(report, cfg, params)
         backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
         t_scoring = time.perf_counter()  # from the compressed file on disk, as the challenge times it
         backend.load_params(dequantize(read_pgolf_artifact(artifact)))
-        scores: dict[str, BPBMeter] = {}
+        figures: dict[str, float] = {}
         # The challenge's log names: final_int8_zlib_roundtrip (its baseline); final_int6_roundtrip and
         # final_int6_sliding_window (the records).
         prefix = f"final_int8_{cfg.compressor}" if label == "int8" else f"final_{label}"
         for name, evaluator in evaluators(cfg).items():
             t_eval = time.perf_counter()
-            meter = scores[name] = evaluator(backend, self.data, self.watch)
+            meter = evaluator(backend, self.data, self.watch)
+            figure = RESULT_FIGURES[name]
+            figures[f"{figure}_val_loss"], figures[f"{figure}_val_bpb"] = meter.val_loss, meter.val_bpb
             tag = f"{prefix}_{'roundtrip' if name == 'plain' else name}"
             self.say(
                 f"{tag} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
@@ -359,28 +331,33 @@ class Training:
             )
             self.say(f"{tag}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
         self.say(f"total_eval_time:{time.perf_counter() - t_scoring:.1f}s (decompression included)")
-        plain, sliding, ttt = scores["plain"], scores.get("sliding_window"), scores.get("ttt")
         return RunResult(
             run_dir=self.run.path,
             steps=self.step,
             train_time_ms=self.clock.ms(),
             val_loss=self.val_loss,
             val_bpb=self.val_bpb,
-            roundtrip_val_loss=plain.val_loss,
-            roundtrip_val_bpb=plain.val_bpb,
             artifact_bytes=sizes.get("model_bytes", 0),
             code_bytes=sizes.get("code_bytes", 0),
             peak_memory_bytes=self.peak_memory,
-            sliding_val_loss=sliding.val_loss if sliding else None,
-            sliding_val_bpb=sliding.val_bpb if sliding else None,
-            ttt_val_loss=ttt.val_loss if ttt else None,
-            ttt_val_bpb=ttt.val_bpb if ttt else None,
+            **figures,
         )
+
+    def artifact_settings(
+        self, params: dict[str, np.ndarray], hessians: dict[str, np.ndarray] | None
+    ) -> tuple[Config, MixedModel | None, Sequence[Path]]:
+        """The config the artifact is written with, its quantized model when already made, and the
+        training shards that chose them: the run's config (InteractiveTraining's: the artifact fit's
+        choice, `artifact_fit_bytes`, its files already beside the artifact)."""
+        return self.cfg, None, ()
+
+    def wrote_artifact(self, report: ExportReport, cfg: Config, params: dict[str, np.ndarray]) -> None:
+        """Called on rank 0 once the artifact of `params` is written with `cfg` and its size logged."""
 
     def run(self) -> RunResult:
         cfg = self.cfg
         self.start()
-        if cfg.warmup_steps > 0 and self.resume is None:
+        if cfg.warmup_steps > 0:
             self.warm_up()
         self.first_step = self.step
         self.first_ms = self.elapsed_ms = self.clock.ms()
@@ -447,13 +424,12 @@ class Training:
             self.run.metric(record)
 
     def agreed_ms(self) -> float:
-        """The training clock every rank agrees on (their mean), so schedules, the cap and timed
-        checkpoints match across ranks; one small all-reduce per step, only when several ranks run
-        under a cap or with timed checkpoints."""
-        timed = self.cfg.train_cap_seconds > 0 or self.cfg.checkpoint_minutes > 0
-        if self.backend.world_size == 1 or not timed:
-            return self.clock.ms()  # without a cap or timed checkpoints only steps are read, not the clock
-        return float(self.backend.all_reduce_sum(np.array([self.clock.ms()]))[0]) / self.backend.world_size
+        """The training clock every rank agrees on (their mean), so that the schedules and the cap match
+        across ranks; one small all-reduce per step, only when several ranks run under a cap (without
+        one, only steps are read, not the clock; InteractiveTraining's timed checkpoints read it too)."""
+        if self.cfg.train_cap_seconds > 0:
+            return rank_mean(self.backend, self.clock.ms())
+        return self.clock.ms()
 
     def reached_cap(self) -> bool:
         cap_s = self.cfg.train_cap_seconds
@@ -469,7 +445,7 @@ class Training:
     def _log_train(self, loss, lr_mult: float, momentum: float) -> None:
         """The training log line; the loss is averaged over ranks, so every rank stops alike on divergence."""
         cfg, backend = self.cfg, self.backend
-        loss_value = float(backend.all_reduce_sum(np.array([float(loss)]))[0]) / backend.world_size
+        loss_value = rank_mean(backend, float(loss))
         problem = divergence(cfg, self.step, loss_value, backend.params)
         if problem is not None:
             raise PgolfError(
@@ -518,8 +494,6 @@ class Training:
                 f"training cap {1000 * cfg.train_cap_seconds:.0f}ms"
             )
         self.say(f"dataset:{cfg.dataset} data_path:{cfg.data_path} tokenizer_path:{cfg.tokenizer_path}")
-        if cfg.init_from and self.resume is None:
-            self.say(f"init_from:{cfg.init_from} (its weights, a fresh optimizer, step 0)")
 
 
 def divergence(
@@ -538,6 +512,11 @@ def divergence(
     return None
 
 
+def rank_mean(backend: Backend, value: float) -> float:
+    """The mean of `value` over the ranks (the backends make no collective with one rank)."""
+    return float(backend.all_reduce_sum(np.array([value]))[0]) / backend.world_size
+
+
 def weights_rms(params: dict[str, np.ndarray]) -> float:
     """The root mean square of all weights together (NaN or inf when one of them is)."""
     weights = list(params.values())
@@ -545,27 +524,21 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
     return math.sqrt(total / max(sum(w.size for w in weights), 1))
 
 
-def _trackers(report_to: str) -> list[str]:
-    """The trackers the metrics also go to, checked before the run starts (core/train/report.py; a
-    packaged run reports to none)."""
-    if not report_to:
-        return []
-    from core.train.report import report_targets
-
-    return report_targets(report_to)
-
-
 def train(backend: Backend, **options) -> RunResult:
     """Train, validate and export one model with `backend.cfg` (pgolf's `train`: and checkpoint it); return
     the final figures.
 
-    `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code:
-    a number, or a function of the config that measures it (the CLI passes the size of the run's packaged
-    train_gpt.py, core/runs/package.py); None, none; `budget_table`: log the artifact's bytes class by
-    class (core/artifact/budget.py) after its size (a packaged run does not). Any other option (`resume`,
-    `stop`, `progress`, `step_progress`, `notes`) runs an `InteractiveTraining` (core/train/interactive.py).
+    `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code
+    (a packaged train_gpt.py passes its own size; 0 when not given). Any other option (`resume`, `stop`,
+    `progress`, `step_progress`, `notes`), or a config with what only pgolf's `train` does (`init_from`,
+    `artifact_fit_bytes`, `report_to`), runs an `InteractiveTraining` (core/train/interactive.py: it also
+    takes `code_bytes` as a function of the config the artifact is written with, as the CLI passes
+    core.runs.package.code_bytes, and logs the artifact's bytes class by class after its size); a
+    packaged train_gpt.py, which lacks it, stops at its import.
     """
-    if options.keys() <= {"log", "code_bytes", "budget_table"}:
+    cfg = backend.cfg
+    pgolf_only = cfg.init_from or cfg.artifact_fit_bytes > 0 or cfg.report_to
+    if options.keys() <= {"log", "code_bytes"} and not pgolf_only:
         training = Training(backend, **options)
     else:
         from core.train.interactive import InteractiveTraining
