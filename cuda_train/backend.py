@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -22,12 +21,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core.common.errors import PgolfError
-from core.config.fields import Config
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
 
-if TYPE_CHECKING:  # only annotations name it
+if TYPE_CHECKING:  # names for annotations alone
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
+    from core.config.fields import Config
     from cuda_train.ttt import TorchTTT
 
 # Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:

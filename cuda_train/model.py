@@ -8,15 +8,20 @@ matmul; the embeddings are bf16 in bf16 runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.config.fields import Config
 from core.model.params import param_specs
-from core.model.walk import Adapters, KVCache, Rope, Walk
+from core.model.walk import Walk
+
+if TYPE_CHECKING:  # names for annotations alone
+    from collections.abc import Callable
+
+    from core.config.fields import Config
+    from core.model.walk import Adapters, KVCache, Rope
 
 
 def maybe_compile(fn: Callable, on: bool, dynamic: bool = False) -> Callable:

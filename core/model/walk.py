@@ -52,23 +52,27 @@ What it computes:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
-from core.config.fields import Config
 from core.model.params import num_skip_weights
 
-Array = Any  # a torch tensor or an MLX array
-Rope = tuple[Array, Array]  # cos, sin: (T, rope_dims / 2)
-Lanes = tuple[Array, Array]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
-# {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward,
-#  "smear": the last token's embedding (with smear_gate_enabled),
-#  "doc": the position where the last token's document starts (B, 1) (with varlen_attn_enabled)}
-KVCache = dict
-# LoRA adapters of test-time training (core/model/lora.py): {name: (A, B)} over the whole model, and
-# one block visit's {target: (A, B)}
-Adapters = dict
+if TYPE_CHECKING:  # names for annotations alone
+    from collections.abc import Iterator
+    from typing import Any
+
+    from core.config.fields import Config
+
+    Array = Any  # a torch tensor or an MLX array
+    Rope = tuple[Array, Array]  # cos, sin: (T, rope_dims / 2)
+    Lanes = tuple[Array, Array]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
+    # {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward,
+    #  "smear": the last token's embedding (with smear_gate_enabled),
+    #  "doc": the position where the last token's document starts (B, 1) (with varlen_attn_enabled)}
+    KVCache = dict
+    # LoRA adapters of test-time training (core/model/lora.py): {name: (A, B)} over the whole model, and
+    # one block visit's {target: (A, B)}
+    Adapters = dict
 
 
 class Walk:
