@@ -158,27 +158,18 @@ class TorchBackend:
         return out
 
     def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        # Every key is there: the state is this backend's own (the warm-up's), or a checkpoint's that
+        # core/artifact/load.py's check_resumable found complete.
         step = int(state["step"])
-        names = {p: n for n, p in self.model.named_parameters()}
-
-        def tensor(key: str) -> torch.Tensor:
-            if key not in state:
-                raise PgolfError(f"optimizer state lacks {key}")
-            return torch.from_numpy(np.asarray(state[key])).to(self.torch_device, torch.float32)
-
         with torch.no_grad():
             for n, e in self.ema.items():
-                e.copy_(tensor(f"ema/{n}"))
+                e.copy_(torch.from_numpy(np.asarray(state[f"ema/{n}"])).to(self.torch_device, torch.float32))
         for opt in self.optimizers:
-            opt.state.clear()
-            if step == 0:  # a fresh optimizer: torch creates its state lazily
-                continue
-            for p in opt.param_groups[0]["params"]:
-                # In the parameter's dtype: fp32 for Muon's matrices, the embedding's own for Adam.
-                opt.state[p] = {key: tensor(f"{key}/{names[p]}").to(p.dtype) for key in state_keys(opt)}
-                if not isinstance(opt, Muon):  # on the device only for the fused kernel
-                    where = p.device if opt.defaults.get("fused") else "cpu"
-                    opt.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32, device=where)
+            opt.state.clear()  # step 0: a fresh optimizer, torch creates its state lazily
+        if step > 0:
+            from cuda_train.resume import restore_optimizers  # (resuming, not a training run's)
+
+            restore_optimizers(self, state, step)
         self.steps_taken = step
 
     # --------------------------------------------------------------- compute
