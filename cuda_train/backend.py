@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from core.common.errors import PgolfError
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
@@ -293,17 +292,9 @@ class TorchBackend:
     def from_rank_0(self, key: str, text: str | None, wait_seconds: float) -> str:
         if self.world_size == 1:
             return text or ""
-        # In the process group's store, not a collective: NCCL's and gloo's timeouts do not apply.
-        store = dist.distributed_c10d._get_default_store()
-        if self.rank == 0:
-            store.set(key, text or "")
-            return text or ""
-        try:
-            store.wait([key], timedelta(seconds=wait_seconds))
-        except RuntimeError as exc:  # its timeout (DistStoreError), or the store gone
-            reason = (str(exc).splitlines() or ["no reason given"])[0]
-            raise PgolfError(f"no {key} from rank 0 within {wait_seconds:g} s: {reason}") from None
-        return store.get(key).decode()
+        from cuda_train.store import from_rank_0  # (the artifact fit's, not a training run's)
+
+        return from_rank_0(self.rank, key, text, wait_seconds)
 
     def synchronize(self) -> None:
         if self.torch_device.type == "cuda":
