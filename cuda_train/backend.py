@@ -92,8 +92,7 @@ class TorchBackend:
         self.peak_flops = peak_bf16_flops(name) if self.bf16 else None
         torch.manual_seed(cfg.seed)
 
-        self.model = GPT(cfg).to(self.torch_device)
-        check_layout(cfg, {n: tuple(p.shape) for n, p in self.model.named_parameters()}, "the PyTorch model")
+        self.model = GPT(cfg).to(self.torch_device)  # built from the parameter table, by its names and shapes
         for pname, dtype in storage_dtypes(cfg, self.bf16).items():
             p = self.model.get_parameter(pname)
             p.data = p.data.to(getattr(torch, dtype))  # torch.float32 or torch.bfloat16

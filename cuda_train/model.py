@@ -99,10 +99,7 @@ class TorchWalk(Walk):
 
 
 class CastedLinear(nn.Linear):
-    """Bias-free linear layer whose fp32 weight is cast to the input dtype at the matmul."""
-
-    def __init__(self, in_dim: int, out_dim: int):
-        super().__init__(in_dim, out_dim, bias=False)
+    """A linear layer (made bias-free: `bias=False`) whose fp32 weight is cast to the input dtype at the matmul."""
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight.to(x.dtype))
@@ -148,7 +145,8 @@ class GPT(nn.Module):
             if name.endswith(".weight"):
                 rows, cols = spec.shape
                 embedding = leaf in ("tok_emb", "embed")
-                setattr(owner, leaf, nn.Embedding(rows, cols) if embedding else CastedLinear(cols, rows))
+                layer = nn.Embedding(rows, cols) if embedding else CastedLinear(cols, rows, bias=False)
+                setattr(owner, leaf, layer)
             elif isinstance(owner, nn.ParameterList):
                 owner.append(nn.Parameter(torch.zeros(spec.shape)))
             else:
@@ -182,8 +180,7 @@ class GPT(nn.Module):
         those already decoded, whose keys and values it keeps for the next call (decoding)."""
         x = self.hidden(idx, looping, cache, adapters)
         z = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.tok_emb.weight.to(x.dtype))
-        if adapters is not None:
-            z = self.walk.adapt(adapters, "head", x, z)
+        z = self.walk.adapt(adapters, "head", x, z)  # (no adapters: z itself)
         return self.softcap * torch.tanh(z / self.softcap)
 
     def token_losses(
