@@ -55,8 +55,6 @@ import math
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from core.model.params import num_skip_weights
-
 if TYPE_CHECKING:  # names for annotations alone
     from collections.abc import Iterator
     from typing import Any
@@ -407,7 +405,7 @@ class Walk:
             j = n - len(encoder)  # the position in the decoder (negative in the encoder)
             if j >= 0 and lanes is None and 0 < self.cfg.parallel_start_layer <= i:
                 lanes = (x, x)  # the split; Config.validate keeps every later layer parallel too
-            if 0 <= j < num_skip_weights(self.cfg) and skips:
+            if j >= 0 and skips:  # the encoder, the shorter half, has no more outputs than skip weights
                 if lanes is None:
                     x = self.skip(model, j, x, skips.pop())
                 else:  # after the split the skips feed lane 0 only
