@@ -46,7 +46,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool, lower: Te
     """
     t, s = q.size(2), k.size(2)
     if lower is not None:
-        fits = q.is_cuda and t == s and q.dtype in (torch.bfloat16, torch.float16)
+        fits = q.is_cuda and t == s and q.dtype == torch.bfloat16  # (the compute dtypes: fp32, bf16)
         if fits and not torch.compiler.is_compiling():
             from cuda_train.varlen import flash_varlen, varlen_attention  # only document masking's runs
 

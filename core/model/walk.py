@@ -112,7 +112,7 @@ class Walk:
         return doc + (pos - doc) // size * size
 
     @contextmanager
-    def plain_causal(self, active: bool = True) -> Iterator[None]:
+    def plain_causal(self, active: bool) -> Iterator[None]:
         """While active, attention ignores document boundaries (test-time training's global phase
         with global_ttt_respect_doc_boundaries off)."""
         kept = self.doc_mask
