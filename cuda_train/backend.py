@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -21,13 +20,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from core.common.errors import PgolfError
-from core.config.fields import Config
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
 
-if TYPE_CHECKING:  # only annotations name it
+if TYPE_CHECKING:  # names for annotations alone
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
+    from core.config.fields import Config
     from cuda_train.ttt import TorchTTT
 
 # Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:
@@ -91,8 +92,7 @@ class TorchBackend:
         self.peak_flops = peak_bf16_flops(name) if self.bf16 else None
         torch.manual_seed(cfg.seed)
 
-        self.model = GPT(cfg).to(self.torch_device)
-        check_layout(cfg, {n: tuple(p.shape) for n, p in self.model.named_parameters()}, "the PyTorch model")
+        self.model = GPT(cfg).to(self.torch_device)  # built from the parameter table, by its names and shapes
         for pname, dtype in storage_dtypes(cfg, self.bf16).items():
             p = self.model.get_parameter(pname)
             p.data = p.data.to(getattr(torch, dtype))  # torch.float32 or torch.bfloat16
@@ -156,27 +156,18 @@ class TorchBackend:
         return out
 
     def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        # Every key is there: the state is this backend's own (the warm-up's), or a checkpoint's that
+        # core/artifact/load.py's check_resumable found complete.
         step = int(state["step"])
-        names = {p: n for n, p in self.model.named_parameters()}
-
-        def tensor(key: str) -> torch.Tensor:
-            if key not in state:
-                raise PgolfError(f"optimizer state lacks {key}")
-            return torch.from_numpy(np.asarray(state[key])).to(self.torch_device, torch.float32)
-
         with torch.no_grad():
             for n, e in self.ema.items():
-                e.copy_(tensor(f"ema/{n}"))
+                e.copy_(torch.from_numpy(np.asarray(state[f"ema/{n}"])).to(self.torch_device, torch.float32))
         for opt in self.optimizers:
-            opt.state.clear()
-            if step == 0:  # a fresh optimizer: torch creates its state lazily
-                continue
-            for p in opt.param_groups[0]["params"]:
-                # In the parameter's dtype: fp32 for Muon's matrices, the embedding's own for Adam.
-                opt.state[p] = {key: tensor(f"{key}/{names[p]}").to(p.dtype) for key in state_keys(opt)}
-                if not isinstance(opt, Muon):  # on the device only for the fused kernel
-                    where = p.device if opt.defaults.get("fused") else "cpu"
-                    opt.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32, device=where)
+            opt.state.clear()  # step 0: a fresh optimizer, torch creates its state lazily
+        if step > 0:
+            from cuda_train.resume import restore_optimizers  # (resuming, not a training run's)
+
+            restore_optimizers(self, state, step)
         self.steps_taken = step
 
     # --------------------------------------------------------------- compute
@@ -300,17 +291,9 @@ class TorchBackend:
     def from_rank_0(self, key: str, text: str | None, wait_seconds: float) -> str:
         if self.world_size == 1:
             return text or ""
-        # In the process group's store, not a collective: NCCL's and gloo's timeouts do not apply.
-        store = dist.distributed_c10d._get_default_store()
-        if self.rank == 0:
-            store.set(key, text or "")
-            return text or ""
-        try:
-            store.wait([key], timedelta(seconds=wait_seconds))
-        except RuntimeError as exc:  # its timeout (DistStoreError), or the store gone
-            reason = (str(exc).splitlines() or ["no reason given"])[0]
-            raise PgolfError(f"no {key} from rank 0 within {wait_seconds:g} s: {reason}") from None
-        return store.get(key).decode()
+        from cuda_train.store import from_rank_0  # (the artifact fit's, not a training run's)
+
+        return from_rank_0(self.rank, key, text, wait_seconds)
 
     def synchronize(self) -> None:
         if self.torch_device.type == "cuda":

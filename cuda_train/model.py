@@ -8,15 +8,20 @@ matmul; the embeddings are bf16 in bf16 runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.config.fields import Config
 from core.model.params import param_specs
-from core.model.walk import Adapters, KVCache, Rope, Walk
+from core.model.walk import Walk
+
+if TYPE_CHECKING:  # names for annotations alone
+    from collections.abc import Callable
+
+    from core.config.fields import Config
+    from core.model.walk import Adapters, KVCache, Rope
 
 
 def maybe_compile(fn: Callable, on: bool, dynamic: bool = False) -> Callable:
@@ -41,7 +46,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool, lower: Te
     """
     t, s = q.size(2), k.size(2)
     if lower is not None:
-        fits = q.is_cuda and t == s and q.dtype in (torch.bfloat16, torch.float16)
+        fits = q.is_cuda and t == s and q.dtype == torch.bfloat16  # (the compute dtypes: fp32, bf16)
         if fits and not torch.compiler.is_compiling():
             from cuda_train.varlen import flash_varlen, varlen_attention  # only document masking's runs
 
@@ -94,10 +99,7 @@ class TorchWalk(Walk):
 
 
 class CastedLinear(nn.Linear):
-    """Bias-free linear layer whose fp32 weight is cast to the input dtype at the matmul."""
-
-    def __init__(self, in_dim: int, out_dim: int):
-        super().__init__(in_dim, out_dim, bias=False)
+    """A linear layer (made bias-free: `bias=False`) whose fp32 weight is cast to the input dtype at the matmul."""
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight.to(x.dtype))
@@ -143,7 +145,8 @@ class GPT(nn.Module):
             if name.endswith(".weight"):
                 rows, cols = spec.shape
                 embedding = leaf in ("tok_emb", "embed")
-                setattr(owner, leaf, nn.Embedding(rows, cols) if embedding else CastedLinear(cols, rows))
+                layer = nn.Embedding(rows, cols) if embedding else CastedLinear(cols, rows, bias=False)
+                setattr(owner, leaf, layer)
             elif isinstance(owner, nn.ParameterList):
                 owner.append(nn.Parameter(torch.zeros(spec.shape)))
             else:
@@ -177,8 +180,7 @@ class GPT(nn.Module):
         those already decoded, whose keys and values it keeps for the next call (decoding)."""
         x = self.hidden(idx, looping, cache, adapters)
         z = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.tok_emb.weight.to(x.dtype))
-        if adapters is not None:
-            z = self.walk.adapt(adapters, "head", x, z)
+        z = self.walk.adapt(adapters, "head", x, z)  # (no adapters: z itself)
         return self.softcap * torch.tanh(z / self.softcap)
 
     def token_losses(

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from core.model.lora import adapter_shapes
 from cuda_train.model import maybe_compile
 
-if TYPE_CHECKING:  # only annotations name it
+if TYPE_CHECKING:  # names for annotations alone
+    import numpy as np
+
     from cuda_train.backend import TorchBackend
 
 

@@ -4,11 +4,14 @@ runs with varlen_attn_enabled use it; see OPTIONAL in core/runs/package.py)."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:  # names for annotations alone
+    from collections.abc import Callable
 
 
 @cache

@@ -132,11 +132,12 @@ class MLXBackend:
         return {k: np.array(v) for k, v in self.optim.state.items()}
 
     def load_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        # Every key is there: the state is this backend's own (the warm-up's), or a checkpoint's that
+        # core/artifact/load.py's check_resumable found complete.
         for key, current in list(self.optim.state.items()):
-            value = state.get(key)
-            if value is None:
-                raise PgolfError(f"optimizer state lacks {key}")
-            self.optim.state[key] = mx.array(np.asarray(value)).astype(current.dtype).reshape(current.shape)
+            self.optim.state[key] = (
+                mx.array(np.asarray(state[key])).astype(current.dtype).reshape(current.shape)
+            )
         mx.eval(self.optim.state)
 
     # --------------------------------------------------------------- compute

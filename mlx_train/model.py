@@ -10,14 +10,18 @@ uses). The heavy operations come from mlx_train/ops.py (Metal kernels, or lean C
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from core.config.fields import Config
 from core.model.params import mlp_hidden, num_skip_weights
-from core.model.walk import Adapters, KVCache, Rope, Walk
+from core.model.walk import Walk
 from mlx_train.ops import Ops, default_ops, segment_mask, softcap_logits
+
+if TYPE_CHECKING:  # names for annotations alone
+    from core.config.fields import Config
+    from core.model.walk import Adapters, KVCache, Rope
 
 # F.rms_norm(eps=None) uses the fp32 machine epsilon for fp32 and bf16 inputs alike.
 RMS_EPS = float(mx.finfo(mx.float32).eps)

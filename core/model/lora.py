@@ -14,9 +14,12 @@ A starts uniform in +-1/sqrt(in) and B at zero, so a fresh adapter changes nothi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from core.config.fields import Config
+if TYPE_CHECKING:  # names for annotations alone
+    from core.config.fields import Config
 
 
 def adapter_shapes(cfg: Config, batch: int) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.common.errors import PgolfError
-from core.config.fields import Config
+
+if TYPE_CHECKING:  # names for annotations alone
+    from core.config.fields import Config
 
 KINDS = ("embedding", "attention", "mlp", "other", "control")  # artifact classes
 

@@ -52,23 +52,25 @@ What it computes:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
-from core.config.fields import Config
-from core.model.params import num_skip_weights
+if TYPE_CHECKING:  # names for annotations alone
+    from collections.abc import Iterator
+    from typing import Any
 
-Array = Any  # a torch tensor or an MLX array
-Rope = tuple[Array, Array]  # cos, sin: (T, rope_dims / 2)
-Lanes = tuple[Array, Array]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
-# {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward,
-#  "smear": the last token's embedding (with smear_gate_enabled),
-#  "doc": the position where the last token's document starts (B, 1) (with varlen_attn_enabled)}
-KVCache = dict
-# LoRA adapters of test-time training (core/model/lora.py): {name: (A, B)} over the whole model, and
-# one block visit's {target: (A, B)}
-Adapters = dict
+    from core.config.fields import Config
+
+    Array = Any  # a torch tensor or an MLX array
+    Rope = tuple[Array, Array]  # cos, sin: (T, rope_dims / 2)
+    Lanes = tuple[Array, Array]  # the parallel residual lanes: 0 (attention reads it), 1 (the MLP's)
+    # {"length": tokens so far, n: [keys, values] of the n-th block visit of one forward,
+    #  "smear": the last token's embedding (with smear_gate_enabled),
+    #  "doc": the position where the last token's document starts (B, 1) (with varlen_attn_enabled)}
+    KVCache = dict
+    # LoRA adapters of test-time training (core/model/lora.py): {name: (A, B)} over the whole model, and
+    # one block visit's {target: (A, B)}
+    Adapters = dict
 
 
 class Walk:
@@ -110,7 +112,7 @@ class Walk:
         return doc + (pos - doc) // size * size
 
     @contextmanager
-    def plain_causal(self, active: bool = True) -> Iterator[None]:
+    def plain_causal(self, active: bool) -> Iterator[None]:
         """While active, attention ignores document boundaries (test-time training's global phase
         with global_ttt_respect_doc_boundaries off)."""
         kept = self.doc_mask
@@ -403,7 +405,7 @@ class Walk:
             j = n - len(encoder)  # the position in the decoder (negative in the encoder)
             if j >= 0 and lanes is None and 0 < self.cfg.parallel_start_layer <= i:
                 lanes = (x, x)  # the split; Config.validate keeps every later layer parallel too
-            if 0 <= j < num_skip_weights(self.cfg) and skips:
+            if j >= 0 and skips:  # the encoder, the shorter half, has no more outputs than skip weights
                 if lanes is None:
                     x = self.skip(model, j, x, skips.pop())
                 else:  # after the split the skips feed lane 0 only
