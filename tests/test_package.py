@@ -514,6 +514,28 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         )
 
 
+@pytest.mark.parametrize(
+    "env",
+    [{"INIT_FROM": "/nonexistent.pt"}, {"REPORT_TO": "tensorboard"}, {"ARTIFACT_FIT_BYTES": "15000000"}],
+)
+def test_a_packaged_script_refuses_what_only_pgolfs_train_does(env, tmp_path):
+    """Starting from other weights, trackers and the artifact fit are InteractiveTraining's, which no
+    train_gpt.py holds: refused in one line, before torch is imported."""
+    ((name, value),) = env.items()
+    result = run_alone(script(preset("smoke")), tmp_path, **env)
+    assert_one_line(result, f"{name}={value}", "only pgolf's train does that")
+
+
+def test_a_runs_tracker_is_not_packaged_and_a_run_from_other_weights_is_refused(tmp_path):
+    assert "report_to" not in package._run_config(preset("smoke").replace(report_to="tensorboard"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(Config(init_from="weights.pt").to_dict()))
+    with pytest.raises(PgolfError, match=r"started from other weights \(init_from=weights.pt\)"):
+        write_record([run], tmp_path / "out", "x")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # a process importing torch, up to 30 s on 2 loaded cores
 @needs("cuda")
 def test_a_packaged_pergroup_script_without_lrzip_says_so_in_one_line(sotu_dataset, tmp_path):

@@ -362,6 +362,13 @@ def run():
                 f"this train_gpt.py was packaged without {{feature}} ({{module}}): "
                 f"{{setting(field, getattr(cfg, field))}} needs a package of a run that uses it"
             )
+    from core.train.loop import PGOLF_ONLY
+
+    for field in PGOLF_ONLY:
+        if getattr(cfg, field):
+            raise PgolfError(
+                f"{{setting(field, getattr(cfg, field))}}: only pgolf's train does that, not a packaged train_gpt.py"
+            )
 {imports}
     check_config(cfg)
     backend = create_backend(cfg)
@@ -393,7 +400,7 @@ def _run_config(cfg: Config) -> dict:
     under `runs/` beside wherever it is started. Only the fields that differ from the defaults are
     kept: the bundled Config supplies the rest, the same values."""
     defaults = Config().to_dict()
-    run = cfg.replace(run_id="", out_dir=defaults["out_dir"]).to_dict()
+    run = cfg.replace(run_id="", out_dir=defaults["out_dir"], report_to="").to_dict()  # (trackers: the CLI's)
     return {name: value for name, value in run.items() if value != defaults[name]}
 
 
@@ -452,6 +459,11 @@ def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
         raise PgolfError(
             f"package: {run_dir} chose its artifact settings at the end (artifact_fit_bytes); train_gpt.py "
             f"does not search: train again with the chosen ones (train --config {run_dir}/final_model.*.pgolf.fit.toml)"
+        )
+    if cfg.init_from:
+        raise PgolfError(
+            f"package: {run_dir} started from other weights (init_from={cfg.init_from}); train_gpt.py trains "
+            "from its seed: package a run that did"
         )
     summary = summarize(run_dir)
     if not summary.finished:

@@ -524,6 +524,11 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
     return math.sqrt(total / max(sum(w.size for w in weights), 1))
 
 
+# Settings only pgolf's `train` acts on (starting from other weights, the artifact fit, trackers), in
+# InteractiveTraining: a packaged train_gpt.py refuses them (core/runs/package.py).
+PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to")
+
+
 def train(backend: Backend, **options) -> RunResult:
     """Train, validate and export one model with `backend.cfg` (pgolf's `train`: and checkpoint it); return
     the final figures.
@@ -531,13 +536,12 @@ def train(backend: Backend, **options) -> RunResult:
     `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code
     (a packaged train_gpt.py passes its own size; 0 when not given). Any other option (`resume`, `stop`,
     `progress`, `step_progress`, `notes`), or a config with what only pgolf's `train` does (`init_from`,
-    `artifact_fit_bytes`, `report_to`), runs an `InteractiveTraining` (core/train/interactive.py: it also
-    takes `code_bytes` as a function of the config the artifact is written with, as the CLI passes
+    `artifact_fit_bytes`, `report_to`: PGOLF_ONLY), runs an `InteractiveTraining` (core/train/interactive.py:
+    it also takes `code_bytes` as a function of the config the artifact is written with, as the CLI passes
     core.runs.package.code_bytes, and logs the artifact's bytes class by class after its size); a
-    packaged train_gpt.py, which lacks it, stops at its import.
+    packaged train_gpt.py, which lacks it, refuses those settings in one line.
     """
-    cfg = backend.cfg
-    pgolf_only = cfg.init_from or cfg.artifact_fit_bytes > 0 or cfg.report_to
+    pgolf_only = any(getattr(backend.cfg, name) for name in PGOLF_ONLY)
     if options.keys() <= {"log", "code_bytes"} and not pgolf_only:
         training = Training(backend, **options)
     else:
