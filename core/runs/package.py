@@ -310,7 +310,7 @@ import traceback
 
 PACKAGES = {packages!r}
 RUN_CONFIG = json.loads({config!r})
-LEFT_OUT = {left_out!r}  # (feature, module, when a run of `cfg` needs it, the field that asks for it)
+LEFT_OUT = {left_out!r}  # (module, when a run of `cfg` needs it, the field that asks for it)
 
 
 class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -356,10 +356,10 @@ def run():
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()  # before the slow imports
     from core.common.errors import PgolfError, setting
 
-    for feature, module, when, field in LEFT_OUT:
+    for module, when, field in LEFT_OUT:
         if eval(when, {{"cfg": cfg}}):
             raise PgolfError(
-                f"this train_gpt.py was packaged without {{feature}} ({{module}}): "
+                f"this train_gpt.py was packaged without {{module}}: "
                 f"{{setting(field, getattr(cfg, field))}} needs a package of a run that uses it"
             )
     from core.train.loop import PGOLF_ONLY
@@ -409,10 +409,11 @@ def script(cfg: Config, compressed: bool = True) -> str:
     modules = bundled_modules(cfg)
     # What the script checks: a feature whose condition is an earlier left-out one's `and` more is refused by
     # that one first (test-time training's full mode, where test-time training is left out), so not listed.
+    # Each row as (module, when, field): the module names what the script lacks in its refusal.
     missing = []
-    for row in left_out(modules):
-        if not any(row[2].startswith(f"{earlier[2]} and ") for earlier in missing):
-            missing.append(row)
+    for _, module, when, field in left_out(modules):
+        if not any(when.startswith(f"{earlier[1]} and ") for earlier in missing):
+            missing.append((module, when, field))
     if compressed:
         modules = {name: minify(source) for name, source in modules.items()}
     # The plain form's first line says what it is; minified, as a comment, it goes.
