@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -236,6 +237,31 @@ def test_minify_drops_type_checking_imports_and_keeps_a_test_that_has_an_else():
     assert namespace["Thing"] is float  # an else runs: the test and its import stay
 
 
+def test_module_level_names_are_shortened_but_those_other_code_reaches():
+    lib = (
+        "LIMIT = 10\n"
+        "FLAG = False\n"
+        "def clamp(value):\n"
+        "    return min(value, LIMIT)\n"
+        "def helper_only_used_here(value):\n"
+        "    return clamp(value) + 1\n"
+        "def exported(value):\n"
+        "    return helper_only_used_here(value)\n"
+    )
+    user = "from lib import exported\nimport lib\nlib.FLAG = True\nRESULT = exported(20)\n"
+    keep = package.reached_names([lib, user])
+    assert {"exported", "FLAG"} <= keep and not {"clamp", "helper_only_used_here", "LIMIT"} & keep
+    small = minify(lib, keep)
+    assert "helper_only_used_here" not in small and "LIMIT" not in small and "def exported(" in small
+    module = types.ModuleType("lib")
+    exec(compile(small, "lib", "exec"), module.__dict__)
+    namespace = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "lib", module)
+        exec(compile(user, "user", "exec"), namespace)
+    assert namespace["RESULT"] == 11 and module.FLAG is True
+
+
 def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is_no_error(
     tmp_path, monkeypatch
 ):
@@ -358,7 +384,7 @@ def test_a_packaged_run_writes_and_reads_a_pergroup_artifact(sotu_dataset, pgolf
     env.pop("PYTHONPATH", None)
     command = [sys.executable, "isolated.py", "train_gpt.py"]
     result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)
-    assert_one_line(result, "packaged without the per-group compressor", "COMPRESSOR=pergroup")
+    assert_one_line(result, "packaged without core.common.pergroup: COMPRESSOR=pergroup")
     run_cfg = Config.from_dict(json.loads((pgolf_run[0] / "config.json").read_text()))
     (here / "train_gpt.py").write_text(script(run_cfg.replace(compressor="pergroup", byte_shuffle=2)))
     result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)

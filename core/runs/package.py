@@ -26,7 +26,8 @@ Two forms:
 - compressed (the default, and the size every report calls the run's code bytes): each module
   minified by python-minifier as the records minify theirs (`pyminify --no-hoist-literals
   --remove-literal-statements --remove-asserts`), local names shortened too (the records keep theirs:
-  `--no-rename-locals`; 1,300 to 1,700 bytes less here), after dropping what only the CLI
+  `--no-rename-locals`; 1,300 to 1,700 bytes less here), and module-level names but those other
+  code reaches (`reached_names`: 200 to 600 bytes less), after dropping what only the CLI
   reads (the config fields' help texts, sections and resume flags, `__all__`), and the runner after them
   (`RUNNER`) minified alike; the whole script compressed by brotli (quality 11,
   smaller than lzma's or bz2's best here) and base85-encoded in a two-line script that runs it.
@@ -264,31 +265,50 @@ def _cache_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
-def minify(source: str) -> str:
+def minify(source: str, keep: frozenset[str] | None = None) -> str:
     """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops, its
-    local names shortened (from the disk cache above when it holds it)."""
-    cached = _cache_dir() / (hashlib.sha256((MINIFY_VERSION + source).encode()).hexdigest() + ".py")
+    local names shortened, and with `keep` its module-level names too, but for those in `keep` (what other
+    code may reach them by: `reached_names`); from the disk cache above when it holds it."""
+    key = MINIFY_VERSION + ("" if keep is None else ",".join(sorted(keep))) + "\0" + source
+    cached = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest() + ".py")
     with contextlib.suppress(OSError, UnicodeDecodeError):
         return cached.read_text(encoding="utf-8")
-    small = _minified(source)
+    small = _minified(source, keep)
     with contextlib.suppress(PgolfError):
         write_atomic(cached, small.encode("utf-8"))
     return small
 
 
-def _minified(source: str) -> str:
+def _minified(source: str, keep: frozenset[str] | None = None) -> str:
     """`minify` without its caches (the runner, different for each config, takes ~10 ms)."""
     tree = _Minifier().visit(ast.parse(source))
     return (
         python_minifier.minify(
             ast.unparse(tree),
             rename_locals=True,
+            rename_globals=keep is not None,
+            preserve_globals=sorted(keep or ()),
             hoist_literals=False,
             remove_literal_statements=True,
             remove_asserts=True,
         )
         + "\n"
     )
+
+
+def reached_names(sources: list[str]) -> frozenset[str]:
+    """The names by which code in `sources` may reach another module's globals: every name it imports
+    `from` a module, and every attribute name it reads or writes (a module reached through an alias or a
+    function, `errors.PACKAGED`). A bundled module's other module-level names are its own: renaming them
+    changes nothing outside it."""
+    names: set[str] = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.Attribute):
+                names.add(node.attr)
+    return frozenset(names)
 
 
 def _literal(source: str) -> str:
@@ -414,12 +434,6 @@ def script(cfg: Config, compressed: bool = True) -> str:
     for _, module, when, field in left_out(modules):
         if not any(when.startswith(f"{earlier[1]} and ") for earlier in missing):
             missing.append((module, when, field))
-    if compressed:
-        modules = {name: minify(source) for name, source in modules.items()}
-    # The plain form's first line says what it is; minified, as a comment, it goes.
-    lines = [] if compressed else [HEADER]
-    lines.append("SOURCES = {}")
-    lines += [f"SOURCES[{name!r}] = {_literal(src)}" for name, src in modules.items()]
     runner = RUNNER.format(
         packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
         config=json.dumps(_run_config(cfg), sort_keys=True),
@@ -427,6 +441,13 @@ def script(cfg: Config, compressed: bool = True) -> str:
         config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
         imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS[1:]),
     )
+    if compressed:
+        keep = reached_names([*modules.values(), runner])
+        modules = {name: minify(source, keep) for name, source in modules.items()}
+    # The plain form's first line says what it is; minified, as a comment, it goes.
+    lines = [] if compressed else [HEADER]
+    lines.append("SOURCES = {}")
+    lines += [f"SOURCES[{name!r}] = {_literal(src)}" for name, src in modules.items()]
     text = "\n".join(lines) + "\n" + (_minified(runner) if compressed else runner)
     if not compressed:
         return text
