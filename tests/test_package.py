@@ -253,6 +253,7 @@ def test_module_level_names_are_shortened_but_those_other_code_reaches():
     assert {"exported", "FLAG"} <= keep and not {"clamp", "helper_only_used_here", "LIMIT"} & keep
     small = minify(lib, keep)
     assert "helper_only_used_here" not in small and "LIMIT" not in small and "def exported(" in small
+    assert minify(lib, keep | {"value", "other_modules_name"}) == small  # only its own names count
     module = types.ModuleType("lib")
     exec(compile(small, "lib", "exec"), module.__dict__)
     namespace = {}
@@ -267,14 +268,14 @@ def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is
 ):
     source = 'def twice(x):\n    """Doubled."""\n    return x * 2  # doubled\n'
     monkeypatch.setenv("PGOLF_CACHE_DIR", str(tmp_path / "cache"))
-    small = minify.__wrapped__(source)  # past the in-process cache
+    small = package._minify.__wrapped__(source, None)  # past the in-process cache
     (kept,) = (tmp_path / "cache" / "minified").iterdir()
     assert kept.read_text() == small and "Doubled" not in small
     kept.write_text("def twice(x):return x+x\n")  # what a later process finds there is what it uses
-    assert minify.__wrapped__(source) == "def twice(x):return x+x\n"
+    assert package._minify.__wrapped__(source, None) == "def twice(x):return x+x\n"
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("PGOLF_CACHE_DIR", str(tmp_path / "file"))  # a file where the folder would go
-    assert minify.__wrapped__(source) == small
+    assert package._minify.__wrapped__(source, None) == small
 
 
 def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():

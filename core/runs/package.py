@@ -264,11 +264,31 @@ def _cache_dir() -> Path:
     return Path(root) / "minified"
 
 
-@functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
 def minify(source: str, keep: frozenset[str] | None = None) -> str:
     """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops, its
     local names shortened, and with `keep` its module-level names too, but for those in `keep` (what other
     code may reach them by: `reached_names`); from the disk cache above when it holds it."""
+    # Only the module's own names in `keep` change its text: bundles of other features share the entry.
+    return _minify(source, None if keep is None else keep & _module_names(source))
+
+
+def _module_names(source: str) -> frozenset[str]:
+    """The names a module binds at its top level, or a function declares `global` (those
+    `rename_globals` may change)."""
+    tree = ast.parse(source)
+    names = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+    for node in _top_level(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
+def _minify(source: str, keep: frozenset[str] | None) -> str:
     key = MINIFY_VERSION + ("" if keep is None else ",".join(sorted(keep))) + "\0" + source
     cached = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest() + ".py")
     with contextlib.suppress(OSError, UnicodeDecodeError):
