@@ -272,6 +272,7 @@ def minify(source: str, keep: frozenset[str] | None = None) -> str:
     return _minify(source, None if keep is None else keep & _module_names(source))
 
 
+@functools.lru_cache(maxsize=256)
 def _module_names(source: str) -> frozenset[str]:
     """The names a module binds at its top level, or a function declares `global` (those
     `rename_globals` may change)."""
@@ -321,13 +322,17 @@ def reached_names(sources: list[str]) -> frozenset[str]:
     `from` a module, and every attribute name it reads or writes (a module reached through an alias or a
     function, `errors.PACKAGED`). A bundled module's other module-level names are its own: renaming them
     changes nothing outside it."""
+    return frozenset().union(*map(_reached_from, sources))
+
+
+@functools.lru_cache(maxsize=256)  # parsed once per process: an artifact fit packages every candidate
+def _reached_from(source: str) -> frozenset[str]:
     names: set[str] = set()
-    for source in sources:
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ImportFrom):
-                names |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.Attribute):
-                names.add(node.attr)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
     return frozenset(names)
 
 
