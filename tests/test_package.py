@@ -169,8 +169,6 @@ def test_only_the_imports_that_run_when_a_module_is_imported_are_followed():
 
 
 def test_minify_drops_docstrings_and_comments_and_keeps_the_code():
-    import types
-
     from core.model import schedule
 
     source = (ROOT / "core" / "model" / "schedule.py").read_text()
@@ -187,8 +185,6 @@ def test_minify_drops_docstrings_and_comments_and_keeps_the_code():
 
 
 def test_minify_drops_annotations_and_all_but_keeps_dataclass_fields(monkeypatch):
-    import types
-
     source = (
         "from __future__ import annotations\n"
         "from dataclasses import dataclass, fields\n"
