@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from core.artifact.mixed import quantize_mixed
+from core.artifact.rowquant import Clip
 from core.config.fields import Config
 from core.config.presets import preset
+from tests.helpers import hessian, model_state, ramp
 
 CHALLENGE = Path(__file__).resolve().parent / "fixtures" / "challenge"  # the challenge's sp1024 files
 
@@ -49,6 +52,20 @@ def sotu_dataset(tmp_path_factory) -> Dataset:
 def challenge_dir() -> Path:
     """The challenge's sp1024 tokenizer (fineweb_1024_bpe.model, .vocab) and export manifest.json."""
     return CHALLENGE
+
+
+@pytest.fixture(scope="module")
+def mixed_model():
+    state, classes, dtypes = model_state()
+    x = ramp((300, 256), 1.0, 65_537)
+    return quantize_mixed(
+        state,
+        classes,
+        bits={"embedding": 8, "attention": 6, "mlp": 5, "other": 7},
+        clip={"embedding": Clip.percentile(0.9999), "mlp": Clip.sdclip(4.0)},
+        hessians={"blocks.0.attn.c_q.weight": hessian(x)},
+        orig_dtypes=dtypes,
+    )
 
 
 # The files whose tests take longest, longest first (`pytest --durations=0`, summed per file, on a

@@ -30,8 +30,7 @@ from core.eval.sliding import evaluate_sliding
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
 from core.train.calibration import calibrate_gptq
 from tests.golden_data import GOLDEN, RECORD_PTZ, goldens
-from tests.test_backends import BACKENDS, LOOPS_LANES, busy_params, make_backend, needs
-from tests.test_cli import cli
+from tests.helpers import BACKENDS, LOOPS_LANES, busy_params, cli, make_backend, needs
 
 # A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor and are quantized.
 WIDE = {"mlp_mult": 20.0}

@@ -24,9 +24,18 @@ from core.runs.audit import (
     perturbed_scores,
     swap_document,
 )
-from tests.test_backends import BACKENDS, busy_params, make_backend, needs
-from tests.test_cli import cli, data_flags
-from tests.test_ttt import LEGAL_CFG, AdaptsFirst, stream, unit_tables
+from tests.helpers import (
+    BACKENDS,
+    LEGAL_CFG,
+    AdaptsFirst,
+    busy_params,
+    cli,
+    data_flags,
+    make_backend,
+    needs,
+    stream,
+    unit_tables,
+)
 
 PLAIN_CFG = preset("smoke").replace(eval_seq_len=16)
 SLIDING_CFG = PLAIN_CFG.replace(eval_stride=4, eval_batch_seqs=4)
@@ -227,7 +236,7 @@ def test_audit_passes_a_ttt_run_and_package_writes_the_compliance_section(ttt_ru
 
 @needs("mlx")
 def test_audit_refuses_a_checkpoint_and_an_unknown_evaluation(ttt_run):
-    from tests.test_cli import assert_one_line_error
+    from tests.helpers import assert_one_line_error
 
     checkpoints = sorted((ttt_run / "checkpoints").glob("*.safetensors"))
     if checkpoints:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -17,29 +16,7 @@ import pytest
 from core.config.fields import Config
 from core.data.shards import find_shards
 from core.runs.summary import read_metrics
-from tests.test_backends import BACKENDS, needs
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-        env=None if env is None else {**os.environ, **env},
-    )  # fmt: skip
-
-
-def data_flags(dataset) -> list[str]:
-    return ["--data-path", str(dataset.data_path), "--tokenizer-path", str(dataset.tokenizer_path)]
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from tests.helpers import BACKENDS, ROOT, assert_one_line_error, cli, data_flags, needs, read_until
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +161,7 @@ def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
     from core.common import compress
     from core.eval.rows import evaluate
     from core.eval.score import load_eval_data
-    from tests.test_backends import busy_params, make_backend
+    from tests.helpers import busy_params, make_backend
 
     cfg = sotu_dataset.config(mlp_mult=20.0)
     w, m = {}, {}
@@ -398,7 +375,7 @@ def test_runs_on_a_terminal_shows_the_groups_too(tmp_path, monkeypatch):
     from rich.console import Console
 
     import cli as cli_module
-    from tests.test_runs import make_run
+    from tests.helpers import make_run
 
     for seed in (1, 2):
         make_run(tmp_path, f"lr-seed{seed}", seed=seed, run_group="lr")
@@ -492,15 +469,6 @@ def start_training(dataset, out: Path, *flags: str) -> subprocess.Popen:
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores Ctrl-C
     )  # fmt: skip
-
-
-def read_until(process: subprocess.Popen, prefix: str) -> list[str]:
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if line.startswith(prefix):
-            return lines
-    raise AssertionError(f"no line starting {prefix!r} in {''.join(lines)}{process.stderr.read()}")
 
 
 @needs("cuda")

@@ -140,7 +140,7 @@ def test_missing_packages_are_named(monkeypatch):
 
 @pytest.mark.parametrize(("name", "shuffle"), [("brotli", 2), ("zstd", 0), ("lzma", 2), ("zlib", 4)])
 def test_the_int8_container_takes_every_compressor(tmp_path, name, shuffle):
-    from tests.test_quant import equal_weights, golden_state
+    from tests.helpers import equal_weights, golden_state
 
     model = int8_format.quantize_int8(*golden_state())
     info = quant.write_artifact(

@@ -2,26 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-
-BLOCKER = """
-import importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'mlx'):
-            raise ImportError(f'{name} is blocked in this test')
-sys.meta_path.insert(0, Block())
-"""
-
-
-def run_blocked(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", BLOCKER + code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+from tests.helpers import ROOT, run_blocked
 
 
 def test_every_core_module_imports_without_frameworks():

@@ -17,8 +17,8 @@ from core.data.manifest import file_sha256, read_manifest
 from core.data.shards import read_shard
 from core.datasets.fineweb import download_fineweb, hub_fetcher
 from core.datasets.writers import write_shard
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DATASET = "datasets/fineweb10B_sp1024"
 TRAIN_SHARDS = 3
 

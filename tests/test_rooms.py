@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 ROOMS = ("common", "data", "config", "model", "artifact", "eval", "train", "datasets", "runs")
 
 

@@ -16,7 +16,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.runs import sweep as sw
 from core.train.rundir import RunDir
-from tests.test_cli import ROOT, assert_one_line_error, cli
+from tests.helpers import ROOT, assert_one_line_error, cli
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,25 +21,18 @@ from core.eval.rows import evaluate
 from core.eval.score import load_eval_data
 from core.runs.summary import read_metrics
 from core.train.loop import train
-from tests.test_backends import BACKENDS, NEEDS, SMALL_LOOPS_LANES, make_backend, needs
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(
-    dataset, backend_name, tmp_path, run_id="run", resume=None, preset="smoke", step_progress=None, **changes
-):
-    cfg = dataset.config(preset, out_dir=str(tmp_path), run_id=run_id, **changes)
-    backend = make_backend(backend_name, cfg)
-    try:
-        return train(backend, resume=resume, log=lambda line: None, step_progress=step_progress)
-    finally:
-        backend.close()
-
-
-def final_params(result) -> dict[str, np.ndarray]:
-    (ckpt,) = sorted((result.run_dir / "checkpoints").glob("*.safetensors"))[-1:]
-    return load_checkpoint(ckpt).params
+from tests.helpers import (
+    BACKENDS,
+    NEEDS,
+    ROOT,
+    SMALL_LOOPS_LANES,
+    final_params,
+    launcher,
+    make_backend,
+    needs,
+    run,
+    torchrun_env,
+)
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
@@ -198,25 +190,6 @@ def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_na
     assert end < unigram_bpb(sotu_dataset) - 0.3  # the best context-free model scores ~2.7
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launcher(backend_name: str) -> list[str]:
-    """The framework's own launcher for two processes on this machine."""
-    if backend_name == "cuda":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                "--master_addr=127.0.0.1"]  # fmt: skip
-    mlx_launch = Path(sys.executable).parent / "mlx.launch"
-    if not mlx_launch.exists():
-        pytest.skip(f"{mlx_launch} not found")
-    # The ring backend listens on two consecutive ports from --starting-port.
-    return [str(mlx_launch), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
-            sys.executable]  # fmt: skip
-
-
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.slow  # ~8 s
 def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
@@ -310,11 +283,6 @@ def test_evaluation_waits_for_the_device_once(sotu_dataset):
     assert meter.nats == sum(nll for _, _, nll in batches)
     assert meter.tokens == sum(y.size for _, y, _ in batches)
     assert meter.nbytes == sum(int(token_bytes(x, y, data.tables).sum()) for x, y, _ in batches)
-
-
-def torchrun_env(**extra: str) -> dict[str, str]:
-    # Loopback only: gloo otherwise picks an interface from the host name, which can fail.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **extra}
 
 
 @pytest.mark.slow
@@ -433,7 +401,7 @@ def test_sigterm_ends_a_rank_stuck_in_a_collective(sotu_dataset, tmp_path):
 def test_torchrun_without_data_prepares_one_dataset(sotu_dataset, tmp_path):
     """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte."""
     from core.data.manifest import read_manifest
-    from tests.test_corpus import digest
+    from tests.helpers import digest
 
     done = subprocess.run(
         [*launcher("cuda"), str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset",

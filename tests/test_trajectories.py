@@ -22,11 +22,9 @@ from core.config.presets import preset
 from core.datasets.writers import write_shard
 from core.runs.summary import read_metrics
 from core.train.loop import train
-from tests.test_backends import BACKENDS, make_backend
-from tests.test_golden_records import read_golden
-from tests.test_training import final_params
+from tests.golden_data import GOLDEN, read_golden
+from tests.helpers import BACKENDS, final_params, make_backend
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 LOSS_TOL = 1e-4
 WEIGHT_RTOL = 1e-4
 VE_RTOL_MLX = 2e-4

@@ -10,8 +10,8 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.eval.score import load_eval_data
+from tests.helpers import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 from tests.reference import document_mask, reference_logits, reference_loss
-from tests.test_backends import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 
 # Rows of 40 tokens, longer than max_doc_len (16): row 0 has documents starting at 5, 6 (one token) and
 # 20 (cut at 36); row 1 has no BOS, so its one document is cut at 16 and 32.
