@@ -1,8 +1,10 @@
-"""Shared fixtures: a small real dataset built from the embedded corpus, and the challenge files."""
+"""Shared fixtures: a small real dataset built from the embedded corpus, the challenge files, a mixed-format
+model; and the suite made hermetic (`hermetic` below)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,11 +12,18 @@ import pytest
 
 from core.artifact.mixed import quantize_mixed
 from core.artifact.rowquant import Clip
-from core.config.fields import Config
-from core.config.presets import preset
+from core.config.fields import ENV_ALIASES, Config, field_names
+from core.config.presets import PRESETS, RECORD_ENV_MARKS, preset
 from tests.helpers import hessian, model_state, ramp
 
 CHALLENGE = Path(__file__).resolve().parent / "fixtures" / "challenge"  # the challenge's sp1024 files
+
+# Hermetic: no setting of the user's environment reaches a test or what it starts (config fields' upstream
+# names, a record's marks, torchrun's ranks, pgolf's cache folder).
+for name in [*(n.upper() for n in field_names()), *ENV_ALIASES, *(m for ms in RECORD_ENV_MARKS.values() for m in ms),
+             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "PGOLF_CACHE_DIR", "XDG_CACHE_HOME"]:  # fmt: skip
+    os.environ.pop(name, None)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers: one thread each, and for what it starts
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -46,6 +55,27 @@ def sotu_dataset(tmp_path_factory) -> Dataset:
     root = tmp_path_factory.mktemp("data")
     prepare_sotu(root, vocab_size=1024, limit_docs=40)
     return Dataset(root, root / "datasets" / "sotu_sp1024", root / "tokenizers" / "sotu_1024_bpe.model", 1024)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hermetic(tmp_path_factory) -> Path:
+    """Every test, and every process it starts, runs in a folder of its own whose data/ holds a foreign
+    tokenizer (the challenge's) at each preset's tokenizer path: a test that reads the data/ of the folder
+    it runs in, as the checkout's would be, instead of the dataset it was given, fails. The minified-source
+    cache is this run's, not the user's."""
+    here = tmp_path_factory.mktemp("cwd")
+    for name in PRESETS:
+        path = here / preset(name).tokenizer_path
+        if path.is_relative_to(here / "data"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(CHALLENGE / "fineweb_1024_bpe.model", path)
+    run = tmp_path_factory.getbasetemp()
+    run = run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run  # the workers of one run share it
+    os.environ["PGOLF_CACHE_DIR"] = str(run / "pgolf-cache")
+    before = Path.cwd()
+    os.chdir(here)
+    yield here
+    os.chdir(before)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -28,14 +29,11 @@ from core.model.params import init_params
 from core.train.loop import train
 from core.train.rundir import RunDir
 
-try:
-    import torch
-except ImportError:
-    torch = None
-
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
-requires_torch = pytest.mark.skipif(
-    torch is None, reason="torch is not installed (an independent reference here)"
+# A process started in the folder the suite runs in (conftest.py: hermetic), not the checkout, imports pgolf by this.
+IMPORTABLE = {"PYTHONPATH": str(ROOT)}
+requires_torch = pytest.mark.skipif(  # found, not imported: conftest sets its threads first
+    importlib.util.find_spec("torch") is None, reason="torch is not installed (an independent reference here)"
 )
 
 
@@ -120,7 +118,9 @@ FEATURES = dict(
 # ---------------------------------------- the CLI in a subprocess, its one-line errors
 
 
-def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
         env=None if env is None else {**os.environ, **env},
@@ -394,7 +394,11 @@ sys.meta_path.insert(0, Block())
 
 def run_blocked(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", BLOCKER + code], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", BLOCKER + code],
+        env=os.environ | IMPORTABLE,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -466,7 +466,7 @@ def start_training(dataset, out: Path, *flags: str) -> subprocess.Popen:
     command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
                "--iterations", "100000", "--out-dir", str(out), "--run-id", "r", *data_flags(dataset), *flags]  # fmt: skip
     return subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores Ctrl-C
     )  # fmt: skip
 
@@ -539,7 +539,7 @@ def test_a_signal_during_start_up_ends_quietly():
     # the handlers' installation, not the process's start: on a loaded machine, or beside other test
     # workers, the interpreter's own start may take longer than the delay.)
     for delay in (0.0, 0.15):
-        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "info"], cwd=ROOT,
+        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "info"],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         # (the default disposition: a test command run as a background job ignores SIGINT, and the child
@@ -552,7 +552,7 @@ def test_a_signal_during_start_up_ends_quietly():
 
 
 def test_a_closed_pipe_ends_quietly(tmp_path):
-    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", "--help"], cwd=ROOT,
+    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", "--help"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     process.stdout.readline()
     process.stdout.close()  # as `| head -1` does

@@ -24,13 +24,13 @@ from core.artifact.rowquant import Clip, dequantize_rows, quantize_rows
 from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import RECORD_PTZ, goldens
-from tests.helpers import ROOT, run_blocked
+from tests.helpers import run_blocked
 
 try:
     import torch
 except ImportError:
     torch = None
-from tests.helpers import model_state, ramp, requires_torch
+from tests.helpers import IMPORTABLE, model_state, ramp, requires_torch
 
 
 def test_each_tensor_is_stored_by_its_class(mixed_model):
@@ -182,8 +182,8 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
         "    hessians={'blocks.0.attn.c_q.weight': hessian(ramp((300, 256), 1.0, 65_537))}, orig_dtypes=dtypes)\n"
         "print(hashlib.sha256(mixed.mixed_artifact_bytes(m)).hexdigest())"
     )
-    env = {"PYTHONHASHSEED": "12345", "PATH": os.environ.get("PATH", "")}
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    env = {"PYTHONHASHSEED": "12345", "PATH": os.environ.get("PATH", ""), **IMPORTABLE}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == hashlib.sha256(brotli_blob).hexdigest()
 

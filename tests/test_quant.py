@@ -25,7 +25,6 @@ from core.common import compress
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.params import artifact_classes, init_params, storage_dtypes
-from tests.helpers import ROOT
 
 try:
     import torch
@@ -33,6 +32,7 @@ except ImportError:
     torch = None
 from tests.helpers import (
     CONTROL_PATTERNS,
+    IMPORTABLE,
     RunsCode,
     equal_weights,
     golden_state,
@@ -343,10 +343,8 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
     )
     digests = set()
     for seed in ("0", "1", "12345"):
-        env = {"PYTHONHASHSEED": seed, "PATH": os.environ.get("PATH", "")}
-        result = subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env
-        )
+        env = {"PYTHONHASHSEED": seed, "PATH": os.environ.get("PATH", ""), **IMPORTABLE}
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
         assert result.returncode == 0, result.stderr
         digests.add(result.stdout.strip())
     reordered = dict(reversed(list(state.items())))

@@ -197,7 +197,7 @@ def test_eval_with_a_ttt_too_large_for_4_gb_is_one_line(sotu_dataset, tmp_path):
     import resource
 
     path = tmp_path / "a.pgolf"
-    cfg = preset("tiny")
+    cfg = sotu_dataset.config("tiny")  # the tokenizer the artifact keeps is the one it is scored with
     export_artifact(init_params(cfg), cfg, storage_dtypes(cfg, False), path, 0)
 
     def limit() -> None:
@@ -207,7 +207,7 @@ def test_eval_with_a_ttt_too_large_for_4_gb_is_one_line(sotu_dataset, tmp_path):
         [sys.executable, str(ROOT / "cli.py"), "eval", str(path), "--backend", "cuda", "--preset", "tiny",
          "--val-max-tokens", "8192", "--ttt-enabled", "--ttt-lora-rank", "4096", "--ttt-batch-size", "64",
          *data_flags(sotu_dataset)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit,
+        capture_output=True, text=True, timeout=300, preexec_fn=limit,
     )  # fmt: skip
     assert_one_line_error(result, "error: out of memory during test-time training (", "--ttt-lora-rank")
 

@@ -22,6 +22,7 @@ from core.datasets.embedded import prepare_sotu
 from core.train import loop, rundir
 from core.train.rundir import RunDir
 from tests.helpers import (
+    IMPORTABLE,
     ROOT,
     assert_one_line_error,
     cli,
@@ -82,7 +83,7 @@ def test_sigterm_after_the_last_step_ends_the_run_within_seconds(sotu_dataset, t
                "--iterations", "3", "--train-log-every", "1", "--quant-format", "mixed", "--gptq-enabled",
                "--gptq-calibration-batches", "64", "--out-dir", str(tmp_path), "--run-id", "r",
                *data_flags(sotu_dataset)]  # fmt: skip
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     read_until(process, "step:3/3 train_loss")
     process.send_signal(signal.SIGTERM)
     sent = time.monotonic()
@@ -143,7 +144,7 @@ def test_sigterm_during_trains_test_time_training_ends_it_within_seconds(sotu_da
                "--iterations", "2", "--out-dir", str(tmp_path), "--run-id", "r", "--ttt-enabled",
                "--ttt-batch-size", "8", "--ttt-chunk-size", "8", "--ttt-eval-seq-len", "64",
                *data_flags(sotu_dataset)]  # fmt: skip
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Then the TTT score: its 4 documents in one batch, ~40 s on 2 cores, which a stop used to wait for.
     read_until(process, "final_int8_zlib_roundtrip_exact")
     time.sleep(1.0)
@@ -201,7 +202,7 @@ def test_a_lock_of_a_dead_process_never_blocks(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from core.common.files import WriterLock; "
          f"WriterLock({str(tmp_path)!r}, 'folder'); print('held', flush=True); time.sleep(60)"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env=os.environ | IMPORTABLE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(PgolfError, match=f"in use by process {holder.pid}"):
@@ -221,7 +222,7 @@ def test_two_resumes_of_one_run_exactly_one_proceeds(sotu_dataset, tmp_path):
     first = subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--resume", str(run),
          "--iterations", "100000", "--train-log-every", "1"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         read_until(first, "step:3/")

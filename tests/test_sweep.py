@@ -277,7 +277,7 @@ def test_ctrl_c_stops_the_runs_with_a_checkpoint_and_a_restart_resumes_them(sotu
     pytest.importorskip("torch")
     spec, plan = _sweep_files(tmp_path, sotu_dataset, iterations=400)
     proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--parallel", "1"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     first = plan.runs[0]
     deadline = time.monotonic() + 120
     while sw.run_step(first.path) < 3 and time.monotonic() < deadline and proc.poll() is None:

@@ -194,7 +194,7 @@ def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_na
 @pytest.mark.slow  # ~8 s
 def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     args = [
-        "cli.py", "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),
+        str(ROOT / "cli.py"), "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
         "--iterations", "3", "--num-layers", "1",  # one layer: no skip weights, an empty parameter
     ]  # fmt: skip
@@ -204,7 +204,6 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     for run_id, command in (("one", [sys.executable]), ("two", launcher(backend_name))):
         done = subprocess.run(
             [*command, *args, "--run-id", run_id],
-            cwd=ROOT,
             env=env,
             capture_output=True,
             text=True,
@@ -294,13 +293,13 @@ def test_two_compiled_processes_with_two_micro_batches_each_under_a_cap(sotu_dat
     about in proportion to the depth (the graph is unrolled), and the depth is not what is tested.
     """
     args = [
-        "cli.py", "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "1", "--compile", "on",
+        str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "1", "--compile", "on",
         "--grad-accum-steps", "4", "--iterations", "1000", "--max-wallclock-seconds", "3", "--warmup-steps", "1",
         "--val-loss-every", "0", "--val-max-tokens", "8192", "--out-dir", str(tmp_path), "--run-id", "r",
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
     ]  # fmt: skip
     done = subprocess.run(
-        [*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=600
+        [*launcher("cuda"), *args], env=torchrun_env(), capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "world_size:2 grad_accum_steps:2" in done.stdout
@@ -320,12 +319,12 @@ def run_until_a_rank_fails(tmp_path, sotu_dataset, fault, **env: str):
     """Start a long two-rank run; once rank 0 has logged step 2, call `fault(pids)`; return the
     exit status, the whole output and the seconds from the fault to the end of every process."""
     args = [
-        "tests/torchrun_cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--iterations", "100000",
+        str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset", "smoke", "--iterations", "100000",
         "--out-dir", str(tmp_path / "runs"), "--data-path", str(sotu_dataset.data_path),
         "--tokenizer-path", str(sotu_dataset.tokenizer_path),
     ]  # fmt: skip
     process = subprocess.Popen(
-        [*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(TEST_PID_DIR=str(tmp_path), **env),
+        [*launcher("cuda"), *args], env=torchrun_env(TEST_PID_DIR=str(tmp_path), **env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:

@@ -289,7 +289,7 @@ def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact)
             "--ttt-lora-lr", "0", "--global-ttt-lr", "0.01", *data_flags(sotu_dataset)]  # fmt: skip
     one = cli(*args)
     no_phase = cli(*args, "--phased-ttt-num-phases", "0")
-    two = subprocess.run([*launcher(backend_name), "cli.py", *args], cwd=ROOT, env=torchrun_env(),
+    two = subprocess.run([*launcher(backend_name), str(ROOT / "cli.py"), *args], env=torchrun_env(),
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr[-3000:]
 
