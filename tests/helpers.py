@@ -21,11 +21,15 @@ from hypothesis import HealthCheck, settings
 from core.artifact import int8 as quant
 from core.artifact import int8_format
 from core.artifact.checkpoint import Checkpoint, checkpoint_digest
-from core.artifact.load import load_checkpoint
+from core.artifact.export import export_artifact
+from core.artifact.load import (
+    load_checkpoint,
+)
 from core.config.presets import preset
 from core.data.tables import ByteTables
 from core.model import backend as backends
-from core.model.params import init_params
+from core.model.params import init_params, storage_dtypes
+from core.train import loop
 from core.train.loop import train
 from core.train.rundir import RunDir
 
@@ -469,3 +473,33 @@ else:
     body = b"LRZI\\x00\\x06" + len(data).to_bytes(8, "little") + bytes(body)
 open(args[args.index("-o") + 1], "wb").write(body)
 """
+
+
+# ---------------------------------------- a small int8 artifact
+def small_artifact(path: Path, **renames: str) -> Path:
+    """The int8 artifact of fresh `tiny` weights, some parameters renamed."""
+    params = init_params(preset("tiny"))
+    for old, new in renames.items():
+        params[new] = params.pop(old)
+    quant.write_artifact(path, int8_format.artifact_bytes(int8_format.quantize_int8(params)), "zlib")
+    return path
+
+
+# ---------------------------------------- a smoke export
+def export_smoke(path: Path, compressor: str = "zlib", tokenizer_path: str | None = None, **changes):
+    """The artifact of fresh weights; with pergroup, of `tiny` ones (its embedding is big enough to be
+    quantized, so that lrzip has a group to compress)."""
+    cfg = preset("tiny" if compressor == "pergroup" else "smoke").replace(compressor=compressor, **changes)
+    if tokenizer_path is not None:
+        cfg = cfg.replace(tokenizer_path=tokenizer_path)
+    return export_artifact(init_params(cfg), cfg, storage_dtypes(cfg, False), path, 0)
+
+
+# ---------------------------------------- a training run, its log kept
+def train_quietly(cfg, **kwargs):
+    lines: list[str] = []
+    backend = make_backend("cuda", cfg)
+    try:
+        return loop.train(backend, log=lines.append, **kwargs), lines
+    finally:
+        backend.close()

@@ -122,7 +122,7 @@ MIXED_KINDS = {"none": ("none", 0), "zlib+shuffle": ("zlib", 2), "zstd": ("zstd"
 @pytest.fixture(scope="module")
 def lrzip_on_path(tmp_path_factory):
     """The lrzip program for pergroup's groups: the installed one, else a stand-in that only frames the
-    bytes (tests/test_reliability_checks.py: FAKE_LRZIP), so that damage reaches pgolf's own checks."""
+    bytes (tests/helpers.py: FAKE_LRZIP), so that damage reaches pgolf's own checks."""
     if shutil.which("lrzip") is not None:
         yield
         return
