@@ -14,9 +14,7 @@ from core.artifact.mixed import quantize_mixed
 from core.artifact.rowquant import Clip
 from core.config.fields import ENV_ALIASES, Config, field_names
 from core.config.presets import PRESETS, RECORD_ENV_MARKS, preset
-from tests.helpers import hessian, model_state, ramp
-
-CHALLENGE = Path(__file__).resolve().parent / "fixtures" / "challenge"  # the challenge's sp1024 files
+from tests.helpers import CHALLENGE, hessian, model_state, ramp
 
 # Hermetic: no setting of the user's environment reaches a test or what it starts (config fields' upstream
 # names, a record's marks, torchrun's ranks, pgolf's cache folder).

@@ -34,6 +34,7 @@ from core.train.loop import train
 from core.train.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
+CHALLENGE = ROOT / "tests" / "fixtures" / "challenge"  # the challenge's sp1024 tokenizer and manifest
 # A process started in the folder the suite runs in (conftest.py: hermetic), not the checkout, imports pgolf by this.
 IMPORTABLE = {"PYTHONPATH": str(ROOT)}
 requires_torch = pytest.mark.skipif(  # found, not imported: conftest sets its threads first

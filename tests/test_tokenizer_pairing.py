@@ -13,8 +13,8 @@ from core.artifact.load import load_weights
 from core.common.errors import PgolfError
 from core.common.files import file_sha256
 from core.data.manifest import check_tokenizer, read_manifest
-from tests.conftest import CHALLENGE
 from tests.helpers import (
+    CHALLENGE,
     assert_one_line_error,
     cli,
     export_smoke,
