@@ -104,16 +104,15 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
     ttt = {"core.eval.ttt", "core.model.lora", "cuda_train.ttt"}  # the PyTorch backend's part too
     tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
     # Every run has one protocol, one loader, the byte tables or (CaseOps data) the sidecar, and the module of
-    # its compressor (zlib's is other_compressors; pergroup has its own; brotli needs none).
-    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables", "core.common.other_compressors"}
+    # its compressor's (pergroup has its own module; the others are core/common/compress.py's).
+    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables"}
     assert set(bundled_modules(tiny)) & optional == defaults | int8
     # flat, coprime, SDClip alone, every other feature
     record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup", ttt_mode="full")))
     assert record & optional == optional - defaults - int8
     for changes, expected in (
         ({"ttt_enabled": True}, {*ttt, *int8}),
-        ({"ttt_enabled": True, "ttt_mode": "full"}, {*ttt, "core.eval.ttt_full", "core.eval.sliding", *int8}),
-        # (the full mode imports sliding)
+        ({"ttt_enabled": True, "ttt_mode": "full"}, {*ttt, "core.eval.sliding", *int8}),  # (it scores in windows)
         ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
         ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
@@ -122,6 +121,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
                                                            "core.train.calibration"}),
         ({"quant_format": "mixed", "lqer_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.lqer"}),
         ({"varlen_attn_enabled": True}, {"cuda_train.varlen", *int8}),
+        ({"compressor": "pergroup"}, {"core.common.pergroup", *int8}),
     ):  # fmt: skip
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == defaults | expected, (
             changes
@@ -130,8 +130,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"train_loader": "coprime"}, {"core.data.sequential": "core.data.coprime"}),
         ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.rows": "core.eval.flat"}),
         ({"caseops_enabled": True}, {"core.data.tables": None}),
-        ({"compressor": "pergroup"}, {"core.common.other_compressors": "core.common.pergroup"}),
-        ({"compressor": "brotli"}, {"core.common.other_compressors": None}),
+        ({"compressor": "brotli"}, {}),
         ({"compressor": "zstd"}, {}),
     ):
         expected = {instead.get(m, m) for m in defaults} - {None} | int8
@@ -492,7 +491,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         (
             lora,
             {"TTT_MODE": "full"},
-            ("core.eval.ttt_full", "TTT_MODE=full"),
+            ("core.eval.sliding", "TTT_MODE=full"),
         ),
         (
             tiny,
@@ -500,14 +499,6 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
             ("core.common.pergroup", "COMPRESSOR=pergroup"),
         ),
         (tiny, {"QUANT_FORMAT": "mixed"}, ("core.artifact.mixed", "QUANT_FORMAT=mixed")),
-        (
-            tiny.replace(compressor="brotli"),
-            {"COMPRESSOR": "lzma"},
-            (
-                "core.common.other_compressors",
-                "COMPRESSOR=lzma",
-            ),
-        ),
         (
             tiny,
             {"EVAL_PROTOCOL": "flat", "VARLEN_ATTN_ENABLED": "1"},

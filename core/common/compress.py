@@ -2,8 +2,7 @@
 
 Each compressor has a fixed id (the byte pgolf's container stores after its magic;
 ids never change meaning, so old artifacts keep loading), a default level and the
-levels it accepts. brotli and zstandard are imported only when used, and so is the code of
-none, zlib, lzma, bz2 and zstd (core/common/other_compressors.py).
+levels it accepts. brotli and zstandard are imported only when used.
 
 The byte shuffle is the challenge records' layout (2026-04-01): the header
 b"BSHF" + one byte holding the stride, then the bytes at positions 0, s, 2s, ...,
@@ -25,7 +24,11 @@ stream ends, and a stream cut short is refused.
 
 from __future__ import annotations
 
+import bz2
 import importlib
+import lzma
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +95,57 @@ def _brotli_decompress(data: bytes) -> bytes:
     return out
 
 
+# ------------------------------------------------- none, zlib, lzma, bz2 and zstd
+def zstd_package() -> Any:
+    """The zstandard package, or a PgolfError saying how to install it."""
+    return _package("zstd", "zstandard", "0.22")
+
+
+def _stream(name: str, make: Callable[[], Any]) -> Callable[[bytes], bytes]:
+    """Decompression by a zlib/lzma/bz2-style decoder object: bounded, whole, nothing after the end."""
+
+    def run(data: bytes) -> bytes:
+        decoder = make()
+        out = decoder.decompress(data, MAX_OUTPUT_BYTES + 1)
+        _too_large(out, name)
+        if not decoder.eof:
+            raise ValueError(f"{name} data ends before the end of its stream")
+        if decoder.unused_data:
+            raise ValueError(f"bytes after the end of the {name} stream")
+        return out
+
+    return run
+
+
+def _zstd_decompress(data: bytes) -> bytes:
+    # Stream decoders: they do not trust (and allocate) the size a damaged frame header claims.
+    zstd = zstd_package().ZstdDecompressor()
+    with zstd.stream_reader(data, read_across_frames=False) as reader:
+        _too_large(reader.read(MAX_OUTPUT_BYTES + 1), "zstd")
+    decoder = zstd.decompressobj()
+    out = decoder.decompress(data)
+    if not decoder.eof:
+        raise ValueError("zstd data ends before the end of its frame")
+    if decoder.unused_data:
+        raise ValueError("bytes after the end of the zstd frame")
+    return out
+
+
+def _none_decompress(data: bytes) -> bytes:
+    _too_large(data, "uncompressed")
+    return bytes(data)
+
+
+# name: (compress(data, level), decompress(data))
+CODECS: dict[str, tuple[Callable[[bytes, int | None], bytes], Callable[[bytes], bytes]]] = {
+    "none": (lambda data, level: data, _none_decompress),
+    "zlib": (lambda d, lv: zlib.compress(d, lv), _stream("zlib", zlib.decompressobj)),
+    "lzma": (lambda d, lv: lzma.compress(d, preset=lv), _stream("lzma", lzma.LZMADecompressor)),
+    "bz2": (lambda d, lv: bz2.compress(d, lv), _stream("bz2", bz2.BZ2Decompressor)),
+    "zstd": (lambda d, lv: zstd_package().ZstdCompressor(level=lv).compress(d), _zstd_decompress),
+}
+
+
 @dataclass(frozen=True)
 class Compressor:
     name: str
@@ -125,8 +179,6 @@ def check_available(name: str) -> None:
     if name in ("brotli", PERGROUP):
         _brotli()
     if name == "zstd":
-        from core.common.other_compressors import zstd_package
-
         zstd_package()
     if name == PERGROUP:
         _pergroup().require_lrzip("the pergroup compressor")
@@ -161,8 +213,6 @@ def decompress(data: bytes, name: str) -> bytes:
         return _brotli_decompress(data)
     if name == PERGROUP:
         return _pergroup().unpack(data, False)[0]
-    from core.common.other_compressors import CODECS
-
     return CODECS[name][1](data)
 
 
@@ -218,8 +268,6 @@ def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: 
     data = byte_shuffle(payload, shuffle)
     if name == "brotli":
         return code + _brotli().compress(data, quality=level)
-    from core.common.other_compressors import CODECS
-
     return code + CODECS[name][0](data, level)
 
 

@@ -13,8 +13,8 @@ the run's own, downloads, trackers), so code a run does not need lives in module
 such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training and its full mode, sliding windows, each protocol of the plain figure, the byte
-tables, the per-group compressor and the others but brotli, the int8 format, the mixed format and its
+test-time training, sliding windows (which its full mode scores in), each protocol of the plain figure, the byte
+tables, the per-group compressor, the int8 format, the mixed format and its
 percentile clips, GPTQ,
 each training loader, LQER, FlashAttention's varlen kernel) are
 packaged only when the config uses it, the others importing them inside the functions that use them
@@ -76,15 +76,13 @@ PACKAGES = ("core", "cuda_train")
 # that use them.
 OPTIONAL = (
     ("test-time training", ("core.eval.ttt", "core.model.lora", "cuda_train.ttt"), "cfg.ttt_enabled", "ttt_enabled"),
-    # (test-time training's full mode imports the module too)
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
-    ("test-time training's full mode", ("core.eval.ttt_full",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
+    # The full mode's code is test-time training's; it scores in sliding windows.
+    ("test-time training's full mode", ("core.eval.sliding",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
     ("the rows protocol", ("core.eval.rows",), "cfg.eval_protocol == 'rows'", "eval_protocol"),
     ("the flat protocol", ("core.eval.flat",), "cfg.eval_protocol == 'flat'", "eval_protocol"),
     ("the tokenizer's byte tables", ("core.data.tables",), "not cfg.caseops_enabled", "caseops_enabled"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
-    ("the none, zlib, lzma, bz2 and zstd compressors", ("core.common.other_compressors",),
-     "cfg.compressor not in ('brotli', 'pergroup')", "compressor"),
     ("the int8 format", ("core.artifact.int8_format",), "cfg.quant_format == 'int8'", "quant_format"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
     # A class whose *_clip_sigmas are 0 is clipped at quantiles of |w| (core/artifact/export.py: class_clips);
