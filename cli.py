@@ -334,7 +334,7 @@ def train(
 def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
     """One training run of `cfg` (checked), with its progress display and closing line."""
     from core.runs.package import code_bytes
-    from core.train.loop import train as run_training
+    from core.train.interactive import train_interactive as run_training
     from core.train.report import report_targets
 
     report_targets(cfg.report_to)
@@ -597,6 +597,7 @@ def export_command(
     from core.runs.package import code_bytes
     from core.runs.setup import export_setup
     from core.train.calibration import calibrate_gptq
+    from core.train.loop import train_loader
 
     if fit_bytes:
         overrides = {**(overrides or {}), "artifact_fit_bytes": fit_bytes}
@@ -609,7 +610,7 @@ def export_command(
         with opened_backend(backend, cfg.replace(compile="off")) as engine:
             engine.load_params(job.params)
             engine.set_looping(cfg.num_loops > 0)
-            hessians = calibrate_gptq(engine, say)
+            hessians = calibrate_gptq(engine, train_loader(cfg, engine), say)
             if cfg.artifact_fit_bytes:
                 from core.train.fitting import fit_on_backend
 

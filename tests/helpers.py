@@ -30,7 +30,7 @@ from core.data.tables import ByteTables
 from core.model import backend as backends
 from core.model.params import init_params, storage_dtypes
 from core.train import loop
-from core.train.loop import train
+from core.train.interactive import train_interactive
 from core.train.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
@@ -161,7 +161,7 @@ def run(
     cfg = dataset.config(preset, out_dir=str(tmp_path), run_id=run_id, **changes)
     backend = make_backend(backend_name, cfg)
     try:
-        return train(backend, resume=resume, log=lambda line: None, step_progress=step_progress)
+        return train_interactive(backend, resume=resume, log=lambda line: None, step_progress=step_progress)
     finally:
         backend.close()
 
@@ -501,6 +501,8 @@ def train_quietly(cfg, **kwargs):
     lines: list[str] = []
     backend = make_backend("cuda", cfg)
     try:
-        return loop.train(backend, log=lines.append, **kwargs), lines
+        # pgolf's train where an option asks for it (resume, stop), else a packaged script's
+        run = train_interactive if kwargs else loop.train
+        return run(backend, log=lines.append, **kwargs), lines
     finally:
         backend.close()

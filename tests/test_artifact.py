@@ -29,6 +29,7 @@ from core.eval.score import EvalData, evaluators, load_eval_data
 from core.eval.sliding import evaluate_sliding
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
 from core.train.calibration import calibrate_gptq
+from core.train.loop import train_loader
 from tests.golden_data import GOLDEN, RECORD_PTZ, goldens
 from tests.helpers import BACKENDS, LOOPS_LANES, busy_params, cli, make_backend, needs
 
@@ -217,7 +218,7 @@ def test_calibration_reads_training_batches_and_gptq_rounds_the_matrices(sotu_da
     params = busy_params(cfg)
     backend.load_params(params)
     lines: list[str] = []
-    hessians = calibrate_gptq(backend, lines.append)
+    hessians = calibrate_gptq(backend, train_loader(cfg, backend), lines.append)
     assert "from 3 batches" in lines[0]
     report = export_artifact(params, cfg, storage_dtypes(cfg, False), tmp_path / "g.pgolf", 0, hessians)
     model = read_artifact(tmp_path / "g.pgolf")

@@ -21,6 +21,7 @@ from core.config.fields import Config
 from core.runs.package import code_bytes
 from core.train.calibration import calibrate_gptq
 from core.train.fitting import calibration_loss, calibration_tokens
+from core.train.loop import train_loader
 from tests.helpers import ARTIFACT, SHAPE, assert_one_line_error, cli, data_flags, make_backend, needs
 
 LZMA = ()  # in-process fits try the run's compressor alone (lzma: brotli-11 takes seconds here)
@@ -48,7 +49,7 @@ def setup(name: str, path):
     cfg = Config.from_dict(ckpt.config)
     backend = make_backend(name, cfg)
     backend.load_params(ckpt.params)
-    hessians = calibrate_gptq(backend, lambda line: None)
+    hessians = calibrate_gptq(backend, train_loader(cfg, backend), lambda line: None)
     return ckpt, cfg, hessians, calibration_loss(backend, calibration_tokens(cfg))
 
 
