@@ -259,6 +259,8 @@ class Audit:
     val_bpb: float
     command: str
 
+    tolerance = TOLERANCE  # how far a checked loss may move (the records folder's README says it)
+
     @property
     def leak(self) -> bool:
         return self.check.leak_position is not None or self.check.order_changed

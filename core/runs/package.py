@@ -524,8 +524,7 @@ def _compliance(audits: list[tuple[int, Any]]) -> str:
     """The README's Compliance section: each seed's `audit` (core/runs/audit.py), and how to rerun it."""
     if not audits:
         return ""
-    from core.runs.audit import TOLERANCE
-
+    tolerance = audits[0][1].tolerance
     rows = "\n".join(
         f"| {seed} | {a.verdict()} | {a.evaluation} | {a.check.checked:,} | {a.check.max_change:.3g} | "
         f"{a.calibration.status}{_files(len(a.calibration.shards))} | "
@@ -540,7 +539,7 @@ def _compliance(audits: list[tuple[int, Any]]) -> str:
 `cli.py audit` scored each run's artifact twice with the run's own evaluation in fp32 (test-time
 training included where the run used it), the second time with the second half of one validation
 document permuted (same length, every BOS in place). Every token scored before the first changed
-token was scored (in the evaluation's own order) must keep its loss within {TOLERANCE:g} nats: one that
+token was scored (in the evaluation's own order) must keep its loss within {tolerance:g} nats: one that
 moves was scored by weights that had learnt from, or a forward that read, tokens not yet scored.
 Calibration: the files GPTQ's Hessians were collected from, as the run recorded them. Eval time:
 the first evaluation's wall time on the machine that ran the audit ({machine}).
