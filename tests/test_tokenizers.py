@@ -242,3 +242,22 @@ def test_every_scorer_counts_the_texts_bytes(made, docs, backend_name):
         assert meter.nbytes == truth[1 : n + 1].sum(), name
         tables = byte_tables(sp, cfg.vocab_size)
         assert meter.nbytes < stream_bytes(data.tokens[: n + 1], tables).sum(), name  # the tables' figure
+
+
+# ------------------------------------------------------------------------------- package
+def test_package_writes_the_byte_proof_into_the_compliance_section(made, tmp_path):
+    from core.config.fields import Config
+    from core.runs.package import write_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = Config(**dataset_settings("docs_nospace", made))
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    record = {"kind": "final", "steps": 1, "train_time_ms": 1.0, "roundtrip_val_loss": 2.0,
+              "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
+    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    (run / "train.log").write_text("log\n")
+    folder, _ = write_record([run], tmp_path / "rec", "x")
+    section = (folder / "README.md").read_text().split("## Compliance", 1)[1]
+    proof = verify_bytes(made, "docs_nospace")
+    assert "`cli.py data verify docs_nospace --bytes`" in section and "\n".join(proof.lines) in section
