@@ -334,7 +334,9 @@ def data_verify(
     docs: Path | None = typer.Option(
         None, help="With --bytes: the documents, for data whose manifest entry does not name them."
     ),
-    val_docs: int | None = typer.Option(None, help="With --bytes and --docs: how many are validation."),
+    val_docs: int | None = typer.Option(
+        None, help="With --bytes and --docs: how many are validation [default: 50000, the challenge's]."
+    ),
 ) -> None:
     """Check every shard of a dataset against the SHA-256 its manifest entry recorded. It reads every
     byte (830 MB/s hashed on a 2-core CPU: 20 s for 16 GB in the page cache, else the disk's pace);

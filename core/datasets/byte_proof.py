@@ -28,7 +28,7 @@ from core.data.tokenizer import load_tokenizer
 from core.datasets import caseops
 from core.datasets.byte_counts import TokenBytes, normalized_bytes
 from core.datasets.embedded import validation_documents
-from core.datasets.prepare import ENCODE_BATCH, batched, read_documents
+from core.datasets.prepare import ENCODE_BATCH, VAL_DOCS, batched, read_documents
 
 
 @dataclass
@@ -62,9 +62,9 @@ def _documents(root: Path, name: str, entry: dict[str, Any], docs: Path | None, 
     path = Path(docs) if docs is not None else Path(source.get("path") or "")
     if docs is None and source.get("sha256") and file_sha256(path, "documents") != source["sha256"]:
         raise PgolfError(f"documents {path}: the file changed since dataset {name} was made from it")
-    n = val_docs if val_docs is not None else int((source or {}).get("val_docs") or 0)
+    n = val_docs or int((source if docs is None else {}).get("val_docs") or VAL_DOCS)
     if n < 1:
-        raise PgolfError(f"dataset {name}: how many documents are validation? give --val-docs N")
+        raise PgolfError(f"--val-docs must be at least 1, got {n}")
     return itertools.islice(read_documents(path), n), n
 
 
