@@ -21,7 +21,7 @@ import numpy as np
 
 from core.common.errors import PgolfError
 from core.common.files import file_sha256
-from core.data.manifest import find_entries, manifest_path, read_manifest
+from core.data.manifest import find_entries, listed_entry, manifest_path, read_manifest
 from core.data.shards import find_shards, read_shard
 from core.data.tables import byte_tables, stream_bytes
 from core.data.tokenizer import load_tokenizer
@@ -170,16 +170,9 @@ def _lines(proof: ByteProof) -> list[str]:
 
 
 def dataset_of(data_path: str | Path) -> tuple[Path, str] | None:
-    """(data folder, dataset name) of the dataset folder `data_path`, when a manifest beside it lists it."""
-    folder = Path(data_path).resolve()
-    root = folder.parent.parent
-    if not (root / "manifest.json").is_file():
+    """(data folder, dataset name) of the dataset folder `data_path` when its manifest lists it with the
+    documents that made it (data pgolf made); None otherwise."""
+    found = listed_entry(data_path)
+    if found is None or not isinstance(found[1].get("docs"), dict):
         return None
-    for entry in read_manifest(root)["datasets"]:
-        try:
-            listed = (root / manifest_path(entry.get("path") or f"datasets/{entry.get('name')}")).resolve()
-        except PgolfError:
-            continue
-        if listed == folder and isinstance(entry.get("docs"), dict):
-            return root, str(entry.get("name"))
-    return None
+    return found[0], str(found[1].get("name"))
