@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from sentencepiece import sentencepiece_model_pb2
 
+from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.data.manifest import dataset_settings, read_manifest
 from core.data.shards import read_shard
@@ -261,3 +262,22 @@ def test_package_writes_the_byte_proof_into_the_compliance_section(made, tmp_pat
     section = (folder / "README.md").read_text().split("## Compliance", 1)[1]
     proof = verify_bytes(made, "docs_nospace")
     assert "`cli.py data verify docs_nospace --bytes`" in section and "\n".join(proof.lines) in section
+
+
+def test_data_that_does_not_name_its_documents_is_verified_with_docs_given(made, docs):
+    """As for the challenge's published datasets: the documents come with --docs (and --val-docs)."""
+    path = made / "manifest.json"
+    original = path.read_text()
+    manifest = json.loads(original)
+    for entry in manifest["datasets"]:
+        entry.pop("docs", None)
+    try:
+        path.write_text(json.dumps(manifest))
+        with pytest.raises(PgolfError, match="does not name the documents that made it.*--docs FILE"):
+            verify_bytes(made, "docs_plain")
+        proof = verify_bytes(made, "docs_plain", docs, 12)
+        assert proof.exact and proof.documents == 12
+        with pytest.raises(PgolfError, match="shards hold 12 documents .* the documents' first 13 were expected"):
+            verify_bytes(made, "docs_plain", docs, 13)
+    finally:
+        path.write_text(original)
