@@ -277,7 +277,9 @@ def test_data_that_does_not_name_its_documents_is_verified_with_docs_given(made,
             verify_bytes(made, "docs_plain")
         proof = verify_bytes(made, "docs_plain", docs, 12)
         assert proof.exact and proof.documents == 12
-        with pytest.raises(PgolfError, match="shards hold 12 documents .* the documents' first 13 were expected"):
+        with pytest.raises(
+            PgolfError, match="shards hold 12 documents .* the documents' first 13 were expected"
+        ):
             verify_bytes(made, "docs_plain", docs, 13)
     finally:
         path.write_text(original)
