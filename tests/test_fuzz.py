@@ -31,7 +31,6 @@ from core.artifact import int8 as quant
 from core.artifact import int8_format, mixed, upstream
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.load import load_checkpoint, load_mixed_artifact
-from core.common import compress
 from core.common.errors import PgolfError
 from core.data.shards import read_shard
 from core.datasets.writers import write_shard
@@ -49,13 +48,15 @@ def fuzz(data, blob: bytes, header_end: int) -> bytes:
 
 def fuzz_payload(data, blob: bytes) -> bytes:
     """A pgolf container whose payload has 1-4 bytes changed, compressed again, its checksum kept."""
-    payload, compressor, shuffle = compress.unpack(blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    payload, compressor, shuffle = quant.unpack_body(blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
     payload = bytearray(payload)
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, min(2000, len(payload)) - 1) | st.integers(0, len(payload) - 1))
         payload[i] = data.draw(st.integers(0, 255))
     return (
-        quant.MAGIC + compress.pack(bytes(payload), compressor, shuffle=shuffle) + blob[-quant.DIGEST_BYTES :]
+        quant.MAGIC
+        + quant.pack_body(bytes(payload), compressor, shuffle=shuffle)
+        + blob[-quant.DIGEST_BYTES :]
     )
 
 

@@ -186,14 +186,14 @@ def test_the_budget_table_compresses_each_class_by_groups():
 
 @NEEDS_LRZIP
 def test_damaged_bodies_are_value_errors():
-    body = compress.pack(mixed.mixed_artifact_bytes(record_model(), "none", shuffle=0), "pergroup")
+    body = quant.pack_body(mixed.mixed_artifact_bytes(record_model(), "none", shuffle=0), "pergroup")
     for damaged, reason in [
         (body[:-5], "do not add up"),
         (body[:3], "stream table is damaged"),
         (body[:1] + b"\x00\x00\x00\x00" + body[5:], "stream table is damaged"),
     ]:
         with pytest.raises(ValueError, match=reason):
-            compress.unpack(damaged)
+            quant.unpack_body(damaged)
 
 
 @NEEDS_LRZIP

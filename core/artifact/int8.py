@@ -156,7 +156,27 @@ def container_bytes(
     (the SHA-256 of the tokenizer they were trained with) join `meta` when given."""
     meta = meta | ({"config": config} if config else {}) | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
     data = payload_bytes(tensors, meta)
-    return MAGIC + compress.pack(data, compressor, level, shuffle) + hashlib.sha256(data).digest()
+    return MAGIC + pack_body(data, compressor, level, shuffle) + hashlib.sha256(data).digest()
+
+
+def pack_body(payload: bytes, compressor: str, level: int | None = None, shuffle: int = 0) -> bytes:
+    """The container's body: the id byte and the compressed payload (core/common/compress.py: `pack`), or the
+    pergroup compressor's streams (core/common/pergroup.py, imported for the runs that use it alone)."""
+    if compressor != compress.PERGROUP:
+        return compress.pack(payload, compressor, level, shuffle)
+    from core.common import pergroup
+
+    return compress.id_byte(payload, compressor, shuffle) + pergroup.pack(payload, shuffle)
+
+
+def unpack_body(body: bytes) -> tuple[bytes, str, int]:
+    """(payload, compressor name, shuffle stride) of `pack_body`'s bytes; ValueError when damaged."""
+    if body and compress.compressor_by_id(body[0] & ~compress.SHUFFLE_FLAG).name == compress.PERGROUP:
+        from core.common import pergroup
+
+        payload, stride = pergroup.unpack(body[1:], bool(body[0] & compress.SHUFFLE_FLAG))
+        return payload, compress.PERGROUP, stride
+    return compress.unpack(body)
 
 
 def payload_bytes(tensors: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
@@ -199,7 +219,7 @@ def open_container(blob: bytes) -> Container:
         raise ValueError("not a pgolf container (no magic bytes)")
     if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
         raise ValueError("file ends before its checksum")
-    payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
+    payload, compressor, shuffle = unpack_body(blob[len(MAGIC) : -DIGEST_BYTES])
     if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
         raise ValueError("its content does not match its checksum (the file is damaged)")
     tensors = st_load(payload)
