@@ -24,8 +24,9 @@ from core.config.presets import preset
 from core.data.tables import byte_tables
 from core.data.tokenizer import load_tokenizer
 from core.datasets.writers import write_shard
+from core.eval.bpb import EvalData
 from core.eval.rows import evaluate
-from core.eval.score import EvalData, evaluators, load_eval_data
+from core.eval.score import evaluators, load_eval_data
 from core.eval.sliding import evaluate_sliding
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
 from core.train.calibration import calibrate_gptq

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from core.config.presets import preset
+from core.eval.bpb import EvalData
 from core.eval.rows import evaluate
-from core.eval.score import EvalData
 from core.eval.sliding import evaluate_sliding
 from core.eval.ttt import evaluate_ttt
 from core.runs.audit import (

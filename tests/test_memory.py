@@ -14,7 +14,7 @@ from core.artifact.export import export_artifact
 from core.common.errors import PgolfError, memory_hint
 from core.config.fields import MAX_LAYERS
 from core.config.presets import preset
-from core.eval.score import EvalData
+from core.eval.bpb import EvalData
 from core.eval.ttt import evaluate_ttt
 from core.model import backend as backends
 from core.model.memory import DeviceMemory, check_config, check_memory, memory_estimate

@@ -11,7 +11,8 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.data.tables import ByteTables
-from core.eval.score import EvalData, evaluators
+from core.eval.bpb import EvalData
+from core.eval.score import evaluators
 from core.eval.ttt import chunk_window, evaluate_ttt, find_documents, global_lr, plan_batches
 from tests.golden_data import GOLDEN, read_golden, record_config
 from tests.helpers import (

@@ -13,7 +13,7 @@ from core.data.shards import val_spans
 from core.eval.bpb import BPBMeter
 
 if TYPE_CHECKING:  # only annotations name these
-    from core.eval.score import EvalData, Progress
+    from core.eval.bpb import EvalData, Progress
     from core.model.backend import Backend
 
 

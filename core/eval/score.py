@@ -8,48 +8,16 @@ test-time training (core/eval/ttt.py) cut the validation tokens, count their byt
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from core.common.errors import PgolfError, hint, setting
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens
 from core.data.tokenizer import check_vocab, load_tokenizer
-from core.eval.bpb import BPBMeter
+from core.eval.bpb import BPBMeter, EvalData
 
 if TYPE_CHECKING:  # only annotations name these
     from core.config.fields import Config
-    from core.data.tables import ByteTables
-
-Progress = Callable[[int, int], None]  # (done, total) of something long
-
-
-@dataclass
-class EvalData:
-    """What scoring needs: the validation tokens, and what counts their bytes: the tokenizer's byte
-    tables, or the byte sidecar where the data has one (each token's bytes of text: CaseOps data,
-    core/datasets/caseops.py, and data whose tables would miscount, core/datasets/byte_counts.py)."""
-
-    tokens: np.ndarray
-    tables: ByteTables | None  # None with a sidecar
-    sidecar: np.ndarray | None = None  # exactly one entry per token, or None: the tables count the bytes
-
-    @cached_property
-    def target_bytes(self) -> np.ndarray:
-        """int64 bytes of text each token stands for as a target, by stream position: index i counts
-        tokens[i] after tokens[i - 1]; index 0 (never a target) counts 0. From the sidecar when the
-        data has one, else from the tables. Every evaluation adds these up for the tokens it scores,
-        in whatever order it scores them."""
-        if self.sidecar is None:
-            from core.data.tables import stream_bytes
-
-            return stream_bytes(self.tokens, self.tables)
-        out = np.asarray(self.sidecar, dtype=np.int64).copy()
-        out[:1] = 0
-        return out
 
 
 def load_eval_data(cfg: Config) -> EvalData:

@@ -40,7 +40,7 @@ from core.model.lora import initial_a
 if TYPE_CHECKING:  # only annotations name these
     from typing import Any
 
-    from core.eval.score import EvalData, Progress
+    from core.eval.bpb import EvalData, Progress
     from core.model.backend import TTT, Backend
 
 _evaluations = itertools.count()  # every rank runs the same evaluations: a counter key of its own for each

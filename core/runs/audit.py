@@ -33,7 +33,8 @@ import numpy as np
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.shards import find_shards
-from core.eval.score import EvalData, evaluators
+from core.eval.bpb import EvalData
+from core.eval.score import evaluators
 
 if TYPE_CHECKING:
     from core.model.backend import Backend

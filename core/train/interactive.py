@@ -31,7 +31,7 @@ from core.train.rundir import RunDir
 
 if TYPE_CHECKING:
     from core.artifact.mixed import MixedModel
-    from core.eval.score import Progress
+    from core.eval.bpb import Progress
     from core.model.backend import Backend
 
 # Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written. When the
