@@ -15,7 +15,6 @@ from core.artifact import int8 as quant
 from core.artifact import int8_format, mixed, upstream
 from core.artifact.budget import export_budget, from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, quant_label
-from core.artifact.int8_stats import int8_stats
 from core.artifact.load import load_mixed_artifact, read_artifact
 from core.artifact.records import RECORD_BF16_NAMES, load_record_artifact
 from core.artifact.rowquant import Clip
@@ -32,7 +31,7 @@ from core.model.params import artifact_classes, head_weight_name, param_shapes, 
 from core.train.calibration import calibrate_gptq
 from core.train.loop import train_loader
 from tests.golden_data import GOLDEN, RECORD_PTZ, goldens
-from tests.helpers import BACKENDS, LOOPS_LANES, busy_params, cli, make_backend, needs
+from tests.helpers import BACKENDS, LOOPS_LANES, busy_params, cli, int8_stats, make_backend, needs
 
 # A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor and are quantized.
 WIDE = {"mlp_mult": 20.0}

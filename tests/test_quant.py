@@ -20,11 +20,11 @@ from safetensors.numpy import save as st_save
 
 from core.artifact import container_v1, int8_format, quantile, upstream
 from core.artifact import int8 as quant
-from core.artifact.int8_stats import int8_stats
 from core.common import compress
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.params import artifact_classes, init_params, storage_dtypes
+from tests.helpers import int8_stats
 
 try:
     import torch
