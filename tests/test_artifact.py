@@ -24,7 +24,7 @@ from core.data.tables import byte_tables
 from core.data.tokenizer import load_tokenizer
 from core.datasets.writers import write_shard
 from core.eval.bpb import EvalData
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate
 from core.eval.score import evaluators, load_eval_data
 from core.eval.sliding import evaluate_sliding
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes

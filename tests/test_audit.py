@@ -11,7 +11,7 @@ import pytest
 
 from core.config.presets import preset
 from core.eval.bpb import EvalData
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate
 from core.eval.sliding import evaluate_sliding
 from core.eval.ttt import evaluate_ttt
 from core.runs.audit import (

@@ -21,7 +21,7 @@ from core.datasets.caseops import ALLCAPS, CAPNEXT, ESC, OPERATORS, TITLE, decod
 from core.datasets.embedded import prepare_sotu, read_text, speech_files, split_documents
 from core.datasets.writers import write_shard
 from core.eval.bpb import EvalData
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.eval.sliding import evaluate_sliding
 

@@ -159,7 +159,7 @@ def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
     from core.artifact.load import read_artifact
     from core.artifact.rowquant import quantize_rows
     from core.common import compress
-    from core.eval.rows import evaluate
+    from core.eval.plain import evaluate
     from core.eval.score import load_eval_data
     from tests.helpers import busy_params, make_backend
 

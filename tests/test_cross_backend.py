@@ -17,7 +17,7 @@ import pytest
 from core.artifact import int8_format, upstream
 from core.artifact.export import export_artifact
 from core.artifact.load import load_checkpoint, read_artifact
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.model.params import init_params, storage_dtypes
 from core.runs.summary import read_metrics

@@ -103,9 +103,9 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
     mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
     ttt = {"core.eval.ttt", "core.model.lora", "cuda_train.ttt"}  # the PyTorch backend's part too
     tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
-    # Every run has one protocol, one loader, the byte tables or (CaseOps data) the sidecar, and the module of
+    # Every run has one loader, the byte tables or (CaseOps data) the sidecar, and the module of
     # its compressor's (pergroup has its own module; the others are core/common/compress.py's).
-    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables"}
+    defaults = {"core.data.sequential", "core.data.tables"}
     assert set(bundled_modules(tiny)) & optional == defaults | int8
     # flat, coprime, SDClip alone, every other feature
     record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup", ttt_mode="full")))
@@ -128,7 +128,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         )
     for changes, instead in (  # another protocol, loader, byte count or compressor than tiny's
         ({"train_loader": "coprime"}, {"core.data.sequential": "core.data.coprime"}),
-        ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.rows": "core.eval.flat"}),
+        ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {}),
         ({"caseops_enabled": True}, {"core.data.tables": None}),
         ({"compressor": "brotli"}, {}),
         ({"compressor": "zstd"}, {}),
@@ -502,7 +502,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         (
             tiny,
             {"EVAL_PROTOCOL": "flat", "VARLEN_ATTN_ENABLED": "1"},
-            ("core.eval.flat", "EVAL_PROTOCOL=flat"),
+            ("cuda_train.varlen", "VARLEN_ATTN_ENABLED=1"),  # (the flat protocol is every run's)
         ),
     ):
         result = run_alone(script(cfg), tmp_path / "_".join(f"{k}={v}" for k, v in env.items()), **env)

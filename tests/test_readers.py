@@ -26,7 +26,7 @@ from core.config.fields import MAX_LAYERS
 from core.config.presets import preset
 from core.data.shards import read_shard
 from core.data.tokenizer import load_tokenizer
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.eval.verify import require_finite, verify
 from core.model.params import init_params

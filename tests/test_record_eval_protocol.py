@@ -24,8 +24,7 @@ from core.data.tables import byte_tables
 from core.data.tokenizer import load_tokenizer
 from core.datasets.writers import write_shard
 from core.eval.bpb import BPBMeter, EvalData
-from core.eval.flat import evaluate_flat
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate, evaluate_flat
 from core.runs.setup import scoring_config
 from tests.golden_data import GOLDEN
 from tests.helpers import BACKENDS, cli, make_backend, needs

@@ -17,7 +17,7 @@ from core.artifact.int8_format import dequantize_int8
 from core.artifact.load import load_checkpoint
 from core.artifact.upstream import load_artifact
 from core.data.shards import find_shards, read_shard
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.runs.summary import read_metrics
 from core.train.loop import train
@@ -256,7 +256,7 @@ class DeviceScalar:
 def test_evaluation_waits_for_the_device_once(sotu_dataset):
     """The losses stay on the device until the end of the pass; the bytes are counted from the tokens."""
     from core.data.tables import token_bytes
-    from core.eval.rows import evaluate
+    from core.eval.plain import evaluate
     from core.eval.score import load_eval_data
 
     cfg = sotu_dataset.config("smoke")

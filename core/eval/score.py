@@ -1,7 +1,7 @@
 """Scoring weights on the validation tokens: the data, and the figures a run reports (`evaluators`).
 
 Each backend scores a span (`eval_nll`) or gives per-token losses (`token_losses`); the plain figure's
-two protocols (core/eval/rows.py, core/eval/flat.py), sliding windows (core/eval/sliding.py) and
+two protocols (core/eval/plain.py), sliding windows (core/eval/sliding.py) and
 test-time training (core/eval/ttt.py) cut the validation tokens, count their bytes and sum over ranks.
 """
 
@@ -15,6 +15,7 @@ from core.common.errors import PgolfError, hint, setting
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter, EvalData
+from core.eval.plain import evaluate, evaluate_flat
 
 if TYPE_CHECKING:  # only annotations name these
     from core.config.fields import Config
@@ -71,11 +72,7 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
     """The figures a final score reports: "plain" (non-overlapping sequences: pgolf's rows, or with
     `eval_protocol` flat record 2026-04-27's flat batches), "sliding_window" when `eval_stride` makes the
     windows overlap, and "ttt" with `ttt_enabled`."""
-    # Each protocol's module is imported only for the runs that use it (core/runs/package.py's OPTIONAL).
-    if cfg.eval_protocol == "flat":
-        from core.eval.flat import evaluate_flat as plain
-    else:
-        from core.eval.rows import evaluate as plain
+    plain = evaluate_flat if cfg.eval_protocol == "flat" else evaluate
     out: dict[str, Evaluator] = {"plain": plain}
     if cfg.sliding_eval:
         from core.eval.sliding import evaluate_sliding

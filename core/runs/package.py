@@ -13,7 +13,7 @@ the run's own, downloads, trackers), so code a run does not need lives in module
 such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training, sliding windows (which its full mode scores in), each protocol of the plain figure, the byte
+test-time training, sliding windows (which its full mode scores in), the byte
 tables, the per-group compressor, the int8 format, the mixed format and its
 percentile clips, GPTQ,
 each training loader, LQER, FlashAttention's varlen kernel) are
@@ -79,8 +79,6 @@ OPTIONAL = (
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
     # The full mode's code is test-time training's; it scores in sliding windows.
     ("test-time training's full mode", ("core.eval.sliding",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
-    ("the rows protocol", ("core.eval.rows",), "cfg.eval_protocol == 'rows'", "eval_protocol"),
-    ("the flat protocol", ("core.eval.flat",), "cfg.eval_protocol == 'flat'", "eval_protocol"),
     ("the tokenizer's byte tables", ("core.data.tables",), "not cfg.caseops_enabled", "caseops_enabled"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
     ("the int8 format", ("core.artifact.int8_format",), "cfg.quant_format == 'int8'", "quant_format"),
