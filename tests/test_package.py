@@ -78,28 +78,9 @@ def test_the_bundle_is_the_training_path():
         assert (ROOT / (name.replace(".", "/") + ".py")).is_file() or (ROOT / name / "__init__.py").is_file()
 
 
-@pytest.mark.parametrize("embed", [0.0, 12.0])
-@pytest.mark.parametrize("matrix", [0.0, 11.0])
-@pytest.mark.parametrize("attn_mlp", [0.0, 10.0])
-@pytest.mark.parametrize("bits", [6, 8])
-def test_the_quantile_module_is_bundled_exactly_when_the_configs_clips_use_quantiles(
-    embed, matrix, attn_mlp, bits
-):
-    """The two OPTIONAL rows of percentile clips restate core/artifact/export.py's class_clips rule for
-    the packaged script (which evaluates them over the config alone): they agree with the rule itself."""
-    from core.artifact.export import class_clips
-
-    cfg = preset("tiny").replace(
-        quant_format="mixed", embed_bits=bits, matrix_bits=bits, embed_clip_sigmas=embed,
-        matrix_clip_sigmas=matrix, attn_clip_sigmas=attn_mlp, mlp_clip_sigmas=attn_mlp,
-    ).validate()  # fmt: skip
-    uses = any(clip.quantiles and min(clip.quantiles) < 1 for clip in class_clips(cfg).values())
-    assert ("core.artifact.quantile" in bundled_modules(cfg)) == uses
-
-
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
-    int8 = {"core.artifact.int8_format", "core.artifact.quantile"}  # (its clip is a quantile)
+    int8 = {"core.artifact.int8_format"}
     mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
     ttt = {"core.eval.ttt", "core.model.lora", "cuda_train.ttt"}  # the PyTorch backend's part too
     tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
@@ -114,12 +95,12 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"ttt_enabled": True}, {*ttt, *int8}),
         ({"ttt_enabled": True, "ttt_mode": "full"}, {*ttt, "core.eval.sliding", *int8}),  # (it scores in windows)
         ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
-        ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
+        ({"quant_format": "mixed"}, mixed),  # percentile clips: core/artifact/int8.py
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
-        ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, {*mixed, "core.artifact.quantile"}),
-        ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.gptq",
+        ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, mixed),
+        ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.gptq",
                                                            "core.train.calibration"}),
-        ({"quant_format": "mixed", "lqer_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.lqer"}),
+        ({"quant_format": "mixed", "lqer_enabled": True}, {*mixed, "core.artifact.lqer"}),
         ({"varlen_attn_enabled": True}, {"cuda_train.varlen", *int8}),
         ({"compressor": "pergroup"}, {"core.common.pergroup", *int8}),
     ):  # fmt: skip
@@ -511,13 +492,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     sdclip = script(
         preset("tiny").replace(quant_format="mixed", embed_clip_sigmas=12.0, matrix_clip_sigmas=11.0)
     )
-    for env, names in (
-        ({"QUANT_FORMAT": "int8"}, ("core.artifact.int8_format", "QUANT_FORMAT=int8")),
-        (
-            {"EMBED_CLIP_SIGMAS": "0"},
-            ("core.artifact.quantile", "EMBED_CLIP_SIGMAS=0.0"),
-        ),
-    ):
+    for env, names in (({"QUANT_FORMAT": "int8"}, ("core.artifact.int8_format", "QUANT_FORMAT=int8")),):
         result = run_alone(sdclip, tmp_path / "sdclip" / next(iter(env)), **env)
         module, setting = names
         assert_one_line(result, f"packaged without {module}: {setting} needs a package of a run that uses it")

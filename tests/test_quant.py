@@ -18,7 +18,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.artifact import container_v1, int8_format, quantile, upstream
+from core.artifact import container_v1, int8_format, upstream
 from core.artifact import int8 as quant
 from core.common import compress
 from core.common.errors import PgolfError
@@ -186,7 +186,7 @@ def test_row_clip_is_torch_quantile_bit_for_bit(cols, sharp):
     if sharp:
         w = np.concatenate([w, lerp_sensitive_rows(cols, rng)])
     expected = torch.quantile(torch.from_numpy(w).abs(), CLIP_Q, dim=1).numpy()
-    got = quantile.abs_quantile(w)
+    got = quant.abs_quantile(w)
     assert got.dtype == np.float32 and np.array_equal(got, expected)
     if not sharp:
         return
@@ -210,7 +210,7 @@ def test_fused_multiply_add_rounds_once():
     # A float64 sum that lands exactly on a float32 midpoint: a naive cast would round up, not down.
     a[0], b[0], c[0] = 2**-12 * (1 + 2**-23), 2**-12 * (1 - 2**-23), 1 + 2**-23
     a, b, c = (x.astype(np.float32) for x in (a, b, c))
-    got = quantile.fma32(a, b, c)
+    got = quant.fma32(a, b, c)
     expected = [
         round_to_float32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
         for x, y, z in zip(a, b, c, strict=True)
@@ -226,7 +226,7 @@ def test_tensor_clip_is_torch_quantile_bit_for_bit():
         for scale in (1e-3, 1.0, 50.0):
             w = (rng.normal(0, scale, n)).astype(np.float32)
             expected = torch.quantile(torch.from_numpy(w).abs(), CLIP_Q).numpy()
-            assert np.array_equal(quantile.abs_quantile(w.reshape(1, -1))[0], expected)
+            assert np.array_equal(quant.abs_quantile(w.reshape(1, -1))[0], expected)
 
 
 @pytest.mark.torch

@@ -32,6 +32,7 @@ from core.artifact.int8 import (
     Int8Model,
     _check_float16_range,
     _in_dtype,
+    abs_quantile,
     container_bytes,
     container_tensors,
     dequantize_rows,
@@ -39,7 +40,6 @@ from core.artifact.int8 import (
     float_weight,
     to_float16,
 )
-from core.artifact.quantile import abs_quantile
 
 __all__ = [
     "CONTAINER_VERSION",

@@ -14,8 +14,7 @@ such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
 test-time training, sliding windows (which its full mode scores in), the byte
-tables, the per-group compressor, the int8 format, the mixed format and its
-percentile clips, GPTQ,
+tables, the per-group compressor, the int8 format, the mixed format, GPTQ,
 each training loader, LQER, FlashAttention's varlen kernel) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
@@ -83,12 +82,6 @@ OPTIONAL = (
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
     ("the int8 format", ("core.artifact.int8_format",), "cfg.quant_format == 'int8'", "quant_format"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
-    # A class whose *_clip_sigmas are 0 is clipped at quantiles of |w| (core/artifact/export.py: class_clips);
-    # the matrices' classes are when matrix_clip_sigmas is (the "other" class always then).
-    ("percentile clips of the embedding", ("core.artifact.quantile",),
-     "cfg.quant_format == 'mixed' and cfg.embed_clip_sigmas == 0", "embed_clip_sigmas"),
-    ("percentile clips of the matrices", ("core.artifact.quantile",),
-     "cfg.quant_format == 'mixed' and cfg.matrix_clip_sigmas == 0", "matrix_clip_sigmas"),
     ("GPTQ", ("core.artifact.gptq", "core.train.calibration"), "cfg.gptq_enabled", "gptq_enabled"),
     ("the coprime loader", ("core.data.coprime",), "cfg.train_loader == 'coprime'", "train_loader"),
     ("the sequential loader", ("core.data.sequential",), "cfg.train_loader == 'sequential'", "train_loader"),
