@@ -50,6 +50,7 @@ import typer
 from rich.console import Console
 
 from core.common.errors import PgolfError, first_line, one_line, out_of_memory
+from core.common.launch import launch
 from core.config.fields import Config
 from core.config.presets import PRESETS
 
@@ -1158,7 +1159,12 @@ def _stdout_gone() -> bool:
 def main() -> None:
     _catch_signals(SIGNALS.handle)
     piped_to_null = _stdout_gone()  # `> /dev/null` from the start is no broken pipe
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank under torchrun
+    try:
+        world_size = launch().world_size  # torchrun's settings, checked before any command (--help too)
+    except PgolfError as exc:
+        err_console.print(f"error: {exc}", markup=False)
+        raise SystemExit(1) from None
+    if world_size > 1:  # a rank under torchrun
         _end_soon_after_sigterm()
     try:
         code = app(standalone_mode=False)

@@ -396,6 +396,9 @@ def main():
 
 
 def run():
+    from core.common.launch import launch
+
+    launch()  # torchrun's settings checked first: one line for a value set by hand
 {config_import}
 
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()  # before the slow imports

@@ -24,6 +24,7 @@ from core.artifact.export import quant_label
 from core.artifact.load import SHAPE_FIELDS, artifact_compressor, is_checkpoint, saved_config
 from core.common.compress import check_available
 from core.common.errors import PgolfError
+from core.common.launch import launch
 from core.config.fields import Config
 from core.config.presets import CHALLENGE_DATA_PRESETS, record_preset_of_env
 from core.config.sources import EXPORT_FIELDS, WRITING_FIELDS, resolve_sources, resumed_config
@@ -114,7 +115,7 @@ def default_data_to_prepare(cfg: Config) -> Path | None:
     if cfg.data_path != DEFAULT_DATA:
         return None
     data = Path(cfg.data_path)
-    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+    if launch().local_rank != 0:
         deadline = time.monotonic() + DATA_WAIT_S
         while not data.exists():
             if time.monotonic() > deadline:
