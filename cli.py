@@ -932,7 +932,7 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
     )
     for data_path in dict.fromkeys(run.cfg.data_path for run in todo):
         _ensure_default_data(next(run.cfg for run in todo if run.cfg.data_path == data_path))
-    env = dict(os.environ)
+    env = sw.child_environ(dict(os.environ))  # each run's config is its sweep_config.json, whole
     if parallel > 1 and "OMP_NUM_THREADS" not in env:  # the processes share the cores, not each take all
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // parallel))
     script = str(Path(__file__).resolve())

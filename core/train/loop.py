@@ -44,7 +44,7 @@ from core.eval.bpb import BPBMeter
 from core.eval.score import evaluators, figure_protocol, load_eval_data
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
-from core.train.rundir import RunDir
+from core.train.rundir import RunDir, config_digest
 
 if TYPE_CHECKING:  # only annotations name these
     from core.artifact.mixed import MixedModel
@@ -178,7 +178,7 @@ class Training:
         self.run = self.open_run_dir(_shared_run_id(cfg, backend))
         self.run.write_config(cfg.to_dict())
         self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
-                    world_size=backend.world_size)  # fmt: skip
+                    world_size=backend.world_size, config_sha256=config_digest(cfg.to_dict()))  # fmt: skip
         self._log_header()
         self.say(f"run_dir:{self.run.path}")
 
