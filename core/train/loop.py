@@ -38,6 +38,7 @@ import numpy as np
 from core.artifact.export import ExportReport, dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
 from core.common.errors import PgolfError, memory_hint
+from core.common.files import file_sha256
 from core.config.fields import Config
 from core.data.shards import find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
@@ -82,6 +83,7 @@ class RunResult:
     sliding_val_bpb: float | None = None
     ttt_val_loss: float | None = None  # after the round trip, with test-time training (ttt_enabled)
     ttt_val_bpb: float | None = None
+    artifact_sha256: str = ""  # of the artifact file written (rank 0's): `package` checks the file against it
 
 
 # The RunResult figures of each evaluator (core.eval.score): <its name here>_val_loss and _val_bpb.
@@ -339,6 +341,7 @@ class Training:
             val_bpb=self.val_bpb,
             artifact_bytes=sizes.get("model_bytes", 0),
             code_bytes=sizes.get("code_bytes", 0),
+            artifact_sha256=file_sha256(artifact, "artifact") if self.main else "",
             peak_memory_bytes=self.peak_memory,
             **figures,
         )
