@@ -164,6 +164,7 @@ def test_a_fifo_where_a_runs_file_should_be_is_an_error_never_a_resume(tmp_path,
         ("seeds = [1, 4294967296]\n[grid]\nmatrix_lr = [0.1]", "seed 4294967296 is not in"),
         ("[base]\niterations = 'many'\n[grid]\nmatrix_lr = [0.1]", "the base config: iterations expects int"),
         ("[grid]\nmatrix_lr = [0.1]\nnum_heads = [3]", "variant 'matrix_lr=0.1,num_heads=3'"),
+        ("backend = 'cudaa'\n[grid]\nmatrix_lr = [0.1]", "backend = 'cudaa' (did you mean 'cuda'?)"),
     ],
 )
 def test_every_spec_error_names_the_spec_and_the_place(tmp_path, text, place):

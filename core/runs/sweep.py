@@ -50,6 +50,7 @@ from core.common.spelling import did_you_mean
 from core.config.fields import SEED_MAX, Config, env_names, field_names
 from core.config.presets import PRESETS
 from core.config.sources import resolve
+from core.model.backend import ALIASES, CHOICES
 from core.runs.stats import mean_std, welch
 from core.runs.summary import read_metrics, summarize
 from core.train.rundir import config_digest
@@ -136,6 +137,10 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
         raise PgolfError(f"{where}: config must be the path of a config file, got {config!r}")
     config_path = None if config is None else spec.parent / config
     backend = _text(data, "backend", "auto", where)
+    if ALIASES.get(backend, backend) not in CHOICES:
+        raise PgolfError(
+            f"{where}: backend = {backend!r}{did_you_mean(backend, CHOICES)} (choose from {', '.join(CHOICES)})"
+        )
     seeds = data.get("seeds", [1337])
     if (
         not isinstance(seeds, list) or not seeds
