@@ -21,7 +21,11 @@ from tests.test_cli import assert_one_line_error, cli
         ("data/datasets/sotu_sp2048_caseops", "python cli.py data prepare --caseops --vocab-size 2048"),
         ("data/datasets/fineweb10B_sp1024", "python cli.py data download --variant sp1024"),
         ("data/tokenizers/fineweb_4096_bpe.model", "python cli.py data download --variant sp4096"),
-        ("data/datasets/mybooks_sp1024", "python cli.py data prepare --docs FILE --name NAME"),
+        ("data/datasets/mybooks_sp1024", "python cli.py data prepare --docs FILE --name mybooks_sp1024"),
+        (
+            "data/tokenizers/mybooks_sp1024.model",
+            "python cli.py data prepare --docs FILE --name mybooks_sp1024",
+        ),
     ],
 )
 def test_the_hint_names_the_command_that_makes_that_data(path, command):

@@ -99,7 +99,7 @@ def making_command(path: str | Path) -> str:
         )
     if found := re.fullmatch(r"fineweb10B_(\w+)|fineweb_(\d+)_bpe", name):
         return "python cli.py data download --variant " + (found[1] or f"sp{found[2]}")
-    return "python cli.py data prepare --docs FILE --name NAME, for a dataset of your own documents"
+    return f"python cli.py data prepare --docs FILE --name {name}, FILE your documents"
 
 
 def find_shards(data_path: str | Path, split: str) -> list[Path]:
