@@ -183,7 +183,7 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
     else:
         variants.remove(base)
         variants.insert(0, base)
-    _check_environment(environ, {*SWEEP_FIELDS[:3], *base_settings, *(k for v in variants for k in v.settings),
+    _check_environment(environ, {"seed", "run_id", "run_group", *base_settings, *(k for v in variants for k in v.settings),
                                  *(["out_dir"] if "out_dir" in data else [])}, where)  # fmt: skip
     sweep = Sweep(spec, name, preset, backend, seeds, parallel, float(margin), base, variants)
     for v in variants:
@@ -233,8 +233,11 @@ def _variant_settings(data: dict[str, Any], where: str, seeds: int) -> list[tupl
                 raise PgolfError(f"{where}: [grid] {key} must be a non-empty list of values, got {values!r}")
             for value in values:
                 _settings({key: value}, f"{where}: [grid]")
-            if len(set(map(repr, values))) != len(values):
-                raise PgolfError(f"{where}: [grid] {key} lists a value twice: {values!r}")
+            shown: set[str] = set()
+            for value in map(repr, values):
+                if value in shown:
+                    raise PgolfError(f"{where}: [grid] {key} lists a value twice: {value}")
+                shown.add(value)
         _check_run_count(math.prod(len(v) for v in grid.values()), seeds, f"{where}: [grid]")
         keys = list(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):
