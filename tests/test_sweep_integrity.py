@@ -173,3 +173,16 @@ def test_every_spec_error_names_the_spec_and_the_place(tmp_path, text, place):
         sw.load_sweep(spec, environ={})
     assert place in str(caught.value), str(caught.value)
     assert_one_line_error(cli("sweep", str(spec), "--report"), str(spec), place)
+
+
+def test_a_fifo_metrics_log_blocks_neither_its_reader_nor_its_writer(tmp_path):
+    """A run resumed by hand (`train --resume`) over such a folder: one line, not a process hung in open()."""
+    from core.common.files import append_line
+    from core.runs.summary import read_metrics
+
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(PgolfError, match="metrics.jsonl is not a regular file"):
+        read_metrics(tmp_path)
+    with pytest.raises(PgolfError, match="cannot write .*metrics.jsonl: a FIFO, not a regular file"):
+        append_line(fifo, "{}")
