@@ -251,7 +251,7 @@ def check_calibration(artifact: Path, cfg: Config, val_path: str | Path | None =
     names = list(dict.fromkeys(lists[0] + lists[1]))
     if not names:
         return Calibration("empty" if used else "none", [], [], str(record))
-    missing = [n for n in names if Path(n).name != n or not (data_path / n).is_file()]
+    missing = [n for n in names if not (data_path / n).is_file()]
     if missing:
         return Calibration("names missing files", names, missing, str(record))
     val = {p.resolve() for folder in {Path(val_path or cfg.data_path), data_path} if folder.is_dir()
@@ -271,7 +271,7 @@ def check_calibration(artifact: Path, cfg: Config, val_path: str | Path | None =
         same = ident in val_ids or any(
             ident[2] == v_id[2] and content(path) == content(v) for v_id, v in val_ids.items()
         )
-        if not TRAIN_SHARD.fullmatch(name) or same:
+        if not TRAIN_SHARD.fullmatch(name) or Path(name).name != name or same:
             bad.append(name)
     return Calibration("reads other files" if bad else "training shards only", names, bad, str(record))
 
@@ -331,22 +331,14 @@ class Audit:
             ("artifact", f"{self.artifact} ({self.artifact_bytes:,} B)"),
             ("code (train_gpt.py)", f"{self.code_bytes:,} B"),
             ("total", f"{self.artifact_bytes + self.code_bytes:,} B"),
-            (
-                "evaluation",
-                f"{self.evaluation}, {self.tokens:,} tokens, val_bpb {self.val_bpb:.8f}, "
-                f"{self.eval_seconds:.1f} s ({self.backend} on {self.device}, fp32)",
-            ),  # fmt: skip
-            (
-                "changed",
-                f"document {self.document}: tokens {self.document_tokens[0]}..{self.document_tokens[1] - 1} "
-                "permuted",
-            ),  # fmt: skip
+            ("evaluation", f"{self.evaluation}, {self.tokens:,} tokens, val_bpb {self.val_bpb:.8f}, "
+                           f"{self.eval_seconds:.1f} s ({self.backend} on {self.device}, fp32)"),  # fmt: skip
+            ("changed", f"document {self.document}: tokens {self.document_tokens[0]}..{self.document_tokens[1] - 1} "
+                        "permuted"),  # fmt: skip
             ("tokens checked", f"{c.checked:,}"),
             ("largest loss change", f"{c.max_change:.3g} nats (must be <= {TOLERANCE:g})"),
-            (
-                "scored after the change",
-                f"{c.later:,} tokens outside it, not checked: moved up to {c.later_max_change:.3g} nats",
-            ),  # fmt: skip
+            ("scored after the change", f"{c.later:,} tokens outside it, not checked: moved up to "
+                                        f"{c.later_max_change:.3g} nats"),  # fmt: skip
             ("scoring order", "changed" if c.order_changed else "the same"),
             ("calibration", f"{cal.status}" + (f" ({len(cal.shards)}: {shards})" if cal.shards else "")),
             ("verdict", self.verdict()),
