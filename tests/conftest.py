@@ -8,8 +8,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.mixed import quantize_mixed
 from core.artifact.rowquant import Clip
 from core.config.fields import ENV_ALIASES, Config, field_names
@@ -94,6 +96,15 @@ def mixed_model():
         hessians={"blocks.0.attn.c_q.weight": hessian(x)},
         orig_dtypes=dtypes,
     )
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A saved checkpoint of two small tensors (with their moving average) and the tiny preset's config."""
+    cfg = preset("tiny").replace(ema_decay=0.5)
+    params = {"w": np.ones((2, 3), np.float32)}
+    ckpt = Checkpoint(params, {"ema/w": np.full((2, 3), 2, np.float32)}, cfg.to_dict(), dtypes={"w": "bf16"})
+    return save_checkpoint(tmp_path / "step_000004.safetensors", ckpt)
 
 
 # The files whose tests take longest, longest first (`pytest --durations=0`, summed per file, on a

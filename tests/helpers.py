@@ -26,10 +26,17 @@ from core.artifact.int8 import FLOAT_BYTES, Int8Model, model_parts
 from core.artifact.load import (
     load_checkpoint,
 )
+from core.config.fields import Config
 from core.config.presets import preset
 from core.data.tables import ByteTables
 from core.model import backend as backends
 from core.model.params import init_params, storage_dtypes
+from core.runs import sweep as sw
+from core.runs.audit import (
+    Audit,
+    Calibration,
+    Check,
+)
 from core.train import loop
 from core.train.interactive import train_interactive
 from core.train.rundir import RunDir
@@ -533,3 +540,108 @@ def int8_stats(
             sum(a.nbytes for part in model_parts(model).values() for a in part.values())
         ),
     }
+
+
+# ---------------------------------------- the artifact fit's stand-ins
+NUMPY_CODE_BYTES = 40_000
+
+
+def stand_in_loss(params):
+    """The weights' squared distance to the float ones: a loss with no backend."""
+    return lambda weights: float(sum(np.square(weights[n] - params[n]).sum() for n in params))
+
+
+# ---------------------------------------- a packaged script run alone
+def run_alone(text: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """A train_gpt.py of `text` run alone in an empty folder, pgolf hidden, with `env` set."""
+    here = tmp_path / "alone"
+    here.mkdir(parents=True)
+    (here / "train_gpt.py").write_text(text)
+    (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATA_PATH", "TOKENIZER_PATH")}
+    return subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=environ | env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def assert_one_line(result: subprocess.CompletedProcess, *names: str) -> None:
+    """Exit 1 with one `error:` line naming `names`, no traceback (the encoded blob is 40 KB), no cli.py."""
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "cli.py" not in lines[0] and len(lines[0]) < 400
+    assert all(name in lines[0] for name in names), lines[0]
+    assert "step:" not in result.stdout
+
+
+# ---------------------------------------- audits of run folders
+def fake_run(folder: Path, seed: int) -> Path:
+    """A finished run's files, as `package` reads them (no weights: the audit below is given)."""
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(Config(seed=seed).to_dict()))
+    record = {"kind": "final", "steps": 1, "train_time_ms": 1.0, "roundtrip_val_loss": 2.0,
+              "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
+    (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    (folder / "train.log").write_text("log\n")
+    (folder / "final_model.int8.pgolf").write_bytes(b"0123456789")  # the 10 bytes its final record says
+    return folder
+
+
+def made_audit(path: Path, leak: int | None) -> Audit:
+    check = Check(checked=900, max_change=0.0 if leak is None else 0.5, leak_position=leak,
+                  leak_document=None if leak is None else 4, order_changed=False)  # fmt: skip
+    calibration = Calibration("training shards only", ["fineweb_train_000000.bin"], [], "x.calibration.json")
+    return Audit(str(path / "final_model.int8.pgolf"), "cuda", "ttt", 2049, 7, (1026, 2049), check, calibration,
+                 1000, 500, 1.5, "cpu", 1.2, f"python cli.py audit {path}")  # fmt: skip
+
+
+# ---------------------------------------- a packaged script's isolation
+# Runs a script with pgolf not importable: the editable install's finder and the repository dropped.
+ISOLATED = """
+import importlib.util, runpy, sys
+sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path = [p for p in sys.path if p and p != {root!r}]
+assert importlib.util.find_spec("core") is None, "pgolf is importable"
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+# ---------------------------------------- sweep specs and their runs
+def write_spec(tmp_path, text: str, name: str = "s.toml"):
+    path = tmp_path / name
+    path.write_text(f'out_dir = "{tmp_path / "runs"}"\n' + text)
+    return path
+
+
+VARIANTS = """
+name = "abl"
+preset = "smoke"
+seeds = [1, 2, 3]
+[base]
+iterations = 3
+[[variants]]
+name = "lr_low"
+matrix_lr = 0.02
+[[variants]]
+name = "wide"
+mlp_mult = 3.0
+"""
+
+
+def fake_sweep_run(
+    run: sw.PlannedRun, loss: float | None, failed: str = "", checkpoint: bool = False
+) -> None:
+    """A run folder as the sweep leaves it: finished with `loss` (its val_bpb is loss / 2), or not."""
+    folder = RunDir(run.path.parent, run.run_id)
+    (run.path / sw.CONFIG_FILE).write_text(json.dumps(run.cfg.to_dict()))
+    folder.write_config(run.cfg.to_dict())
+    for step in (1, 2, 3):
+        folder.metric({"kind": "val", "step": step, "train_time_ms": 10.0 * step, "val_bpb": 4.0 - step / 10})
+    if loss is not None:
+        folder.metric({"kind": "final", "steps": 3, "train_time_ms": 30.0, "roundtrip_val_bpb": loss / 2,
+                       "roundtrip_val_loss": loss, "artifact_bytes": 10, "code_bytes": 10})  # fmt: skip
+    if failed:
+        (run.path / sw.FAILED_FILE).write_text(failed + "\n")
+    if checkpoint:
+        (run.path / "checkpoints" / "step_000002.safetensors").write_bytes(b"")
+    folder.close()

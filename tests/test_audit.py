@@ -15,9 +15,6 @@ from core.eval.plain import evaluate
 from core.eval.sliding import evaluate_sliding
 from core.eval.ttt import evaluate_ttt
 from core.runs.audit import (
-    Audit,
-    Calibration,
-    Check,
     Swap,
     check_calibration,
     compare,
@@ -31,6 +28,8 @@ from tests.helpers import (
     busy_params,
     cli,
     data_flags,
+    fake_run,
+    made_audit,
     make_backend,
     needs,
     stream,
@@ -170,7 +169,7 @@ def test_calibration_names_training_shards_or_fails(tmp_path):
     data_path = tmp_path / "data"
     data_path.mkdir()
     for name in ("fineweb_train_000000.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin"):
-        (data_path / name).write_bytes(b"")
+        (data_path / name).write_bytes(name.encode())  # each its own content
     (data_path / "fineweb_train_000002.bin").symlink_to(data_path / "fineweb_val_000000.bin")
     cfg = preset("smoke").replace(data_path=str(data_path), quant_format="mixed", gptq_enabled=True)
     artifact = tmp_path / "final_model.mixed.pgolf"
@@ -244,27 +243,6 @@ def test_audit_refuses_a_checkpoint_and_an_unknown_evaluation(ttt_run):
     assert_one_line_error(
         cli("audit", str(ttt_run), "--backend", "mlx", "--evaluation", "sliding_window"), "evaluations are"
     )
-
-
-def fake_run(folder: Path, seed: int) -> Path:
-    """A finished run's files, as `package` reads them (no weights: the audit below is given)."""
-    from core.config.fields import Config
-
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(Config(seed=seed).to_dict()))
-    record = {"kind": "final", "steps": 1, "train_time_ms": 1.0, "roundtrip_val_loss": 2.0,
-              "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
-    (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    (folder / "train.log").write_text("log\n")
-    return folder
-
-
-def made_audit(path: Path, leak: int | None) -> Audit:
-    check = Check(checked=900, max_change=0.0 if leak is None else 0.5, leak_position=leak,
-                  leak_document=None if leak is None else 4, order_changed=False)  # fmt: skip
-    calibration = Calibration("training shards only", ["fineweb_train_000000.bin"], [], "x.calibration.json")
-    return Audit(str(path / "final_model.int8.pgolf"), "cuda", "ttt", 2049, 7, (1026, 2049), check, calibration,
-                 1000, 500, 1.5, "cpu", 1.2, f"python cli.py audit {path}")  # fmt: skip
 
 
 def test_package_writes_the_audits_and_refuses_a_run_that_fails_one(tmp_path):

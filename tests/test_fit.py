@@ -22,7 +22,17 @@ from core.runs.package import code_bytes
 from core.train.calibration import calibrate_gptq
 from core.train.fitting import calibration_loss, calibration_tokens
 from core.train.loop import train_loader
-from tests.helpers import ARTIFACT, SHAPE, assert_one_line_error, cli, data_flags, make_backend, needs
+from tests.helpers import (
+    ARTIFACT,
+    NUMPY_CODE_BYTES,
+    SHAPE,
+    assert_one_line_error,
+    cli,
+    data_flags,
+    make_backend,
+    needs,
+    stand_in_loss,
+)
 
 LZMA = ()  # in-process fits try the run's compressor alone (lzma: brotli-11 takes seconds here)
 
@@ -150,9 +160,6 @@ def test_both_backends_choose_alike_and_write_the_same_bytes(run, fitted):
         assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-6) if a.loss is not None else b.loss is None
 
 
-NUMPY_CODE_BYTES = 40_000
-
-
 @pytest.fixture(scope="module")
 def numpy_fit():
     """A fit of the embeddings (an untied head among them) and the MLP, scored by a stand-in loss (the
@@ -197,11 +204,6 @@ def test_lqer_top_k_and_rank_are_chosen_where_the_default_does_worse(numpy_fit):
     assert over or loss(dequantize_mixed(model)) > fit.chosen.loss
     chosen = quantize_mixed_for(params, fit.cfg, dtypes)  # the trial's model made on its own rounding
     assert artifact_blob(chosen, fit.cfg) == artifact_blob(fit.model, fit.cfg)
-
-
-def stand_in_loss(params):
-    """The weights' squared distance to the float ones: a loss with no backend."""
-    return lambda weights: float(sum(np.square(weights[n] - params[n]).sum() for n in params))
 
 
 def uniform_settings(params, dtypes, cfg: Config, cap: int, loss) -> dict[tuple[int, int], float]:

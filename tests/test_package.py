@@ -27,16 +27,8 @@ from core.runs.package import (
     script,
     write_record,
 )
-from tests.helpers import NEEDS_LRZIP, ROOT, cli, data_flags, needs
+from tests.helpers import ISOLATED, NEEDS_LRZIP, ROOT, assert_one_line, cli, data_flags, needs, run_alone
 
-# Runs a script with pgolf not importable: the editable install's finder and the repository dropped.
-ISOLATED = """
-import importlib.util, runpy, sys
-sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path = [p for p in sys.path if p and p != {root!r}]
-assert importlib.util.find_spec("core") is None, "pgolf is importable"
-runpy.run_path(sys.argv[1], run_name="__main__")
-"""
 FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
 
 
@@ -423,27 +415,6 @@ def test_runs_of_different_configs_or_unfinished_runs_are_refused(tmp_path):
     with pytest.raises(PgolfError, match="did not finish"):
         write_record([tmp_path / "c"], tmp_path / "out", "x")
     assert not (tmp_path / "out").exists()
-
-
-def run_alone(text: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """A train_gpt.py of `text` run alone in an empty folder, pgolf hidden, with `env` set."""
-    here = tmp_path / "alone"
-    here.mkdir(parents=True)
-    (here / "train_gpt.py").write_text(text)
-    (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATA_PATH", "TOKENIZER_PATH")}
-    return subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=environ | env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-
-
-def assert_one_line(result: subprocess.CompletedProcess, *names: str) -> None:
-    """Exit 1 with one `error:` line naming `names`, no traceback (the encoded blob is 40 KB), no cli.py."""
-    assert result.returncode == 1, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
-    assert "Traceback" not in result.stderr and "cli.py" not in lines[0] and len(lines[0]) < 400
-    assert all(name in lines[0] for name in names), lines[0]
-    assert "step:" not in result.stdout
 
 
 @pytest.mark.slow  # a process importing torch, up to 30 s on 2 loaded cores
