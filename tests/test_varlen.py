@@ -154,9 +154,9 @@ def test_the_flash_varlen_path_lays_segments_end_to_end(monkeypatch):
 
     from cuda_train import model as torch_model
     from cuda_train import varlen
-    from tests.golden.make_record_features import _flash_attn_varlen_func_sdpa
+    from tests.golden.record_code import flash_attn_varlen_func_sdpa
 
-    monkeypatch.setattr(varlen, "flash_varlen", lambda: _flash_attn_varlen_func_sdpa)
+    monkeypatch.setattr(varlen, "flash_varlen", lambda: flash_attn_varlen_func_sdpa)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, n, T, 8, generator=g) for n in (4, 2, 2))  # (B, H or KV, T, D)
     x, _ = packed_rows(CFG)

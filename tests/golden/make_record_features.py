@@ -92,9 +92,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import hashlib
 import importlib.util
-import itertools
 import json
 import os
 import re
@@ -105,7 +103,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from record_code import flash_attn_func_sdpa, flash_attn_varlen_func_sdpa, git_blob_id, stub_flash_attn
 from safetensors.numpy import save_file
 
 MIRROR_COMMIT = "4908dc46f21ed3fdd08d2fdca285deb2194b9599"
@@ -153,45 +151,6 @@ LOADER_SEQ_LEN, LOADER_GLOBAL_TOKENS, LOADER_BATCHES = 16, 1024, 6
 
 
 # ----------------------------------------------------------------------------------------- stubs
-def _flash_attn_func_sdpa(q, k, v, causal=True, **kwargs):
-    """FlashAttention-3's (B, T, H, D) interface on top of PyTorch SDPA."""
-    if not causal or kwargs:
-        raise NotImplementedError(f"stub supports causal=True only, got causal={causal} {kwargs}")
-    y = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-    )
-    return y.transpose(1, 2)
-
-
-def _flash_attn_varlen_func_sdpa(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal=True,
-    window_size=(-1, -1),
-    **kwargs,
-):
-    """FlashAttention's varlen interface on packed (N, H, D) rows: every sequence cu[i]..cu[i+1] on its own,
-    causal, through PyTorch SDPA with grouped kv heads; nothing crosses a boundary."""
-    if not causal or tuple(window_size) != (-1, -1) or kwargs or not torch.equal(cu_seqlens_q, cu_seqlens_k):
-        raise NotImplementedError(
-            f"stub supports one causal cu_seqlens only, got {causal} {window_size} {kwargs}"
-        )
-    bounds = cu_seqlens_q.tolist()
-    pieces = []
-    for start, end in itertools.pairwise(bounds):
-        if end > start:
-            one = [a[start:end].transpose(0, 1)[None] for a in (q, k, v)]  # (1, H, L, D)
-            assert end - start <= max_seqlen_q
-            y = F.scaled_dot_product_attention(*one, is_causal=True, enable_gqa=True)
-            pieces.append(y[0].transpose(0, 1))
-    return torch.cat(pieces)
-
-
 def _unavailable(what):
     def fail(*args, **kwargs):
         raise NotImplementedError(f"{what} is a stub in make_record_features.py")
@@ -202,10 +161,7 @@ def _unavailable(what):
 def install_stubs() -> None:
     import torch._dynamo  # noqa: F401  (before any stub: torch probes for triton when it loads this)
 
-    fa = types.ModuleType("flash_attn_interface")
-    fa.flash_attn_func = _flash_attn_func_sdpa
-    fa.flash_attn_varlen_func = _flash_attn_varlen_func_sdpa
-    sys.modules["flash_attn_interface"] = fa
+    stub_flash_attn(flash_attn_func=flash_attn_func_sdpa, flash_attn_varlen_func=flash_attn_varlen_func_sdpa)
 
     if "brotli" not in sys.modules:
         try:
@@ -284,10 +240,6 @@ def float32_for_bfloat16(module):
 
 
 # ------------------------------------------------------------------------------- loading records
-def git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def unwrap(text: str, path: str) -> str:
     """Source of a record; a self-extracting wrapper is run with exec bound to a collector."""
     tree = ast.parse(text)
