@@ -18,7 +18,7 @@ def test_every_core_module_imports_without_frameworks():
 
 def test_cli_help_works_without_frameworks():
     result = run_blocked(
-        "sys.argv = ['cli.py', '--help']\nimport runpy\nrunpy.run_path('cli.py', run_name='__main__')"
+        f"sys.argv = ['cli.py', '--help']\nimport runpy\nrunpy.run_path({str(ROOT / 'cli.py')!r}, run_name='__main__')"
     )
     assert "train" in result.stdout and "Traceback" not in result.stderr
 
