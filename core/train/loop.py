@@ -37,7 +37,7 @@ import numpy as np
 
 from core.artifact.export import ExportReport, dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
-from core.common.errors import PgolfError, memory_hint
+from core.common.errors import OverBudget, PgolfError, memory_hint, setting
 from core.config.fields import Config
 from core.data.shards import find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
@@ -82,6 +82,11 @@ class RunResult:
     sliding_val_bpb: float | None = None
     ttt_val_loss: float | None = None  # after the round trip, with test-time training (ttt_enabled)
     ttt_val_bpb: float | None = None
+    roundtrip_eval_s: float | None = None  # each evaluation's wall time, in seconds
+    sliding_eval_s: float | None = None
+    ttt_eval_s: float | None = None
+    eval_time_s: float = 0.0  # all of them, and reading and decompressing the artifact before
+    budget_bytes: int = 0  # the cap on artifact + code bytes (config budget_bytes)
 
 
 # The RunResult figures of each evaluator (core.eval.score): <its name here>_val_loss and _val_bpb.
@@ -323,14 +328,22 @@ class Training:
             t_eval = time.perf_counter()
             meter = evaluator(backend, self.data, self.watch)
             figure = RESULT_FIGURES[name]
+            seconds = time.perf_counter() - t_eval
             figures[f"{figure}_val_loss"], figures[f"{figure}_val_bpb"] = meter.val_loss, meter.val_bpb
+            figures[f"{figure}_eval_s"] = seconds
             tag = f"{prefix}_{'roundtrip' if name == 'plain' else name}"
             self.say(
                 f"{tag} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
-                f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms protocol:{figure_protocol(name, cfg)}"
+                f"eval_time:{1000 * seconds:.0f}ms protocol:{figure_protocol(name, cfg)}"
             )
             self.say(f"{tag}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
-        self.say(f"total_eval_time:{time.perf_counter() - t_scoring:.1f}s (decompression included)")
+            elapsed = time.perf_counter() - t_scoring
+            if 0 < cfg.max_eval_seconds < elapsed:  # the challenge's limit, on its hardware
+                self.say(
+                    f"warning: evaluation at {elapsed:.0f}s, past {setting('max_eval_seconds', cfg.max_eval_seconds)}"
+                )
+        elapsed = time.perf_counter() - t_scoring
+        self.say(f"total_eval_time:{elapsed:.1f}s (decompression included)")
         return RunResult(
             run_dir=self.run.path,
             steps=self.step,
@@ -340,6 +353,8 @@ class Training:
             artifact_bytes=sizes.get("model_bytes", 0),
             code_bytes=sizes.get("code_bytes", 0),
             peak_memory_bytes=self.peak_memory,
+            eval_time_s=elapsed,
+            budget_bytes=cfg.budget_bytes,
             **figures,
         )
 
@@ -527,6 +542,17 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
 # Settings only pgolf's `train` acts on (starting from other weights, the artifact fit, trackers), in
 # InteractiveTraining: a packaged train_gpt.py refuses them (core/runs/package.py).
 PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to")
+
+
+def check_budget(result: RunResult) -> None:
+    """A finished run over the byte cap ends so (exit status 3), once its backend is closed: its figures
+    and artifact stay, it cannot be submitted."""
+    total = result.artifact_bytes + result.code_bytes
+    if total > result.budget_bytes:
+        raise OverBudget(
+            f"artifact + code are {total:,} bytes, {total - result.budget_bytes:,} over the "
+            f"{result.budget_bytes:,}-byte cap: not submittable ({result.run_dir})"
+        )
 
 
 def train(backend: Backend, **options) -> RunResult:
