@@ -370,7 +370,7 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
             f"{sliding} ({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
             f"{result.code_bytes:,} B; run in {result.run_dir}"
         )
-        check_budget(result)  # the last line, and exit status 3, when over the cap
+        check_budget(result, cfg.budget_bytes)  # the last line, and exit status 3, when over the cap
 
 
 @config_app.command("show")

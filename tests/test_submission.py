@@ -130,7 +130,7 @@ def fake_run(root: Path, name: str, seed: int, artifact: int = 900_000, eval_s: 
         {"kind": "data", "train_shards": 2, "train_shards_sha256": "a" * 64, "val_shards": 1,
          "val_sha256": "b" * 64, "tokenizer_sha256": "c" * 64, **(data or {})},
         {"kind": "final", "steps": 4, "train_time_ms": 1500.0, "roundtrip_val_loss": 5.0, "roundtrip_val_bpb": 2.9,
-         "artifact_bytes": artifact, "code_bytes": 33_000, "budget_bytes": cfg.budget_bytes,
+         "artifact_bytes": artifact, "code_bytes": 33_000,
          "roundtrip_eval_s": eval_s - 0.5, "eval_time_s": eval_s},
     ]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

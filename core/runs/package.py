@@ -431,7 +431,7 @@ def run():
         backend.close(failed=True)
         raise
     backend.close()
-    check_budget(result)
+    check_budget(result, cfg.budget_bytes)
 
 
 if __name__ == "__main__":

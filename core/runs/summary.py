@@ -156,7 +156,7 @@ def summarize(run_dir: str | Path) -> RunSummary:
         group=str(cfg.get("run_group") or ""),
         score_val_loss=_score(final, "val_loss"),
         score_val_bpb=_score(final, "val_bpb"),
-        budget_bytes=_whole(final, "budget_bytes") or _whole(cfg, "budget_bytes") or BUDGET_BYTES,
+        budget_bytes=_whole(cfg, "budget_bytes") or BUDGET_BYTES,
         eval_time_s=_number(final, "eval_time_s"),
         eval_phase_s={
             phase: _number(final, f"{phase}_eval_s")

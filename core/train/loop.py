@@ -20,7 +20,9 @@ Then `export_and_score`: the moving average of the weights replaces them when
 was taken off the cap: `Config.train_cap_seconds`), the artifact is written
 (core/artifact/export.py), read back from disk and scored again, looped when
 `num_loops` > 0: over non-overlapping sequences, and with sliding windows when
-`eval_stride` is set (both figures are logged, as the records do).
+`eval_stride` is set (both figures are logged, as the records do), each evaluation timed (a warning
+past `max_eval_seconds`). A run whose artifact + code pass `budget_bytes` ends with `check_budget`'s
+error (exit status 3) once its backend is closed.
 """
 
 from __future__ import annotations
@@ -86,7 +88,6 @@ class RunResult:
     sliding_eval_s: float | None = None
     ttt_eval_s: float | None = None
     eval_time_s: float = 0.0  # all of them, and reading and decompressing the artifact before
-    budget_bytes: int = 0  # the cap on artifact + code bytes (config budget_bytes)
 
 
 # The RunResult figures of each evaluator (core.eval.score): <its name here>_val_loss and _val_bpb.
@@ -151,7 +152,8 @@ class Training:
     """One training run, as the named steps the module docstring lists; `run` strings them together.
     A packaged train_gpt.py runs this; pgolf's `train` runs `InteractiveTraining`
     (core/train/interactive.py), which adds checkpoints, resuming, `init_from`, the artifact fit, trackers,
-    stopping on a signal, progress displays and notes by overriding `load_weights`, `open_run_dir`,
+    stopping on a signal, progress displays, notes and the data's digests by overriding `start`,
+    `load_weights`, `open_run_dir`,
     `warm_up`, `train_step`, `agreed_ms`, `save_checkpoint`, `artifact_settings` and `_log_header`, and
     the hooks that do nothing here: `write_checkpoint`, `after_step`, `trained`, `stop_if_asked`,
     `watch`."""
@@ -354,7 +356,6 @@ class Training:
             code_bytes=sizes.get("code_bytes", 0),
             peak_memory_bytes=self.peak_memory,
             eval_time_s=elapsed,
-            budget_bytes=cfg.budget_bytes,
             **figures,
         )
 
@@ -544,14 +545,14 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
 PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to")
 
 
-def check_budget(result: RunResult) -> None:
-    """A finished run over the byte cap ends so (exit status 3), once its backend is closed: its figures
-    and artifact stay, it cannot be submitted."""
+def check_budget(result: RunResult, cap: int) -> None:
+    """A finished run over the byte cap (budget_bytes) ends so, exit status 3, once its backend is closed:
+    its figures and artifact stay, it cannot be submitted."""
     total = result.artifact_bytes + result.code_bytes
-    if total > result.budget_bytes:
+    if total > cap:
         raise OverBudget(
-            f"artifact + code are {total:,} bytes, {total - result.budget_bytes:,} over the "
-            f"{result.budget_bytes:,}-byte cap: not submittable ({result.run_dir})"
+            f"artifact + code are {total:,} bytes, {total - cap:,} over the {cap:,}-byte cap: not submittable "
+            f"({result.run_dir})"
         )
 
 
