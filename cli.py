@@ -1029,9 +1029,10 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
                         bar(run.cfg.iterations, run.cfg.iterations)
                     ended += 1
                     took = time.monotonic() - t0
-                    if proc.returncode == 0 and summarize(run.path).finished:
-                        s = summarize(run.path)
-                        line = f"done {run_id}: val_bpb {s.score_val_bpb:.4f} in {took / 60:.1f} min"
+                    if proc.returncode in (0, OverBudget.status) and summarize(run.path).finished:
+                        s = summarize(run.path)  # (a run over the byte cap is scored all the same)
+                        over = " (over the byte cap)" if proc.returncode == OverBudget.status else ""
+                        line = f"done {run_id}: val_bpb {s.score_val_bpb:.4f}{over} in {took / 60:.1f} min"
                     elif proc.returncode in (130, 143):
                         line = f"stopped {run_id} (exit {proc.returncode}): run the sweep again to resume it"
                     else:
