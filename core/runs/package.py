@@ -545,11 +545,12 @@ def _check_seeds(results: list[RunSummary], bytes_code: int, track: str, log: Ca
     evaluation within the limit where it ran on the track's hardware, all on the same data; each seed's
     headroom and evaluation time logged."""
     for r in results:
-        total = max(r.artifact_bytes + bytes_code, r.total_bytes)
+        code = max(bytes_code, r.total_bytes - r.artifact_bytes)
+        total = r.artifact_bytes + code
         if total > r.budget_bytes:
             raise PgolfError(
-                f"package: seed {r.seed} ({r.path}) is {total:,} bytes, {total - r.budget_bytes:,} over the "
-                f"{r.budget_bytes:,}-byte cap (artifact {r.artifact_bytes:,} + code): it cannot be submitted"
+                f"package: seed {r.seed} ({r.path}) is {total:,} bytes (artifact {r.artifact_bytes:,} + code "
+                f"{code:,}), {total - r.budget_bytes:,} over the {r.budget_bytes:,}-byte cap: it cannot be submitted"
             )
         if track == "10min_16mb" and TRACK_HARDWARE.fullmatch(r.hardware) and r.eval_time_s > EVAL_LIMIT_SECONDS:
             raise PgolfError(
@@ -558,16 +559,18 @@ def _check_seeds(results: list[RunSummary], bytes_code: int, track: str, log: Ca
             )
         seconds = "?" if math.isnan(r.eval_time_s) else f"{r.eval_time_s:,.1f} s"
         log(
-            f"seed {r.seed}: artifact {r.artifact_bytes:,} + code {bytes_code:,} = {total:,} bytes, headroom "
+            f"seed {r.seed}: artifact {r.artifact_bytes:,} + code {code:,} = {total:,} bytes, headroom "
             f"{r.budget_bytes - total:,}; evaluation {seconds} on {r.hardware}"
         )
     first = results[0]
     for r in results[1:]:
-        differ = [k for k in SAME_DATA if (r.data or {}).get(k) != (first.data or {}).get(k)]
+        theirs, ours = r.data or {}, first.data or {}
+        differ = [k for k in SAME_DATA if theirs.get(k) != ours.get(k)]
         if differ:
+            name = differ[0]
             raise PgolfError(
-                f"package: seed {r.seed} ({r.path}) trained on other data than seed {first.seed}: {differ[0]} "
-                f"{(r.data or {}).get(differ[0], 'not recorded')} vs {(first.data or {}).get(differ[0], 'not recorded')}"
+                f"package: seed {r.seed} ({r.path}) trained on other data than seed {first.seed}: {name} "
+                f"{str(theirs.get(name, 'not recorded'))[:16]} vs {str(ours.get(name, 'not recorded'))[:16]}"
             )
 
 
@@ -642,7 +645,8 @@ def _readme(
     rows = "\n".join(f"| `{k.upper()}` | {v} |" for k, v in sorted(changed.items()))
     seeds = "\n".join(
         f"| {r.seed} | {r.score_val_loss:.5f} | {r.score_val_bpb:.5f} | {r.steps} | {r.train_time_ms / 1000:.1f} s | "
-        f"{r.eval_time_s:.1f} s | {r.hardware} | {r.artifact_bytes:,} | {r.artifact_bytes + bytes_code:,} |"
+        f"{'–' if math.isnan(r.eval_time_s) else f'{r.eval_time_s:.1f} s'} | {r.hardware} | {r.artifact_bytes:,} | "
+        f"{r.artifact_bytes + bytes_code:,} |"
         for r in results
     )
     mean = mean_std([r.score_val_bpb for r in results])[0]
@@ -750,7 +754,7 @@ def write_record(
                 "val_bpb": round(r.score_val_bpb, 5),
                 "artifact_bytes": r.artifact_bytes,
                 "bytes_total": r.artifact_bytes + size,
-                "eval_time_s": round(r.eval_time_s, 1),
+                "eval_time_s": None if math.isnan(r.eval_time_s) else round(r.eval_time_s, 1),
                 "eval_phases_s": {phase: round(t, 1) for phase, t in r.eval_phase_s.items()},
                 "steps": r.steps,
                 "train_time_s": round(r.train_time_ms / 1000, 3),
