@@ -535,7 +535,7 @@ def verify(
     """Score one artifact with every installed backend and check that they agree."""
     from rich.table import Table
 
-    from core.artifact.int8 import BUDGET_BYTES
+    from core.config.fields import BUDGET_BYTES
     from core.eval import verify as check
     from core.runs.setup import installed_backends, weights_and_data
 

@@ -45,7 +45,6 @@ from core.config.fields import BUDGET_BYTES
 from core.model.params import round_to_bfloat16
 
 __all__ = [
-    "BUDGET_BYTES",
     "ArtifactInfo",
     "Container",
     "Int8Model",
