@@ -123,7 +123,7 @@ def fake_run(root: Path, name: str, seed: int, artifact: int = 900_000, code: in
     """A finished run directory as `train` writes it, figures given."""
     run = root / name
     run.mkdir(parents=True)
-    cfg = preset("smoke").replace(seed=seed, **config)
+    cfg = preset("smoke").replace(seed=seed, data_path=str(root / "no_data"), **config)  # no data pgolf made
     (run / "config.json").write_text(json.dumps(cfg.to_dict()))
     records = [
         {"kind": "start", "step": 0, "backend": "cuda", "device": device, "world_size": world},
