@@ -22,7 +22,7 @@ from tests.test_backends import needs
 from tests.test_cli import assert_one_line_error, cli, data_flags
 from tests.test_package import ISOLATED, ROOT
 
-SMALL_CAP = 10_000  # a smoke model's artifact alone is ~40 KB: over it
+SMALL_CAP = 10_000  # a smoke model's artifact alone is ~230 KB: over it
 
 
 @pytest.fixture(scope="module")
@@ -251,3 +251,25 @@ def test_the_fit_aims_its_margin_under_the_cap():
     assert fit_cap(Config(artifact_fit_bytes=16_000_000, artifact_fit_margin=12_000)) == 15_988_000
     with pytest.raises(PgolfError, match="--fit-margin must be below --fit-bytes"):
         fit_cap(Config(artifact_fit_bytes=5, artifact_fit_margin=5))
+
+
+def test_with_seeds_the_other_seeds_still_run_and_the_status_is_3_at_the_end(monkeypatch, capsys):
+    """`train --seeds`: a seed over the cap says so, the next seeds run, the last over-cap line ends it."""
+    import cli as cli_module
+    from core.common.errors import OverBudget
+    from core.runs import setup
+
+    configs = [Config(seed=seed) for seed in (1, 2, 3)]
+    monkeypatch.setattr(setup, "training_runs", lambda *args: (configs, None, []))
+    trained = []
+
+    def train_one(backend, cfg, resume, notes):
+        trained.append(cfg.seed)
+        if cfg.seed in (1, 2):
+            raise OverBudget(f"seed {cfg.seed} over")
+
+    monkeypatch.setattr(cli_module, "_train_one", train_one)
+    with pytest.raises(OverBudget, match="seed 2 over") as caught:
+        cli_module.train(backend="cuda", preset="smoke", config=None, resume=None, seeds="1,2,3")
+    assert trained == [1, 2, 3] and caught.value.status == 3
+    assert "error: seed 1 over" in capsys.readouterr().err
