@@ -425,7 +425,7 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
         console.print(
             f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the artifact round trip"
             f"{sliding} ({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
-            f"{result.code_bytes:,} B; run in {result.run_dir}"
+            f"{result.code_bytes:,} B; evaluated in {result.eval_time_s:.1f} s; run in {result.run_dir}"
         )
         check_budget(result, cfg.budget_bytes)  # the last line, and exit status 3, when over the cap
 
