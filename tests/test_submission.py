@@ -135,6 +135,8 @@ def fake_run(root: Path, name: str, seed: int, artifact: int = 900_000, code: in
     ]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run / "train.log").write_text("log\n")
+    with open(run / "final_model.int8.pgolf", "wb") as f:  # as many bytes as its final record says (sparse)
+        f.truncate(artifact)
     return run
 
 

@@ -60,6 +60,7 @@ from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.config.fields import EVAL_LIMIT_SECONDS, Config
 from core.data.provenance import SAME_DATA
+from core.runs.run_artifact import check_run_artifact
 from core.runs.stats import mean_std
 from core.runs.summary import RunSummary, summarize
 
@@ -400,6 +401,9 @@ def main():
 
 
 def run():
+    from core.common.launch import launch
+
+    launch()  # torchrun's settings checked first: one line for a value set by hand
 {config_import}
 
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()  # before the slow imports
@@ -748,6 +752,8 @@ def write_record(
         raise PgolfError("package: two runs share a seed")
     if track not in TRACKS:
         raise PgolfError(f"package: unknown track {track!r} (choose {' or '.join(TRACKS)})")
+    for run_cfg, result in runs:
+        check_run_artifact(result.path, run_cfg)  # the artifact its log and final record describe
     if out.exists():
         raise PgolfError(f"package: {out} exists already: choose another --out")
     text = script(cfg, compressed)
