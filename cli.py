@@ -715,6 +715,30 @@ def package(
     console.print(f"train_gpt.py: {size:,} bytes ({'minified + brotli + base85' if compress else 'plain'})")
 
 
+@app.command("check-record")
+def check_record_command(
+    folders: list[Path] = typer.Argument(..., help="Records folders: pgolf's (package) or any other's."),
+) -> None:
+    """Check records folders as a reviewer would: the files the challenge asks for (README.md,
+    submission.json, train_gpt.py, a log per seed), each seed's val_bpb, val_loss and size in
+    submission.json against its log, every seed under the 16,000,000-byte cap, the seeds distinct,
+    the mean right. One line per finding; exit status 1 when any folder has one."""
+    from core.runs.record_folder import check_record
+
+    failed = 0
+    for folder in folders:
+        findings = check_record(folder) if folder.is_dir() else ["not a folder"]
+        failed += bool(findings)
+        if not findings:
+            console.print(f"{folder}: passes", markup=False)
+        for line in findings:
+            console.print(f"{folder}: {line}", markup=False)
+    if len(folders) > 1:
+        console.print(f"{len(folders) - failed} of {len(folders)} folders pass", markup=False)
+    if failed:
+        raise typer.Exit(1)
+
+
 @app.command()
 @config_flags
 def bench(

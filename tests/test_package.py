@@ -27,6 +27,7 @@ from core.runs.package import (
     script,
     write_record,
 )
+from core.runs.record_folder import check_record
 from tests.test_backends import needs
 from tests.test_cli import cli, data_flags
 from tests.test_pergroup import NEEDS_LRZIP
@@ -428,6 +429,7 @@ def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     assert (
         "| `NUM_LAYERS` | 4 |" in readme and "holds no code for test-time training, sliding windows" in readme
     )
+    assert check_record(out) == []  # what a reviewer's check finds in it (cli.py check-record)
     again = cli("package", str(run_dir), "--name", "Tiny test", "--out", str(out))
     assert again.returncode != 0 and "exists already" in again.stderr
 
