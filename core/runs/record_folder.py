@@ -103,10 +103,11 @@ def read_log(path: Path) -> LogFigures:
 
 
 def find_logs(folder: Path) -> list[Path]:
-    """The folder's logs: its *.log and *.txt files, in subfolders too (a logs/ folder, a re-evaluation's),
-    but not requirements.txt."""
-    return sorted(p for p in folder.rglob("*") if p.suffix in LOG_SUFFIXES and p.is_file()
-                  and p.name != "requirements.txt" and not p.name.startswith("."))  # fmt: skip
+    """The folder's logs: its *.log and *.txt files and those of its subfolders (a logs/ folder, a
+    re-evaluation's), not deeper; not requirements.txt."""
+    found = [p for where in (folder, *sorted(d for d in folder.iterdir() if d.is_dir())) for p in sorted(where.iterdir())
+             if p.suffix in LOG_SUFFIXES and p.is_file() and p.name != "requirements.txt" and not p.name.startswith(".")]  # fmt: skip
+    return found
 
 
 def _number(value: Any) -> Decimal | None:
