@@ -125,3 +125,29 @@ def test_compare_of_two_groups_still_takes_them_after_one_flag(setup):
     _, runs, _ = setup
     got = json.loads(cli("runs", "--out-dir", str(runs), "--compare", "same", "mine", "--json").output)
     assert (got["a"], got["b"]) == ("same", "mine") and got["diff_nats"] > 0.02
+
+
+def test_a_sweep_whose_spec_names_a_record_compares_every_variant_with_its_seeds(tmp_path):
+    from core.runs import sweep as sw
+    from tests.test_sweep import VARIANTS, fake_run, write_spec
+
+    write_folder(tmp_path / "the_record")
+    spec = write_spec(tmp_path, 'record = "the_record"\nmargin_nats = 0.005\n' + VARIANTS)
+    plan = sw.load_sweep(spec, environ={})
+    losses = {"base": [2.53, 2.531], "lr_low": [2.49, 2.495], "wide": [2.52, 2.54]}
+    for run in plan.runs:
+        if run.seed <= 2:
+            fake_run(run, losses[run.variant][run.seed - 1])
+    result = sw.report(plan)
+    assert result["compared_with"] == f"the record {tmp_path / 'the_record'} (seeds 42, 1337, 2025)"
+    for row in result["variants"]:  # the base config's runs too
+        mine = losses[row["variant"]]
+        ref = scipy_stats.ttest_ind(
+            np.array(RECORD_LOSS) - 0.005, mine, equal_var=False, alternative="greater"
+        )
+        assert row["p_margin"] == pytest.approx(ref.pvalue, rel=1e-12)
+        assert row["diff_nats"] == pytest.approx(np.mean(mine) - np.mean(RECORD_LOSS), abs=1e-12)
+    assert "minus that of the record" in sw.markdown(result)
+    bad = write_spec(tmp_path, 'record = "nowhere"\n' + VARIANTS, name="bad.toml")
+    with pytest.raises(PgolfError, match="record must be the path of a records folder, got 'nowhere'"):
+        sw.load_sweep(bad, environ={})

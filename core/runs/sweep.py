@@ -10,6 +10,8 @@ A sweep spec is a TOML file:
     parallel = 2                # runs at once, each its own process (default 1)
     out_dir = "runs"            # where the run directories go (default: the base config's)
     margin_nats = 0.005         # also test "better than the base by this much" (default: not)
+    record = "records/track_10min_16mb/2026-04-01_Vocab4096_MLPMult4_WD085"  # compare with a record's
+                                #   seeds instead of the base variant's (a records folder)
 
     [base]                      # config fields over the preset, for every run
     iterations = 200
@@ -49,11 +51,12 @@ from core.common.files import WriterLock, read_file, write_atomic
 from core.config.fields import Config, field_names
 from core.config.presets import PRESETS
 from core.config.sources import resolve
+from core.runs.record_folder import seed_figures
 from core.runs.stats import mean_std, welch
 from core.runs.summary import read_metrics, summarize
 
-SPEC_KEYS = ("name", "preset", "config", "backend", "seeds", "parallel", "out_dir", "margin_nats", "base",
-             "grid", "variants")  # fmt: skip
+SPEC_KEYS = ("name", "preset", "config", "backend", "seeds", "parallel", "out_dir", "margin_nats", "record",
+             "base", "grid", "variants")  # fmt: skip
 # Fields the sweep sets itself for each run.
 SWEEP_FIELDS = ("seed", "run_id", "run_group", "out_dir")
 BASE = "base"
@@ -98,6 +101,7 @@ class Sweep:
     base: Variant
     variants: list[Variant]  # the base first
     runs: list[PlannedRun] = field(default_factory=list)  # variant by variant, seed by seed
+    record: Path | None = None  # a records folder: the variants are compared with its seeds
 
     def report_path(self, suffix: str) -> Path:
         """Where the report goes: beside the spec (<spec>.report.md, .json, .png)."""
@@ -144,6 +148,9 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
     if not isinstance(margin, int | float) or isinstance(margin, bool) or not 0 <= margin < math.inf:
         raise PgolfError(f"{where}: margin_nats must be a number >= 0, got {margin!r}")
 
+    record = data.get("record")
+    if record is not None and not (isinstance(record, str) and (spec.parent / record).is_dir()):
+        raise PgolfError(f"{where}: record must be the path of a records folder, got {record!r}")
     base_settings = _settings(data.get("base", {}), f"{where}: [base]")
     base_cfg = resolve(preset, config_path, base_settings, environ)
     out_dir = _text(data, "out_dir", base_cfg.out_dir, where)
@@ -167,7 +174,8 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
     else:
         variants.remove(base)
         variants.insert(0, base)
-    sweep = Sweep(spec, name, preset, backend, seeds, parallel, float(margin), base, variants)
+    sweep = Sweep(spec, name, preset, backend, seeds, parallel, float(margin), base, variants,
+                  record=None if record is None else spec.parent / record)  # fmt: skip
     for v in variants:
         group = f"{name}-{v.name}"
         for seed in seeds:
@@ -373,6 +381,11 @@ def report(sweep: Sweep) -> dict[str, Any]:
         missing.append({"run": run.run_id, "variant": run.variant, "seed": run.seed, "state": state,
                         "step": run_step(run.path) if summary else 0, "error": error})  # fmt: skip
     base = rows[sweep.base.name]
+    against = base.variant
+    if sweep.record is not None:  # every variant, the base config's too, against the record's seeds
+        record_seeds, loss, bpb = seed_figures(sweep.record)
+        base = Row(f"record {sweep.record.name}", {}, [int(s) if s.isdigit() else s for s in record_seeds], bpb, loss)
+        against = f"the record {sweep.record} (seeds {', '.join(record_seeds)})"
     for row in rows.values():
         if not row.val_bpb:
             continue
@@ -393,6 +406,7 @@ def report(sweep: Sweep) -> dict[str, Any]:
         "backend": sweep.backend,
         "seeds": sweep.seeds,
         "base": sweep.base.name,
+        "compared_with": against,
         "margin_nats": sweep.margin_nats,
         "runs": len(sweep.runs),
         "finished": sum(len(r.val_bpb) for r in rows.values()),
@@ -422,9 +436,10 @@ def markdown(result: dict[str, Any], command: str = "") -> str:
         "",
         f"{result['finished']} of {result['runs']} runs finished; preset {result['preset']}, backend "
         f"{result['backend']}, seeds {', '.join(map(str, result['seeds']))}. Ranked by mean final val_bpb "
-        f"(± the standard deviation over seeds); Δ is the variant's mean minus the base's ({result['base']}), "
+        f"(± the standard deviation over seeds); Δ is the variant's mean minus that of "
+        f"{result.get('compared_with', result['base'])}, "
         "below 0 is better; p is Welch's one-sided p-value that the variant's val_loss is no lower than the "
-        "base's" + (f"; p (margin) that it is not lower by {margin} nats" if margin else "") + ".",
+        "reference's" + (f"; p (margin) that it is not lower by {margin} nats" if margin else "") + ".",
         "",
     ]
     if command:
