@@ -335,11 +335,13 @@ def train(
 def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
     """One training run of `cfg` (checked), with its progress display and closing line."""
     from core.runs.package import code_bytes
+    from core.runs.summary import val_curve
     from core.train.loop import train as run_training
     from core.train.report import report_targets
 
     report_targets(cfg.report_to)
     _ensure_default_data(cfg)
+    reference = val_curve(cfg.abort_behind) if cfg.abort_behind else ()
     with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
         # One process stops between steps, after a checkpoint; ranks of a job stop at once (see main).
         held = SIGNALS.held() if engine.world_size == 1 else contextlib.nullcontext()
@@ -347,6 +349,7 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
             result = run_training(
                 engine, resume=resume, log=_log_line, progress=live.tracker("validating"),
                 step_progress=live.tracker("training"), notes=notes, stop=stop, code_bytes=code_bytes,
+                reference=reference,
             )  # fmt: skip
     if engine.rank == 0:
         sliding = "".join(
@@ -799,7 +802,8 @@ def runs(
         RECORD_P_VALUE, min=0.0, max=1.0, help="With --against: the significance asked."
     ),
 ) -> None:
-    """List the runs under --out-dir: model, backend, seed, dataset, steps, time, val_bpb, score, size;
+    """List the runs under --out-dir: model, backend, seed, dataset, steps, time, val_bpb, score (or why a
+    run stopped by itself: behind its abort_behind reference), size;
     then each group of seeds with its mean and spread. `--compare A B`: is group B better than group A?
     `--compare RUN... --against FOLDER`: are these runs better than a published record, by the margin?"""
     import json
@@ -849,7 +853,11 @@ def runs(
             f"{s.steps:,}",
             f"{s.train_time_ms / 1000:,.1f} s",
             "–" if math.isnan(s.val_bpb) else f"{s.val_bpb:.4f}",
-            f"{s.roundtrip_val_bpb:.4f}" if s.finished else "unfinished",
+            f"{s.roundtrip_val_bpb:.4f}"
+            if s.finished
+            else f"stopped: {s.stopped}"
+            if s.stopped
+            else "unfinished",
             f"{s.total_bytes:,}" if s.total_bytes is not None else "–",
         )
     tables = [table]
@@ -1032,16 +1040,19 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
     from core.model.memory import check_config
     from core.runs import sweep as sw
     from core.runs.summary import summarize
+    from core.train.interactive import BehindReference
 
     states = {run.run_id: sw.run_state(run) for run in plan.runs}
     todo = [run for run in plan.runs
             if states[run.run_id] in (sw.NEW, sw.RESUME) or (retry_failed and states[run.run_id] == sw.FAILED)]  # fmt: skip
     for run in todo:  # every run refused before the first one starts
         check_config(plan.backend, run.cfg)
-    counts = {state: list(states.values()).count(state) for state in (sw.DONE, sw.FAILED, sw.RESUME)}
+    counts = {
+        state: list(states.values()).count(state) for state in (sw.DONE, sw.BEHIND, sw.FAILED, sw.RESUME)
+    }
     console.print(
         f"sweep {plan.name}: {len(plan.runs)} runs ({len(plan.variants)} variants x {len(plan.seeds)} seeds): "
-        f"{counts[sw.DONE]} done, {counts[sw.FAILED]} failed before{' (started again)' if retry_failed else ''}, "
+        f"{counts[sw.DONE]} done, {counts[sw.BEHIND]} stopped behind their reference, {counts[sw.FAILED]} failed before{' (started again)' if retry_failed else ''}, "
         f"{counts[sw.RESUME]} to resume; {len(todo)} to run"
         + (f", {min(parallel, len(todo))} at a time" if todo else "")
     )
@@ -1119,6 +1130,9 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
                     if proc.returncode == 0 and summarize(run.path).finished:
                         s = summarize(run.path)
                         line = f"done {run_id}: val_bpb {s.score_val_bpb:.4f} in {took / 60:.1f} min"
+                    elif proc.returncode == BehindReference.status and summarize(run.path).stopped:
+                        s = summarize(run.path)
+                        line = f"behind {run_id}: stopped at step {s.steps}, {s.stopped} (not a failure)"
                     elif proc.returncode in (130, 143):
                         line = f"stopped {run_id} (exit {proc.returncode}): run the sweep again to resume it"
                     else:
@@ -1250,7 +1264,7 @@ def _end_soon_after_sigterm(grace_s: float = 5.0) -> None:
 def _ending(exc: BaseException) -> tuple[int, str | None]:
     """The exit status and the one line an exception ends a command with; None: a bug, show its traceback."""
     if isinstance(exc, PgolfError | OSError):
-        return 1, one_line(exc)
+        return getattr(exc, "status", 1), one_line(exc)
     if isinstance(exc, (KeyboardInterrupt, typer.Abort)):
         return 130, "interrupted"
     if isinstance(exc, Terminated):

@@ -110,6 +110,7 @@ class RunSummary:
     group: str = ""  # the config's run_group
     score_val_loss: float = math.nan  # the run's figure: sliding-window when scored so, else the round trip's
     score_val_bpb: float = math.nan
+    stopped: str = ""  # why a run stopped before its end, when it did so by itself (abort_behind)
 
 
 def summarize(run_dir: str | Path) -> RunSummary:
@@ -125,6 +126,8 @@ def summarize(run_dir: str | Path) -> RunSummary:
     seed = cfg.get("seed")
     final = next((r for r in reversed(records) if r["kind"] == "final"), None)
     vals = [r for r in records if r["kind"] == "val"]
+    last_start = max((i for i, r in enumerate(records) if r["kind"] == "start"), default=-1)
+    stop = next((r for r in records[last_start + 1 :] if r["kind"] == "stopped"), None)
     timed = [r for r in records if r["kind"] in ("train", "val")]
     return RunSummary(
         name=run_dir.name,
@@ -145,7 +148,21 @@ def summarize(run_dir: str | Path) -> RunSummary:
         group=str(cfg.get("run_group") or ""),
         score_val_loss=_score(final, "val_loss"),
         score_val_bpb=_score(final, "val_bpb"),
+        stopped="" if stop is None or final else str(stop.get("why", "stopped")),
     )
+
+
+def val_curve(run_dir: str | Path) -> list[tuple[int, float]]:
+    """A run's validations as (step, val_bpb), by step (a step validated twice, by a resumed run: its
+    last figure): the curve `abort_behind` compares a run with."""
+    path = Path(run_dir)
+    if not (path / "metrics.jsonl").is_file():
+        raise PgolfError(f"{path}: not a run directory (no metrics.jsonl) to compare with")
+    by_step = {int(r["step"]): float(r["val_bpb"]) for r in read_metrics(path) if r["kind"] == "val"}
+    curve = sorted((step, bpb) for step, bpb in by_step.items() if math.isfinite(bpb))
+    if not curve:
+        raise PgolfError(f"{path}: the run has logged no validation to compare with")
+    return curve
 
 
 def _score(final: dict[str, Any] | None, name: str) -> float:

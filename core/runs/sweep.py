@@ -258,11 +258,13 @@ def _variant_config(base: Config, settings: dict[str, Any], where: str) -> Confi
 
 # ------------------------------------------------------------------ run states
 DONE, FAILED, RESUME, NEW = "done", "failed", "resume", "new"
+BEHIND = "behind"  # stopped by itself behind its abort_behind reference: not a failure, not resumed
 
 
 def run_state(run: PlannedRun) -> str:
-    """Where a planned run stands: done (its final score is in its folder), failed (the sweep saw it
-    fail), resume (it has a checkpoint), or new (nothing usable: start it afresh, its folder emptied).
+    """Where a planned run stands: done (its final score is in its folder), behind (it stopped behind its
+    abort_behind reference), failed (the sweep saw it fail), resume (it has a checkpoint), or new
+    (nothing usable: start it afresh, its folder emptied).
 
     A folder that holds what the sweep did not write, or one trained with other settings than the
     spec now gives, is refused by name; so is one that a process is writing now."""
@@ -272,9 +274,10 @@ def run_state(run: PlannedRun) -> str:
     if not path.is_dir() or (not (path / CONFIG_FILE).exists() and any(path.iterdir())):
         raise PgolfError(f"{path} holds what this sweep did not write: move it, or rename the sweep")
     _check_free(path)
-    if (path / "metrics.jsonl").is_file() and summarize(path).finished:
+    summary = summarize(path) if (path / "metrics.jsonl").is_file() else None
+    if summary is not None and (summary.finished or summary.stopped):
         _check_same_settings(run)
-        return DONE
+        return DONE if summary.finished else BEHIND
     if (path / FAILED_FILE).exists():
         return FAILED
     if any((path / "checkpoints").glob("step_*.safetensors")):
@@ -374,6 +377,8 @@ def report(sweep: Sweep) -> dict[str, Any]:
         error = failure(run.path)
         if summary is not None and summary.finished:  # finished, its score not finite
             state, error = "diverged", error or "its final score is not finite"
+        elif summary is not None and summary.stopped:
+            state, error = BEHIND, f"stopped {summary.stopped}"
         elif error:
             state = "diverged" if "diverged" in error else "failed"
         else:
