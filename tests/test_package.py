@@ -551,6 +551,9 @@ def test_a_packaged_script_refuses_what_only_pgolfs_train_does(env, tmp_path):
 
 def test_a_runs_tracker_is_not_packaged_and_a_run_from_other_weights_is_refused(tmp_path):
     assert "report_to" not in package._run_config(preset("smoke").replace(report_to="tensorboard"))
+    assert package._run_config(preset("smoke").replace(abort_behind="runs/ref", abort_margin=0.5)) == (
+        package._run_config(preset("smoke"))
+    )  # a run stopped behind a reference is not one to package; one that was not packages without it
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(Config(init_from="weights.pt").to_dict()))

@@ -445,7 +445,14 @@ def _run_config(cfg: Config) -> dict:
     under `runs/` beside wherever it is started. Only the fields that differ from the defaults are
     kept: the bundled Config supplies the rest, the same values."""
     defaults = Config().to_dict()
-    run = cfg.replace(run_id="", out_dir=defaults["out_dir"], report_to="").to_dict()  # (trackers: the CLI's)
+    # Trackers and the stop behind a reference run are the CLI's.
+    run = cfg.replace(
+        run_id="",
+        out_dir=defaults["out_dir"],
+        report_to="",
+        abort_behind="",
+        abort_margin=defaults["abort_margin"],
+    ).to_dict()
     return {name: value for name, value in run.items() if value != defaults[name]}
 
 
@@ -493,7 +500,8 @@ def code_bytes(cfg: Config) -> int:
 
 # ------------------------------------------------------------- the records folder
 TRACK = "10min_16mb"
-VARYING = ("seed", "run_id", "out_dir", "data_path", "tokenizer_path")  # may differ between the seeds
+# May differ between the seeds (abort_behind: each seed's reference run; a packaged run has none).
+VARYING = ("seed", "run_id", "out_dir", "data_path", "tokenizer_path", "abort_behind", "abort_margin")
 
 
 def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
