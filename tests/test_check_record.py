@@ -168,3 +168,14 @@ def test_the_command_prints_a_line_per_finding_and_exits_1(good, tmp_path):
         "1 of 3 folders pass",
     ]
     assert result.stderr == ""
+
+
+def test_a_later_evaluation_than_the_one_reported_is_no_finding_and_the_reported_one_is_compared(good):
+    """As 2026-04-04's seed 42: its log ends with a test-time-training score that went wrong, after the
+    sliding-window score it reports."""
+    log = good / "train_seed42.log"
+    log.write_text(
+        log.read_text() + "final_int6_ttt val_loss:3.07608000 val_bpb:1.33603200 eval_time:9000ms\n"
+    )
+    assert check_record(good) == []
+    assert seed_figures(good)[2][0] == 1.0974384

@@ -334,21 +334,23 @@ def _disagreement(seed: SeedResult, log: LogFigures) -> str:
 
 
 def seed_figures(folder: str | Path) -> tuple[list[str], list[float], list[float]]:
-    """A record's per-seed (seed, val_loss, val_bpb) for a t-test: from its logs (the submission's seeds
-    where it lists them, else every log with a final figure), else from submission.json's table."""
+    """A record's per-seed (seed, val_loss, val_bpb) for a t-test: from its logs (the seeds submission.json
+    lists, else every seed a log names), each seed's evaluation that submission.json reports (its
+    figure, to the log's decimals), else its log's last; else from submission.json's table."""
     record = read_record(folder)
-    wanted = record.listed_seeds or sorted({log.seed for log in record.logs if log.seed} or {""})
-    from_logs: dict[str, LogFigures] = {}
-    for log in record.logs:
-        if log.seed in wanted and log.val_loss is not None and log.val_bpb is not None:
-            from_logs.setdefault(log.seed, log)
-    if from_logs and len(from_logs) == len(wanted):
-        seeds = [s for s in wanted if s in from_logs]
-        return (
-            seeds,
-            [float(from_logs[s].val_loss) for s in seeds],
-            [float(from_logs[s].val_bpb) for s in seeds],
-        )
+    wanted = record.listed_seeds or sorted({log.seed for log in record.logs if log.seed})
+    claimed = {s.seed: s.val_bpb for s in record.seeds if s.val_bpb is not None}
+    top = mean_bpb(record.submission) if record.submission is not None else None
+    if not record.seeds and len(wanted) == 1 and top is not None:  # one run's figure at the top
+        claimed[wanted[0]] = top
+    from_logs: dict[str, tuple[Decimal, Decimal]] = {}
+    for seed in wanted:
+        scores = [score for log in record.logs if log.seed == seed for score in reversed(log.scores)]
+        backing = [score for score in scores if seed in claimed and agree(claimed[seed], score[2])]
+        if backing or scores:
+            from_logs[seed] = (backing or scores)[0][1:]
+    if wanted and len(from_logs) == len(wanted):
+        return wanted, [float(from_logs[s][0]) for s in wanted], [float(from_logs[s][1]) for s in wanted]
     rows = [s for s in record.seeds if s.val_loss is not None and s.val_bpb is not None]
     if not rows:
         raise PgolfError(f"{record.path}: no per-seed val_loss and val_bpb in its logs or submission.json")
