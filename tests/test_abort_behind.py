@@ -114,3 +114,23 @@ def test_the_cli_stops_with_status_4_one_line_and_runs_says_why(sotu_dataset, re
     listed = json.loads(CliRunner().invoke(app, ["runs", "--out-dir", str(tmp_path), "--json"]).output)
     assert listed["stopped"] == f"behind {reference_run}" and not listed["finished"]
     assert "stopped: behind" in CliRunner().invoke(app, ["runs", "--out-dir", str(tmp_path)]).output
+
+
+def test_a_sweep_counts_a_run_stopped_behind_apart_from_failures(tmp_path):
+    from core.runs import sweep as sw
+    from core.train.rundir import RunDir
+    from tests.test_sweep import VARIANTS, fake_run, write_spec
+
+    plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
+    behind, failed = plan.runs[0], plan.runs[1]
+    fake_run(behind, None, checkpoint=True)  # a checkpoint, as a stopped run has: it would be resumed
+    folder = RunDir(behind.path.parent, behind.run_id, reuse=True)
+    folder.metric(
+        {"kind": "stopped", "why": "behind runs/ref", "step": 2, "val_bpb": 5.0, "reference_val_bpb": 3.0}
+    )
+    folder.close()
+    fake_run(failed, None, failed="error: no such shard")
+    assert (sw.run_state(behind), sw.run_state(failed)) == (sw.BEHIND, sw.FAILED)
+    states = {m["run"]: (m["state"], m["error"]) for m in sw.report(plan)["not_finished"]}
+    assert states[behind.run_id] == ("behind", "stopped behind runs/ref")
+    assert states[failed.run_id] == ("failed", "error: no such shard")
