@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.runs.record_folder import agree, check_record, read_log, seed_figures
 
@@ -145,7 +147,7 @@ def test_a_one_run_record_is_checked_against_its_log_or_the_mean_of_its_logs(tmp
     "text",
     ["", "[1, 2]", "{not json", '{"val_bpb": "1.1", "seeds": {"1": 5}, "seed_results": [1]}',
      '{"seed_results": {"1": {"val_bpb": null, "artifact_bytes": 1e30}}, "seeds": [[1]], "bytes_total": "x"}',
-     '{"val_bpb": 1.1, "seeds": [1, 2], "seed_scores": [1.1]}', '{"val_bpb": NaN, "bytes_total": 1e400}'],
+     '{"val_bpb": 1.1, "seeds": [1, 2], "seed_scores": [1.1]}', '{"val_bpb": NaN, "bytes_total": 1e400}', '{"val_bpb": 1e-9999999, "seeds": [1, 2], "seed_results": {"1": {"val_bpb": 9e999999}, "2": {"val_bpb": 9e999999, "artifact_bytes": 1e999999}}}'],
 )  # fmt: skip
 def test_a_submission_it_cannot_make_sense_of_is_a_finding_never_a_traceback(good, text):
     (good / "submission.json").write_text(text)
@@ -179,3 +181,31 @@ def test_a_later_evaluation_than_the_one_reported_is_no_finding_and_the_reported
     )
     assert check_record(good) == []
     assert seed_figures(good)[2][0] == 1.0974384
+
+
+def test_any_json_in_submission_json_is_findings_never_an_exception(tmp_path_factory):
+    folder = write_folder(tmp_path_factory.mktemp("fuzz") / "record")
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5)
+    values = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+        max_leaves=8,
+    )
+    keys = st.sampled_from(
+        ["val_bpb", "val_loss", "seeds", "seed_results", "seed_scores", "bytes_total", "author", "github_id"]
+    )
+    seed_rows = st.dictionaries(
+        st.sampled_from(["42", "1337", "7"]),
+        st.dictionaries(
+            st.sampled_from(["val_bpb", "val_loss", "artifact_bytes", "bytes_total"]), scalars, max_size=4
+        ),
+        max_size=3,
+    )
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.dictionaries(keys, values | seed_rows, max_size=6))
+    def check(sub):
+        (folder / "submission.json").write_text(json.dumps(sub))
+        assert all(isinstance(f, str) for f in check_record(folder))
+
+    check()

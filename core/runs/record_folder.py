@@ -6,9 +6,9 @@ records' submission.json has taken several shapes over time: one run's figures a
 `seed_results` (or `seeds`) table of each seed's val_bpb, val_loss and bytes; a `seeds` list
 beside a `seed_scores` list. Their logs differ too: `final_int8_zlib_roundtrip_exact val_loss:…
 val_bpb:…` (the baseline), `quantized_ttt_phased val_loss:… val_bpb:…` (later records), some
-lines behind a timestamp, most logs opening with the script's own source. A log's final figure is
-its last evaluation line (a line naming the evaluation, then val_loss and val_bpb; a training
-step's validation starts with its step number); its size is its last `Total submission size`.
+lines behind a timestamp, most logs opening with the script's own source. A log's evaluations of
+the artifact are its lines naming an evaluation, then val_loss and val_bpb, after its last `Total
+submission size` (its size); a training step's validation starts with its step number and is none.
 
 `check_record` returns one line per finding; `seed_figures` gives a record's per-seed figures for a
 t-test against it (cli.py runs --against).
@@ -17,6 +17,7 @@ t-test against it (cli.py runs --against).
 from __future__ import annotations
 
 import ast
+import decimal
 import json
 import re
 from dataclasses import dataclass, field
@@ -69,19 +70,21 @@ class SeedResult:
     val_bpb: Decimal | None = None
     val_loss: Decimal | None = None
     total_bytes: int | None = None  # bytes_total, or artifact_bytes (the challenge counts the code in it)
+    bad_bytes: bool = False  # one was given, but is no byte count
 
 
 @dataclass
 class Record:
     path: Path
     submission: dict[str, Any] | None
-    seeds: list[SeedResult]  # submission.json's per-seed figures (one unnamed entry for a one-run record)
+    seeds: list[SeedResult]  # submission.json's per-seed figures (none for a record of one figure at the top)
     listed_seeds: list[str]  # the seeds it lists (its `seeds`, else its table's keys)
     logs: list[LogFigures]
     findings: list[str] = field(default_factory=list)
 
 
 def read_log(path: Path) -> LogFigures:
+    """A log's seed, evaluations and sizes (core of `check_record`; never an error for what it holds)."""
     text = read_file(path, "log", MAX_LOG_BYTES).decode("utf-8", errors="replace")
     named = SEED_IN_NAME.search(path.stem)
     logged = {m.group(1) for line in text.splitlines() if (m := SEED_LINE.match(line))}
@@ -116,9 +119,15 @@ def _number(value: Any) -> Decimal | None:
     return Decimal(value)
 
 
+MAX_BYTES = 10**15  # a byte count past this is no artifact's
+
+
 def _whole(value: Any) -> int | None:
+    """A byte count: a whole number in 0..MAX_BYTES, else None."""
     number = _number(value)
-    return int(number) if number is not None and number == number.to_integral_value() else None
+    if number is None or not 0 <= number < MAX_BYTES or number != number.to_integral_value():
+        return None
+    return int(number)
 
 
 def _first(table: dict[str, Any], *keys: str) -> Any:
@@ -136,8 +145,9 @@ def _seed_results(sub: dict[str, Any]) -> tuple[list[SeedResult], list[str]]:
     if isinstance(table, dict):
         for key, row in table.items():
             row = row if isinstance(row, dict) else {}
+            size = _first(row, "bytes_total", "artifact_bytes")
             results.append(SeedResult(str(key), _number(row.get("val_bpb")), _number(row.get("val_loss")),
-                                      _whole(_first(row, "bytes_total", "artifact_bytes"))))  # fmt: skip
+                                      _whole(size), size is not None and _whole(size) is None))  # fmt: skip
         seeds = seeds or [r.seed for r in results]
     elif isinstance(sub.get("seed_scores"), list) and len(sub["seed_scores"]) == len(seeds):
         results = [SeedResult(s, _number(v)) for s, v in zip(seeds, sub["seed_scores"], strict=True)]
@@ -180,7 +190,7 @@ def read_record(folder: str | Path) -> Record:
 
 def _decimals(value: Decimal) -> int:
     exponent = value.as_tuple().exponent
-    return max(-exponent, 0) if isinstance(exponent, int) else 0
+    return min(max(-exponent, 0), 30) if isinstance(exponent, int) else 0  # past 30: as good as exact
 
 
 def _half_unit(value: Decimal) -> Decimal:
@@ -195,6 +205,12 @@ def agree(a: Decimal, b: Decimal) -> bool:
 def check_record(folder: str | Path, cap: int = BUDGET_BYTES) -> list[str]:
     """Every finding about a records folder, one line each (an empty list: it passes). Never raises on
     what the folder holds; only a folder that is not there is an error."""
+    with decimal.localcontext() as context:  # absurd figures (1e999999) compare as numbers, not errors
+        context.clear_traps()
+        return _check_record(folder, cap)
+
+
+def _check_record(folder: str | Path, cap: int) -> list[str]:
     record = read_record(folder)
     findings, sub, logs = record.findings, record.submission, record.logs
     script = record.path / "train_gpt.py"
@@ -220,6 +236,8 @@ def check_record(folder: str | Path, cap: int = BUDGET_BYTES) -> list[str]:
     if len(set(record.listed_seeds)) != len(record.listed_seeds):
         findings.append(f"submission.json: a seed is listed twice: {record.listed_seeds}")
     total = _whole(sub.get("bytes_total"))
+    if total is None and sub.get("bytes_total") is not None:
+        findings.append(f"submission.json: bytes_total is no byte count: {str(sub['bytes_total'])[:40]}")
     if total is not None and total > cap:
         findings.append(
             f"submission.json: bytes_total {total:,} is over the cap of {cap:,} by {total - cap:,}"
@@ -285,6 +303,8 @@ def _check_seeds(record: Record, cap: int) -> None:
         where = f"seed {seed.seed}"
         if seed.val_bpb is None:
             findings.append(f"submission.json: {where} has no val_bpb")
+        if seed.bad_bytes:
+            findings.append(f"submission.json: {where}'s bytes are no byte count")
         if seed.seed not in record.listed_seeds:
             findings.append(f"submission.json: {where} has figures but is not in its seeds")
         if seed.total_bytes is not None and seed.total_bytes > cap:
