@@ -25,7 +25,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from core.artifact.int8 import BUDGET_BYTES
+from core.config.fields import BUDGET_BYTES
 from core.common.errors import PgolfError
 from core.common.files import read_file
 
