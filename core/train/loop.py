@@ -545,7 +545,7 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
 
 # Settings only pgolf's `train` acts on (starting from other weights, the artifact fit, trackers), in
 # InteractiveTraining: a packaged train_gpt.py refuses them (core/runs/package.py).
-PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to")
+PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to", "abort_behind")
 
 
 def check_budget(result: RunResult, cap: int) -> None:
@@ -566,7 +566,7 @@ def train(backend: Backend, **options) -> RunResult:
     `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code
     (a packaged train_gpt.py passes its own size; 0 when not given). Any other option (`resume`, `stop`,
     `progress`, `step_progress`, `notes`), or a config with what only pgolf's `train` does (`init_from`,
-    `artifact_fit_bytes`, `report_to`: PGOLF_ONLY), runs an `InteractiveTraining` (core/train/interactive.py:
+    `artifact_fit_bytes`, `report_to`, `abort_behind`: PGOLF_ONLY), runs an `InteractiveTraining` (core/train/interactive.py:
     it also takes `code_bytes` as a function of the config the artifact is written with, as the CLI passes
     core.runs.package.code_bytes, and logs the artifact's bytes class by class after its size); a
     packaged train_gpt.py, which lacks it, refuses those settings in one line.
