@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import traceback
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ from core.common.files import write_atomic  # noqa: E402
 PARTS = {
     "env": (30, 60),
     "compile": (90, 120),
-    "record": (120, 90),
+    "record": (150, 90),
     "baseline": (270, 120),
     "verify": (60, 90),
     "tests": (120, 90),
@@ -133,6 +134,10 @@ def part_env(args: argparse.Namespace) -> dict:
     from cuda_train.varlen import flash_varlen
 
     info["flash_attn"] = flash_varlen() is not None
+    try:  # pip-installed, or run from the checkout alone (both work)
+        info["pgolf_installed"] = metadata.version("pgolf")
+    except metadata.PackageNotFoundError:
+        info["pgolf_installed"] = None
     if not torch.cuda.is_available():
         return {"summary": f"torch {torch.__version__} on the CPU (no CUDA device)", **info}
     props = torch.cuda.get_device_properties(0)
@@ -551,9 +556,10 @@ def _timed_run(cmd: list[str], env: dict, cwd: Path, args, name: str) -> dict:
     text = "\n".join(run["tail"])
     steps = STEP_LINE.findall(text)
     out: dict = {"seconds": run["seconds"], "log": run["log"]}
-    if run["returncode"] != 0 or not steps:
+    if run["returncode"] != 0 or not steps:  # (the figures of a run that ended badly are still kept)
         why = f"exit {run['returncode']}" if run["returncode"] != 0 else "no step line"
         out["error"] = f"{why}: {_last_line(run['tail'])}"
+    if not steps:
         return out
     step, _, ms = steps[-1]
     tokens = DRY["train_batch_tokens"] if args.dry_run else 524_288
