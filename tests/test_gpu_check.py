@@ -81,6 +81,11 @@ def test_out_of_time_parts_are_skipped_and_a_bad_part_name_is_refused(tmp_path):
     parts = json.loads((tmp_path / "out" / "gpu_check.json").read_text())["parts"]
     assert [p["status"] for p in parts.values()] == ["skipped", "skipped"]
     assert parts["env"]["summary"].startswith("out of time")
-    bad = gpu_check(str(tmp_path / "out2"), "--only", "nope")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --only: no part nope")
+    for flags, message in [
+        (["--only", "nope"], "error: --only: no part nope"),
+        (["--challenge-script", str(tmp_path / "absent.py")], "error: --challenge-script"),
+        (["--budget", "soon"], "error: argument --budget: invalid float value"),
+    ]:
+        bad = gpu_check(str(tmp_path / "out2"), *flags)
+        assert bad.returncode == 2 and bad.stderr.startswith(message) and len(bad.stderr.splitlines()) == 1
     assert not (tmp_path / "out2").exists()
