@@ -246,16 +246,51 @@ class LiveProgress:
 @data_app.command("prepare")
 def data_prepare(
     out: Path = typer.Option(Path("data"), help="Root folder: datasets/, tokenizers/, manifest.json."),
-    vocab_size: int = typer.Option(1024, help="SentencePiece BPE vocabulary size."),
+    docs: Path | None = typer.Option(
+        None,
+        help="Make the dataset from these documents instead of the embedded corpus: JSON lines with a "
+        '"text" field (the challenge\'s docs_selected.jsonl) or a folder of .txt files (docs/tokenizers.md).',
+    ),
+    vocab_size: int | None = typer.Option(None, help="SentencePiece BPE vocabulary size [default: 1024]."),
+    val_docs: int | None = typer.Option(
+        None, help="With --docs: the first N documents are validation [default: 50000, the challenge's]."
+    ),
+    shard_tokens: int | None = typer.Option(
+        None, help="With --docs: tokens per shard [default: 100000000, the challenge's]."
+    ),
+    name: str | None = typer.Option(
+        None,
+        help="With --docs: the dataset's name, its tokenizer tokenizers/NAME.model [default: <docs>_sp<V>].",
+    ),
+    tokenizer: Path | None = typer.Option(
+        None, help="With --docs: encode with this SentencePiece .model instead of training one."
+    ),
     caseops: bool = typer.Option(
         False,
         "--caseops",
-        help="Build sotu_sp<V>_caseops instead: the lossless case transform, its tokenizer and the "
-        "validation byte sidecar (train on it with --dataset sotu_sp<V>_caseops).",
+        help="The lossless case transform, its tokenizer and the validation byte sidecar: sotu_sp<V>_caseops "
+        "from the embedded corpus (train on it with --dataset sotu_sp<V>_caseops), or from --docs.",
     ),
 ) -> None:
-    """Build the embedded default dataset (State of the Union speeches) offline."""
-    summary = _prepare(out, vocab_size, caseops)
+    """Build a dataset and its tokenizer offline: the embedded default (State of the Union speeches),
+    or with --docs from any documents, as the challenge's exporter makes its own."""
+    if docs is None:
+        given = [flag for flag, value in (("--val-docs", val_docs), ("--shard-tokens", shard_tokens),
+                 ("--name", name), ("--tokenizer", tokenizer)) if value is not None]  # fmt: skip
+        if given:
+            raise typer.BadParameter(
+                f"{given[0]} goes with --docs FILE (the embedded corpus has its own split)"
+            )
+        summary = _prepare(out, vocab_size or 1024, caseops)
+    else:
+        from core.datasets.prepare import SHARD_TOKENS, VAL_DOCS, prepare_docs
+
+        with console.status("preparing") as status:
+            summary = prepare_docs(
+                docs, out, name, vocab_size, VAL_DOCS if val_docs is None else val_docs,
+                SHARD_TOKENS if shard_tokens is None else shard_tokens, tokenizer, caseops,
+                progress=lambda msg: status.update(msg),
+            )  # fmt: skip
     for key, value in summary.items():
         console.print(f"{key}: {value}")
 
@@ -290,10 +325,32 @@ def data_download(
 def data_verify(
     dataset: str = typer.Argument("sotu_sp1024", help="A dataset listed in the data folder's manifest.json."),
     out: Path = typer.Option(Path("data"), help="Root folder: datasets/, tokenizers/, manifest.json."),
+    bytes_: bool = typer.Option(
+        False,
+        "--bytes",
+        help="Prove the validation byte counts instead: what scoring counts against the documents' own "
+        "bytes, document by document (exit 1 on any difference), and what the challenge's tables would count.",
+    ),
+    docs: Path | None = typer.Option(
+        None, help="With --bytes: the documents, for data whose manifest entry does not name them."
+    ),
+    val_docs: int | None = typer.Option(
+        None, help="With --bytes and --docs: how many are validation [default: 50000, the challenge's]."
+    ),
 ) -> None:
     """Check every shard of a dataset against the SHA-256 its manifest entry recorded. It reads every
     byte (830 MB/s hashed on a 2-core CPU: 20 s for 16 GB in the page cache, else the disk's pace);
-    training itself checks only each shard's header and size."""
+    training itself checks only each shard's header and size. With --bytes, prove its byte counts."""
+    if bytes_:
+        from core.datasets.byte_proof import verify_bytes
+
+        with console.status("verifying bytes") as status:
+            proof = verify_bytes(out, dataset, docs, val_docs, progress=lambda msg: status.update(msg))
+        for line in proof.lines:
+            console.print(line, markup=False)
+        if not proof.exact:
+            raise typer.Exit(1)
+        return
     from core.data.manifest import verify_dataset
 
     with console.status("verifying") as status:

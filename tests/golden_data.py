@@ -21,3 +21,52 @@ def goldens() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     with safe_open(QUANT_GOLDENS, "np") as f:
         meta = json.loads(f.metadata()["golden"])
         return {k: f.get_tensor(k) for k in f.keys()}, meta  # noqa: SIM118 (safe_open is not a dict)
+
+
+# The challenge exporter's golden (tests/golden/make_challenge_export.py, tests/test_prepare_docs.py).
+CHALLENGE_EXPORT = GOLDEN / "challenge_export.json"
+EXPORT_SPEECHES = 30  # the first speeches of the embedded corpus, one paragraph a document
+EXPORT_EXTRA = [  # text that takes byte fallback, NFKC and whitespace folding
+    "Café ÉCOLE naïve Straße — “quotes” ½ cup, ﬁne print",
+    "世界 你好, emoji 😀🎉 and Ελληνικά, русский текст",
+    "  leading and   inner   spaces\tand a tab  ",
+    "digits 1234567890 and 3.14159, a\x00NUL",
+]
+
+
+def write_export_docs(path: Path) -> Path:
+    """The golden's documents as JSON lines: the first EXPORT_SPEECHES speeches' paragraphs, with
+    EXPORT_EXTRA after every 50th (so that some are validation documents and some train)."""
+    from core.datasets.embedded import paragraphs, read_text, speech_files
+
+    lines = []
+    for i, text in enumerate(paragraphs(read_text(f) for f in speech_files()[:EXPORT_SPEECHES])):
+        lines.append(text)
+        if i % 50 == 0:
+            lines.append(EXPORT_EXTRA[(i // 50) % len(EXPORT_EXTRA)])
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in lines), encoding="utf-8")
+    return path
+
+
+def tokenizer_digest(model: Path) -> str:
+    """SHA-256 of a SentencePiece model's pieces, scores and types, one "piece<TAB>score<TAB>type" line
+    each (the model file itself also records where it was trained, which differs run to run)."""
+    import hashlib
+
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(model).read_bytes())
+    lines = "".join(f"{p.piece}\t{p.score!r}\t{p.type}\n" for p in proto.pieces)
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def shard_sha256(folder: Path) -> dict[str, str]:
+    """{name: SHA-256} of the token shards of a dataset folder (byte sidecars left out)."""
+    import hashlib
+
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(Path(folder).glob("fineweb_*.bin"))
+        if "_bytes_" not in p.name
+    }

@@ -14,7 +14,7 @@ from core.common.errors import PgolfError
 from core.data.manifest import read_manifest
 from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
-from core.datasets import embedded as corpus
+from core.datasets import prepare
 from core.datasets.embedded import VAL_EVERY, prepare_sotu, speech_files, split_documents
 
 
@@ -95,7 +95,7 @@ def test_a_failed_export_keeps_the_previous_dataset(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(corpus, "export_documents", interrupted)
+    monkeypatch.setattr(prepare, "export_documents", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prepare_sotu(tmp_path, vocab_size=512, limit_docs=12, shard_tokens=20_000)
     assert digest(tmp_path) == before

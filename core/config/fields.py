@@ -107,8 +107,9 @@ class Config:
     )
     caseops_enabled: bool = opt(
         False,
-        "CaseOps data: val_bpb counts the validation byte sidecar (fineweb_val_bytes_*.bin, each token's "
-        "original UTF-8 bytes) instead of the tokenizer's byte tables; --dataset sets it from the manifest",
+        "val_bpb counts the validation byte sidecar (fineweb_val_bytes_*.bin, the bytes of text each token "
+        "stands for) instead of the tokenizer's byte tables: CaseOps data, and data whose tokenizer's tables "
+        "would miscount (docs/tokenizers.md); --dataset sets it from the manifest",
         "data", ANY, scoring=True,
     )  # fmt: skip
     run_id: str = opt(

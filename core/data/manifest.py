@@ -108,26 +108,37 @@ def check_tokenizer(data_path: str | Path, tokenizer_path: str | Path) -> None:
     (`<root>/manifest.json` for `<root>/datasets/<name>`) records the SHA-256 of the tokenizer file
     of each dataset it lists. A folder no manifest lists, or an entry without that hash (written by an
     older pgolf), is not checked. Called by the commands (core/runs/setup.py: train, eval, verify)."""
+    found = listed_entry(data_path)
+    if found is None or not Path(tokenizer_path).is_file():
+        return  # nothing to check against, or a tokenizer its reader will refuse by name
+    root, entry = found
+    name, recorded = entry.get("name"), entry.get("tokenizer_sha256")
+    if not isinstance(recorded, str):
+        return
+    given = file_sha256(tokenizer_path, "tokenizer")
+    if given != recorded:
+        raise PgolfError(
+            f"tokenizer {tokenizer_path} did not make dataset {name}: {root / 'manifest.json'} records its "
+            f"tokenizer's SHA-256 as {recorded[:12]}…, this file's is {given[:12]}… (set --tokenizer-path "
+            f"to the dataset's, or choose the data with --dataset)"
+        )
+
+
+def listed_entry(data_path: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """(data folder, manifest entry) of the dataset folder `data_path` (`<root>/datasets/<name>`), when
+    the manifest of its data folder lists it; None otherwise."""
     folder = Path(data_path).resolve()
     root = folder.parent.parent
-    if not (root / "manifest.json").is_file() or not Path(tokenizer_path).is_file():
-        return  # nothing to check against, or a tokenizer its reader will refuse by name
+    if not (root / "manifest.json").is_file():
+        return None
     for entry in read_manifest(root)["datasets"]:
-        name, recorded = entry.get("name"), entry.get("tokenizer_sha256")
         try:
-            listed = (root / manifest_path(entry.get("path") or f"datasets/{name}")).resolve()
+            listed = (root / manifest_path(entry.get("path") or f"datasets/{entry.get('name')}")).resolve()
         except PgolfError:
             continue
-        if listed != folder or not isinstance(recorded, str):
-            continue
-        given = file_sha256(tokenizer_path, "tokenizer")
-        if given != recorded:
-            raise PgolfError(
-                f"tokenizer {tokenizer_path} did not make dataset {name}: {root / 'manifest.json'} records its "
-                f"tokenizer's SHA-256 as {recorded[:12]}…, this file's is {given[:12]}… (set --tokenizer-path "
-                f"to the dataset's, or choose the data with --dataset)"
-            )
-        return
+        if listed == folder:
+            return root, entry
+    return None
 
 
 def shard_digests(folder: str | Path) -> dict[str, str]:

@@ -84,7 +84,7 @@ def check_rank(rank: int, world_size: int) -> None:
 
 def find_shards(data_path: str | Path, split: str) -> list[Path]:
     """The shards `fineweb_<split>_<number>.bin` of a dataset folder, in order. split "val_bytes"
-    names the validation byte sidecar (CaseOps data), which "val" does not include."""
+    names the validation byte sidecar, which "val" does not include."""
     folder = Path(data_path)
     if not folder.is_dir():
         raise PgolfError(
@@ -135,7 +135,7 @@ def load_val_tokens(
 
 def load_val_bytes(files: list[Path], n_tokens: int) -> np.ndarray:
     """The byte sidecar of the validation shards `files`, cut as load_val_tokens cut their tokens to
-    `n_tokens`: uint16, the original bytes of the text each token stands for (CaseOps data).
+    `n_tokens`: uint16, the bytes of the text each token stands for.
 
     Each shard `fineweb_val_N.bin` must have its sidecar `fineweb_val_bytes_N.bin` with as many entries.
     """

@@ -3,8 +3,9 @@ bits per byte does not depend on the tokenizer. `base_bytes[t]` counts the piece
 "▁", plus one byte for that space unless the previous token is a boundary (control, unknown or
 unused), i.e. the start of a document.
 
-CaseOps data counts its bytes from the validation byte sidecar instead (core/eval/score.py's
-EvalData): this module is imported only for the runs without it (core/runs/package.py's OPTIONAL).
+Data with a validation byte sidecar counts its bytes from it instead (core/eval/score.py's EvalData):
+CaseOps data, and data whose tokenizer these tables would miscount (core/datasets/byte_counts.py). This
+module is imported only for the runs without one (core/runs/package.py's OPTIONAL).
 """
 
 from __future__ import annotations

@@ -36,12 +36,16 @@ def train_tokenizer(
     byte_fallback: bool = True,
     user_symbols: Sequence[str] = (),
     lossless: bool = False,
+    exporter_limits: bool = False,
 ) -> Path:
     """Train a BPE model with the challenge's trainer options; deterministic for the same texts.
 
     `user_symbols` become pieces of their own, right after the four special ones (ids 4, 5, ...).
     `lossless` keeps the text as it is (no NFKC, no whitespace folding): decoding then gives back the
     exact text encoded (with byte_fallback), which CaseOps' byte sidecar relies on.
+    `exporter_limits` keeps SentencePiece's own defaults for what the challenge's exporter leaves
+    unset (a sentence over 4,192 bytes is skipped; threads): the exporter's tokenizer, piece for piece.
+    Otherwise every sentence counts, on one thread, as the embedded corpus has always been trained.
     Writes `<prefix>.model` and `<prefix>.vocab` and returns the .model path.
     """
     prefix = Path(model_prefix)
@@ -59,11 +63,14 @@ def train_tokenizer(
         eos_id=2,
         unk_id=3,
         hard_vocab_limit=False,
-        num_threads=1,  # multi-threaded training may order merges differently run to run
-        shuffle_input_sentence=False,
-        max_sentence_length=1 << 20,
         minloglevel=2,
     )
+    if not exporter_limits:
+        options.update(
+            num_threads=1,  # multi-threaded training may order merges differently run to run
+            shuffle_input_sentence=False,
+            max_sentence_length=1 << 20,
+        )
     if user_symbols:
         options["user_defined_symbols"] = list(user_symbols)
     if lossless:
@@ -72,9 +79,15 @@ def train_tokenizer(
         spm.SentencePieceTrainer.Train(sentence_iterator=iter(texts), model_writer=model, **options)
     except RuntimeError as exc:
         raise PgolfError(f"tokenizer {prefix}.model: training failed ({exc})") from None
+    return write_tokenizer(model.getvalue(), prefix)
+
+
+def write_tokenizer(proto: bytes, model_prefix: str | Path) -> Path:
+    """Write a serialized SentencePiece model as `<prefix>.model`, its pieces and scores as `<prefix>.vocab`."""
+    prefix = Path(model_prefix)
     # Appended, not with_suffix: a prefix such as "tok.v2" keeps its dot.
-    path = write_atomic(prefix.parent / f"{prefix.name}.model", model.getvalue())
-    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    path = write_atomic(prefix.parent / f"{prefix.name}.model", proto)
+    sp = spm.SentencePieceProcessor(model_proto=proto)
     vocab = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.vocab_size()))
     write_atomic(prefix.parent / f"{prefix.name}.vocab", vocab.encode("utf-8"))
     return path

@@ -30,8 +30,8 @@ Progress = Callable[[int, int], None]  # (done, total) of something long
 @dataclass
 class EvalData:
     """What scoring needs: the validation tokens, and what counts their bytes: the tokenizer's byte
-    tables, or for CaseOps data the byte sidecar (each token's original UTF-8 bytes,
-    core/datasets/caseops.py)."""
+    tables, or the byte sidecar where the data has one (each token's bytes of text: CaseOps data,
+    core/datasets/caseops.py, and data whose tables would miscount, core/datasets/byte_counts.py)."""
 
     tokens: np.ndarray
     tables: ByteTables | None  # None with a sidecar
@@ -71,11 +71,11 @@ def load_eval_data(cfg: Config) -> EvalData:
         fix = (
             f"set {setting('caseops_enabled', True)}"
             if has
-            else hint("data prepare --caseops makes one", "set DATA_PATH to CaseOps data")
+            else hint("data prepare --caseops makes one", "set DATA_PATH to data with one")
         )
         raise PgolfError(
             f"caseops_enabled is {'off' if has else 'on'}, but {cfg.data_path} has {'a' if has else 'no'} "
-            f"validation byte sidecar (fineweb_val_bytes_*.bin, CaseOps data): {fix}"
+            f"validation byte sidecar (fineweb_val_bytes_*.bin: each token's bytes, which scoring counts): {fix}"
         )
     if has:
         return EvalData(tokens, None, load_val_bytes(files, len(tokens)))

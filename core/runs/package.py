@@ -559,6 +559,29 @@ Rerun:
 """
 
 
+def _byte_proof(cfg: Config) -> str:
+    """For data pgolf made (its manifest entry names its documents), `data verify NAME --bytes`'s lines
+    for the Compliance section; refused when scoring's bytes are not the text's. "" for other data (the
+    challenge's published datasets count with the challenge's tables, which define its figures)."""
+    from core.datasets.byte_proof import dataset_of, verify_bytes
+
+    found = dataset_of(cfg.data_path)
+    if found is None:
+        return ""
+    root, name = found
+    proof = verify_bytes(root, name)
+    if not proof.exact:
+        raise PgolfError(f"package: the validation bytes of dataset {name} are not its text's: {proof.difference}")
+    lines = "\n".join(proof.lines)
+    return f"""
+Validation bytes, counted against the documents that made dataset `{name}` (`cli.py data verify {name} --bytes`):
+
+```
+{lines}
+```
+"""
+
+
 def _readme(
     name: str, blurb: str, cfg: Config, results: list[RunSummary], bytes_code: int, compliance: str = ""
 ) -> str:
@@ -645,6 +668,8 @@ def write_record(
         if not found.legal:
             raise PgolfError(f"package: {r.path} fails the audit: {found.verdict()} (rerun: {found.command})")
         audits.append((r.seed, found))
+    compliance, proof = _compliance(audits), _byte_proof(cfg)
+    compliance += proof if compliance or not proof else f"\n## Compliance\n{proof}"
     text = script(cfg, compressed)
     size = len(text.encode("utf-8"))
     mean_bpb, std = mean_std([r.score_val_bpb for r in results])
@@ -678,7 +703,7 @@ def write_record(
         (staging / "train_gpt.py").write_text(text, encoding="utf-8")
         (staging / "submission.json").write_text(json.dumps(submission, indent=2) + "\n", encoding="utf-8")
         (staging / "README.md").write_text(
-            _readme(name, blurb, cfg, results, size, _compliance(audits)), encoding="utf-8"
+            _readme(name, blurb, cfg, results, size, compliance), encoding="utf-8"
         )
         for r in results:
             shutil.copyfile(r.path / "train.log", staging / f"train_seed{r.seed}.log")
