@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,36 @@ def test_out_of_time_parts_are_skipped_and_a_bad_part_name_is_refused(tmp_path):
         bad = gpu_check(str(tmp_path / "out2"), *flags)
         assert bad.returncode == 2 and bad.stderr.startswith(message) and len(bad.stderr.splitlines()) == 1
     assert not (tmp_path / "out2").exists()
+
+
+def test_a_runs_figures_are_read_off_its_log(tmp_path):
+    """The lines both trainers print (pgolf prints the challenge's): the last step's step_avg, the peak
+    memory and the round trip's val_bpb; a run that exits badly keeps its figures and says how it ended."""
+    import importlib.util
+    from argparse import Namespace
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    lines = [
+        "step:1/200 train_loss:6.9312 train_time:410ms step_avg:410.00ms",
+        "step:200/200 train_loss:3.1234 train_time:80123ms step_avg:400.62ms",
+        "peak memory allocated: 10184 MiB reserved: 10500 MiB",
+        "final_int8_zlib_roundtrip_exact val_loss:2.12345678 val_bpb:1.23456789",
+    ]
+    args = Namespace(work=tmp_path, deadline=time.time() + 60, dry_run=False)
+    for code in (0, 3):
+        cmd = [sys.executable, "-c", f"print({chr(10).join(lines)!r}); raise SystemExit({code})"]
+        run = check._timed_run(cmd, None, tmp_path, args, f"run{code}")
+        assert (run["step"], run["ms_per_step"], run["tokens_per_step"]) == (200, 400.62, 524_288)
+        assert run["peak_memory_mib"] == 10184 and run["val_bpb"] == 1.23456789
+        if code:
+            assert run["error"] == "exit 3: " + lines[-1]
+        else:
+            assert "error" not in run
+    silent = check._timed_run(
+        [sys.executable, "-c", "print('error: no such dataset')"], None, tmp_path, args, "x"
+    )
+    assert (
+        silent == {**silent, "error": "no step line: error: no such dataset"} and "ms_per_step" not in silent
+    )
