@@ -2,7 +2,8 @@
 
     python bench/gpu_check.py OUT --challenge-script PATH/train_gpt.py
 
-writes OUT/gpu_check.json and OUT/gpu_check.md (and OUT/gpu_check.log, every part's output). The parts,
+writes OUT/gpu_check.json and OUT/gpu_check.md (and OUT/gpu_check.log: every part's output, then each
+run's and the tests'). The parts,
 in the order they run, each in a process of its own under its own time limit (a part that fails, hangs
 or crashes is one line of the report, and the next part runs):
 
@@ -597,6 +598,9 @@ def _run(cmd: list[str], env: dict | None, cwd: Path, args, name: str) -> dict:
         except subprocess.TimeoutExpired:
             _kill(proc)
             code = "timed out"
+        except BaseException:  # Ctrl-C: its own session does not get the signal, so it goes here
+            _kill(proc)
+            raise
     tail = log.read_text(errors="replace").splitlines()[-400:]
     if code == "timed out":
         tail.append(f"timed out after {time.time() - t0:.0f} s")
@@ -716,14 +720,24 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
     only = [p for p in args.only.split(",") if p]
     for folder in (args.out, args.work):
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            print(f"error: cannot make the folder {folder}: {error.strerror}", file=sys.stderr)
+            return 1
     started = time.time()
     parts: dict[str, dict] = {}
+    stopped = 0
     for name in PARTS:
         if only and name not in only:
             continue
         print(f"[{time.time() - started:5.0f} s] {name} ...", flush=True)
-        parts[name] = run_part(name, args, argv, started)
+        try:
+            parts[name] = run_part(name, args, argv, started)
+        except KeyboardInterrupt:  # what ran so far is still reported
+            parts[name] = {"status": "failed", "summary": "interrupted (Ctrl-C)"}
+            stopped = 130
+            break
         print(
             f"[{time.time() - started:5.0f} s] {name}: {parts[name]['status']}: {parts[name].get('summary')}",
             flush=True,
@@ -739,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_atomic(args.out / "gpu_check.json", (json.dumps(report, indent=2, default=str) + "\n").encode())
     write_atomic(args.out / "gpu_check.md", report_markdown(report).encode())
-    logs = [Path(part["log"]) for part in parts.values() if part.get("log")]
+    logs = [Path(part["log"]) for part in parts.values() if part.get("log")]  # then the runs' own logs
+    logs += sorted(set(args.work.glob("*.log")) - set(logs))
     combined = "".join(
         f"===== {log.name}\n{log.read_text(errors='replace')}\n" for log in logs if log.is_file()
     )
@@ -749,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {args.out / 'gpu_check.json'} and gpu_check.md; "
         + (f"failed: {', '.join(failed)}" if failed else "no part failed")
     )
-    return 1 if failed else 0
+    return stopped or (1 if failed else 0)
 
 
 if __name__ == "__main__":
