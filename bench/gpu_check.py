@@ -258,7 +258,8 @@ def part_record(args: argparse.Namespace) -> dict:
     result["attention"] = _attention_kernels(backend)
     result["shape"] = (
         f"{cfg.num_layers}x{cfg.model_dim}, vocab {cfg.vocab_size}, {cfg.train_batch_tokens:,} tokens/step "
-        f"in {cfg.grad_accum_steps} micro-batches of seq {cfg.train_seq_len}"
+        f"in {cfg.grad_accum_steps} micro-batches of seq {cfg.train_seq_len}, loops "
+        + ("on (as from enable_looping_at)" if backend.looping else "off")
     )
     mfu = "n/a (no bf16 peak known)" if result["mfu"] is None else f"{100 * result['mfu']:.1f}%"
     peak = result["peak_memory_mib"]
