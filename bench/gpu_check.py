@@ -213,8 +213,14 @@ def part_compile(args: argparse.Namespace) -> dict:
                 x, y = rows(seqs, length)
                 ttt.score_then_adapt(adapters, x, y, np.ones(seqs, bool), 0, length // 2)
 
+    t0 = time.time()
     run_everything(1.0, cfg.muon_momentum, (cfg.train_seq_len // 2, cfg.train_seq_len // 2 + 8))
     warm = _compile_counts(counters)
+    # (the last line of the log is the report's if the part runs out of time)
+    print(
+        f"warm-up done in {time.time() - t0:.0f} s: {warm['graphs']} graphs, {warm['breaks']} graph breaks",
+        flush=True,
+    )
     counters.clear()
     run_everything(0.5, cfg.muon_momentum * 0.98, (cfg.train_seq_len // 2 + 16, cfg.train_seq_len))
     after = _compile_counts(counters)
@@ -252,7 +258,12 @@ def part_record(args: argparse.Namespace) -> dict:
     check_config("cuda", cfg)
     backend = create_backend(cfg)
     warmup = 3 if cuda else 0
+    print(
+        f"record_0427{'' if cuda else '_tiny'}: {warmup} warm-up and {args.record_steps} timed steps",
+        flush=True,
+    )
     result = benchmark(backend, steps=args.record_steps, warmup=warmup).as_dict()
+    print(f"{result['ms_per_step']:,.1f} ms/step; profiling one step", flush=True)
     result["flops_per_token"] = flops_per_token(cfg)
     result["peak_bf16_flops"] = backend.peak_flops
     result["attention"] = _attention_kernels(backend)
@@ -571,7 +582,7 @@ def _timed_run(cmd: list[str], env: dict, cwd: Path, args, name: str) -> dict:
     steps = STEP_LINE.findall(text)
     out: dict = {"seconds": run["seconds"], "log": run["log"]}
     if run["returncode"] != 0 or not steps:  # (the figures of a run that ended badly are still kept)
-        why = f"exit {run['returncode']}" if run["returncode"] != 0 else "no step line"
+        why = "no step line" if run["returncode"] == 0 else _ending(run)
         out["error"] = f"{why}: {_last_line(run['tail'])}"
     if not steps:
         return out
@@ -603,10 +614,18 @@ def _run(cmd: list[str], env: dict | None, cwd: Path, args, name: str) -> dict:
             _kill(proc)
             raise
     tail = log.read_text(errors="replace").splitlines()[-400:]
-    if code == "timed out":
-        tail.append(f"timed out after {time.time() - t0:.0f} s")
-        code = -1
-    return {"returncode": code, "tail": tail, "seconds": round(time.time() - t0, 1), "log": str(log)}
+    timed_out = code == "timed out"
+    return {
+        "returncode": -1 if timed_out else code,
+        "timed_out": timed_out,
+        "tail": tail,
+        "seconds": round(time.time() - t0, 1),
+        "log": str(log),
+    }
+
+
+def _ending(run: dict) -> str:
+    return "timed out" if run["timed_out"] else f"exit {run['returncode']}"
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -687,8 +706,8 @@ def run_part(name: str, args: argparse.Namespace, argv: list[str], started: floa
     lines = run["tail"]
     result_line = next((line for line in reversed(lines) if line.startswith("RESULT ")), None)
     if result_line is None:
-        why = "timed out" if run["returncode"] == -1 else f"exit {run['returncode']}"
-        result = {"status": "failed", "summary": f"{why} after {run['seconds']:.0f} s: {_last_line(lines)}"}
+        why = f"{_ending(run)} after {run['seconds']:.0f} s"
+        result = {"status": "failed", "summary": f"{why}: {_last_line(lines)}"}
     else:
         result = json.loads(result_line[len("RESULT ") :])
     return {**result, "seconds": run["seconds"], "limit_seconds": round(limit), "log": run["log"]}

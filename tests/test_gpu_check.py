@@ -92,15 +92,21 @@ def test_out_of_time_parts_are_skipped_and_a_bad_part_name_is_refused(tmp_path):
     assert not (tmp_path / "out2").exists()
 
 
+def load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_a_runs_figures_are_read_off_its_log(tmp_path):
     """The lines both trainers print (pgolf prints the challenge's): the last step's step_avg, the peak
     memory and the round trip's val_bpb; a run that exits badly keeps its figures and says how it ended."""
-    import importlib.util
     from argparse import Namespace
 
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = load_script()
     lines = [
         "step:1/200 train_loss:6.9312 train_time:410ms step_avg:410.00ms",
         "step:200/200 train_loss:3.1234 train_time:80123ms step_avg:400.62ms",
@@ -123,3 +129,24 @@ def test_a_runs_figures_are_read_off_its_log(tmp_path):
     assert (
         silent == {**silent, "error": "no step line: error: no such dataset"} and "ms_per_step" not in silent
     )
+
+
+def test_a_run_past_its_deadline_is_killed_with_what_it_started(tmp_path):
+    """Its whole process group goes (a compile's workers, pytest's), and its last line is kept for the
+    report: how far it got."""
+    from argparse import Namespace
+
+    check = load_script()
+    started_child = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('warm-up done, child', p.pid, flush=True); time.sleep(60)"
+    )
+    args = Namespace(work=tmp_path, deadline=time.time() + 3)
+    run = check._run([sys.executable, "-c", started_child], None, tmp_path, args, "slow")
+    assert run["timed_out"] and run["returncode"] == -1 and run["seconds"] < 30
+    assert check._last_line(run["tail"]).startswith("warm-up done") and check._ending(run) == "timed out"
+    status = Path(f"/proc/{run['tail'][-1].split()[-1]}/status")
+    time.sleep(0.5)
+    if status.exists():  # not yet reaped by whoever adopted it: then it must be a zombie
+        assert "State:\tZ" in status.read_text()
