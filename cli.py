@@ -50,6 +50,7 @@ import typer
 from rich.console import Console
 
 from core.common.errors import PgolfError, first_line, one_line, out_of_memory
+from core.common.launch import launch
 from core.config.fields import Config
 from core.config.presets import PRESETS
 
@@ -988,7 +989,7 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
     )
     for data_path in dict.fromkeys(run.cfg.data_path for run in todo):
         _ensure_default_data(next(run.cfg for run in todo if run.cfg.data_path == data_path))
-    env = dict(os.environ)
+    env = sw.child_environ(dict(os.environ))  # each run's config is its sweep_config.json, whole
     if parallel > 1 and "OMP_NUM_THREADS" not in env:  # the processes share the cores, not each take all
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // parallel))
     script = str(Path(__file__).resolve())
@@ -1215,7 +1216,12 @@ def _stdout_gone() -> bool:
 def main() -> None:
     _catch_signals(SIGNALS.handle)
     piped_to_null = _stdout_gone()  # `> /dev/null` from the start is no broken pipe
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a rank under torchrun
+    try:
+        world_size = launch().world_size  # torchrun's settings, checked before any command (--help too)
+    except PgolfError as exc:
+        err_console.print(f"error: {exc}", markup=False)
+        raise SystemExit(1) from None
+    if world_size > 1:  # a rank under torchrun
         _end_soon_after_sigterm()
     try:
         code = app(standalone_mode=False)

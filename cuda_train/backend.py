@@ -9,7 +9,6 @@ others (`close`); collectives time out after `collective_timeout_seconds`.
 
 from __future__ import annotations
 
-import os
 import warnings
 from contextlib import nullcontext
 from datetime import timedelta
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from core.common.launch import launch
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
@@ -67,9 +67,8 @@ class TorchBackend:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.specs = param_specs(cfg)
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        place = launch()  # torchrun's settings, checked (the CLI and a packaged script checked them first)
+        self.world_size, self.rank, local_rank = place.world_size, place.rank, place.local_rank
         cuda = torch.cuda.is_available()
         self.torch_device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         self.device, name = "cpu", ""

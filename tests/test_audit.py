@@ -161,7 +161,7 @@ def test_calibration_names_training_shards_or_fails(tmp_path):
     data_path = tmp_path / "data"
     data_path.mkdir()
     for name in ("fineweb_train_000000.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin"):
-        (data_path / name).write_bytes(b"")
+        (data_path / name).write_bytes(name.encode())  # each its own content
     (data_path / "fineweb_train_000002.bin").symlink_to(data_path / "fineweb_val_000000.bin")
     cfg = preset("smoke").replace(data_path=str(data_path), quant_format="mixed", gptq_enabled=True)
     artifact = tmp_path / "final_model.mixed.pgolf"
@@ -247,6 +247,7 @@ def fake_run(folder: Path, seed: int) -> Path:
               "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
     (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
     (folder / "train.log").write_text("log\n")
+    (folder / "final_model.int8.pgolf").write_bytes(b"0123456789")  # the 10 bytes its final record says
     return folder
 
 

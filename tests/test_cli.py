@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.common.files import file_sha256
 from core.config.fields import Config
 from core.data.shards import find_shards
 from core.runs.summary import read_metrics
@@ -67,6 +68,10 @@ def test_train_prints_the_score_and_the_budget(trained):
         model == (run_dir / "final_model.int8.pgolf").stat().st_size and int(total.group(1)) == model + code
     )
     assert (run_dir / "final_model.int8.pgolf").is_file()
+    final = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["artifact_sha256"] == file_sha256(
+        run_dir / "final_model.int8.pgolf"
+    )  # what `package` checks
 
 
 @needs("cuda")

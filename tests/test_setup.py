@@ -48,16 +48,25 @@ def test_seeds_and_resume_do_not_go_together(tmp_path):
 
 def test_the_default_data_is_prepared_by_local_rank_0_only(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
     cfg = Config()
     assert setup.default_data_to_prepare(cfg) == setup.DEFAULT_DATA_ROOT
     assert setup.default_data_to_prepare(cfg.replace(data_path=str(tmp_path / "other"))) is None
-    monkeypatch.setenv("LOCAL_RANK", "1")
+    for name, value in {
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "h",
+        "MASTER_PORT": "1",
+    }.items():
+        monkeypatch.setenv(name, value)  # torchrun's second process
     monkeypatch.setattr(setup, "DATA_WAIT_S", 0.0)
     with pytest.raises(PgolfError, match=r"local rank 0 has not prepared .* run `cli.py data prepare`"):
         setup.default_data_to_prepare(cfg)
     (tmp_path / cfg.data_path).mkdir(parents=True)  # in place: nothing to do, on any rank
     assert setup.default_data_to_prepare(cfg) is None
+    monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert setup.default_data_to_prepare(cfg) is None
 

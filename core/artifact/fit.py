@@ -50,6 +50,7 @@ framework: core/train/fitting.py scores it with a backend on tokens from the tra
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -273,6 +274,7 @@ class _Search:
         self.groups = _searched_classes(params, self.classes, self.base)
         self.largest = {cls: max(params[n].size for n in names) for cls, names in self.groups.items()}
         self.trials: list[Trial] = []
+        self.made: dict[tuple[str, int], Trial] = {}  # (artifact's SHA-256, bytes with code): its trial
         self.kept: list[tuple[Trial, MixedModel]] = []  # the LQER_BASES scored lowest that fit
         self.notes: list[str] = []
         self.decided: dict[str, Any] = {}  # GPTQ on or off, once the base settings have shown which is better
@@ -297,8 +299,13 @@ class _Search:
                 return t
         if model is None:
             model = quantize_mixed_for(self.params, cfg, self.dtypes, self.hessians)
-        total = len(artifact_blob(model, cfg)) + self.code_bytes(cfg)
+        blob = artifact_blob(model, cfg)
+        total = len(blob) + self.code_bytes(cfg)
+        made = (hashlib.sha256(blob).hexdigest(), total)
+        if made in self.made:  # other settings, the same artifact (floors above every tensor): scored once
+            return self.made[made]
         t = Trial(_label(cfg, self.largest), changes, kind, round(predicted), total, cap=self.cap)
+        self.made[made] = t
         if t.fits or kind in ("base", "gptq-base", "probe"):  # a loss where it may be chosen, or is needed
             t.loss = float(self.loss_of(dequantize_mixed(model)))
             if not math.isfinite(t.loss):

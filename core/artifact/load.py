@@ -356,7 +356,12 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # a damaged file: its reader names the problem when the weights are read
         raise PgolfError(f"artifact {path} is damaged: {first_line(exc)}") from None
-    return (kept, f"artifact {path}") if isinstance(kept, dict) and kept else None
+    if kept is not None and not isinstance(kept, dict):  # refused as a kept setting of a bad value is
+        raise PgolfError(
+            f"artifact {path} keeps settings pgolf refuses: config: its settings must be a table of fields, "
+            f"got {type(kept).__name__} {str(kept)[:40]!r}"
+        )
+    return (kept, f"artifact {path}") if kept else None
 
 
 # --------------------------------------------------------- weights and config

@@ -85,8 +85,12 @@ def remove_stale_temps(folder: str | Path) -> None:
 
 def append_line(path: str | Path, line: str) -> None:
     """Append one line to a text file (a log); a failure (a full disk) is a PgolfError naming the file."""
-    try:
-        with open(path, "a", encoding="utf-8") as f:
+    with contextlib.suppress(OSError):  # a FIFO there would hang the writer until a reader came
+        if stat.S_ISFIFO(os.stat(path).st_mode):
+            raise PgolfError(f"cannot write {path}: a FIFO, not a regular file")
+    try:  # (and opened without blocking, should one appear meanwhile)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+        with open(fd, "a", encoding="utf-8") as f:
             f.write(line + "\n")
     except OSError as exc:
         raise PgolfError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -675,6 +675,21 @@ class Config:
         """Compile the step: when asked to, or by default on a GPU."""
         return self.compile == "on" or (self.compile == "auto" and on_gpu)
 
+    def check_fields(self, names: Iterable[str] | None = None) -> Config:
+        """Each field's own checks (its declaration's), of the fields `names` (default: all); raise
+        PgolfError naming the first that fails; return self."""
+        chosen = None if names is None else set(names)
+        for f in fields(self):
+            if chosen is not None and f.name not in chosen:
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise PgolfError(f"config: {f.name} must be finite, got {value}")
+            for check in f.metadata["checks"]:
+                if not check.ok(value):
+                    raise PgolfError(f"config: {f.name} {check.rule}, got {value!r}")
+        return self
+
     def validate(self, world_size: int = 1) -> Config:
         """Raise PgolfError naming the first inconsistent setting; return self.
 
@@ -684,13 +699,7 @@ class Config:
             if not ok:
                 raise PgolfError(f"config: {message}")
 
-        for f in fields(self):
-            value = getattr(self, f.name)
-            require(
-                not isinstance(value, float) or math.isfinite(value), f"{f.name} must be finite, got {value}"
-            )
-            for check in f.metadata["checks"]:
-                require(check.ok(value), f"{f.name} {check.rule}, got {value!r}")
+        self.check_fields()
         require(
             self.model_dim % self.num_heads == 0,
             f"num_heads={self.num_heads} must divide model_dim={self.model_dim}",

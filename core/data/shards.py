@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,13 +83,26 @@ def check_rank(rank: int, world_size: int) -> None:
         raise PgolfError(f"rank {rank} is outside a world of {world_size} processes")
 
 
+def making_command(path: str | Path) -> str:
+    """The command that makes the dataset folder or tokenizer `path`, by its name: the embedded corpus's
+    (`sotu_sp<V>`, `sotu_<V>_bpe`) by `data prepare`, with `--caseops` and `--vocab-size` as it needs; the
+    challenge's (`fineweb10B_<variant>`, `fineweb_<V>_bpe`) by `data download`; any other from documents."""
+    name = Path(path).name.removesuffix(".model")
+    if found := re.fullmatch(r"sotu_(?:sp)?(\d+)(?:_bpe)?(_caseops)?", name.replace("_bpe_caseops", "_caseops")):
+        vocab, caseops = found.groups()
+        return "python cli.py data prepare" + " --caseops" * bool(caseops) + f" --vocab-size {vocab}" * (vocab != "1024")
+    if found := re.fullmatch(r"fineweb10B_(\w+)|fineweb_(\d+)_bpe", name):
+        return "python cli.py data download --variant " + (found[1] or f"sp{found[2]}")
+    return f"python cli.py data prepare --docs FILE --name {name}, FILE your documents"
+
+
 def find_shards(data_path: str | Path, split: str) -> list[Path]:
     """The shards `fineweb_<split>_<number>.bin` of a dataset folder, in order. split "val_bytes"
     names the validation byte sidecar, which "val" does not include."""
     folder = Path(data_path)
     if not folder.is_dir():
         raise PgolfError(
-            f"dataset folder {folder} does not exist ({hint('run: python cli.py data prepare', 'set DATA_PATH')})"
+            f"dataset folder {folder} does not exist ({hint(f'run: {making_command(folder)}', 'set DATA_PATH')})"
         )
     try:
         os.listdir(folder)  # glob finds nothing in a folder it may not list: say so instead

@@ -9,6 +9,7 @@ import sentencepiece as spm
 
 from core.common.errors import PgolfError, hint
 from core.common.files import read_file
+from core.data.shards import making_command
 
 MAX_TOKENIZER_BYTES = 2**28  # 256 MiB; a 65,536-piece model is a few MB
 
@@ -17,7 +18,7 @@ def load_tokenizer(path: str | Path) -> spm.SentencePieceProcessor:
     path = Path(path)
     if not path.exists():
         raise PgolfError(
-            f"tokenizer {path} does not exist ({hint('run: python cli.py data prepare', 'set TOKENIZER_PATH')})"
+            f"tokenizer {path} does not exist ({hint(f'run: {making_command(path)}', 'set TOKENIZER_PATH')})"
         )
     if path.suffix != ".model":
         raise PgolfError(f"tokenizer {path} should be a SentencePiece .model file")

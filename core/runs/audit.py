@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import time
 from collections.abc import Callable
@@ -31,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.common.errors import PgolfError
+from core.common.files import file_sha256, read_file
 from core.config.fields import Config
-from core.data.shards import find_shards
 from core.eval.score import EvalData, evaluators
 
 if TYPE_CHECKING:
@@ -206,36 +205,73 @@ def perturbed_scores(
 class Calibration:
     """The files GPTQ's Hessians and the artifact fit read (core/train/calibration.py `write_calibration`)."""
 
-    status: str  # "none", "not recorded", "training shards only", "reads other files"
+    # "none" (no GPTQ, no fit: nothing to record), "training shards only"; else illegal: "not recorded",
+    # "empty" (a record naming no file), "names missing files", "reads other files"
+    status: str
     shards: list[str]
-    bad: list[str]
+    bad: list[str]  # the named files missing, or not training shards
     record: str | None  # the file it was read from
 
     @property
     def legal(self) -> bool:
-        return not self.bad
+        return self.status in ("none", "training shards only")
+
+    def problem(self) -> str:
+        """What is wrong with the calibration, in a few words ('' when legal)."""
+        return {
+            "not recorded": "the run used GPTQ or a fit but its calibration record is missing",
+            "empty": "the calibration record names no file though the run used GPTQ or a fit",
+            "names missing files": f"the calibration record names files that do not exist: {', '.join(self.bad)}",
+            "reads other files": f"calibration read files other than training shards: {', '.join(self.bad)}",
+        }.get(self.status, "")
 
 
-def check_calibration(artifact: Path, cfg: Config) -> Calibration:
-    """What the artifact's `.calibration.json` names: training shards (`fineweb_train_*.bin`, none of
-    them a validation shard's file), or not."""
+def _identity(path: Path) -> tuple[int, int, int]:
+    info = path.stat()  # through links: the file itself
+    return info.st_dev, info.st_ino, info.st_size
+
+
+def check_calibration(artifact: Path, cfg: Config, val_path: str | Path | None = None) -> Calibration:
+    """What the artifact's `.calibration.json` names: training shards (`fineweb_train_*.bin`) that exist and
+    are none of the validation shards, by the file itself (links resolved) and by content (SHA-256), of the
+    run's own data (`val_path`: the folder evaluated, default `cfg.data_path`) or the record's folder. A run
+    with GPTQ or a fit needs a record naming its files; one without needs none."""
+    used = cfg.gptq_enabled or cfg.artifact_fit_bytes > 0
     record = artifact.with_suffix(".calibration.json")
     if not record.is_file():
-        used = cfg.gptq_enabled or cfg.artifact_fit_bytes > 0
         return Calibration("not recorded" if used else "none", [], [], None)
     try:
-        found = json.loads(record.read_text(encoding="utf-8"))
+        found = json.loads(read_file(record, "calibration record", 2**20).decode("utf-8"))
         data_path = Path(found["data_path"])
-        names = [str(n) for n in found["gptq_shards"]] + [str(n) for n in found.get("fit_shards", [])]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        lists = [found["gptq_shards"], found.get("fit_shards", [])]
+        if not all(isinstance(n, list) and all(isinstance(x, str) for x in n) for n in lists):
+            raise TypeError("the shard lists must be lists of file names")
+    except (PgolfError, ValueError, KeyError, TypeError) as exc:
         raise PgolfError(f"audit: {record} is not a calibration record ({exc})") from None
-    names = list(dict.fromkeys(names))
-    val = find_shards(data_path, "val") if data_path.is_dir() else []
+    names = list(dict.fromkeys(lists[0] + lists[1]))
+    if not names:
+        return Calibration("empty" if used else "none", [], [], str(record))
+    missing = [n for n in names if not (data_path / n).is_file()]
+    if missing:
+        return Calibration("names missing files", names, missing, str(record))
+    val = {p.resolve() for folder in {Path(val_path or cfg.data_path), data_path} if folder.is_dir()
+           for p in folder.glob("fineweb_val_*.bin")}  # fmt: skip
+    val_ids = {_identity(v): v for v in val}
+    hashes: dict[Path, str] = {}
+
+    def content(path: Path) -> str:
+        if path not in hashes:
+            hashes[path] = file_sha256(path, "calibration file")
+        return hashes[path]
+
     bad = []
     for name in names:
-        path = data_path / name
-        same = path.exists() and any(os.path.samefile(path, v) for v in val)
-        if not TRAIN_SHARD.fullmatch(name) or same or Path(name).name != name:
+        path = (data_path / name).resolve()
+        ident = _identity(path)
+        same = ident in val_ids or any(
+            ident[2] == v_id[2] and content(path) == content(v) for v_id, v in val_ids.items()
+        )
+        if not TRAIN_SHARD.fullmatch(name) or Path(name).name != name or same:
             bad.append(name)
     return Calibration("reads other files" if bad else "training shards only", names, bad, str(record))
 
@@ -279,7 +315,7 @@ class Audit:
         if c.order_changed:
             return "LEAK: the order the tokens were scored in depended on tokens not yet scored"
         if not self.calibration.legal:
-            return f"calibration read files other than training shards: {', '.join(self.calibration.bad)}"
+            return self.calibration.problem()
         return "pass"
 
     def to_json(self) -> dict[str, Any]:
@@ -369,7 +405,7 @@ def audit(
         document=swap.document,
         document_tokens=(swap.first, swap.end),
         check=check,
-        calibration=check_calibration(artifact, run_cfg),
+        calibration=check_calibration(artifact, run_cfg, cfg.data_path),
         artifact_bytes=artifact.stat().st_size,
         code_bytes=code_bytes(run_cfg),
         eval_seconds=seconds,

@@ -56,6 +56,7 @@ import python_minifier
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.config.fields import Config
+from core.runs.run_artifact import check_run_artifact
 from core.runs.stats import mean_std
 from core.runs.summary import RunSummary, summarize
 
@@ -396,6 +397,9 @@ def main():
 
 
 def run():
+    from core.common.launch import launch
+
+    launch()  # torchrun's settings checked first: one line for a value set by hand
 {config_import}
 
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()  # before the slow imports
@@ -660,6 +664,8 @@ def write_record(
     results = sorted((r for _, r in runs), key=lambda r: r.seed)
     if len({r.seed for r in results}) != len(results):
         raise PgolfError("package: two runs share a seed")
+    for run_cfg, result in runs:
+        check_run_artifact(result.path, run_cfg)  # the artifact its log and final record describe
     if out.exists():
         raise PgolfError(f"package: {out} exists already: choose another --out")
     audits = []

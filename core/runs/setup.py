@@ -24,7 +24,8 @@ from core.artifact.export import quant_label
 from core.artifact.load import SHAPE_FIELDS, artifact_compressor, is_checkpoint, saved_config
 from core.common.compress import check_available
 from core.common.errors import PgolfError
-from core.config.fields import Config
+from core.common.launch import launch
+from core.config.fields import Config, from_env
 from core.config.presets import CHALLENGE_DATA_PRESETS, record_preset_of_env
 from core.config.sources import EXPORT_FIELDS, WRITING_FIELDS, resolve_sources, resumed_config
 from core.data.manifest import check_tokenizer, dataset_settings
@@ -114,7 +115,7 @@ def default_data_to_prepare(cfg: Config) -> Path | None:
     if cfg.data_path != DEFAULT_DATA:
         return None
     data = Path(cfg.data_path)
-    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+    if launch().local_rank != 0:
         deadline = time.monotonic() + DATA_WAIT_S
         while not data.exists():
             if time.monotonic() > deadline:
@@ -272,7 +273,11 @@ def export_setup(
     if out is not None:  # refused now, not after a fit of minutes
         check_writable(out, "--out")
     given = load_file(config) if config is not None else {}
-    overrides = {k: v for k, v in given.items() if k in EXPORT_FIELDS} | dict(overrides or {})
+    env = from_env()
+    for source in (given, env):  # every value checked as every command checks it, those export ignores too
+        Config().replace(**source).check_fields(source)
+    # the checkpoint's config, under a file's, the environment's, then the flags' artifact settings
+    overrides = {k: v for k, v in (given | env).items() if k in EXPORT_FIELDS} | dict(overrides or {})
     if format not in ("pgolf", "upstream"):
         raise PgolfError(f"unknown export format {format!r} (choose pgolf or upstream)")
     fixed = sorted(set(overrides) - set(EXPORT_FIELDS))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-
+from core.common.files import read_file
 
 # The fields each kind of record must hold as numbers (other kinds are kept as they are).
 NUMERIC_FIELDS = {
@@ -64,9 +64,9 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     if p.is_dir():
         p = p / "metrics.jsonl"
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+    try:  # a regular file only: a FIFO there would block the reader
+        lines = read_file(p, "metrics log").decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
         raise PgolfError(f"{p}: cannot read the metrics log ({exc})") from None
     records = []
     for number, line in enumerate(lines, 1):

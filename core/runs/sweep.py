@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -44,13 +45,15 @@ from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.spelling import did_you_mean
 from core.common.files import WriterLock, read_file, write_atomic
-from core.config.fields import Config, field_names
+from core.common.spelling import did_you_mean
+from core.config.fields import SEED_MAX, Config, env_names, field_names
 from core.config.presets import PRESETS
 from core.config.sources import resolve
+from core.model.backend import ALIASES, CHOICES
 from core.runs.stats import mean_std, welch
 from core.runs.summary import read_metrics, summarize
+from core.train.rundir import config_digest
 
 SPEC_KEYS = ("name", "preset", "config", "backend", "seeds", "parallel", "out_dir", "margin_nats", "base",
              "grid", "variants")  # fmt: skip
@@ -59,6 +62,9 @@ SWEEP_FIELDS = ("seed", "run_id", "run_group", "out_dir")
 BASE = "base"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
 MAX_SPEC_BYTES = 2**20
+# The most runs (variants x seeds) one spec may plan: counted before the grid is expanded, so a typo'd
+# grid is one line, not a machine out of memory. Far more than a sweep trains in a week.
+MAX_RUNS = 10_000
 CONFIG_FILE = "sweep_config.json"
 LOG_FILE = "sweep.log"
 FAILED_FILE = "sweep_failed.txt"
@@ -131,12 +137,19 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
         raise PgolfError(f"{where}: config must be the path of a config file, got {config!r}")
     config_path = None if config is None else spec.parent / config
     backend = _text(data, "backend", "auto", where)
+    if ALIASES.get(backend, backend) not in CHOICES:
+        raise PgolfError(
+            f"{where}: backend = {backend!r}{did_you_mean(backend, CHOICES)} (choose from {', '.join(CHOICES)})"
+        )
     seeds = data.get("seeds", [1337])
     if (
         not isinstance(seeds, list) or not seeds
         or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds) or len(set(seeds)) != len(seeds)
     ):  # fmt: skip
         raise PgolfError(f"{where}: seeds must be a list of distinct whole numbers, got {seeds!r}")
+    bad_seed = next((s for s in seeds if not 0 <= s <= SEED_MAX), None)
+    if bad_seed is not None:
+        raise PgolfError(f"{where}: seeds = {seeds!r}: seed {bad_seed} is not in 0..{SEED_MAX} (2^32 - 1)")
     parallel = data.get("parallel", 1)
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise PgolfError(f"{where}: parallel must be a whole number >= 1, got {parallel!r}")
@@ -145,7 +158,10 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
         raise PgolfError(f"{where}: margin_nats must be a number >= 0, got {margin!r}")
 
     base_settings = _settings(data.get("base", {}), f"{where}: [base]")
-    base_cfg = resolve(preset, config_path, base_settings, environ)
+    try:
+        base_cfg = resolve(preset, config_path, base_settings, environ)
+    except PgolfError as exc:
+        raise PgolfError(f"{where}: the base config: {str(exc).removeprefix('config: ')}") from None
     out_dir = _text(data, "out_dir", base_cfg.out_dir, where)
     try:
         base_cfg.validate()
@@ -154,7 +170,7 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
 
     variants = [
         Variant(label, settings, _variant_config(base_cfg, settings, f"{where}: variant {label!r}"))
-        for label, settings in _variant_settings(data, where)
+        for label, settings in _variant_settings(data, where, len(seeds))
     ]
     base = next((v for v in variants if v.cfg == base_cfg), None)
     if base is None:
@@ -167,12 +183,16 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
     else:
         variants.remove(base)
         variants.insert(0, base)
+    _check_environment(environ, {"seed", "run_id", "run_group", *base_settings, *(k for v in variants for k in v.settings),
+                                 *(["out_dir"] if "out_dir" in data else [])}, where)  # fmt: skip
     sweep = Sweep(spec, name, preset, backend, seeds, parallel, float(margin), base, variants)
     for v in variants:
         group = f"{name}-{v.name}"
         for seed in seeds:
             cfg = v.cfg.replace(seed=seed, run_group=group, run_id=f"{group}-seed{seed}", out_dir=out_dir)
-            sweep.runs.append(PlannedRun(v.name, seed, cfg.validate()))
+            sweep.runs.append(
+                PlannedRun(v.name, seed, _variant_config(cfg, {}, f"{where}: run {cfg.run_id}"))
+            )
     return sweep
 
 
@@ -197,8 +217,9 @@ def _settings(table: Any, where: str) -> dict[str, Any]:
     return dict(table)
 
 
-def _variant_settings(data: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
-    """(name, settings) of each variant: the [grid]'s combinations, or the [[variants]]."""
+def _variant_settings(data: dict[str, Any], where: str, seeds: int) -> list[tuple[str, dict[str, Any]]]:
+    """(name, settings) of each variant: the [grid]'s combinations, or the [[variants]]; refused when the
+    variants times `seeds` are more than MAX_RUNS runs (counted before the grid is expanded)."""
     grid, listed = data.get("grid"), data.get("variants")
     if (grid is None) == (listed is None):
         both = "both" if grid is not None else "neither"
@@ -212,8 +233,12 @@ def _variant_settings(data: dict[str, Any], where: str) -> list[tuple[str, dict[
                 raise PgolfError(f"{where}: [grid] {key} must be a non-empty list of values, got {values!r}")
             for value in values:
                 _settings({key: value}, f"{where}: [grid]")
-            if len(set(map(repr, values))) != len(values):
-                raise PgolfError(f"{where}: [grid] {key} lists a value twice: {values!r}")
+            shown: set[str] = set()
+            for value in map(repr, values):
+                if value in shown:
+                    raise PgolfError(f"{where}: [grid] {key} lists a value twice: {value}")
+                shown.add(value)
+        _check_run_count(math.prod(len(v) for v in grid.values()), seeds, f"{where}: [grid]")
         keys = list(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):
             settings = dict(zip(keys, combo, strict=True))
@@ -222,6 +247,7 @@ def _variant_settings(data: dict[str, Any], where: str) -> list[tuple[str, dict[
     else:
         if not isinstance(listed, list) or not listed or not all(isinstance(v, dict) for v in listed):
             raise PgolfError(f"{where}: variants must be a list of tables ([[variants]]), each with a name")
+        _check_run_count(len(listed), seeds, f"{where}: [[variants]]")
         for number, table in enumerate(listed, 1):
             label = table.get("name")
             if not isinstance(label, str) or not NAME.fullmatch(label):
@@ -230,11 +256,20 @@ def _variant_settings(data: dict[str, Any], where: str) -> list[tuple[str, dict[
                 )
             settings = {k: v for k, v in table.items() if k != "name"}
             found.append((label, _settings(settings, f"{where}: variant {label!r}")))
-    names = [label for label, _ in found]
-    twice = next((n for n in names if names.count(n) > 1), None)
-    if twice is not None:
-        raise PgolfError(f"{where}: two variants are named {twice!r}")
+    seen: set[str] = set()
+    for label, _ in found:
+        if label in seen:
+            raise PgolfError(f"{where}: two variants are named {label!r}")
+        seen.add(label)
     return found
+
+
+def _check_run_count(variants: int, seeds: int, where: str) -> None:
+    if variants * seeds > MAX_RUNS:
+        raise PgolfError(
+            f"{where} makes {variants:,} variants x {seeds} seeds = {variants * seeds:,} runs, more than a "
+            f"sweep may plan ({MAX_RUNS:,}): split it into smaller sweeps"
+        )
 
 
 def _shown(value: Any) -> str:
@@ -248,8 +283,30 @@ def _variant_config(base: Config, settings: dict[str, Any], where: str) -> Confi
         raise PgolfError(f"{where}: {str(exc).removeprefix('config: ')}") from None
 
 
+# ------------------------------------------------------------- the runs' environment
+def _check_environment(environ: dict[str, str] | None, spec_sets: set[str], where: str) -> None:
+    """Refuse an environment variable for a field the spec sets itself (MATRIX_LR where a variant sets
+    matrix_lr, SEED where the sweep sets each run's): which would win is no question to leave open."""
+    for name, var in sorted(env_names(environ).items()):
+        if name in spec_sets:
+            value = (os.environ if environ is None else environ)[var]
+            raise PgolfError(f"{where} sets {name} itself: unset {var} (it is {value!r} in the environment)")
+
+
+def child_environ(environ: dict[str, str]) -> dict[str, str]:
+    """The environment a run of the sweep starts with: `environ` without the variables that set config
+    fields (MATRIX_LR, SEED, ...). A run's whole config is its sweep_config.json, which holds the values
+    such variables gave the base config where the spec sets nothing: the spec wins where it does."""
+    dropped = set(env_names(environ).values())
+    return {k: v for k, v in environ.items() if k not in dropped}
+
+
 # ------------------------------------------------------------------ run states
 DONE, FAILED, RESUME, NEW = "done", "failed", "resume", "new"
+UNKNOWN = "unknown"  # in the report: a finished run whose config is not known to be the spec's
+# The files of a run folder the sweep reads or resumes from (besides final_model.* and checkpoints/*).
+RUN_FILES = ("config.json", "metrics.jsonl", "train.log", CONFIG_FILE, LOG_FILE, FAILED_FILE)
+MAX_CONFIG_BYTES = 2**20
 
 
 def run_state(run: PlannedRun) -> str:
@@ -263,6 +320,7 @@ def run_state(run: PlannedRun) -> str:
         return NEW
     if not path.is_dir() or (not (path / CONFIG_FILE).exists() and any(path.iterdir())):
         raise PgolfError(f"{path} holds what this sweep did not write: move it, or rename the sweep")
+    check_run_files(path)
     _check_free(path)
     if (path / "metrics.jsonl").is_file() and summarize(path).finished:
         _check_same_settings(run)
@@ -281,22 +339,64 @@ def _check_free(path: Path) -> None:
         pass
 
 
-def _check_same_settings(run: PlannedRun) -> None:
-    """The run's own config.json must hold what the spec now asks of it (a spec edited after some
-    runs finished would otherwise mix two experiments in one table)."""
+def check_run_files(path: Path) -> None:
+    """Each file of a run folder the sweep reads is a regular file (a FIFO would block the reader, and a
+    run resumed from one would hang): else a PgolfError naming it."""
+    found = [path / name for name in RUN_FILES] + sorted(path.glob("final_model.*"))
+    checkpoints = path / "checkpoints"
+    if checkpoints.is_dir():
+        found += sorted(checkpoints.iterdir())
+    elif os.path.lexists(checkpoints):
+        found.append(checkpoints)
+    for entry in found:
+        if os.path.lexists(entry) and not entry.is_file():
+            raise PgolfError(
+                f"{entry} is not a regular file (a folder, a FIFO, a device or a broken link): "
+                "the sweep neither reads nor resumes it: remove it, or the run"
+            )
+
+
+def trained_with(path: Path) -> dict[str, Any] | str:
+    """The config a run trained with: its config.json, which must be the one its last start logged (by
+    digest, in metrics.jsonl beside its scores); else why that is unknown (a config.json lost, damaged
+    or edited since)."""
     try:
-        saved = json.loads((run.path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # a run killed before it wrote its config: nothing to compare
+        saved = json.loads(read_file(path / "config.json", "run config", MAX_CONFIG_BYTES).decode("utf-8"))
+    except (PgolfError, OSError, ValueError):
+        return "its config.json is missing or unreadable: what it trained with is unknown"
     if not isinstance(saved, dict):
-        return
-    given = Config.from_dict(saved)
+        return "its config.json is not a table of settings: what it trained with is unknown"
+    try:
+        starts = [r for r in read_metrics(path) if r.get("kind") == "start"]
+    except PgolfError:
+        starts = []
+    logged = starts[-1].get("config_sha256") if starts else None  # (runs before the digest: none)
+    if logged is not None and logged != config_digest(saved):
+        return "its config.json is not the config it trained with (changed since): what it trained with is unknown"
+    return saved
+
+
+def settings_differ(run: PlannedRun) -> str:
+    """Why a run's folder is not the run the spec now plans: its config unknown, or a setting that differs
+    (a spec edited after some runs finished would otherwise mix two experiments in one table); '' if none."""
+    saved = trained_with(run.path)
+    if isinstance(saved, str):
+        return saved
+    try:
+        given = Config.from_dict(saved)
+    except (PgolfError, TypeError, ValueError):
+        return "its config.json holds settings pgolf cannot read: what it trained with is unknown"
     for name in sorted(field_names() - {"out_dir"}):
         if getattr(given, name) != getattr(run.cfg, name):
-            raise PgolfError(
-                f"{run.path} was trained with {name}={getattr(given, name)!r}, the spec now gives "
-                f"{getattr(run.cfg, name)!r}: remove the run, or rename the sweep"
-            )
+            return f"it was trained with {name}={getattr(given, name)!r}, the spec now gives {getattr(run.cfg, name)!r}"
+    return ""
+
+
+def _check_same_settings(run: PlannedRun) -> None:
+    """A run is done or resumed only when it is the run the spec plans; else refused by name."""
+    why = settings_differ(run)
+    if why:
+        raise PgolfError(f"{run.path}: {why}: remove the run, or rename the sweep")
 
 
 def failure(path: Path) -> str:
@@ -356,8 +456,21 @@ def report(sweep: Sweep) -> dict[str, Any]:
     rows: dict[str, Row] = {v.name: Row(v.name, v.settings, [], [], []) for v in sweep.variants}
     missing = []
     for run in sweep.runs:
-        summary = summarize(run.path) if (run.path / "metrics.jsonl").is_file() else None
-        if summary is not None and summary.finished and math.isfinite(summary.score_val_loss):
+        try:
+            if run.path.is_dir():
+                check_run_files(run.path)
+            summary = summarize(run.path) if (run.path / "metrics.jsonl").is_file() else None
+            why = settings_differ(run) if summary is not None and summary.finished else ""
+        except PgolfError as exc:
+            summary, why = None, str(exc)
+        if why:  # not counted under a variant it may not have trained with
+            missing.append({"run": run.run_id, "variant": run.variant, "seed": run.seed, "state": UNKNOWN,
+                            "step": 0, "error": why})  # fmt: skip
+            continue
+        finite = summary is not None and all(
+            map(math.isfinite, (summary.score_val_loss, summary.score_val_bpb))
+        )
+        if summary is not None and summary.finished and finite:
             row = rows[run.variant]
             row.seeds.append(run.seed)
             row.val_bpb.append(summary.score_val_bpb)

@@ -38,13 +38,14 @@ import numpy as np
 from core.artifact.export import ExportReport, dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
 from core.common.errors import PgolfError, memory_hint
+from core.common.files import file_sha256
 from core.config.fields import Config
 from core.data.shards import find_shards, make_train_loader
 from core.eval.bpb import BPBMeter
 from core.eval.score import evaluators, figure_protocol, load_eval_data
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
-from core.train.rundir import RunDir
+from core.train.rundir import RunDir, config_digest
 
 if TYPE_CHECKING:  # only annotations name these
     from core.artifact.mixed import MixedModel
@@ -82,6 +83,7 @@ class RunResult:
     sliding_val_bpb: float | None = None
     ttt_val_loss: float | None = None  # after the round trip, with test-time training (ttt_enabled)
     ttt_val_bpb: float | None = None
+    artifact_sha256: str = ""  # of the artifact file written (rank 0's): `package` checks the file against it
 
 
 # The RunResult figures of each evaluator (core.eval.score): <its name here>_val_loss and _val_bpb.
@@ -178,7 +180,7 @@ class Training:
         self.run = self.open_run_dir(_shared_run_id(cfg, backend))
         self.run.write_config(cfg.to_dict())
         self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
-                    world_size=backend.world_size)  # fmt: skip
+                    world_size=backend.world_size, config_sha256=config_digest(cfg.to_dict()))  # fmt: skip
         self._log_header()
         self.say(f"run_dir:{self.run.path}")
 
@@ -339,6 +341,7 @@ class Training:
             val_bpb=self.val_bpb,
             artifact_bytes=sizes.get("model_bytes", 0),
             code_bytes=sizes.get("code_bytes", 0),
+            artifact_sha256=file_sha256(artifact, "artifact") if self.main else "",
             peak_memory_bytes=self.peak_memory,
             **figures,
         )

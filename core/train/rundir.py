@@ -14,6 +14,7 @@ Reading it back (summaries, plots) is core/runs/.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -21,6 +22,12 @@ from typing import Any
 
 from core.common.errors import PgolfError, setting
 from core.common.files import WriterLock, append_line, make_dir, remove_stale_temps, write_atomic
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """The SHA-256 of a config as config.json holds it: each start of a run logs it in metrics.jsonl, beside
+    its scores, so a config.json edited or lost after the run is told apart from the one it trained with."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class RunDir:

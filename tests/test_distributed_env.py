@@ -1,0 +1,74 @@
+"""torchrun's settings given by hand (core/common/launch.py): one line naming the variable, before any
+work, from the CLI (any command, `--help` too) and from a packaged train_gpt.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.common.errors import PgolfError
+from core.common.launch import Launch, launch
+from core.config.presets import preset
+from core.runs.package import script
+from tests.test_cli import assert_one_line_error, cli
+from tests.test_package import assert_one_line, run_alone
+
+TORCHRUN_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+RENDEZVOUS = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+# (the environment set by hand, the variable the error names): the issue's cases, then others
+ISSUE_CASES = [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc'"),
+    ({"WORLD_SIZE": "1.5"}, "WORLD_SIZE='1.5'"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0'"),
+    ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1'"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT"),
+    ({"RANK": "abc"}, "RANK='abc'"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, "WORLD_SIZE=2 without MASTER_ADDR, MASTER_PORT"),
+    ({"LOCAL_RANK": "abc"}, "LOCAL_RANK='abc'"),
+    ({"WORLD_SIZE": "1", "RANK": "3"}, "RANK='3' must be a whole number below WORLD_SIZE=1"),
+]
+BAD = [
+    *ISSUE_CASES,
+    ({"WORLD_SIZE": ""}, "WORLD_SIZE=''"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "h"}, "without MASTER_PORT"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", **RENDEZVOUS, "MASTER_PORT": "x"}, "MASTER_PORT='x'"),
+    ({"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0", **RENDEZVOUS}, "RANK='2' must be a whole number below"),
+    ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1'"),
+    ({"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "2", **RENDEZVOUS}, "LOCAL_RANK='2'"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3", **RENDEZVOUS},
+     "LOCAL_WORLD_SIZE='3'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("env", "named"), BAD)
+def test_a_bad_setting_is_one_error_naming_it_and_torchrun(env, named):
+    with pytest.raises(PgolfError) as caught:
+        launch(env)
+    assert named in str(caught.value) and "torchrun" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_torchruns_own_settings_and_none_at_all_are_accepted():
+    assert launch({}) == Launch(1, 0, 0, 1)
+    assert launch({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}) == Launch()
+    eight = {"WORLD_SIZE": "16", "RANK": "11", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", **RENDEZVOUS}
+    assert launch(eight) == Launch(16, 11, 3, 8)
+
+
+@pytest.mark.parametrize(("env", "named"), ISSUE_CASES)
+def test_the_cli_refuses_a_bad_setting_before_any_command(env, named, monkeypatch):
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for args in (("--help",), ("eval", "--help")):
+        result = cli(*args, env=env)
+        assert_one_line_error(result, named, "torchrun")
+        assert result.returncode == 1 and result.stdout == ""
+
+
+@pytest.mark.parametrize(("env", "named"), ISSUE_CASES[::2])
+def test_a_packaged_script_refuses_a_bad_setting_before_any_work(env, named, tmp_path, monkeypatch):
+    """Refused before the config, torch or data (a second or two a process: no torch import); it was a
+    ZeroDivisionError, or torch's tracebacks."""
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    result = run_alone(script(preset("smoke")), tmp_path, **env)
+    assert_one_line(result, named, "torchrun")
