@@ -49,7 +49,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from core.common.errors import PgolfError, first_line, one_line, out_of_memory
+from core.common.errors import OverBudget, PgolfError, first_line, one_line, out_of_memory
 from core.common.launch import launch
 from core.config.fields import Config
 from core.config.presets import PRESETS
@@ -385,13 +385,22 @@ def train(
     from core.runs.setup import training_runs
 
     configs, resume, notes = training_runs(backend, preset, config, overrides or {}, resume, seeds)
-    for cfg in configs:
-        _train_one(backend, cfg, resume, notes)
+    over: OverBudget | None = None
+    for number, cfg in enumerate(configs, 1):
+        try:
+            _train_one(backend, cfg, resume, notes)
+        except OverBudget as exc:  # the other seeds still run (they may fit); the status is 3 at the end
+            over = exc
+            if number < len(configs):
+                err_console.print(one_line(exc), markup=False)
+    if over is not None:
+        raise over
 
 
 def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
     """One training run of `cfg` (checked), with its progress display and closing line."""
     from core.runs.package import code_bytes
+    from core.train.loop import check_budget
     from core.train.loop import train as run_training
     from core.train.report import report_targets
 
@@ -417,8 +426,9 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
         console.print(
             f"[bold green]done[/] val_bpb {result.roundtrip_val_bpb:.4f} after the artifact round trip"
             f"{sliding} ({result.val_bpb:.4f} before); artifact {result.artifact_bytes:,} B + code "
-            f"{result.code_bytes:,} B; run in {result.run_dir}"
+            f"{result.code_bytes:,} B; evaluated in {result.eval_time_s:.1f} s; run in {result.run_dir}"
         )
+        check_budget(result, cfg.budget_bytes)  # the last line, and exit status 3, when over the cap
 
 
 @config_app.command("show")
@@ -583,7 +593,7 @@ def verify(
     """Score one artifact with every installed backend and check that they agree."""
     from rich.table import Table
 
-    from core.artifact.int8 import BUDGET_BYTES
+    from core.config.fields import BUDGET_BYTES
     from core.eval import verify as check
     from core.runs.setup import installed_backends, weights_and_data
 
@@ -635,6 +645,12 @@ def export_command(
         min=0,
         help="Choose the settings with the lowest calibration loss whose artifact + code fit in N bytes.",
     ),
+    fit_margin: int = typer.Option(
+        0,
+        min=0,
+        help="Aim this many bytes under --fit-bytes, so that other seeds' artifacts fit too (they drift: "
+        "docs/submitting.md).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
     overrides: dict | None = None,
 ) -> None:
@@ -658,6 +674,8 @@ def export_command(
 
     if fit_bytes:
         overrides = {**(overrides or {}), "artifact_fit_bytes": fit_bytes}
+    if fit_margin:
+        overrides = {**(overrides or {}), "artifact_fit_margin": fit_margin}
     job = export_setup(checkpoint, out, format, overrides, config)
     cfg, hessians, fit, target = job.cfg, None, None, job.target
     say = None if json_out else console.print
@@ -669,10 +687,11 @@ def export_command(
             engine.set_looping(cfg.num_loops > 0)
             hessians = calibrate_gptq(engine, say)
             if cfg.artifact_fit_bytes:
+                from core.artifact.fit import fit_cap
                 from core.train.fitting import fit_on_backend
 
                 fit = fit_on_backend(
-                    engine, job.params, cfg, job.dtypes, cfg.artifact_fit_bytes, code_bytes, hessians, say
+                    engine, job.params, cfg, job.dtypes, fit_cap(cfg), code_bytes, hessians, say
                 )
                 cfg = fit.cfg
                 target = out or checkpoint.with_suffix(f".{quant_label(cfg)}.pgolf")
@@ -738,7 +757,10 @@ def package(
     runs: list[Path] = typer.Argument(..., help="Finished run directories of one config, one per seed."),
     name: str = typer.Option(..., help="The record's name, e.g. 'Vocab4096 MLP4x WD0.085'."),
     out: Path | None = typer.Option(
-        None, help="Folder to write (default: records/track_10min_16mb/<date>_<name>)."
+        None, help="Folder to write (default: records/track_<track>/<date>_<name>)."
+    ),
+    track: str = typer.Option(
+        "10min_16mb", help="10min_16mb (the record track: 8xH100, 10 minutes) or non_record_16mb."
     ),
     author: str = typer.Option("", help="Your name, for submission.json."),
     github_id: str = typer.Option("", help="Your GitHub id, for submission.json."),
@@ -750,9 +772,11 @@ def package(
         "auto", help="Who scores each run's audit: cuda (PyTorch), mlx, or auto (MLX on Apple silicon)."
     ),
 ) -> None:
-    """Write a challenge records folder for finished runs: train_gpt.py, submission.json, README.md, logs.
-    Each run is audited first (`audit`): the folder is written only when all pass, its README with a
-    Compliance section (the results, and the command that reruns them)."""
+    """Write a challenge records folder for finished runs: train_gpt.py, submission.json, README.md,
+    requirements.txt, logs. Refused: a seed over the byte cap (each seed's headroom is printed), one whose
+    evaluation on 8xH100 took longer than 600 s (10min_16mb), seeds trained on different data. Each run is
+    then audited (`audit`): the folder is written only when all pass, its README with a Compliance section
+    (the results, and the command that reruns them)."""
     import datetime
     import functools
     import re
@@ -762,13 +786,15 @@ def package(
     from core.runs.package import write_record
 
     folder = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "record"
-    target = out or Path("records") / "track_10min_16mb" / f"{datetime.date.today().isoformat()}_{folder}"
+    target = out or Path("records") / f"track_{track}" / f"{datetime.date.today().isoformat()}_{folder}"
 
     def audited(run: Path):
         console.print(f"auditing {run} ...")
         return audit(run, functools.partial(create, backend), backend)
 
-    path, size = write_record(list(runs), target, name, author, github_id, blurb, compress, audited)
+    path, size = write_record(
+        list(runs), target, name, author, github_id, blurb, compress, audited, track, console.print
+    )
     console.print(f"wrote {path}")
     console.print(f"train_gpt.py: {size:,} bytes ({'minified + brotli + base85' if compress else 'plain'})")
 
@@ -816,8 +842,9 @@ def runs(
         None, help="Two groups (train --seeds): is B better than A? Welch's t-test on their val_loss."
     ),
 ) -> None:
-    """List the runs under --out-dir: model, backend, seed, dataset, steps, time, val_bpb, score, size;
-    then each group of seeds with its mean and spread."""
+    """List the runs under --out-dir: model, backend, seed, dataset, the digest of its training shards,
+    steps, training and evaluation time, val_bpb, score, size (OVER: past the cap); then each group of
+    seeds with its mean and spread. --json: every figure, each evaluation's time and the data's digests."""
     import json
     from dataclasses import asdict
 
@@ -837,10 +864,10 @@ def runs(
             console.print(json.dumps({**row, "path": str(s.path)}), markup=False, soft_wrap=True)
         return
     table = Table(title=f"runs in {out_dir}")
-    columns = ("run", "model", "backend", "seed", "dataset", "steps", "train time", "val_bpb", "int8 val_bpb",
-               "total bytes")  # fmt: skip
+    columns = ("run", "model", "backend", "seed", "dataset", "data", "steps", "train time", "eval time", "val_bpb",
+               "int8 val_bpb", "total bytes")  # fmt: skip
     for column in columns:
-        table.add_column(column, justify="right" if column in columns[5:] else "left")
+        table.add_column(column, justify="right" if column in columns[6:] else "left")
     for s in summaries:
         table.add_row(
             s.name,
@@ -848,11 +875,13 @@ def runs(
             s.backend,
             "?" if s.seed is None else str(s.seed),
             s.dataset,
+            f"{s.data['train_shards']} shards {s.data['train_shards_sha256'][:8]}" if s.data else "–",
             f"{s.steps:,}",
             f"{s.train_time_ms / 1000:,.1f} s",
+            "–" if math.isnan(s.eval_time_s) else f"{s.eval_time_s:,.1f} s",
             "–" if math.isnan(s.val_bpb) else f"{s.val_bpb:.4f}",
             f"{s.roundtrip_val_bpb:.4f}" if s.finished else "unfinished",
-            f"{s.total_bytes:,}" if s.total_bytes is not None else "–",
+            "–" if s.total_bytes is None else f"{s.total_bytes:,}" + (" OVER" if s.over_budget else ""),
         )
     tables = [table]
     groups = run_groups(summaries)
@@ -1058,9 +1087,10 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
                         bar(run.cfg.iterations, run.cfg.iterations)
                     ended += 1
                     took = time.monotonic() - t0
-                    if proc.returncode == 0 and summarize(run.path).finished:
-                        s = summarize(run.path)
-                        line = f"done {run_id}: val_bpb {s.score_val_bpb:.4f} in {took / 60:.1f} min"
+                    if proc.returncode in (0, OverBudget.status) and summarize(run.path).finished:
+                        s = summarize(run.path)  # (a run over the byte cap is scored all the same)
+                        over = " (over the byte cap)" if proc.returncode == OverBudget.status else ""
+                        line = f"done {run_id}: val_bpb {s.score_val_bpb:.4f}{over} in {took / 60:.1f} min"
                     elif proc.returncode in (130, 143):
                         line = f"stopped {run_id} (exit {proc.returncode}): run the sweep again to resume it"
                     else:
@@ -1192,7 +1222,7 @@ def _end_soon_after_sigterm(grace_s: float = 5.0) -> None:
 def _ending(exc: BaseException) -> tuple[int, str | None]:
     """The exit status and the one line an exception ends a command with; None: a bug, show its traceback."""
     if isinstance(exc, PgolfError | OSError):
-        return 1, one_line(exc)
+        return getattr(exc, "status", 1), one_line(exc)
     if isinstance(exc, (KeyboardInterrupt, typer.Abort)):
         return 130, "interrupted"
     if isinstance(exc, Terminated):

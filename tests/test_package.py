@@ -408,6 +408,7 @@ def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "README.md",
+        "requirements.txt",
         "submission.json",
         "train_gpt.py",
         "train_seed7.log",

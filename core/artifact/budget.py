@@ -13,10 +13,10 @@ import numpy as np
 
 from core.artifact.checks import check_mixed
 from core.artifact.export import ExportReport
-from core.artifact.int8 import BUDGET_BYTES, Int8Model, payload_bytes
+from core.artifact.int8 import Int8Model, payload_bytes
 from core.artifact.mixed import CLASSES, MixedModel, dequantize_mixed, mixed_artifact_bytes
 from core.common import compress
-from core.config.fields import Config
+from core.config.fields import BUDGET_BYTES, Config
 from core.model.params import artifact_classes
 
 __all__ = ["budget_table", "export_budget", "format_budget", "from_int8"]

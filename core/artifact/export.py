@@ -213,7 +213,7 @@ def export_artifact(
     # The payload: the bytes of every array it holds, LQER's factors (mixed format) included.
     parts = [model.quantized, model.scales, model.passthrough, *getattr(model, "lqer", {}).values()]
     payload = sum(a.nbytes for part in parts for a in part.values())
-    sizes = int8.size_report(payload, info.file_bytes, code_bytes)
+    sizes = int8.size_report(payload, info.file_bytes, code_bytes, cfg.budget_bytes)
     return ExportReport(sizes, gptq, model)
 
 

@@ -627,6 +627,17 @@ def default_compression() -> tuple[tuple[str, int], ...]:
     return COMPRESSION + ((PERGROUP,) if lrzip_installed() else ())
 
 
+def fit_cap(cfg: Config) -> int:
+    """What the fit aims at: artifact_fit_bytes less artifact_fit_margin (room for other seeds' drift)."""
+    cap = cfg.artifact_fit_bytes - cfg.artifact_fit_margin
+    if cap <= 0:
+        raise PgolfError(
+            f"artifact_fit_margin={cfg.artifact_fit_margin:,} leaves nothing of artifact_fit_bytes="
+            f"{cfg.artifact_fit_bytes:,} (--fit-margin must be below --fit-bytes)"
+        )
+    return cap
+
+
 def fit_artifact(
     params: dict[str, np.ndarray],
     cfg: Config,

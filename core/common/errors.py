@@ -18,6 +18,14 @@ PACKAGED = False
 class PgolfError(Exception):
     """A problem with the user's input (file, flag, config), explained in one line."""
 
+    status = 1  # the exit status it ends a command with (docs/commands.md)
+
+
+class OverBudget(PgolfError):
+    """A finished run whose artifact + code exceed the byte cap (budget_bytes): scored, but not submittable."""
+
+    status = 3
+
 
 def setting(name: str, value: Any = None) -> str:
     """How the reader sets config field `name` (to `value`): `--compressor brotli`, or in a packaged

@@ -24,6 +24,8 @@ from core.common.compress import COMPRESSORS
 from core.common.errors import PgolfError
 from core.data.shards import MAX_VOCAB, TRAIN_LOADERS
 
+BUDGET_BYTES = 16_000_000  # the challenge's cap on artifact + code, decimal bytes
+EVAL_LIMIT_SECONDS = 600.0  # the challenge's limit on the final evaluation, on its 8xH100
 SEED_MAX = 2**32 - 1  # seeds in 0..SEED_MAX: a range numpy, torch and MLX all accept
 # Far deeper than any model the 16 MB budget allows; it bounds the parameter table (and what an
 # artifact's tensor names may declare) before anything is built from it.
@@ -600,6 +602,18 @@ class Config:
     artifact_fit_bytes: int = opt(
         0, "choose the artifact settings (bits, clips, fp16 floors, GPTQ, LQER, compressor) with the lowest "
         "calibration loss whose artifact + code fits in this many bytes (mixed format); 0 = off", "artifact", NON_NEGATIVE,
+    )  # fmt: skip
+    artifact_fit_margin: int = opt(
+        0, "the artifact fit aims this many bytes under artifact_fit_bytes, so that other seeds' artifacts "
+        "(a few KB apart: docs/submitting.md) fit too", "artifact", NON_NEGATIVE,
+    )  # fmt: skip
+    budget_bytes: int = opt(
+        BUDGET_BYTES, "the cap on artifact + code bytes: a run over it ends with exit status 3 (lower it to "
+        "keep a margin; never above the challenge's 16,000,000)", "artifact", (POSITIVE, at_most(BUDGET_BYTES)),
+    )  # fmt: skip
+    max_eval_seconds: float = opt(
+        EVAL_LIMIT_SECONDS, "warn when the final evaluation (decompression included) takes longer: the challenge's "
+        "limit on its 8xH100; 0 = off", "eval", NON_NEGATIVE,
     )  # fmt: skip
     artifact_fit_tokens: int = opt(
         131_072, "the artifact fit: training tokens it scores settings on, from the end of the training "

@@ -45,7 +45,10 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,7 +58,8 @@ import python_minifier
 
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
-from core.config.fields import Config
+from core.config.fields import EVAL_LIMIT_SECONDS, Config
+from core.data.provenance import SAME_DATA
 from core.runs.run_artifact import check_run_artifact
 from core.runs.stats import mean_std
 from core.runs.summary import RunSummary, summarize
@@ -66,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # What the script's main() imports, (module, names): where the bundle starts.
 MAIN_IMPORTS = (
     ("core.config.fields", "Config, from_env"),
-    ("core.train.loop", "train"),
+    ("core.train.loop", "check_budget, train"),
     ("cuda_train.backend", "check_config, create_backend"),
 )
 ENTRY = tuple(module for module, _ in MAIN_IMPORTS)
@@ -393,7 +397,7 @@ def main():
             traceback.print_exception(exc)  # from main() down: not this file's encoded line
         else:
             print(line, file=sys.stderr)
-        sys.exit(1)
+        sys.exit(getattr(exc, "status", 1))  # 3: over the byte cap
 
 
 def run():
@@ -422,7 +426,7 @@ def run():
     check_config(cfg)
     backend = create_backend(cfg)
     try:
-        train(
+        result = train(
             backend,
             log=lambda line: print(line, flush=True),
             code_bytes=os.path.getsize(__file__),
@@ -431,6 +435,7 @@ def run():
         backend.close(failed=True)
         raise
     backend.close()
+    check_budget(result, cfg.budget_bytes)
 
 
 if __name__ == "__main__":
@@ -495,9 +500,82 @@ def code_bytes(cfg: Config) -> int:
     return len(script(cfg, compressed=True).encode("utf-8"))
 
 
+# What a bundle imports by name through importlib (core/common/compress.py's optional compressors,
+# cuda_train/varlen.py's FlashAttention), out of `requirements`' sight: (module, when a run of `cfg` does).
+BY_NAME = (
+    ("zstandard", "cfg.compressor == 'zstd'"),
+    ("flash_attn_interface", "cfg.varlen_attn_enabled"),
+)
+
+
+def requirements(cfg: Config, compressed: bool = True) -> str:
+    """requirements.txt for a run's train_gpt.py: every distribution its bundle imports (in any function),
+    pinned to the version installed here, and nothing else. A pin leaves out a local label (`+cu128`):
+    `torch==2.9.1` accepts any build of 2.9.1. A module imported but not installed here is named in a comment."""
+    runner = script(cfg, compressed=False)  # the modules' sources are string literals in it: its own imports
+    sources = [*bundled_modules(cfg).values(), runner, *(("import brotli,base64",) if compressed else ())]
+    names: set[str] = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    names -= {*sys.stdlib_module_names, *PACKAGES}
+    names |= {module for module, when in BY_NAME if eval(when, {"cfg": cfg})}
+    installed = importlib.metadata.packages_distributions()
+    pins, absent = set(), []
+    for name in sorted(names):
+        for dist in installed.get(name, ()):
+            pins.add(f"{dist}=={importlib.metadata.version(dist).split('+')[0]}")
+        if name not in installed:
+            absent.append(name)
+    lines = sorted(pins, key=str.lower)
+    if absent:
+        lines.append(f"# imported where available, not installed where this was packaged: {', '.join(absent)}")
+    if cfg.compressor == "pergroup":
+        lines.append("# the per-group compressor runs the lrzip program (apt-get install lrzip)")
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------- the records folder
-TRACK = "10min_16mb"
+TRACKS = ("10min_16mb", "non_record_16mb")  # the challenge's records/track_<track>/ folders
+TRACK_HARDWARE = re.compile(r"8x.*H100.*")  # what the 10min_16mb track's limits are set on
 VARYING = ("seed", "run_id", "out_dir", "data_path", "tokenizer_path")  # may differ between the seeds
+
+
+def _check_seeds(results: list[RunSummary], bytes_code: int, track: str, log: Callable[[str], None]) -> None:
+    """Each seed within the byte cap (its artifact with this train_gpt.py, and as its log counted), its
+    evaluation within the limit where it ran on the track's hardware, all on the same data; each seed's
+    headroom and evaluation time logged."""
+    for r in results:
+        code = max(bytes_code, r.total_bytes - r.artifact_bytes)
+        total = r.artifact_bytes + code
+        if total > r.budget_bytes:
+            raise PgolfError(
+                f"package: seed {r.seed} ({r.path}) is {total:,} bytes (artifact {r.artifact_bytes:,} + code "
+                f"{code:,}), {total - r.budget_bytes:,} over the {r.budget_bytes:,}-byte cap: it cannot be submitted"
+            )
+        if track == "10min_16mb" and TRACK_HARDWARE.fullmatch(r.hardware) and r.eval_time_s > EVAL_LIMIT_SECONDS:
+            raise PgolfError(
+                f"package: seed {r.seed} ({r.path}) took {r.eval_time_s:.1f} s to evaluate on {r.hardware}, past "
+                f"the track's {EVAL_LIMIT_SECONDS:g} s: it cannot be submitted"
+            )
+        seconds = "?" if math.isnan(r.eval_time_s) else f"{r.eval_time_s:,.1f} s"
+        log(
+            f"seed {r.seed}: artifact {r.artifact_bytes:,} + code {code:,} = {total:,} bytes, headroom "
+            f"{r.budget_bytes - total:,}; evaluation {seconds} on {r.hardware}"
+        )
+    first = results[0]
+    for r in results[1:]:
+        theirs, ours = r.data or {}, first.data or {}
+        differ = [k for k in SAME_DATA if theirs.get(k) != ours.get(k)]
+        if differ:
+            name = differ[0]
+            raise PgolfError(
+                f"package: seed {r.seed} ({r.path}) trained on other data than seed {first.seed}: {name} "
+                f"{str(theirs.get(name, 'not recorded'))[:16]} vs {str(ours.get(name, 'not recorded'))[:16]}"
+            )
 
 
 def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
@@ -593,7 +671,8 @@ def _readme(
     changed = {k: v for k, v in cfg.to_dict().items() if k not in VARYING and getattr(baseline, k) != v}
     rows = "\n".join(f"| `{k.upper()}` | {v} |" for k, v in sorted(changed.items()))
     seeds = "\n".join(
-        f"| {r.seed} | {r.score_val_loss:.5f} | {r.score_val_bpb:.5f} | {r.steps} | {r.artifact_bytes:,} | "
+        f"| {r.seed} | {r.score_val_loss:.5f} | {r.score_val_bpb:.5f} | {r.steps} | {r.train_time_ms / 1000:.1f} s | "
+        f"{'–' if math.isnan(r.eval_time_s) else f'{r.eval_time_s:.1f} s'} | {r.hardware} | {r.artifact_bytes:,} | "
         f"{r.artifact_bytes + bytes_code:,} |"
         for r in results
     )
@@ -610,9 +689,12 @@ Mean val_bpb **{mean:.5f}** over {len(results)} seed(s) ({"sliding-window evalua
 
 ## Results
 
-| seed | val_loss | val_bpb | steps | artifact bytes | total bytes |
-|---|---|---|---|---|---|
+| seed | val_loss | val_bpb | steps | training | evaluation | hardware | artifact bytes | total bytes |
+|---|---|---|---|---|---|---|---|---|
 {seeds}
+
+Evaluation: the final scores' wall time, reading and decompressing the artifact included (the
+challenge's limit is {EVAL_LIMIT_SECONDS:g} s on 8xH100). Cap: {results[0].budget_bytes:,} bytes of artifact + code.
 
 Code: `train_gpt.py`, {bytes_code:,} bytes.
 
@@ -643,10 +725,14 @@ def write_record(
     blurb: str = "",
     compressed: bool = True,
     audit: Callable[[Path], Any] | None = None,
+    track: str = TRACKS[0],
+    log: Callable[[str], None] = lambda line: None,
 ) -> tuple[Path, int]:
-    """The records folder for the runs of one config (one per seed): train_gpt.py, submission.json,
-    README.md and train_seed<N>.log. Returns the folder and the bytes of its train_gpt.py.
-    `audit` (run directory -> core.runs.audit.Audit): each run is audited first, the folder written only
+    """The records folder for the runs of one config (one per seed) on `track`: train_gpt.py,
+    submission.json, README.md, requirements.txt and train_seed<N>.log. Returns the folder and the bytes
+    of its train_gpt.py. Refused: a seed over the byte cap, one whose evaluation passed the track's limit
+    on its hardware, seeds trained on different data (`_check_seeds`; `log` gets each seed's headroom).
+    `audit` (run directory -> core.runs.audit.Audit): each run is audited then, the folder written only
     when all pass, its README with their Compliance section."""
     import datetime
     import shutil
@@ -664,10 +750,15 @@ def write_record(
     results = sorted((r for _, r in runs), key=lambda r: r.seed)
     if len({r.seed for r in results}) != len(results):
         raise PgolfError("package: two runs share a seed")
+    if track not in TRACKS:
+        raise PgolfError(f"package: unknown track {track!r} (choose {' or '.join(TRACKS)})")
     for run_cfg, result in runs:
         check_run_artifact(result.path, run_cfg)  # the artifact its log and final record describe
     if out.exists():
         raise PgolfError(f"package: {out} exists already: choose another --out")
+    text = script(cfg, compressed)
+    size = len(text.encode("utf-8"))
+    _check_seeds(results, size, track, log)
     audits = []
     for r in results if audit is not None else ():
         found = audit(r.path)
@@ -676,8 +767,6 @@ def write_record(
         audits.append((r.seed, found))
     compliance, proof = _compliance(audits), _byte_proof(cfg)
     compliance += proof if compliance or not proof else f"\n## Compliance\n{proof}"
-    text = script(cfg, compressed)
-    size = len(text.encode("utf-8"))
     mean_bpb, std = mean_std([r.score_val_bpb for r in results])
     submission = {
         "author": author,
@@ -685,7 +774,7 @@ def write_record(
         "name": name,
         "blurb": blurb,
         "date": datetime.date.today().isoformat(),
-        "track": TRACK,
+        "track": track,
         "val_loss": round(mean_std([r.score_val_loss for r in results])[0], 5),
         "val_bpb": round(mean_bpb, 5),
         "val_bpb_std": round(std, 5) if len(results) > 1 else 0.0,
@@ -695,12 +784,20 @@ def write_record(
                 "val_loss": round(r.score_val_loss, 5),
                 "val_bpb": round(r.score_val_bpb, 5),
                 "artifact_bytes": r.artifact_bytes,
+                "bytes_total": r.artifact_bytes + size,
+                "eval_time_s": None if math.isnan(r.eval_time_s) else round(r.eval_time_s, 1),
+                "eval_phases_s": {phase: round(t, 1) for phase, t in r.eval_phase_s.items()},
                 "steps": r.steps,
+                "train_time_s": round(r.train_time_ms / 1000, 3),
+                "train_tokens": r.train_tokens,
+                "hardware": r.hardware,
             }
             for r in results
         },
         "bytes_total": max(r.artifact_bytes for r in results) + size,
         "bytes_code": size,
+        "hardware": ", ".join(dict.fromkeys(r.hardware for r in results)),
+        **({"data": results[0].data} if results[0].data else {}),
     }
     parent = out.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -708,6 +805,7 @@ def write_record(
     try:
         (staging / "train_gpt.py").write_text(text, encoding="utf-8")
         (staging / "submission.json").write_text(json.dumps(submission, indent=2) + "\n", encoding="utf-8")
+        (staging / "requirements.txt").write_text(requirements(cfg, compressed), encoding="utf-8")
         (staging / "README.md").write_text(
             _readme(name, blurb, cfg, results, size, compliance), encoding="utf-8"
         )

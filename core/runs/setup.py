@@ -21,6 +21,7 @@ import numpy as np
 
 from core.artifact.load import checkpoint_config, load_checkpoint
 from core.artifact.export import quant_label
+from core.artifact.fit import fit_cap
 from core.artifact.load import SHAPE_FIELDS, artifact_compressor, is_checkpoint, saved_config
 from core.common.compress import check_available
 from core.common.errors import PgolfError
@@ -74,6 +75,8 @@ def training_runs(
         configs = [cfg]
     for run_cfg in configs:  # every run refused before the first one starts, and before any data is prepared
         check_config(backend, run_cfg)
+        if run_cfg.artifact_fit_bytes:
+            fit_cap(run_cfg)  # a margin that leaves no cap
         check_available(run_cfg.compressor)  # its artifact can be written after training
         check_tokenizer(run_cfg.data_path, run_cfg.tokenizer_path)  # the one that made the data
     return configs, resume, notes
@@ -288,6 +291,8 @@ def export_setup(
         )
     ckpt = load_checkpoint(checkpoint)
     cfg = Config.from_dict(ckpt.config).replace(**overrides).validate()
+    if cfg.artifact_fit_bytes:
+        fit_cap(cfg)  # refused now, not after GPTQ's calibration
     upstream = format == "upstream"
     if not upstream:
         check_available(cfg.compressor)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
 from core.common.files import read_file
+from core.config.fields import BUDGET_BYTES
 
 # The fields each kind of record must hold as numbers (other kinds are kept as they are).
 NUMERIC_FIELDS = {
@@ -110,6 +111,16 @@ class RunSummary:
     group: str = ""  # the config's run_group
     score_val_loss: float = math.nan  # the run's figure: sliding-window when scored so, else the round trip's
     score_val_bpb: float = math.nan
+    budget_bytes: int = BUDGET_BYTES  # the cap on total_bytes it ran under
+    eval_time_s: float = math.nan  # the final evaluation's wall time, reading the artifact included
+    eval_phase_s: dict[str, float] = field(default_factory=dict)  # each evaluation's: roundtrip, sliding, ttt
+    hardware: str = "?"  # of its last start: "8xNVIDIA H100 80GB HBM3", "CPU"
+    train_tokens: int = 0  # the training tokens its steps read
+    data: dict[str, Any] | None = None  # the digests of its data (core/data/provenance.py), when recorded
+
+    @property
+    def over_budget(self) -> bool:
+        return self.total_bytes is not None and self.total_bytes > self.budget_bytes
 
 
 def summarize(run_dir: str | Path) -> RunSummary:
@@ -122,6 +133,7 @@ def summarize(run_dir: str | Path) -> RunSummary:
         cfg, model = {}, "?"
     cfg = cfg if isinstance(cfg, dict) else {}
     start = next((r for r in reversed(records) if r["kind"] == "start"), {})
+    data = next((r for r in reversed(records) if r["kind"] == "data"), None)
     seed = cfg.get("seed")
     final = next((r for r in reversed(records) if r["kind"] == "final"), None)
     vals = [r for r in records if r["kind"] == "val"]
@@ -145,16 +157,45 @@ def summarize(run_dir: str | Path) -> RunSummary:
         group=str(cfg.get("run_group") or ""),
         score_val_loss=_score(final, "val_loss"),
         score_val_bpb=_score(final, "val_bpb"),
+        budget_bytes=_whole(cfg, "budget_bytes") or BUDGET_BYTES,
+        eval_time_s=_number(final, "eval_time_s"),
+        eval_phase_s={
+            phase: _number(final, f"{phase}_eval_s")
+            for phase in ("roundtrip", "sliding", "ttt")
+            if not math.isnan(_number(final, f"{phase}_eval_s"))
+        },
+        hardware=hardware(start),
+        train_tokens=(int(final["steps"]) if final else 0) * (_whole(cfg, "train_batch_tokens") or 0),
+        data={k: v for k, v in data.items() if k != "kind"} if data else None,
     )
+
+
+def _number(record: dict[str, Any] | None, name: str) -> float:
+    value = (record or {}).get(name)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+
+
+def _whole(record: dict[str, Any] | None, name: str) -> int | None:
+    value = (record or {}).get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def hardware(start: dict[str, Any]) -> str:
+    """What a run's start record says it ran on: the GPU's name and count ("8xNVIDIA H100 80GB HBM3"), or
+    "CPU" (with the processes of a distributed run)."""
+    device, ranks = str(start.get("device", "?")), _whole(start, "world_size") or 1
+    name = device.partition(" (")[2].removesuffix(")")
+    if device.startswith(("cuda", "gpu")) and name:
+        return f"{ranks}x{name}"
+    if device == "cpu":
+        return "CPU" if ranks == 1 else f"CPU ({ranks} processes)"
+    return device
 
 
 def _score(final: dict[str, Any] | None, name: str) -> float:
     """A finished run's figure: the sliding-window one when it was scored so, else the round trip's."""
-    if final is None:
-        return math.nan
-    value = final.get(f"sliding_{name}")
-    value = final.get(f"roundtrip_{name}") if value is None else value
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    sliding = _number(final, f"sliding_{name}")
+    return _number(final, f"roundtrip_{name}") if math.isnan(sliding) else sliding
 
 
 def run_groups(summaries: list[RunSummary]) -> dict[str, list[RunSummary]]:

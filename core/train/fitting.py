@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.artifact.fit import FIT_FIELDS, Fit, fit_artifact
+from core.artifact.fit import FIT_FIELDS, Fit, fit_artifact, fit_cap
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.config.fields import Config
@@ -111,7 +111,7 @@ def fit_in_run(
     (`shared_fit`): the run's config with the chosen settings, and on rank 0 the Fit."""
     backend, cfg, code_bytes = training.backend, training.cfg, training.code_bytes
     measure = code_bytes if callable(code_bytes) else lambda _: int(code_bytes or 0)
-    cap = cfg.artifact_fit_bytes
+    cap = fit_cap(cfg)
     return shared_fit(
         backend,
         cfg,

@@ -1,6 +1,7 @@
 """What only pgolf's `train` asks of a training run: to write checkpoints, to resume it, to start from
 `init_from`'s weights, to fit the artifact under `artifact_fit_bytes`, to mirror its metrics to the
-trackers of `report_to`, to stop it on a signal, to show its progress and to log notes (a packaged
+trackers of `report_to`, to stop it on a signal, to show its progress, to log notes and to record the
+digests of its data (a packaged
 train_gpt.py does none of these, so this code stays out of its bundle, core/runs/package.py):
 `InteractiveTraining`, through the hooks of core.train.loop's `Training`.
 
@@ -25,6 +26,7 @@ from core.artifact.export import ExportReport, quant_label
 from core.artifact.load import check_resumable, load_checkpoint, load_init_weights, restore_data_position
 from core.common.errors import PgolfError, hint, setting
 from core.config.fields import Config
+from core.data.provenance import data_record
 from core.train.loop import WEIGHT_RMS_LIMIT, Training, rank_mean, weights_rms
 from core.train.report import report_targets
 from core.train.rundir import RunDir
@@ -66,6 +68,15 @@ class InteractiveTraining(Training):
         self.saved_step: int | None = None  # the step of the last checkpoint written
         self.saved_ms: float | None = None  # and the training clock then
         self.timed_checkpoint: Path | None = None  # the last one written for checkpoint_minutes
+
+    def start(self) -> None:
+        """Then the data the run reads, as digests (core/data/provenance.py): `runs` shows them, `package`
+        compares the seeds'."""
+        super().start()
+        if self.main:
+            record = data_record(self.cfg.data_path, self.cfg.tokenizer_path)
+            self.metric(**record)
+            self.say(" ".join(f"{k}:{v}" for k, v in record.items() if k != "kind"))
 
     def load_weights(self) -> float:
         """A checkpoint's weights and state to resume from, else `init_from`'s weights (with a fresh

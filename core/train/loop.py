@@ -20,7 +20,9 @@ Then `export_and_score`: the moving average of the weights replaces them when
 was taken off the cap: `Config.train_cap_seconds`), the artifact is written
 (core/artifact/export.py), read back from disk and scored again, looped when
 `num_loops` > 0: over non-overlapping sequences, and with sliding windows when
-`eval_stride` is set (both figures are logged, as the records do).
+`eval_stride` is set (both figures are logged, as the records do), each evaluation timed (a warning
+past `max_eval_seconds`). A run whose artifact + code pass `budget_bytes` ends with `check_budget`'s
+error (exit status 3) once its backend is closed.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 
 from core.artifact.export import ExportReport, dequantize, export_artifact, quant_label, read_pgolf_artifact
 from core.common.compress import check_available
-from core.common.errors import PgolfError, memory_hint
+from core.common.errors import OverBudget, PgolfError, memory_hint, setting
 from core.common.files import file_sha256
 from core.config.fields import Config
 from core.data.shards import find_shards, make_train_loader
@@ -83,6 +85,10 @@ class RunResult:
     sliding_val_bpb: float | None = None
     ttt_val_loss: float | None = None  # after the round trip, with test-time training (ttt_enabled)
     ttt_val_bpb: float | None = None
+    roundtrip_eval_s: float | None = None  # each evaluation's wall time, in seconds
+    sliding_eval_s: float | None = None
+    ttt_eval_s: float | None = None
+    eval_time_s: float = 0.0  # all of them, and reading and decompressing the artifact before
     artifact_sha256: str = ""  # of the artifact file written (rank 0's): `package` checks the file against it
 
 
@@ -148,7 +154,8 @@ class Training:
     """One training run, as the named steps the module docstring lists; `run` strings them together.
     A packaged train_gpt.py runs this; pgolf's `train` runs `InteractiveTraining`
     (core/train/interactive.py), which adds checkpoints, resuming, `init_from`, the artifact fit, trackers,
-    stopping on a signal, progress displays and notes by overriding `load_weights`, `open_run_dir`,
+    stopping on a signal, progress displays, notes and the data's digests by overriding `start`,
+    `load_weights`, `open_run_dir`,
     `warm_up`, `train_step`, `agreed_ms`, `save_checkpoint`, `artifact_settings` and `_log_header`, and
     the hooks that do nothing here: `write_checkpoint`, `after_step`, `trained`, `stop_if_asked`,
     `watch`."""
@@ -325,14 +332,22 @@ class Training:
             t_eval = time.perf_counter()
             meter = evaluator(backend, self.data, self.watch)
             figure = RESULT_FIGURES[name]
+            seconds = time.perf_counter() - t_eval
             figures[f"{figure}_val_loss"], figures[f"{figure}_val_bpb"] = meter.val_loss, meter.val_bpb
+            figures[f"{figure}_eval_s"] = seconds
             tag = f"{prefix}_{'roundtrip' if name == 'plain' else name}"
             self.say(
                 f"{tag} val_loss:{meter.val_loss:.4f} val_bpb:{meter.val_bpb:.4f} "
-                f"eval_time:{1000 * (time.perf_counter() - t_eval):.0f}ms protocol:{figure_protocol(name, cfg)}"
+                f"eval_time:{1000 * seconds:.0f}ms protocol:{figure_protocol(name, cfg)}"
             )
             self.say(f"{tag}_exact val_loss:{meter.val_loss:.8f} val_bpb:{meter.val_bpb:.8f}")
-        self.say(f"total_eval_time:{time.perf_counter() - t_scoring:.1f}s (decompression included)")
+            elapsed = time.perf_counter() - t_scoring
+            if 0 < cfg.max_eval_seconds < elapsed:  # the challenge's limit, on its hardware
+                self.say(
+                    f"warning: evaluation at {elapsed:.0f}s, past {setting('max_eval_seconds', cfg.max_eval_seconds)}"
+                )
+        elapsed = time.perf_counter() - t_scoring
+        self.say(f"total_eval_time:{elapsed:.1f}s (decompression included)")
         return RunResult(
             run_dir=self.run.path,
             steps=self.step,
@@ -343,6 +358,7 @@ class Training:
             code_bytes=sizes.get("code_bytes", 0),
             artifact_sha256=file_sha256(artifact, "artifact") if self.main else "",
             peak_memory_bytes=self.peak_memory,
+            eval_time_s=elapsed,
             **figures,
         )
 
@@ -530,6 +546,17 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
 # Settings only pgolf's `train` acts on (starting from other weights, the artifact fit, trackers), in
 # InteractiveTraining: a packaged train_gpt.py refuses them (core/runs/package.py).
 PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to")
+
+
+def check_budget(result: RunResult, cap: int) -> None:
+    """A finished run over the byte cap (budget_bytes) ends so, exit status 3, once its backend is closed:
+    its figures and artifact stay, it cannot be submitted."""
+    total = result.artifact_bytes + result.code_bytes
+    if total > cap:
+        raise OverBudget(
+            f"artifact + code are {total:,} bytes, {total - cap:,} over the {cap:,}-byte cap: not submittable "
+            f"({result.run_dir})"
+        )
 
 
 def train(backend: Backend, **options) -> RunResult:

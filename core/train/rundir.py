@@ -3,7 +3,8 @@
 A run directory holds:
     config.json          the resolved config
     metrics.jsonl        one JSON record per line: kind = start (backend, device; once per start or
-                         resume) | train | val | final
+                         resume) | data (the digests of the data read: pgolf's `train` only) | train | val
+                         | final (the scores, sizes and each evaluation's wall time)
     train.log            the console lines
     checkpoints/step_NNNNNN.safetensors
     .writer.pid          while a process writes the run (one at a time, core.common.files.WriterLock)
