@@ -53,6 +53,7 @@ from core.common.errors import OverBudget, PgolfError, first_line, one_line, out
 from core.common.launch import launch
 from core.config.fields import Config
 from core.config.presets import PRESETS
+from core.runs.stats import RECORD_MARGIN_NATS, RECORD_P_VALUE
 
 try:  # recent typer releases carry their own copy of click
     from typer._click import exceptions as click_errors
@@ -400,12 +401,14 @@ def train(
 def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
     """One training run of `cfg` (checked), with its progress display and closing line."""
     from core.runs.package import code_bytes
+    from core.runs.summary import val_curve
     from core.train.interactive import train_interactive as run_training
     from core.train.loop import check_budget
     from core.train.report import report_targets
 
     report_targets(cfg.report_to)
     _ensure_default_data(cfg)
+    reference = val_curve(cfg.abort_behind) if cfg.abort_behind else ()
     with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
         # One process stops between steps, after a checkpoint; ranks of a job stop at once (see main).
         held = SIGNALS.held() if engine.world_size == 1 else contextlib.nullcontext()
@@ -413,6 +416,7 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
             result = run_training(
                 engine, resume=resume, log=_log_line, progress=live.tracker("validating"),
                 step_progress=live.tracker("training"), notes=notes, stop=stop, code_bytes=code_bytes,
+                reference=reference,
             )  # fmt: skip
     if engine.rank == 0:
         sliding = "".join(
@@ -800,6 +804,33 @@ def package(
     console.print(f"train_gpt.py: {size:,} bytes ({'minified + brotli + base85' if compress else 'plain'})")
 
 
+@app.command("check-record")
+def check_record_command(
+    folders: list[Path] = typer.Argument(..., help="Records folders: pgolf's (package) or any other's."),
+) -> None:
+    """Check records folders as a reviewer would: the files the challenge asks for (README.md,
+    submission.json, train_gpt.py, a log per seed), each seed's val_bpb, val_loss and size in
+    submission.json against its log, every seed under the 16,000,000-byte cap, the seeds distinct,
+    the mean right. One line per finding; exit status 1 when any folder has one."""
+    from core.runs.record_folder import check_record
+
+    failed = 0
+    for folder in folders:
+        try:
+            findings = check_record(folder) if folder.is_dir() else ["not a folder"]
+        except (PgolfError, OSError) as exc:  # an unreadable folder is its finding, the others still checked
+            findings = [f"cannot read it ({one_line(exc).removeprefix('error: ')})"]
+        failed += bool(findings)
+        if not findings:
+            console.print(f"{folder}: passes", markup=False)
+        for line in findings:
+            console.print(f"{folder}: {line}", markup=False)
+    if len(folders) > 1:
+        console.print(f"{len(folders) - failed} of {len(folders)} folders pass", markup=False)
+    if failed:
+        raise typer.Exit(1)
+
+
 @app.command()
 @config_flags
 def bench(
@@ -839,13 +870,28 @@ RUNS_DIR = typer.Option(Path(Config().out_dir), "--out-dir", help="Where the run
 def runs(
     out_dir: Path = RUNS_DIR,
     json_out: bool = typer.Option(False, "--json", help="One JSON object per run instead of the table."),
-    compare: tuple[str, str] | None = typer.Option(
-        None, help="Two groups (train --seeds): is B better than A? Welch's t-test on their val_loss."
+    compare: list[str] = typer.Option(
+        None,
+        help="Two groups (train --seeds): is B better than A? Welch's t-test on their val_loss. With --against: "
+        "runs (groups, run directories or run names) to test against a record.",
+    ),
+    more: list[str] = typer.Argument(None, metavar="[RUN]...", help="More of --compare's groups or runs."),
+    against: Path | None = typer.Option(
+        None,
+        help="A records folder: are the --compare runs better than its seeds (its logs, else submission.json)?",
+    ),
+    margin: float = typer.Option(
+        RECORD_MARGIN_NATS, min=0.0, help="With --against: the gain to show, in nats."
+    ),
+    alpha: float = typer.Option(
+        RECORD_P_VALUE, min=0.0, max=1.0, help="With --against: the significance asked."
     ),
 ) -> None:
     """List the runs under --out-dir: model, backend, seed, dataset, the digest of its training shards,
-    steps, training and evaluation time, val_bpb, score, size (OVER: past the cap); then each group of
-    seeds with its mean and spread. --json: every figure, each evaluation's time and the data's digests."""
+    steps, training and evaluation time, val_bpb, score (or why a run stopped by itself: behind its
+    abort_behind reference), size (OVER: past the cap); then each group of seeds with its mean and spread.
+    --json: every figure, each evaluation's time and the data's digests. `--compare A B`: is group B better
+    than group A? `--compare RUN... --against FOLDER`: are these runs better than a published record?"""
     import json
     from dataclasses import asdict
 
@@ -855,9 +901,23 @@ def runs(
     from core.runs.stats import mean_std
     from core.runs.summary import find_runs, run_groups, summarize
 
+    names = [*(compare or []), *(more or [])]
+    if more and not compare:
+        raise PgolfError(f"runs: {more[0]!r}: give runs or groups after --compare")
+    if against is not None:
+        if not (math.isfinite(margin) and math.isfinite(alpha)):
+            raise PgolfError(f"runs --against: --margin and --alpha must be numbers, got {margin}, {alpha}")
+        if not names:
+            raise PgolfError("runs --against: give the runs to test with --compare RUN...")
+        _compare_against(against, _finished_runs(names, out_dir), margin, alpha, json_out)
+        return
     summaries = [summarize(path) for path in find_runs(out_dir)]
-    if compare:
-        _compare_groups(run_groups(summaries), *compare, json_out=json_out)
+    if names:
+        if len(names) != 2:
+            raise PgolfError(
+                f"runs --compare takes two groups (A, then B), got {len(names)}: {', '.join(names)}"
+            )
+        _compare_groups(run_groups(summaries), *names, json_out=json_out)
         return
     if json_out:
         for s in summaries:
@@ -881,7 +941,11 @@ def runs(
             f"{s.train_time_ms / 1000:,.1f} s",
             "–" if math.isnan(s.eval_time_s) else f"{s.eval_time_s:,.1f} s",
             "–" if math.isnan(s.val_bpb) else f"{s.val_bpb:.4f}",
-            f"{s.roundtrip_val_bpb:.4f}" if s.finished else "unfinished",
+            f"{s.roundtrip_val_bpb:.4f}"
+            if s.finished
+            else f"stopped: {s.stopped}"
+            if s.stopped
+            else "unfinished",
             "–" if s.total_bytes is None else f"{s.total_bytes:,}" + (" OVER" if s.over_budget else ""),
         )
     tables = [table]
@@ -905,6 +969,66 @@ def runs(
         # Piped, a table keeps its natural width rather than wrapping its cells at 80 columns.
         width = Measurement.get(console, console.options.update_width(1000), t).maximum
         Console(highlight=False, width=width).print(t)
+
+
+def _finished_runs(names: list[str], out_dir: Path) -> list:
+    """The finished runs these names give: each a run group under out_dir, a run directory, or a run's name."""
+    from core.runs.summary import find_runs, run_groups, summarize
+
+    groups = run_groups([summarize(p) for p in find_runs(out_dir)]) if out_dir.is_dir() else {}
+    found = []
+    for name in names:
+        if name in groups:
+            found += groups[name]
+            continue
+        path = next((p for p in (Path(name), out_dir / name) if (p / "metrics.jsonl").is_file()), None)
+        if path is None:
+            raise PgolfError(f"{name}: no run group under {out_dir} and no run directory")
+        run = summarize(path)
+        if not run.finished:
+            raise PgolfError(f"{path}: the run has not finished (no final score)")
+        found.append(run)
+    return list({run.path.resolve(): run for run in found}.values())
+
+
+def _compare_against(folder: Path, found: list, margin: float, alpha: float, json_out: bool) -> None:
+    """Welch's one-sided t-test that the runs' val_loss is below the record's seeds' by more than `margin`
+    nats (the challenge's rule), and the same in val_bpb with the margin converted at the record's ratio."""
+    import json
+    from dataclasses import asdict
+
+    from core.runs.record_folder import seed_figures
+    from core.runs.stats import mean_std, welch
+
+    seeds, record_loss, record_bpb = seed_figures(folder)
+    loss, bpb = [r.score_val_loss for r in found], [r.score_val_bpb for r in found]
+    # bpb / nats is the record's tokens per byte over ln 2: the same margin, measured in val_bpb.
+    margin_bpb = margin * mean_std(record_bpb)[0] / mean_std(record_loss)[0]
+    nats, bits = welch(record_loss, loss, margin), welch(record_bpb, bpb, margin_bpb)
+    run_seeds = ",".join("?" if r.seed is None else str(r.seed) for r in found)
+    if json_out:
+        result = {"record": str(folder), "record_seeds": seeds, "runs": [str(r.path) for r in found],
+                  "run_seeds": [r.seed for r in found], "margin_nats": margin, "margin_bpb": margin_bpb,
+                  "alpha": alpha, "nats": asdict(nats), "bpb": asdict(bits), "beats_record": nats.p < alpha}  # fmt: skip
+        console.print(json.dumps(result), markup=False, soft_wrap=True)
+        return
+    console.print(
+        f"record {folder}: seeds {','.join(seeds)}; mean val_loss {nats.mean_a:.6f} (std {nats.std_a:.6f}), "
+        f"val_bpb {bits.mean_a:.6f} (std {bits.std_a:.6f})", markup=False,
+    )  # fmt: skip
+    console.print(
+        f"runs: {len(found)} (seeds {run_seeds}); mean val_loss {nats.mean_b:.6f} (std {nats.std_b:.6f}), "
+        f"val_bpb {bits.mean_b:.6f} (std {bits.std_b:.6f})", markup=False,
+    )  # fmt: skip
+    console.print(
+        f"record - runs: {nats.diff:.6f} nats, {bits.diff:.6f} val_bpb (positive: the runs are better)"
+    )
+    console.print(
+        f"Welch t={nats.t:.4f} df={nats.df:.2f}: p={nats.p:.3e} that the runs are not better by {margin:g} nats; "
+        f"in val_bpb (margin {margin_bpb:.5f}): p={bits.p:.3e}"
+    )
+    verdict = "[bold green]beats the record[/]" if nats.p < alpha else "[yellow]does not beat the record[/]"
+    console.print(f"{verdict} by {margin:g} nats at p < {alpha:g}")
 
 
 def _compare_groups(groups: dict, a: str, b: str, json_out: bool = False) -> None:
@@ -1004,16 +1128,19 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
     from core.model.memory import check_config
     from core.runs import sweep as sw
     from core.runs.summary import summarize
+    from core.train.interactive import BehindReference
 
     states = {run.run_id: sw.run_state(run) for run in plan.runs}
     todo = [run for run in plan.runs
             if states[run.run_id] in (sw.NEW, sw.RESUME) or (retry_failed and states[run.run_id] == sw.FAILED)]  # fmt: skip
     for run in todo:  # every run refused before the first one starts
         check_config(plan.backend, run.cfg)
-    counts = {state: list(states.values()).count(state) for state in (sw.DONE, sw.FAILED, sw.RESUME)}
+    counts = {
+        state: list(states.values()).count(state) for state in (sw.DONE, sw.BEHIND, sw.FAILED, sw.RESUME)
+    }
     console.print(
         f"sweep {plan.name}: {len(plan.runs)} runs ({len(plan.variants)} variants x {len(plan.seeds)} seeds): "
-        f"{counts[sw.DONE]} done, {counts[sw.FAILED]} failed before{' (started again)' if retry_failed else ''}, "
+        f"{counts[sw.DONE]} done, {counts[sw.BEHIND]} stopped behind their reference, {counts[sw.FAILED]} failed before{' (started again)' if retry_failed else ''}, "
         f"{counts[sw.RESUME]} to resume; {len(todo)} to run"
         + (f", {min(parallel, len(todo))} at a time" if todo else "")
     )
@@ -1092,6 +1219,9 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
                         s = summarize(run.path)  # (a run over the byte cap is scored all the same)
                         over = " (over the byte cap)" if proc.returncode == OverBudget.status else ""
                         line = f"done {run_id}: val_bpb {s.score_val_bpb:.4f}{over} in {took / 60:.1f} min"
+                    elif proc.returncode == BehindReference.status and summarize(run.path).stopped:
+                        s = summarize(run.path)
+                        line = f"behind {run_id}: stopped at step {s.steps}, {s.stopped} (not a failure)"
                     elif proc.returncode in (130, 143):
                         line = f"stopped {run_id} (exit {proc.returncode}): run the sweep again to resume it"
                     else:

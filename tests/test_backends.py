@@ -68,6 +68,7 @@ def test_parameters_are_the_canonical_ones_and_round_trip(backend_name, features
     assert all(got[k].dtype == np.float32 and np.array_equal(got[k], v) for k, v in params.items())
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize(
     "features",
     [
@@ -96,6 +97,7 @@ def test_forward_matches_the_reference(backend_name, features):
         assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(loss, rel=2e-5)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_train_steps_equal_the_hand_computed_updates(backend_name, decay):
@@ -160,6 +162,7 @@ def test_optimizer_state_round_trip_continues_identically(backend_name):
     assert sa.keys() == sb.keys() and all(np.array_equal(sa[k], sb[k]) for k in sa)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.slow  # ~4 s
 def test_compiled_step_equals_eager(backend_name):
@@ -335,6 +338,7 @@ def test_mlx_rms_norm_equals_torch_in_both_dtypes(dtype):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)
 
 
+@pytest.mark.cuda
 @pytest.mark.slow  # torch.compile on a CPU: a minute on 2 cores
 @pytest.mark.torch
 def test_torch_compiled_bf16_steady_state_has_no_recompiles(monkeypatch):
@@ -350,6 +354,7 @@ def test_torch_compiled_bf16_steady_state_has_no_recompiles(monkeypatch):
     assert_steady_state_compiles_nothing(backend, micro)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_bf16_compute_stays_close_to_the_reference_and_learns(backend_name):
     """bf16 (autocast in torch, bf16 activations in MLX): round-off near 1e-2 on logits of size ~4."""

@@ -387,7 +387,7 @@ def test_runs_on_a_terminal_shows_the_groups_too(tmp_path, monkeypatch):
     make_run(tmp_path, "alone")
     screen = io.StringIO()
     monkeypatch.setattr(cli_module, "console", Console(file=screen, force_terminal=True, width=160))
-    cli_module.runs(out_dir=tmp_path, json_out=False, compare=None)
+    cli_module.runs(out_dir=tmp_path, json_out=False, compare=None, more=None, against=None)
     shown = screen.getvalue()
     assert f"runs in {tmp_path}" in shown and "lr-seed2" in shown and "alone" in shown
     assert "groups (finished runs" in shown

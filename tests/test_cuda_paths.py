@@ -1,5 +1,5 @@
 """The PyTorch backend's CUDA-only branches, run on the CPU: bf16 residual stream, kv expansion,
-bf16 Newton-Schulz, and the MFU peak table."""
+bf16 Newton-Schulz, and the MFU peak table; and, where a GPU is, the step and the varlen kernel on it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from cuda_train import model as torch_model  # noqa: E402
 from cuda_train.backend import peak_bf16_flops  # noqa: E402
 from cuda_train.optim import orthogonaliser  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.cuda]
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def test_block_output_stays_bf16_when_autocast_returns_fp32_norms(monkeypatch):
@@ -84,3 +85,37 @@ def test_bf16_newton_schulz_stays_close_to_fp32(coefficients, tolerance):
 )
 def test_mfu_peak_is_looked_up_by_the_exact_gpu_name(name, peak):
     assert peak_bf16_flops(name) == peak
+
+
+@GPU
+def test_a_bf16_step_on_the_gpu_learns_and_reports_its_memory():
+    """On a GPU the backend picks it, computes in bf16 and reports the peak memory the bench prints."""
+    from core.model.params import init_params
+    from cuda_train.backend import create_backend
+    from tests.helpers import batch
+
+    cfg = preset("smoke").replace(compute_dtype="bfloat16")
+    backend = create_backend(cfg)
+    assert backend.torch_device.type == "cuda" and backend.bf16
+    backend.load_params(init_params(cfg, bf16=True))
+    micro = [batch(cfg, seed=1), batch(cfg, seed=2)]
+    losses = [float(backend.train_step(micro, 1.0, 0.9)) for _ in range(4)]
+    assert losses[-1] < losses[0], losses
+    assert backend.peak_memory_bytes() > 0
+
+
+@GPU
+def test_the_flash_varlen_kernel_equals_the_masked_sdpa_it_replaces():
+    """FlashAttention's varlen kernel, where installed, against the boolean-masked SDPA, in bf16."""
+    from cuda_train import varlen
+
+    if varlen.flash_varlen() is None:
+        pytest.skip("FlashAttention (flash_attn_interface or flash_attn) is not installed")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, n, 48, 64, generator=g, device="cuda", dtype=torch.bfloat16) for n in (4, 2, 2))
+    starts = torch.tensor(
+        [[0] * 10 + [10] * 20 + [30] * 18, [0] * 48], device="cuda"
+    )  # (B, T): segment starts
+    got = varlen.varlen_attention(q, k, v, starts)
+    want = torch_model.causal_attention(q, k, v, expand_kv=False, lower=starts)
+    torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=2e-2)

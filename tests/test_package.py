@@ -27,6 +27,7 @@ from core.runs.package import (
     script,
     write_record,
 )
+from core.runs.record_folder import check_record
 from tests.helpers import ISOLATED, NEEDS_LRZIP, ROOT, assert_one_line, cli, data_flags, needs, run_alone
 
 FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
@@ -398,6 +399,7 @@ def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     assert (
         "| `NUM_LAYERS` | 4 |" in readme and "holds no code for test-time training, sliding windows" in readme
     )
+    assert check_record(out) == []  # what a reviewer's check finds in it (cli.py check-record)
     again = cli("package", str(run_dir), "--name", "Tiny test", "--out", str(out))
     assert again.returncode != 0 and "exists already" in again.stderr
 
@@ -484,6 +486,9 @@ def test_a_packaged_script_refuses_what_only_pgolfs_train_does(env, tmp_path):
 
 def test_a_runs_tracker_is_not_packaged_and_a_run_from_other_weights_is_refused(tmp_path):
     assert "report_to" not in package._run_config(preset("smoke").replace(report_to="tensorboard"))
+    assert package._run_config(preset("smoke").replace(abort_behind="runs/ref", abort_margin=0.5)) == (
+        package._run_config(preset("smoke"))
+    )  # a run stopped behind a reference is not one to package; one that was not packages without it
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(Config(init_from="weights.pt").to_dict()))

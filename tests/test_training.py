@@ -447,6 +447,9 @@ def test_an_unknown_or_missing_tracker_is_refused_by_name(monkeypatch):
 
     with pytest.raises(PgolfError, match="unknown tracker 'tensorbord' \\(did you mean 'tensorboard'\\?\\)"):
         report.report_targets("tensorbord")
+    monkeypatch.setitem(
+        report.TRACKERS, "tensorboard", ("json", "")
+    )  # installed or not, it is not the one missing
     monkeypatch.setitem(report.TRACKERS, "wandb", ("no_such_module_here", "pip install wandb"))
     with pytest.raises(
         PgolfError, match="report_to wandb needs the no_such_module_here package: pip install wandb"

@@ -204,6 +204,7 @@ def test_both_backends_give_the_same_ttt_losses():
 
 
 @needs("cuda")
+@pytest.mark.cuda
 @pytest.mark.slow
 def test_the_compiled_ttt_forward_scores_what_eager_does(monkeypatch):
     """torch.compile of the LoRA forward (dynamic shapes: each batch has its own window length), on a CPU:

@@ -18,6 +18,7 @@ from tests.reference import document_mask, reference_logits, reference_loss
 CFG = preset("smoke").replace(varlen_attn_enabled=True, train_seq_len=16, train_batch_tokens=64)
 T = 40
 BOS_AT = [5, 6, 20]
+pytestmark = pytest.mark.cuda  # its CUDA branch: FlashAttention's varlen kernel, or the masked SDPA
 
 
 def packed_rows(cfg, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

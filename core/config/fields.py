@@ -194,6 +194,16 @@ class Config:
         "also send the metrics to: tensorboard, wandb, trackio (comma-separated); empty = only metrics.jsonl",
         "run", NAME_LIST, resume=True,
     )  # fmt: skip
+    abort_behind: str = opt(
+        "",
+        "a reference run's directory: stop (checkpoint, exit status 4) at a validation whose val_bpb is above "
+        "the reference's at that step (linear between its validations) by more than abort_margin",
+        "run", ANY, resume=True,
+    )  # fmt: skip
+    abort_margin: float = opt(
+        0.01, "how far behind abort_behind's run, in val_bpb, a run may be before it stops", "run", NON_NEGATIVE,
+        resume=True,
+    )  # fmt: skip
     eval_seq_len: int = opt(
         0, "tokens per evaluation sequence or window; 0 = train_seq_len", "eval", NON_NEGATIVE, scoring=True
     )

@@ -443,7 +443,14 @@ def _run_config(cfg: Config) -> dict:
     under `runs/` beside wherever it is started. Only the fields that differ from the defaults are
     kept: the bundled Config supplies the rest, the same values."""
     defaults = Config().to_dict()
-    run = cfg.replace(run_id="", out_dir=defaults["out_dir"], report_to="").to_dict()  # (trackers: the CLI's)
+    # Trackers and the stop behind a reference run are the CLI's.
+    run = cfg.replace(
+        run_id="",
+        out_dir=defaults["out_dir"],
+        report_to="",
+        abort_behind="",
+        abort_margin=defaults["abort_margin"],
+    ).to_dict()
     return {name: value for name, value in run.items() if value != defaults[name]}
 
 
@@ -530,7 +537,8 @@ def requirements(cfg: Config, compressed: bool = True) -> str:
 # ------------------------------------------------------------- the records folder
 TRACKS = ("10min_16mb", "non_record_16mb")  # the challenge's records/track_<track>/ folders
 TRACK_HARDWARE = re.compile(r"8x.*H100.*")  # what the 10min_16mb track's limits are set on
-VARYING = ("seed", "run_id", "out_dir", "data_path", "tokenizer_path")  # may differ between the seeds
+# May differ between the seeds (abort_behind: each seed's reference run; a packaged run has none).
+VARYING = ("seed", "run_id", "out_dir", "data_path", "tokenizer_path", "abort_behind", "abort_margin")
 
 
 def _check_seeds(results: list[RunSummary], bytes_code: int, track: str, log: Callable[[str], None]) -> None:

@@ -111,6 +111,7 @@ class RunSummary:
     group: str = ""  # the config's run_group
     score_val_loss: float = math.nan  # the run's figure: sliding-window when scored so, else the round trip's
     score_val_bpb: float = math.nan
+    stopped: str = ""  # why a run stopped before its end, when it did so by itself (abort_behind)
     budget_bytes: int = BUDGET_BYTES  # the cap on total_bytes it ran under
     eval_time_s: float = math.nan  # the final evaluation's wall time, reading the artifact included
     eval_phase_s: dict[str, float] = field(default_factory=dict)  # each evaluation's: roundtrip, sliding, ttt
@@ -137,6 +138,8 @@ def summarize(run_dir: str | Path) -> RunSummary:
     seed = cfg.get("seed")
     final = next((r for r in reversed(records) if r["kind"] == "final"), None)
     vals = [r for r in records if r["kind"] == "val"]
+    last_start = max((i for i, r in enumerate(records) if r["kind"] == "start"), default=-1)
+    stop = next((r for r in records[last_start + 1 :] if r["kind"] == "stopped"), None)
     timed = [r for r in records if r["kind"] in ("train", "val")]
     return RunSummary(
         name=run_dir.name,
@@ -167,6 +170,7 @@ def summarize(run_dir: str | Path) -> RunSummary:
         hardware=hardware(start),
         train_tokens=(int(final["steps"]) if final else 0) * (_whole(cfg, "train_batch_tokens") or 0),
         data={k: v for k, v in data.items() if k != "kind"} if data else None,
+        stopped="" if stop is None or final else str(stop.get("why", "stopped")),
     )
 
 
@@ -190,6 +194,19 @@ def hardware(start: dict[str, Any]) -> str:
     if device == "cpu":
         return "CPU" if ranks == 1 else f"CPU ({ranks} processes)"
     return device
+
+
+def val_curve(run_dir: str | Path) -> list[tuple[int, float]]:
+    """A run's validations as (step, val_bpb), by step (a step validated twice, by a resumed run: its
+    last figure): the curve `abort_behind` compares a run with."""
+    path = Path(run_dir)
+    if not (path / "metrics.jsonl").is_file():
+        raise PgolfError(f"{path}: not a run directory (no metrics.jsonl) to compare with")
+    by_step = {int(r["step"]): float(r["val_bpb"]) for r in read_metrics(path) if r["kind"] == "val"}
+    curve = sorted((step, bpb) for step, bpb in by_step.items() if math.isfinite(bpb))
+    if not curve:
+        raise PgolfError(f"{path}: the run has logged no validation to compare with")
+    return curve
 
 
 def _score(final: dict[str, Any] | None, name: str) -> float:

@@ -10,6 +10,8 @@ A sweep spec is a TOML file:
     parallel = 2                # runs at once, each its own process (default 1)
     out_dir = "runs"            # where the run directories go (default: the base config's)
     margin_nats = 0.005         # also test "better than the base by this much" (default: not)
+    record = "records/track_10min_16mb/2026-04-01_Vocab4096_MLPMult4_WD085"  # compare with a record's
+                                #   seeds instead of the base variant's (a records folder)
 
     [base]                      # config fields over the preset, for every run
     iterations = 200
@@ -51,12 +53,13 @@ from core.config.fields import SEED_MAX, Config, env_names, field_names
 from core.config.presets import PRESETS
 from core.config.sources import resolve
 from core.model.backend import ALIASES, CHOICES
+from core.runs.record_folder import seed_figures
 from core.runs.stats import mean_std, welch
 from core.runs.summary import read_metrics, summarize
 from core.train.rundir import config_digest
 
-SPEC_KEYS = ("name", "preset", "config", "backend", "seeds", "parallel", "out_dir", "margin_nats", "base",
-             "grid", "variants")  # fmt: skip
+SPEC_KEYS = ("name", "preset", "config", "backend", "seeds", "parallel", "out_dir", "margin_nats", "record",
+             "base", "grid", "variants")  # fmt: skip
 # Fields the sweep sets itself for each run.
 SWEEP_FIELDS = ("seed", "run_id", "run_group", "out_dir")
 BASE = "base"
@@ -104,6 +107,7 @@ class Sweep:
     base: Variant
     variants: list[Variant]  # the base first
     runs: list[PlannedRun] = field(default_factory=list)  # variant by variant, seed by seed
+    record: Path | None = None  # a records folder: the variants are compared with its seeds
 
     def report_path(self, suffix: str) -> Path:
         """Where the report goes: beside the spec (<spec>.report.md, .json, .png)."""
@@ -157,6 +161,9 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
     if not isinstance(margin, int | float) or isinstance(margin, bool) or not 0 <= margin < math.inf:
         raise PgolfError(f"{where}: margin_nats must be a number >= 0, got {margin!r}")
 
+    record = data.get("record")
+    if record is not None and not (isinstance(record, str) and (spec.parent / record).is_dir()):
+        raise PgolfError(f"{where}: record must be the path of a records folder, got {record!r}")
     base_settings = _settings(data.get("base", {}), f"{where}: [base]")
     try:
         base_cfg = resolve(preset, config_path, base_settings, environ)
@@ -185,7 +192,8 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
         variants.insert(0, base)
     _check_environment(environ, {"seed", "run_id", "run_group", *base_settings, *(k for v in variants for k in v.settings),
                                  *(["out_dir"] if "out_dir" in data else [])}, where)  # fmt: skip
-    sweep = Sweep(spec, name, preset, backend, seeds, parallel, float(margin), base, variants)
+    sweep = Sweep(spec, name, preset, backend, seeds, parallel, float(margin), base, variants,
+                  record=None if record is None else spec.parent / record)  # fmt: skip
     for v in variants:
         group = f"{name}-{v.name}"
         for seed in seeds:
@@ -303,6 +311,7 @@ def child_environ(environ: dict[str, str]) -> dict[str, str]:
 
 # ------------------------------------------------------------------ run states
 DONE, FAILED, RESUME, NEW = "done", "failed", "resume", "new"
+BEHIND = "behind"  # stopped by itself behind its abort_behind reference: not a failure, not resumed
 UNKNOWN = "unknown"  # in the report: a finished run whose config is not known to be the spec's
 # The files of a run folder the sweep reads or resumes from (besides final_model.* and checkpoints/*).
 RUN_FILES = ("config.json", "metrics.jsonl", "train.log", CONFIG_FILE, LOG_FILE, FAILED_FILE)
@@ -310,8 +319,9 @@ MAX_CONFIG_BYTES = 2**20
 
 
 def run_state(run: PlannedRun) -> str:
-    """Where a planned run stands: done (its final score is in its folder), failed (the sweep saw it
-    fail), resume (it has a checkpoint), or new (nothing usable: start it afresh, its folder emptied).
+    """Where a planned run stands: done (its final score is in its folder), behind (it stopped behind its
+    abort_behind reference), failed (the sweep saw it fail), resume (it has a checkpoint), or new
+    (nothing usable: start it afresh, its folder emptied).
 
     A folder that holds what the sweep did not write, or one trained with other settings than the
     spec now gives, is refused by name; so is one that a process is writing now."""
@@ -322,9 +332,10 @@ def run_state(run: PlannedRun) -> str:
         raise PgolfError(f"{path} holds what this sweep did not write: move it, or rename the sweep")
     check_run_files(path)
     _check_free(path)
-    if (path / "metrics.jsonl").is_file() and summarize(path).finished:
+    summary = summarize(path) if (path / "metrics.jsonl").is_file() else None
+    if summary is not None and (summary.finished or summary.stopped):
         _check_same_settings(run)
-        return DONE
+        return DONE if summary.finished else BEHIND
     if (path / FAILED_FILE).exists():
         return FAILED
     if any((path / "checkpoints").glob("step_*.safetensors")):
@@ -479,6 +490,8 @@ def report(sweep: Sweep) -> dict[str, Any]:
         error = failure(run.path)
         if summary is not None and summary.finished:  # finished, its score not finite
             state, error = "diverged", error or "its final score is not finite"
+        elif summary is not None and summary.stopped:
+            state, error = BEHIND, f"stopped {summary.stopped}"
         elif error:
             state = "diverged" if "diverged" in error else "failed"
         else:
@@ -486,6 +499,11 @@ def report(sweep: Sweep) -> dict[str, Any]:
         missing.append({"run": run.run_id, "variant": run.variant, "seed": run.seed, "state": state,
                         "step": run_step(run.path) if summary else 0, "error": error})  # fmt: skip
     base = rows[sweep.base.name]
+    against = base.variant
+    if sweep.record is not None:  # every variant, the base config's too, against the record's seeds
+        record_seeds, loss, bpb = seed_figures(sweep.record)
+        base = Row(f"record {sweep.record.name}", {}, [int(s) if s.isdigit() else s for s in record_seeds], bpb, loss)
+        against = f"the record {sweep.record} (seeds {', '.join(record_seeds)})"
     for row in rows.values():
         if not row.val_bpb:
             continue
@@ -506,6 +524,7 @@ def report(sweep: Sweep) -> dict[str, Any]:
         "backend": sweep.backend,
         "seeds": sweep.seeds,
         "base": sweep.base.name,
+        "compared_with": against,
         "margin_nats": sweep.margin_nats,
         "runs": len(sweep.runs),
         "finished": sum(len(r.val_bpb) for r in rows.values()),
@@ -535,9 +554,10 @@ def markdown(result: dict[str, Any], command: str = "") -> str:
         "",
         f"{result['finished']} of {result['runs']} runs finished; preset {result['preset']}, backend "
         f"{result['backend']}, seeds {', '.join(map(str, result['seeds']))}. Ranked by mean final val_bpb "
-        f"(± the standard deviation over seeds); Δ is the variant's mean minus the base's ({result['base']}), "
+        f"(± the standard deviation over seeds); Δ is the variant's mean minus that of "
+        f"{result.get('compared_with', result['base'])}, "
         "below 0 is better; p is Welch's one-sided p-value that the variant's val_loss is no lower than the "
-        "base's" + (f"; p (margin) that it is not lower by {margin} nats" if margin else "") + ".",
+        "reference's" + (f"; p (margin) that it is not lower by {margin} nats" if margin else "") + ".",
         "",
     ]
     if command:

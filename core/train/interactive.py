@@ -9,10 +9,12 @@ train_gpt.py does none of these, so this code stays out of its bundle, core/runs
 whether that checkpoint is the run directory's own.
 `stopped_note`, `release_note`: what a stopped run tells its user to do next.
 `expected_steps`: the total of the training steps' progress display.
+`reference_bpb`: a reference run's val_bpb at a step, which `abort_behind` compares a run's with.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,6 +53,12 @@ def train_interactive(backend: Backend, **options) -> RunResult:
     return run_to_end(InteractiveTraining(backend, **options))
 
 
+class BehindReference(PgolfError):
+    """A run stopped at a validation behind its reference run (abort_behind): its checkpoint is written."""
+
+    status = 4  # the exit status it ends `train` with (docs/commands.md)
+
+
 class InteractiveTraining(Training):
     """A training run as pgolf's `train` drives it: it writes a checkpoint after the last step, every
     checkpoint_every steps, every checkpoint_minutes and when stopped. Besides `Training`'s options
@@ -58,7 +66,8 @@ class InteractiveTraining(Training):
     or a run directory's last one); `progress` follows each validation pass and `step_progress` the
     training steps, as (done, expected total); under a wallclock cap the total is where the cap will stop
     the run at the current pace. `notes` are logged after the header (where settings came from,
-    warnings); `stop` is polled between steps (see `stop_if_asked`)."""
+    warnings); `stop` is polled between steps (see `stop_if_asked`). `reference`: the validations
+    (step, val_bpb) of the run `abort_behind` names (core.runs.summary.val_curve reads them)."""
 
     def __init__(
         self,
@@ -68,9 +77,15 @@ class InteractiveTraining(Training):
         step_progress: Progress | None = None,
         notes: Sequence[str] = (),
         stop: StopPoll | None = None,
+        reference: Sequence[tuple[int, float]] = (),
         **options,
     ):
         super().__init__(backend, **options)
+        if self.cfg.abort_behind and not reference:
+            raise PgolfError(
+                f"abort_behind={self.cfg.abort_behind}: the reference run's validations are needed"
+            )
+        self.reference = list(reference)
         self.resume, self.progress, self.step_progress = resume, progress, step_progress
         self.notes, self.stop = notes, stop
         self.saved_step: int | None = None  # the step of the last checkpoint written
@@ -152,6 +167,35 @@ class InteractiveTraining(Training):
     def train_step(self) -> None:
         super().train_step()
         self.save_periodic_checkpoint()
+
+    def validate(self) -> None:
+        super().validate()
+        if self.cfg.abort_behind:
+            self.stop_if_behind()
+
+    def stop_if_behind(self) -> None:
+        """Stop with a checkpoint when this validation's val_bpb is above the reference run's at this step by
+        more than abort_margin (no comparison outside the reference's validations). The figures are
+        the same on every rank, so all ranks stop alike."""
+        cfg = self.cfg
+        theirs = reference_bpb(self.reference, self.step)
+        if theirs is None or not self.val_bpb > theirs + cfg.abort_margin:
+            return
+        path = (
+            self.run_dir.checkpoint_path(self.step)
+            if self.saved_step == self.step
+            else self.save_checkpoint()
+        )
+        line = (
+            f"stopped at step {self.step}, behind the reference: val_bpb {self.val_bpb:.4f}, {cfg.abort_behind}'s "
+            f"{theirs:.4f} at that step (+{self.val_bpb - theirs:.4f}, more than abort_margin {cfg.abort_margin:g}); "
+            f"checkpoint {path}"
+        )
+        if self.main:
+            self.run_dir.log_line(line)
+        self.metric(kind="stopped", why=f"behind {cfg.abort_behind}", step=self.step, val_bpb=self.val_bpb,
+                    reference_val_bpb=theirs, abort_margin=cfg.abort_margin)  # fmt: skip
+        raise BehindReference(line)
 
     def save_checkpoint(self) -> Path:
         """Rank 0 writes; every rank's clock stops until it is on disk."""
@@ -273,6 +317,19 @@ def release_note(training: Training) -> str:
     """What a stop during the export and the final scores says: the last checkpoint is on disk."""
     checkpoint = training.run_dir.checkpoint_path(training.step)
     return f"stopped after the last step: checkpoint {checkpoint}; {_export_it(checkpoint, training.run_dir.path)}"
+
+
+def reference_bpb(curve: Sequence[tuple[int, float]], step: int) -> float | None:
+    """The reference's val_bpb at `step` from its validations (step, val_bpb) sorted by step: linear
+    between the two around it; None before its first or after its last."""
+    steps = [s for s, _ in curve]
+    if not steps or not steps[0] <= step <= steps[-1]:
+        return None
+    i = bisect.bisect_left(steps, step)
+    if steps[i] == step:
+        return curve[i][1]
+    (s0, v0), (s1, v1) = curve[i - 1], curve[i]
+    return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
 
 
 def expected_steps(training: Training) -> int:

@@ -558,7 +558,7 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
 
 # Settings only pgolf's `train` acts on (starting from other weights, the artifact fit, trackers), in
 # InteractiveTraining: a packaged train_gpt.py refuses them (core/runs/package.py).
-PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to")
+PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to", "abort_behind")
 
 
 def check_budget(result: RunResult, cap: int) -> None:
