@@ -258,7 +258,7 @@ def test_package_writes_the_byte_proof_into_the_compliance_section(made, tmp_pat
               "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
     (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
     (run / "train.log").write_text("log\n")
-    (run / "final_model.int8.pgolf").write_bytes(b"0123456789")  # the 10 bytes its final record says
+    (run / "final_model.int8.pgolf").write_bytes(bytes(10))  # the artifact its final record describes
     folder, _ = write_record([run], tmp_path / "rec", "x")
     section = (folder / "README.md").read_text().split("## Compliance", 1)[1]
     proof = verify_bytes(made, "docs_nospace")
