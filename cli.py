@@ -402,8 +402,8 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
     """One training run of `cfg` (checked), with its progress display and closing line."""
     from core.runs.package import code_bytes
     from core.runs.summary import val_curve
+    from core.train.interactive import train_interactive as run_training
     from core.train.loop import check_budget
-    from core.train.loop import train as run_training
     from core.train.report import report_targets
 
     report_targets(cfg.report_to)
@@ -675,6 +675,7 @@ def export_command(
     from core.runs.package import code_bytes
     from core.runs.setup import export_setup
     from core.train.calibration import calibrate_gptq
+    from core.train.loop import train_loader
 
     if fit_bytes:
         overrides = {**(overrides or {}), "artifact_fit_bytes": fit_bytes}
@@ -689,7 +690,7 @@ def export_command(
         with opened_backend(backend, cfg.replace(compile="off")) as engine:
             engine.load_params(job.params)
             engine.set_looping(cfg.num_loops > 0)
-            hessians = calibrate_gptq(engine, say)
+            hessians = calibrate_gptq(engine, train_loader(cfg, engine), say)
             if cfg.artifact_fit_bytes:
                 from core.artifact.fit import fit_cap
                 from core.train.fitting import fit_on_backend

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from core.common.errors import PgolfError, first_line
 from core.common.launch import launch
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
@@ -164,10 +165,25 @@ class TorchBackend:
         for opt in self.optimizers:
             opt.state.clear()  # step 0: a fresh optimizer, torch creates its state lazily
         if step > 0:
-            from cuda_train.resume import restore_optimizers  # (resuming, not a training run's)
-
-            restore_optimizers(self, state, step)
+            self._restore_optimizers(state, step)
         self.steps_taken = step
+
+    def _restore_optimizers(self, state: dict[str, np.ndarray], step: int) -> None:
+        """Each optimizer's state after `step` steps, from the canonical layout (core.model.backend) of
+        `state`, which core/artifact/load.py's `check_resumable` found complete."""
+        names = {p: n for n, p in self.model.named_parameters()}
+        for opt in self.optimizers:
+            for p in opt.param_groups[0]["params"]:
+                # In the parameter's dtype: fp32 for Muon's matrices, the embedding's own for Adam.
+                opt.state[p] = {
+                    key: torch.from_numpy(np.asarray(state[f"{key}/{names[p]}"]))
+                    .to(self.torch_device, torch.float32)
+                    .to(p.dtype)
+                    for key in state_keys(opt)
+                }
+                if not isinstance(opt, Muon):  # on the device only for the fused kernel
+                    where = p.device if opt.defaults.get("fused") else "cpu"
+                    opt.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32, device=where)
 
     # --------------------------------------------------------------- compute
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
@@ -257,15 +273,26 @@ class TorchBackend:
                 hook.remove()
         return {name: h.cpu().numpy() for name, h in sums.items()}
 
+    @torch.inference_mode()
     def logits(self, x: np.ndarray) -> np.ndarray:
-        from cuda_train.decode import logits  # (parity checks, not a training run's)
-
-        return logits(self, x)
+        """float32 logits (B, T, V) of token ids `x` (B, T), after the softcap (parity checks: `verify`)."""
+        self.model.eval()
+        with self.autocast:
+            return self.model.logits(self._to_device(x), self.looping).float().cpu().numpy()
 
     def decoder(self) -> Callable[[np.ndarray], np.ndarray]:
-        from cuda_train.decode import decoder  # (sampling, not a training run's)
+        """A new generation (`sample`): the next ids in, the logits after the last of them out; the keys and
+        values of the ids seen are kept between calls."""
+        model, cache = self.model, {}
 
-        return decoder(self)
+        @torch.inference_mode()
+        def next_logits(ids: np.ndarray) -> np.ndarray:
+            model.eval()
+            with self.autocast:
+                out = model.logits(self._to_device(ids[None]), self.looping, cache)
+            return out[0, -1].float().cpu().numpy()
+
+        return next_logits
 
     def ttt(self) -> TorchTTT:
         from cuda_train.ttt import TorchTTT  # (test-time training's runs only)
@@ -288,11 +315,19 @@ class TorchBackend:
         return t.cpu().numpy()
 
     def from_rank_0(self, key: str, text: str | None, wait_seconds: float) -> str:
+        """With several ranks through the process group's store, not a collective: NCCL's and gloo's timeouts
+        do not apply, the other ranks wait up to `wait_seconds` (the artifact fit's settings)."""
         if self.world_size == 1:
             return text or ""
-        from cuda_train.store import from_rank_0  # (the artifact fit's, not a training run's)
-
-        return from_rank_0(self.rank, key, text, wait_seconds)
+        store = dist.distributed_c10d._get_default_store()
+        if self.rank == 0:
+            store.set(key, text or "")
+            return text or ""
+        try:
+            store.wait([key], timedelta(seconds=wait_seconds))
+        except RuntimeError as exc:  # its timeout (DistStoreError), or the store gone
+            raise PgolfError(f"no {key} from rank 0 within {wait_seconds:g} s: {first_line(exc)}") from None
+        return store.get(key).decode()
 
     def synchronize(self) -> None:
         if self.torch_device.type == "cuda":

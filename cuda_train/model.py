@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from core.model.params import param_specs
+from core.model.params import make_modules
 from core.model.walk import Walk
 
 if TYPE_CHECKING:  # names for annotations alone
@@ -117,40 +117,38 @@ class MLP(nn.Module):
         return self.proj(F.leaky_relu(self.fc(x), self.negative_slope).square())
 
 
+class TorchParts:
+    """PyTorch's pieces of the module tree core/model/params.py's `make_modules` makes: CastedLinear
+    layers, embeddings, parameters; the layers of `blocks` in a ModuleList, the `ve_layer_scales` in a
+    ParameterList, each `mlp` an MLP."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+
+    def container(self, name: str | None) -> nn.Module:
+        lists = {"blocks": nn.ModuleList, "ve_layer_scales": nn.ParameterList}
+        return MLP(self.cfg) if name == "mlp" else lists.get(name, nn.Module)()
+
+    def linear(self, in_dim: int, out_dim: int) -> CastedLinear:
+        return CastedLinear(in_dim, out_dim, bias=False)
+
+    def embedding(self, rows: int, cols: int) -> nn.Embedding:
+        return nn.Embedding(rows, cols)
+
+    def parameter(self, shape: tuple[int, ...]) -> nn.Parameter:
+        return nn.Parameter(torch.zeros(shape))
+
+
 class GPT(nn.Module):
     """The modules the walk reads (core/model/walk.py lists them), made from the parameter table
-    (core/model/params.py) in its order, by its names: a `<layer>.weight` is a CastedLinear layer, or an
-    embedding for `tok_emb` and the value embedding's `embed`; every other entry a parameter (zeros until
-    `load_params`); the layers of `blocks` are in a ModuleList, the `ve_layer_scales` in a ParameterList,
-    each `mlp` an MLP. `lm_head` is None with tied embeddings."""
+    (core/model/params.py: `make_modules`). `lm_head` is None with tied embeddings."""
 
     def __init__(self, cfg: Config):
         super().__init__()
         self.walk = TorchWalk(cfg)
         self.softcap = cfg.logit_softcap
         self.lm_head = None
-        containers = {"blocks": nn.ModuleList, "ve_layer_scales": nn.ParameterList, "mlp": lambda: MLP(cfg)}
-        for name, spec in param_specs(cfg).items():
-            *path, leaf = name.removesuffix(".weight").split(".")
-            owner = self
-            for part in path:  # each container made where the table first names it
-                if part.isdigit():  # blocks.<i>
-                    if int(part) == len(owner):
-                        owner.append(nn.Module())
-                    owner = owner[int(part)]
-                else:
-                    if not hasattr(owner, part):
-                        owner.add_module(part, containers.get(part, nn.Module)())
-                    owner = getattr(owner, part)
-            if name.endswith(".weight"):
-                rows, cols = spec.shape
-                embedding = leaf in ("tok_emb", "embed")
-                layer = nn.Embedding(rows, cols) if embedding else CastedLinear(cols, rows, bias=False)
-                setattr(owner, leaf, layer)
-            elif isinstance(owner, nn.ParameterList):
-                owner.append(nn.Parameter(torch.zeros(spec.shape)))
-            else:
-                owner.register_parameter(leaf, nn.Parameter(torch.zeros(spec.shape)))
+        make_modules(cfg, self, TorchParts(cfg))
         # RoPE tables for the training length, moved with the model; longer inputs get their own.
         cos, sin = self.walk.rope_tables(cfg.train_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)

@@ -1,4 +1,4 @@
-"""Test-time training's device side on PyTorch (core/eval/ttt.py and ttt_full.py run it): LoRA adapters
+"""Test-time training's device side on PyTorch (core/eval/ttt.py runs it): LoRA adapters
 scored then trained chunk by chunk, and SGD on the model's own weights. Packaged only for the runs that
 use test-time training: `TorchBackend.ttt` imports it.
 """

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from core.model.params import mlp_hidden, num_skip_weights
+from core.model.params import make_modules
 from core.model.walk import Walk
 from mlx_train.ops import Ops, default_ops, segment_mask, softcap_logits
 
@@ -94,32 +94,12 @@ class CastedLinear(nn.Module):
         return self.ops.linear(x, self.weight)
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: Config, ops: Ops):
-        super().__init__()
-        kv_dim = cfg.num_kv_heads * cfg.head_dim
-        self.c_q = CastedLinear(cfg.model_dim, cfg.model_dim, ops)
-        self.c_k = CastedLinear(cfg.model_dim, kv_dim, ops)
-        self.c_v = CastedLinear(cfg.model_dim, kv_dim, ops)
-        self.proj = CastedLinear(cfg.model_dim, cfg.model_dim, ops)
-        self.q_gain = mx.zeros((cfg.num_heads,), dtype=mx.float32)
-        if cfg.attn_out_gate_enabled:
-            self.attn_gate_proj = CastedLinear(
-                cfg.gate_window, cfg.num_heads, ops
-            )  # read by the walk as a weight
-        elif cfg.gated_attn_enabled or cfg.sparse_attn_gate_enabled:
-            inputs = cfg.model_dim if cfg.gated_attn_enabled else cfg.gate_window
-            self.attn_gate_w = mx.zeros((cfg.num_heads, inputs), dtype=mx.float32)
-
-
 class MLP(nn.Module):
-    """relu(x)^2 or leaky_relu(x, 0.5)^2 between two linear layers."""
+    """relu(x)^2 or leaky_relu(x, 0.5)^2 between two linear layers (`fc`, `proj`: the model adds them)."""
 
-    def __init__(self, cfg: Config, ops: Ops):
+    def __init__(self, cfg: Config):
         super().__init__()
         self.negative_slope = 0.5 if cfg.mlp_activation == "leaky_relu2" else 0.0
-        self.fc = CastedLinear(cfg.model_dim, mlp_hidden(cfg), ops)
-        self.proj = CastedLinear(mlp_hidden(cfg), cfg.model_dim, ops)
 
     def __call__(self, x: mx.array) -> mx.array:
         h = self.fc(x)
@@ -127,53 +107,38 @@ class MLP(nn.Module):
         return self.proj(mx.square(h))
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: Config, ops: Ops):
-        super().__init__()
-        d = cfg.model_dim
-        self.attn = CausalSelfAttention(cfg, ops)
-        self.mlp = MLP(cfg, ops)
-        self.attn_scale = mx.zeros((d,), dtype=mx.float32)
-        self.mlp_scale = mx.zeros((d,), dtype=mx.float32)
-        self.resid_mix = mx.zeros((2, d), dtype=mx.float32)
-
-
-class ValueEmbedding(nn.Module):
-    """One token embedding shared by the value-embedding layers, projected to the kv width and scaled."""
+class MLXParts:
+    """MLX's pieces of the module tree core/model/params.py's `make_modules` makes: CastedLinear layers
+    on `ops`, embeddings, fp32 arrays; `blocks` and `ve_layer_scales` are lists, each `mlp` an MLP."""
 
     def __init__(self, cfg: Config, ops: Ops):
-        super().__init__()
-        kv_dim = cfg.num_kv_heads * cfg.head_dim
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.ve_dim)
-        if cfg.ve_dim != kv_dim:
-            self.proj = CastedLinear(cfg.ve_dim, kv_dim, ops)
-        self.scale = mx.zeros((), dtype=mx.float32)
+        self.cfg, self.ops = cfg, ops
+
+    def container(self, name: str | None) -> nn.Module | list:
+        if name in ("blocks", "ve_layer_scales"):
+            return []
+        return MLP(self.cfg) if name == "mlp" else nn.Module()
+
+    def linear(self, in_dim: int, out_dim: int) -> CastedLinear:
+        return CastedLinear(in_dim, out_dim, self.ops)
+
+    def embedding(self, rows: int, cols: int) -> nn.Embedding:
+        return nn.Embedding(rows, cols)
+
+    def parameter(self, shape: tuple[int, ...]) -> mx.array:
+        return mx.zeros(shape, dtype=mx.float32)
 
 
 class GPT(nn.Module):
-    """pgolf's GPT; `ops` picks the kernels (default: those of the current MLX device)."""
+    """pgolf's GPT: the modules the walk reads (core/model/walk.py), made from the parameter table
+    (core/model/params.py: `make_modules`); `ops` picks the kernels (default: those of the current MLX device)."""
 
     def __init__(self, cfg: Config, compute_dtype: mx.Dtype = mx.float32, ops: Ops | None = None):
         super().__init__()
         self.ops = ops or default_ops()
         self.walk = MLXWalk(cfg, self.ops, compute_dtype)
         self.softcap = cfg.logit_softcap
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.model_dim)
-        self.skip_weights = mx.zeros((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
-        if cfg.skip_gates_enabled:
-            self.skip_gates = mx.zeros((num_skip_weights(cfg), cfg.model_dim), dtype=mx.float32)
-        if cfg.smear_gate_enabled:
-            self.smear_gate = CastedLinear(cfg.gate_window, 1, self.ops)
-            self.smear_lambda = mx.zeros((1,), dtype=mx.float32)
-        self.blocks = [Block(cfg, self.ops) for _ in range(cfg.num_layers)]
-        if cfg.ve_enabled:
-            self.ve_shared = ValueEmbedding(cfg, self.ops)
-            self.ve_layer_scales = [mx.zeros((1,), dtype=mx.float32) for _ in cfg.ve_layer_indices]
-        if not cfg.tie_embeddings:
-            self.lm_head = CastedLinear(cfg.model_dim, cfg.vocab_size, self.ops)
-        if cfg.parallel_start_layer > 0:
-            self.parallel_post_lambdas = mx.zeros((cfg.num_layers, 2, 2), dtype=mx.float32)
-            self.parallel_resid_lambdas = mx.zeros((cfg.num_layers, 2), dtype=mx.float32)
+        make_modules(cfg, self, MLXParts(cfg, self.ops))
         # RoPE tables for the training length (the leading underscore keeps them out of the
         # parameters); longer inputs get their own.
         self._rope_table = self.walk.rope_tables(cfg.train_seq_len)

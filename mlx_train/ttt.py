@@ -1,4 +1,4 @@
-"""Test-time training's device side on MLX (core/eval/ttt.py and ttt_full.py run it): LoRA adapters
+"""Test-time training's device side on MLX (core/eval/ttt.py runs it): LoRA adapters
 scored then trained chunk by chunk, and SGD on the model's own weights; `MLXBackend.ttt` makes it,
 as cuda_train/ttt.py is PyTorch's.
 """

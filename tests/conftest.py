@@ -1,17 +1,29 @@
-"""Shared fixtures: a small real dataset built from the embedded corpus, and the challenge files."""
+"""Shared fixtures: a small real dataset built from the embedded corpus, the challenge files, a mixed-format
+model; and the suite made hermetic (`hermetic` below)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from core.config.fields import Config
-from core.config.presets import preset
+from core.artifact.checkpoint import Checkpoint, save_checkpoint
+from core.artifact.mixed import quantize_mixed
+from core.artifact.rowquant import Clip
+from core.config.fields import ENV_ALIASES, Config, field_names
+from core.config.presets import PRESETS, RECORD_ENV_MARKS, preset
+from tests.helpers import CHALLENGE, hessian, model_state, ramp
 
-CHALLENGE = Path(__file__).resolve().parent / "fixtures" / "challenge"  # the challenge's sp1024 files
+# Hermetic: no setting of the user's environment reaches a test or what it starts (config fields' upstream
+# names, a record's marks, torchrun's ranks, pgolf's cache folder).
+for name in [*(n.upper() for n in field_names()), *ENV_ALIASES, *(m for ms in RECORD_ENV_MARKS.values() for m in ms),
+             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "PGOLF_CACHE_DIR", "XDG_CACHE_HOME"]:  # fmt: skip
+    os.environ.pop(name, None)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers: one thread each, and for what it starts
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -45,10 +57,54 @@ def sotu_dataset(tmp_path_factory) -> Dataset:
     return Dataset(root, root / "datasets" / "sotu_sp1024", root / "tokenizers" / "sotu_1024_bpe.model", 1024)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hermetic(tmp_path_factory) -> Path:
+    """Every test, and every process it starts, runs in a folder of its own whose data/ holds a foreign
+    tokenizer (the challenge's) at each preset's tokenizer path: a test that reads the data/ of the folder
+    it runs in, as the checkout's would be, instead of the dataset it was given, fails. The minified-source
+    cache is this run's, not the user's."""
+    here = tmp_path_factory.mktemp("cwd")
+    for name in PRESETS:
+        path = here / preset(name).tokenizer_path
+        if path.is_relative_to(here / "data"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(CHALLENGE / "fineweb_1024_bpe.model", path)
+    run = tmp_path_factory.getbasetemp()
+    run = run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run  # the workers of one run share it
+    os.environ["PGOLF_CACHE_DIR"] = str(run / "pgolf-cache")
+    before = Path.cwd()
+    os.chdir(here)
+    yield here
+    os.chdir(before)
+
+
 @pytest.fixture(scope="session")
 def challenge_dir() -> Path:
     """The challenge's sp1024 tokenizer (fineweb_1024_bpe.model, .vocab) and export manifest.json."""
     return CHALLENGE
+
+
+@pytest.fixture(scope="module")
+def mixed_model():
+    state, classes, dtypes = model_state()
+    x = ramp((300, 256), 1.0, 65_537)
+    return quantize_mixed(
+        state,
+        classes,
+        bits={"embedding": 8, "attention": 6, "mlp": 5, "other": 7},
+        clip={"embedding": Clip.percentile(0.9999), "mlp": Clip.sdclip(4.0)},
+        hessians={"blocks.0.attn.c_q.weight": hessian(x)},
+        orig_dtypes=dtypes,
+    )
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A saved checkpoint of two small tensors (with their moving average) and the tiny preset's config."""
+    cfg = preset("tiny").replace(ema_decay=0.5)
+    params = {"w": np.ones((2, 3), np.float32)}
+    ckpt = Checkpoint(params, {"ema/w": np.full((2, 3), 2, np.float32)}, cfg.to_dict(), dtypes={"w": "bf16"})
+    return save_checkpoint(tmp_path / "step_000004.safetensors", ckpt)
 
 
 # The files whose tests take longest, longest first (`pytest --durations=0`, summed per file, on a

@@ -11,10 +11,8 @@ import pytest
 from core.common.errors import PgolfError
 from core.model import backend as backends
 from core.runs.summary import read_metrics, summarize, val_curve
-from core.train.interactive import BehindReference, reference_bpb
-from core.train.loop import train
-from tests.test_backends import make_backend, needs
-from tests.test_cli import cli, data_flags
+from core.train.interactive import BehindReference, reference_bpb, train_interactive
+from tests.helpers import cli, data_flags, make_backend, needs
 
 STEPS = 2
 TOO_HOT = {"tied_embed_lr": 1.0, "matrix_lr": 0.2}  # learning rates far too high: a run deliberately worse
@@ -27,7 +25,7 @@ def run(dataset, backend_name, out, run_id, **changes):
     reference = val_curve(cfg.abort_behind) if cfg.abort_behind else ()
     backend = make_backend(backend_name, cfg)
     try:
-        return train(backend, log=lambda line: None, reference=reference)
+        return train_interactive(backend, log=lambda line: None, reference=reference)
     finally:
         backend.close()
 
@@ -119,17 +117,17 @@ def test_the_cli_stops_with_status_4_one_line_and_runs_says_why(sotu_dataset, re
 def test_a_sweep_counts_a_run_stopped_behind_apart_from_failures(tmp_path):
     from core.runs import sweep as sw
     from core.train.rundir import RunDir
-    from tests.test_sweep import VARIANTS, fake_run, write_spec
+    from tests.helpers import VARIANTS, fake_sweep_run, write_spec
 
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
     behind, failed = plan.runs[0], plan.runs[1]
-    fake_run(behind, None, checkpoint=True)  # a checkpoint, as a stopped run has: it would be resumed
+    fake_sweep_run(behind, None, checkpoint=True)  # a checkpoint, as a stopped run has: it would be resumed
     folder = RunDir(behind.path.parent, behind.run_id, reuse=True)
     folder.metric(
         {"kind": "stopped", "why": "behind runs/ref", "step": 2, "val_bpb": 5.0, "reference_val_bpb": 3.0}
     )
     folder.close()
-    fake_run(failed, None, failed="error: no such shard")
+    fake_sweep_run(failed, None, failed="error: no such shard")
     assert (sw.run_state(behind), sw.run_state(failed)) == (sw.BEHIND, sw.FAILED)
     states = {m["run"]: (m["state"], m["error"]) for m in sw.report(plan)["not_finished"]}
     assert states[behind.run_id] == ("behind", "stopped behind runs/ref")

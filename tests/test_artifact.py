@@ -15,7 +15,6 @@ from core.artifact import int8 as quant
 from core.artifact import int8_format, mixed, upstream
 from core.artifact.budget import export_budget, from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, quant_label
-from core.artifact.int8_stats import int8_stats
 from core.artifact.load import load_mixed_artifact, read_artifact
 from core.artifact.records import RECORD_BF16_NAMES, load_record_artifact
 from core.artifact.rowquant import Clip
@@ -24,14 +23,15 @@ from core.config.presets import preset
 from core.data.tables import byte_tables
 from core.data.tokenizer import load_tokenizer
 from core.datasets.writers import write_shard
-from core.eval.rows import evaluate
-from core.eval.score import EvalData, evaluators, load_eval_data
+from core.eval.bpb import EvalData
+from core.eval.plain import evaluate
+from core.eval.score import evaluators, load_eval_data
 from core.eval.sliding import evaluate_sliding
 from core.model.params import artifact_classes, head_weight_name, param_shapes, param_specs, storage_dtypes
 from core.train.calibration import calibrate_gptq
+from core.train.loop import train_loader
 from tests.golden_data import GOLDEN, RECORD_PTZ, goldens
-from tests.test_backends import BACKENDS, LOOPS_LANES, busy_params, make_backend, needs
-from tests.test_cli import cli
+from tests.helpers import BACKENDS, LOOPS_LANES, busy_params, cli, int8_stats, make_backend, needs
 
 # A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor and are quantized.
 WIDE = {"mlp_mult": 20.0}
@@ -218,7 +218,7 @@ def test_calibration_reads_training_batches_and_gptq_rounds_the_matrices(sotu_da
     params = busy_params(cfg)
     backend.load_params(params)
     lines: list[str] = []
-    hessians = calibrate_gptq(backend, lines.append)
+    hessians = calibrate_gptq(backend, train_loader(cfg, backend), lines.append)
     assert "from 3 batches" in lines[0]
     report = export_artifact(params, cfg, storage_dtypes(cfg, False), tmp_path / "g.pgolf", 0, hessians)
     model = read_artifact(tmp_path / "g.pgolf")

@@ -10,23 +10,31 @@ import numpy as np
 import pytest
 
 from core.config.presets import preset
-from core.eval.rows import evaluate
-from core.eval.score import EvalData
+from core.eval.bpb import EvalData
+from core.eval.plain import evaluate
 from core.eval.sliding import evaluate_sliding
 from core.eval.ttt import evaluate_ttt
 from core.runs.audit import (
-    Audit,
-    Calibration,
-    Check,
     Swap,
     check_calibration,
     compare,
     perturbed_scores,
     swap_document,
 )
-from tests.test_backends import BACKENDS, busy_params, make_backend, needs
-from tests.test_cli import cli, data_flags
-from tests.test_ttt import LEGAL_CFG, AdaptsFirst, stream, unit_tables
+from tests.helpers import (
+    BACKENDS,
+    LEGAL_CFG,
+    AdaptsFirst,
+    busy_params,
+    cli,
+    data_flags,
+    fake_run,
+    made_audit,
+    make_backend,
+    needs,
+    stream,
+    unit_tables,
+)
 
 PLAIN_CFG = preset("smoke").replace(eval_seq_len=16)
 SLIDING_CFG = PLAIN_CFG.replace(eval_stride=4, eval_batch_seqs=4)
@@ -227,7 +235,7 @@ def test_audit_passes_a_ttt_run_and_package_writes_the_compliance_section(ttt_ru
 
 @needs("mlx")
 def test_audit_refuses_a_checkpoint_and_an_unknown_evaluation(ttt_run):
-    from tests.test_cli import assert_one_line_error
+    from tests.helpers import assert_one_line_error
 
     checkpoints = sorted((ttt_run / "checkpoints").glob("*.safetensors"))
     if checkpoints:
@@ -235,28 +243,6 @@ def test_audit_refuses_a_checkpoint_and_an_unknown_evaluation(ttt_run):
     assert_one_line_error(
         cli("audit", str(ttt_run), "--backend", "mlx", "--evaluation", "sliding_window"), "evaluations are"
     )
-
-
-def fake_run(folder: Path, seed: int) -> Path:
-    """A finished run's files, as `package` reads them (no weights: the audit below is given)."""
-    from core.config.fields import Config
-
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(Config(seed=seed).to_dict()))
-    record = {"kind": "final", "steps": 1, "train_time_ms": 1.0, "roundtrip_val_loss": 2.0,
-              "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
-    (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    (folder / "train.log").write_text("log\n")
-    (folder / "final_model.int8.pgolf").write_bytes(b"0123456789")  # the 10 bytes its final record says
-    return folder
-
-
-def made_audit(path: Path, leak: int | None) -> Audit:
-    check = Check(checked=900, max_change=0.0 if leak is None else 0.5, leak_position=leak,
-                  leak_document=None if leak is None else 4, order_changed=False)  # fmt: skip
-    calibration = Calibration("training shards only", ["fineweb_train_000000.bin"], [], "x.calibration.json")
-    return Audit(str(path / "final_model.int8.pgolf"), "cuda", "ttt", 2049, 7, (1026, 2049), check, calibration,
-                 1000, 500, 1.5, "cpu", 1.2, f"python cli.py audit {path}")  # fmt: skip
 
 
 def test_package_writes_the_audits_and_refuses_a_run_that_fails_one(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from core.config.presets import preset
 from core.runs.audit import check_calibration
-from tests.test_audit import made_audit
+from tests.helpers import made_audit
 
 
 @pytest.fixture

@@ -16,46 +16,18 @@ from core.config.presets import preset
 from core.model import backend as backends
 from core.model import memory
 from core.model.optim import GROUPS, base_lr, weight_decay
-from core.model.params import init_params, param_shapes, param_specs
+from core.model.params import param_shapes, param_specs
+from tests.helpers import (
+    BACKENDS,
+    FEATURES,
+    LOOPS_LANES,
+    SMALL_LOOPS_LANES,
+    batch,
+    busy_params,
+    graph_capture_only,
+    make_backend,
+)
 from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
-
-# What a test of each backend needs: its framework's marker, and a skip when it is missing.
-NEEDS = {
-    name: [
-        getattr(pytest.mark, info.framework),
-        pytest.mark.skipif(not info.installed, reason=f"{info.framework} not installed"),
-    ]
-    for name, info in backends.BACKENDS.items()
-}
-BACKENDS = [pytest.param(name, marks=marks, id=name) for name, marks in NEEDS.items()]
-
-
-def needs(name: str):
-    """Decorator: the test needs this backend's framework (marked, and skipped without it)."""
-
-    def mark(test):
-        for m in NEEDS[name]:
-            test = m(test)
-        return test
-
-    return mark
-
-
-def make_backend(name: str, cfg):
-    assert name in backends.BACKENDS, name
-    return backends.create(name, cfg)
-
-
-def graph_capture_only(monkeypatch) -> None:
-    """torch.compile with the aot_eager backend for the rest of a test: dynamo's graphs, guards and
-    recompiles, and AOT autograd, as a run makes them, without inductor's code generation. On a CPU that
-    generation is most of a cold compile and not what runs on a GPU; its numbers are checked against
-    eager ones by test_compiled_step_equals_eager, and the compiled two-process run of
-    tests/test_training.py runs it under DDP."""
-    import torch
-
-    inductor = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: inductor(fn, backend="aot_eager", **kwargs))
 
 
 def fresh_compile_cache(name: str) -> None:
@@ -65,23 +37,6 @@ def fresh_compile_cache(name: str) -> None:
         import torch._dynamo
 
         torch._dynamo.reset()
-
-
-def busy_params(cfg, seed: int = 0) -> dict[str, np.ndarray]:
-    """Init weights with every zero/one tensor perturbed, so every path of the model matters."""
-    params = init_params(cfg)
-    rng = np.random.default_rng(seed)
-    for name, value in params.items():
-        noise = rng.normal(0, 0.05 if value.ndim == 2 else 0.2, value.shape)
-        params[name] = (value + noise).astype(np.float32)
-    return params
-
-
-def batch(cfg, n: int = 2, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    tokens = (
-        np.random.default_rng(seed).integers(0, cfg.vocab_size, (n, cfg.train_seq_len + 1)).astype(np.int32)
-    )
-    return tokens[:, :-1], tokens[:, 1:]
 
 
 def gradients(backend, name: str, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
@@ -101,14 +56,6 @@ def gradients(backend, name: str, x: np.ndarray, y: np.ndarray) -> dict[str, np.
     return {n: np.array(g, dtype=np.float64) for n, g in tree_flatten(grads)}
 
 
-# Depth recurrence and parallel lanes on a 5-layer smoke model: looping visits
-# [0, 1, 2, 1, 2, 1, 2, 3, 4] (encoder [0, 1, 2, 1], decoder [2, 1, 2, 3, 4]), lanes from layer 3.
-LOOPS_LANES = dict(num_layers=5, num_loops=2, loop_start=1, loop_end=2, parallel_start_layer=3)
-# The smallest model with both, for the compile tests (compiling is slow on a CPU): looping visits
-# [0, 1, 1, 2] (encoder [0, 1], decoder [1, 2]), not looping [0] | [1, 2]; lanes from layer 2.
-SMALL_LOOPS_LANES = dict(num_layers=3, num_loops=1, loop_start=1, loop_end=1, parallel_start_layer=2)
-
-
 @pytest.mark.parametrize("features", [{}, LOOPS_LANES], ids=["plain", "loops_lanes"])
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_parameters_are_the_canonical_ones_and_round_trip(backend_name, features):
@@ -119,15 +66,6 @@ def test_parameters_are_the_canonical_ones_and_round_trip(backend_name, features
     got = backend.params()
     assert list(got) == list(param_shapes(cfg)) or set(got) == set(param_shapes(cfg))
     assert all(got[k].dtype == np.float32 and np.array_equal(got[k], v) for k, v in params.items())
-
-
-# Every block feature on at once (small: the numpy reference loops head by head).
-FEATURES = dict(
-    mlp_mult=2.5, mlp_activation="leaky_relu2", rope_dims=8, ln_scale=True, xsa_last_n=2, ve_enabled=True,
-    ve_dim=24, ve_layers="1,2", skip_gates_enabled=True, qk_gain_init=4.0, smear_gate_enabled=True,
-    gate_window=8, attn_out_gate_enabled=True, attn_out_gate_src="q", varlen_attn_enabled=True,
-    rope_precision="bfloat16",
-)  # fmt: skip
 
 
 @pytest.mark.cuda

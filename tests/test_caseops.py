@@ -20,8 +20,9 @@ from core.datasets import caseops
 from core.datasets.caseops import ALLCAPS, CAPNEXT, ESC, OPERATORS, TITLE, decode, encode, fragment_bytes
 from core.datasets.embedded import prepare_sotu, read_text, speech_files, split_documents
 from core.datasets.writers import write_shard
-from core.eval.rows import evaluate
-from core.eval.score import EvalData, load_eval_data
+from core.eval.bpb import EvalData
+from core.eval.plain import evaluate
+from core.eval.score import load_eval_data
 from core.eval.sliding import evaluate_sliding
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "record_caseops.json"

@@ -14,46 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.runs.record_folder import agree, check_record, read_log, seed_figures
+from tests.helpers import SEEDS, log_text, write_folder
 
 ROOT = Path(__file__).resolve().parent.parent
-SEEDS = {"42": (2.5252358, 1.0974384, 15_915_268), "1337": (2.5264105, 1.0979497, 15_905_460),
-         "2025": (2.5269013, 1.0981628, 15_927_782)}  # fmt: skip
-
-
-def log_text(seed: str, loss: float, bpb: float, total: int, code: int = 68_206) -> str:
-    """A log as the records write it: the script's source first, step validations, the sizes, the scores."""
-    return "\n".join([
-        'log0(f"final_int6_sliding_window val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")',  # source, not a figure
-        "    seed = int(os.environ.get('SEED', 1337))",
-        f"seed: {seed}",
-        "0/20000 val_loss: 8.3187 val_bpb: 3.6152",
-        "5967/20000 val_loss: 2.5434 val_bpb: 1.1053",
-        "pre-quantization post-ema val_loss:2.54059689 val_bpb:1.10411414 eval_time:1741ms",
-        f"Serialized model int6+brotli: {total - code} bytes",
-        f"Total submission size int6+brotli: {total} bytes",
-        f"final_int6_roundtrip val_loss:{loss + 0.04:.8f} val_bpb:{bpb + 0.018:.8f} eval_time:5122ms",
-        f"final_int6_sliding_window stride:64 val_loss:{loss:.8f} val_bpb:{bpb:.8f} eval_time:65493ms",
-        "",
-    ])  # fmt: skip
-
-
-def write_folder(path: Path, seeds: dict = SEEDS) -> Path:
-    path.mkdir(parents=True)
-    (path / "README.md").write_text("# A record\n")
-    (path / "train_gpt.py").write_text("print('train')\n")
-    mean = sum(v[1] for v in seeds.values()) / len(seeds)
-    submission = {
-        "author": "A. Golfer", "github_id": "ag", "name": "test", "date": "2026-04-01", "track": "10min_16mb",
-        "val_loss": round(sum(v[0] for v in seeds.values()) / len(seeds), 5), "val_bpb": round(mean, 5),
-        "seeds": [int(s) for s in seeds],
-        "seed_results": {s: {"val_loss": round(v[0], 5), "val_bpb": round(v[1], 5), "artifact_bytes": v[2]}
-                         for s, v in seeds.items()},
-        "bytes_total": max(v[2] for v in seeds.values()), "bytes_code": 68_206,
-    }  # fmt: skip
-    (path / "submission.json").write_text(json.dumps(submission, indent=2))
-    for seed, (loss, bpb, total) in seeds.items():
-        (path / f"train_seed{seed}.log").write_text(log_text(seed, loss, bpb, total))
-    return path
 
 
 def edit_submission(folder: Path, change) -> None:
@@ -161,7 +124,7 @@ def test_the_command_prints_a_line_per_finding_and_exits_1(good, tmp_path):
     shutil.copytree(good, bad)
     (bad / "train_gpt.py").unlink()
     result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "check-record", str(good), str(bad),
-                             str(tmp_path / "absent")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+                             str(tmp_path / "absent")], capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [
         f"{good}: passes",

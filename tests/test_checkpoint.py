@@ -2,39 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
 import pytest
 
-from core.artifact.checkpoint import Checkpoint, checkpoint_digest, save_checkpoint
+from core.artifact.checkpoint import save_checkpoint
 from core.artifact.load import is_checkpoint, load_checkpoint
 from core.common.errors import PgolfError
 from core.common.files import make_dir, write_atomic
 from core.config.fields import Config
-from core.config.presets import preset
-from core.model.params import init_params
 from core.runs.summary import read_metrics
 from core.train.loop import _shared_run_id
 from core.train.rundir import RunDir
-
-
-def make_checkpoint() -> Checkpoint:
-    cfg = preset("smoke")
-    params = init_params(cfg)
-    optimizer = {"step": np.array(3, dtype=np.int64)}
-    optimizer.update({f"exp_avg/{k}": np.full_like(v, 0.5) for k, v in params.items()})
-    return Checkpoint(
-        params=params,
-        optimizer=optimizer,
-        config=cfg.to_dict(),
-        step=3,
-        train_time_ms=1234.5,
-        data_state={"file_index": 0, "position": 99, "epoch": 1},
-        backend="cuda",
-        dtypes={k: "float32" for k in params},
-    )
+from tests.helpers import make_checkpoint, rewrite_metadata
 
 
 def test_round_trip_is_exact(tmp_path):
@@ -69,20 +50,6 @@ def test_damaged_checkpoints_are_one_clear_error(tmp_path):
     assert is_checkpoint(tmp_path / "header-cut.safetensors")
     (tmp_path / "garbage.bin").write_bytes(b"not a checkpoint at all")
     assert not is_checkpoint(tmp_path / "garbage.bin")
-
-
-def rewrite_metadata(path, change, sign: bool = True) -> None:
-    """Re-save a checkpoint with its JSON metadata replaced by change(metadata), with a checksum
-    that matches the change when `sign` (as a writer that meant it would)."""
-    from safetensors.numpy import load_file, save_file
-
-    blob = path.read_bytes()
-    header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
-    meta = change(json.loads(header["__metadata__"]["pgolf"]))
-    tensors = load_file(path)
-    if sign and isinstance(meta, dict):
-        meta["sha256"] = checkpoint_digest(tensors, meta)
-    save_file(tensors, path, metadata={"pgolf": json.dumps(meta)})
 
 
 @pytest.mark.parametrize(

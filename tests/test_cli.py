@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -18,29 +17,7 @@ from core.common.files import file_sha256
 from core.config.fields import Config
 from core.data.shards import find_shards
 from core.runs.summary import read_metrics
-from tests.test_backends import BACKENDS, needs
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-        env=None if env is None else {**os.environ, **env},
-    )  # fmt: skip
-
-
-def data_flags(dataset) -> list[str]:
-    return ["--data-path", str(dataset.data_path), "--tokenizer-path", str(dataset.tokenizer_path)]
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from tests.helpers import BACKENDS, ROOT, assert_one_line_error, cli, data_flags, needs, read_until
 
 
 @pytest.fixture(scope="module")
@@ -187,9 +164,9 @@ def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
     from core.artifact.load import read_artifact
     from core.artifact.rowquant import quantize_rows
     from core.common import compress
-    from core.eval.rows import evaluate
+    from core.eval.plain import evaluate
     from core.eval.score import load_eval_data
-    from tests.test_backends import busy_params, make_backend
+    from tests.helpers import busy_params, make_backend
 
     cfg = sotu_dataset.config(mlp_mult=20.0)
     w, m = {}, {}
@@ -403,7 +380,7 @@ def test_runs_on_a_terminal_shows_the_groups_too(tmp_path, monkeypatch):
     from rich.console import Console
 
     import cli as cli_module
-    from tests.test_runs import make_run
+    from tests.helpers import make_run
 
     for seed in (1, 2):
         make_run(tmp_path, f"lr-seed{seed}", seed=seed, run_group="lr")
@@ -494,18 +471,9 @@ def start_training(dataset, out: Path, *flags: str) -> subprocess.Popen:
     command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
                "--iterations", "100000", "--out-dir", str(out), "--run-id", "r", *data_flags(dataset), *flags]  # fmt: skip
     return subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores Ctrl-C
     )  # fmt: skip
-
-
-def read_until(process: subprocess.Popen, prefix: str) -> list[str]:
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if line.startswith(prefix):
-            return lines
-    raise AssertionError(f"no line starting {prefix!r} in {''.join(lines)}{process.stderr.read()}")
 
 
 @needs("cuda")
@@ -576,7 +544,7 @@ def test_a_signal_during_start_up_ends_quietly():
     # the handlers' installation, not the process's start: on a loaded machine, or beside other test
     # workers, the interpreter's own start may take longer than the delay.)
     for delay in (0.0, 0.15):
-        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "info"], cwd=ROOT,
+        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "info"],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         # (the default disposition: a test command run as a background job ignores SIGINT, and the child
@@ -589,7 +557,7 @@ def test_a_signal_during_start_up_ends_quietly():
 
 
 def test_a_closed_pipe_ends_quietly(tmp_path):
-    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", "--help"], cwd=ROOT,
+    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "train", "--help"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     process.stdout.readline()
     process.stdout.close()  # as `| head -1` does

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from core.common.errors import PgolfError
-from tests.test_check_record import SEEDS, write_folder
+from tests.helpers import SEEDS, write_folder
 
 RECORD_LOSS = [v[0] for v in SEEDS.values()]  # the folder's seeds 42, 1337, 2025, from their logs
 RECORD_BPB = [v[1] for v in SEEDS.values()]
@@ -129,7 +129,7 @@ def test_compare_of_two_groups_still_takes_them_after_one_flag(setup):
 
 def test_a_sweep_whose_spec_names_a_record_compares_every_variant_with_its_seeds(tmp_path):
     from core.runs import sweep as sw
-    from tests.test_sweep import VARIANTS, fake_run, write_spec
+    from tests.helpers import VARIANTS, fake_sweep_run, write_spec
 
     write_folder(tmp_path / "the_record")
     spec = write_spec(tmp_path, 'record = "the_record"\nmargin_nats = 0.005\n' + VARIANTS)
@@ -137,7 +137,7 @@ def test_a_sweep_whose_spec_names_a_record_compares_every_variant_with_its_seeds
     losses = {"base": [2.53, 2.531], "lr_low": [2.49, 2.495], "wide": [2.52, 2.54]}
     for run in plan.runs:
         if run.seed <= 2:
-            fake_run(run, losses[run.variant][run.seed - 1])
+            fake_sweep_run(run, losses[run.variant][run.seed - 1])
     result = sw.report(plan)
     assert result["compared_with"] == f"the record {tmp_path / 'the_record'} (seeds 42, 1337, 2025)"
     for row in result["variants"]:  # the base config's runs too

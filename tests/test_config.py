@@ -32,9 +32,8 @@ from core.config.sources import (
     resolve_sources,
 )
 from core.model.params import artifact_classes, param_shapes, storage_dtypes
+from tests.helpers import FEATURES, LOOPS_LANES, busy_params, run_within
 from tests.reference import reference_logits
-from tests.test_backends import FEATURES, LOOPS_LANES, busy_params
-from tests.test_fuzz import run_within
 
 
 def test_baseline_defaults_match_the_upstream_scripts():

@@ -9,15 +9,14 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.sources import resolve
 from core.runs import setup
-from tests.test_cli import assert_one_line_error, cli
-from tests.test_setup import checkpoint  # noqa: F401 (a fixture)
+from tests.helpers import assert_one_line_error, cli
 
 BAD = [("abc", "expects int, got 'abc'"), ("-3", "must be >= 0, got -3"), ("1.5", "expects int, got '1.5'"),
        ("", "expects int, got ''")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("value", "refusal"), BAD)
-def test_export_refuses_a_bad_variable_as_config_show_does(value, refusal, checkpoint, monkeypatch):  # noqa: F811
+def test_export_refuses_a_bad_variable_as_config_show_does(value, refusal, checkpoint, monkeypatch):
     """ATTN_PASSTHROUGH_NUMEL=abc (-3, 1.5, empty) was ignored by `export` with exit 0."""
     monkeypatch.setenv("ATTN_PASSTHROUGH_NUMEL", value)
     with pytest.raises(PgolfError) as shown:
@@ -35,7 +34,7 @@ def test_export_refuses_a_bad_variable_in_one_line(tmp_path):
     )
 
 
-def test_export_applies_the_environments_artifact_settings_under_the_flags(checkpoint, monkeypatch):  # noqa: F811
+def test_export_applies_the_environments_artifact_settings_under_the_flags(checkpoint, monkeypatch):
     monkeypatch.setenv("ATTN_PASSTHROUGH_NUMEL", "7")
     assert setup.export_setup(checkpoint, None, "pgolf", {}).cfg.attn_passthrough_numel == 7
     assert (

@@ -2,26 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-
-BLOCKER = """
-import importlib.abc, sys
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'mlx'):
-            raise ImportError(f'{name} is blocked in this test')
-sys.meta_path.insert(0, Block())
-"""
-
-
-def run_blocked(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", BLOCKER + code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+from tests.helpers import ROOT, run_blocked
 
 
 def test_every_core_module_imports_without_frameworks():
@@ -37,7 +18,7 @@ def test_every_core_module_imports_without_frameworks():
 
 def test_cli_help_works_without_frameworks():
     result = run_blocked(
-        "sys.argv = ['cli.py', '--help']\nimport runpy\nrunpy.run_path('cli.py', run_name='__main__')"
+        f"sys.argv = ['cli.py', '--help']\nimport runpy\nrunpy.run_path({str(ROOT / 'cli.py')!r}, run_name='__main__')"
     )
     assert "train" in result.stdout and "Traceback" not in result.stderr
 

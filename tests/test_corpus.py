@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
-import re
 
 import numpy as np
 import pytest
@@ -16,17 +14,7 @@ from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
 from core.datasets import prepare
 from core.datasets.embedded import VAL_EVERY, prepare_sotu, speech_files, split_documents
-
-
-def digest(root):
-    """sha256 of every file by path, a dataset's shards under the name of its link (not of its version)."""
-    return {
-        re.sub(r"^datasets/\.(.+)-\d+/", r"datasets/\1/", p.relative_to(root).as_posix()): hashlib.sha256(
-            p.read_bytes()
-        ).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
+from tests.helpers import digest
 
 
 def test_layout_and_manifest(sotu_dataset):

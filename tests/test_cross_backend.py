@@ -17,13 +17,21 @@ import pytest
 from core.artifact import int8_format, upstream
 from core.artifact.export import export_artifact
 from core.artifact.load import load_checkpoint, read_artifact
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.model.params import init_params, storage_dtypes
 from core.runs.summary import read_metrics
-from tests.test_backends import FEATURES, LOOPS_LANES, NEEDS, batch, busy_params, make_backend
-from tests.test_pergroup import NEEDS_LRZIP
-from tests.test_training import final_params, run
+from tests.helpers import (
+    FEATURES,
+    LOOPS_LANES,
+    NEEDS,
+    NEEDS_LRZIP,
+    batch,
+    busy_params,
+    final_params,
+    make_backend,
+    run,
+)
 
 pytestmark = [*NEEDS["cuda"], *NEEDS["mlx"]]
 DIRECTIONS = [("cuda", "mlx"), ("mlx", "cuda")]

@@ -92,7 +92,7 @@ def test_a_bf16_step_on_the_gpu_learns_and_reports_its_memory():
     """On a GPU the backend picks it, computes in bf16 and reports the peak memory the bench prints."""
     from core.model.params import init_params
     from cuda_train.backend import create_backend
-    from tests.test_backends import batch
+    from tests.helpers import batch
 
     cfg = preset("smoke").replace(compute_dtype="bfloat16")
     backend = create_backend(cfg)

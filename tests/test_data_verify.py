@@ -9,7 +9,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.data.manifest import file_sha256, read_manifest, verify_dataset
 from core.datasets.embedded import prepare_sotu
-from tests.test_cli import assert_one_line_error, cli
+from tests.helpers import assert_one_line_error, cli
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ from core.common.errors import PgolfError
 from core.common.launch import Launch, launch
 from core.config.presets import preset
 from core.runs.package import script
-from tests.test_cli import assert_one_line_error, cli
-from tests.test_package import assert_one_line, run_alone
+from tests.helpers import assert_one_line, assert_one_line_error, cli, run_alone
 
 TORCHRUN_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 RENDEZVOUS = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}

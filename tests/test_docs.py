@@ -12,8 +12,8 @@ import pytest
 import typer
 
 import cli
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)

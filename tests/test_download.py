@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,8 +18,8 @@ from core.data.manifest import file_sha256, read_manifest
 from core.data.shards import read_shard
 from core.datasets.fineweb import download_fineweb, hub_fetcher
 from core.datasets.writers import write_shard
+from tests.helpers import IMPORTABLE
 
-ROOT = Path(__file__).resolve().parent.parent
 DATASET = "datasets/fineweb10B_sp1024"
 TRAIN_SHARDS = 3
 
@@ -271,7 +272,7 @@ def test_default_fetch_turns_hub_errors_into_one_line(tmp_path, monkeypatch):
 
 def test_core_download_does_not_import_the_hub():
     code = "import sys, core.datasets.fineweb; assert 'huggingface_hub' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], env=os.environ | IMPORTABLE, check=True, timeout=60)
 
 
 def test_stand_in_manifest_has_the_challenge_shape(challenge_dir):

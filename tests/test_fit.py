@@ -21,16 +21,19 @@ from core.config.fields import Config
 from core.runs.package import code_bytes
 from core.train.calibration import calibrate_gptq
 from core.train.fitting import calibration_loss, calibration_tokens
-from tests.test_backends import make_backend, needs
-from tests.test_cli import assert_one_line_error, cli, data_flags
+from core.train.loop import train_loader
+from tests.helpers import (
+    ARTIFACT,
+    NUMPY_CODE_BYTES,
+    SHAPE,
+    assert_one_line_error,
+    cli,
+    data_flags,
+    make_backend,
+    needs,
+    stand_in_loss,
+)
 
-# record_0401_tiny's artifact at a size the tests can afford: an embedding (1024 x 96) and MLP
-# matrices (768 x 96) past the 65,536-value floor, GPTQ, a byte shuffle. One layer: each candidate
-# the fits evaluate is quantized, compressed and scored, and a second layer would add 60% to each.
-SHAPE = ["--num-layers", "1", "--model-dim", "96", "--mlp-mult", "8", "--iterations", "30",
-         "--warmdown-iters", "10"]  # fmt: skip
-ARTIFACT = ["--quant-format", "mixed", "--gptq-enabled", "--gptq-calibration-batches", "2",
-            "--compressor", "lzma", "--byte-shuffle", "2", "--artifact-fit-tokens", "1024"]  # fmt: skip
 LZMA = ()  # in-process fits try the run's compressor alone (lzma: brotli-11 takes seconds here)
 
 
@@ -56,7 +59,7 @@ def setup(name: str, path):
     cfg = Config.from_dict(ckpt.config)
     backend = make_backend(name, cfg)
     backend.load_params(ckpt.params)
-    hessians = calibrate_gptq(backend, lambda line: None)
+    hessians = calibrate_gptq(backend, train_loader(cfg, backend), lambda line: None)
     return ckpt, cfg, hessians, calibration_loss(backend, calibration_tokens(cfg))
 
 
@@ -157,9 +160,6 @@ def test_both_backends_choose_alike_and_write_the_same_bytes(run, fitted):
         assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-6) if a.loss is not None else b.loss is None
 
 
-NUMPY_CODE_BYTES = 40_000
-
-
 @pytest.fixture(scope="module")
 def numpy_fit():
     """A fit of the embeddings (an untied head among them) and the MLP, scored by a stand-in loss (the
@@ -167,7 +167,7 @@ def numpy_fit():
     records' 65,536 (the tests below are of the classes' bits and of LQER; the floors have theirs)."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.test_backends import busy_params
+    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(model_dim=96, mlp_mult=8.0, tie_embeddings=False, compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
@@ -206,11 +206,6 @@ def test_lqer_top_k_and_rank_are_chosen_where_the_default_does_worse(numpy_fit):
     assert artifact_blob(chosen, fit.cfg) == artifact_blob(fit.model, fit.cfg)
 
 
-def stand_in_loss(params):
-    """The weights' squared distance to the float ones: a loss with no backend."""
-    return lambda weights: float(sum(np.square(weights[n] - params[n]).sum() for n in params))
-
-
 def uniform_settings(params, dtypes, cfg: Config, cap: int, loss) -> dict[tuple[int, int], float]:
     """(bits, floor) -> the loss of every class at those bits and that floor, where it fits in `cap`."""
     out = {}
@@ -234,7 +229,7 @@ def test_a_small_model_is_fitted_by_quantizing_tensors_under_the_records_floor()
     and beats every uniform setting (every class at one bits and one floor) that fits."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.test_backends import busy_params
+    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
@@ -266,7 +261,7 @@ def test_a_records_shaped_model_keeps_its_floor_unless_the_fit_finds_better(monk
     import core.artifact.fit as fit_module
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.test_backends import busy_params
+    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(vocab_size=2048, compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)

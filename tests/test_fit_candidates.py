@@ -6,8 +6,7 @@ from __future__ import annotations
 from core.artifact.fit import fit_artifact
 from core.config.presets import preset
 from core.model.params import storage_dtypes
-from tests.test_backends import busy_params
-from tests.test_fit import NUMPY_CODE_BYTES, stand_in_loss
+from tests.helpers import NUMPY_CODE_BYTES, busy_params, stand_in_loss
 
 
 def test_a_candidate_making_an_artifact_already_made_is_not_made_again():

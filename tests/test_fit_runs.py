@@ -16,10 +16,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.train.fitting import shared_fit
-from tests.test_backends import BACKENDS, needs
-from tests.test_cli import cli, data_flags
-from tests.test_fit import ARTIFACT, SHAPE
-from tests.test_training import ROOT, launcher, torchrun_env
+from tests.helpers import ARTIFACT, BACKENDS, ROOT, SHAPE, cli, data_flags, launcher, needs, torchrun_env
 from tests.torchrun_fit import CHOSEN
 
 
@@ -70,8 +67,8 @@ def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backe
     """Rank 0's fit takes 10 s, the collectives time out after 5 s (PyTorch): rank 1 waits for its
     settings, or for its failure, which it ends with in one line; the job's collectives still work."""
     done = subprocess.run(
-        [*launcher(backend_name), "tests/torchrun_fit.py", backend_name, mode, "10", "5", str(tmp_path)],
-        cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=300,
+        [*launcher(backend_name), str(ROOT / "tests" / "torchrun_fit.py"), backend_name, mode, "10", "5", str(tmp_path)],
+        env=torchrun_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = {path.name: path.read_text() for path in tmp_path.glob("rank*")}
@@ -89,10 +86,10 @@ def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backe
 def two_ranks_train(sotu_dataset, tmp_path, *flags: str) -> subprocess.CompletedProcess:
     """`train` of the shape above by two ranks under torchrun, fitted to 250,000 B,
     collectives timing out after 5 s (the fit takes longer)."""
-    args = ["cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "a",
+    args = [str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "a",
             *SHAPE, *ARTIFACT, "--iterations", "4", "--collective-timeout-seconds", "5",
             *data_flags(sotu_dataset), *flags]  # fmt: skip
-    return subprocess.run([*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(ARTIFACT_FIT_BYTES="250000"),
+    return subprocess.run([*launcher("cuda"), *args], env=torchrun_env(ARTIFACT_FIT_BYTES="250000"),
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 

@@ -20,29 +20,21 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from core.artifact import int8 as quant
 from core.artifact import int8_format, mixed, upstream
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.load import load_checkpoint, load_mixed_artifact
-from core.common import compress
 from core.common.errors import PgolfError
 from core.data.shards import read_shard
 from core.datasets.writers import write_shard
-from tests.test_quant import golden_state, quantize, requires_torch
-
-FUZZ_EXAMPLES = int(os.environ.get("PGOLF_FUZZ_EXAMPLES", "60"))
-HANG_SECONDS = 20.0
-FUZZ = settings(
-    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+from tests.helpers import FUZZ, HANG_SECONDS, golden_state, quantize, requires_torch, run_within
 
 
 def fuzz(data, blob: bytes, header_end: int) -> bytes:
@@ -56,34 +48,16 @@ def fuzz(data, blob: bytes, header_end: int) -> bytes:
 
 def fuzz_payload(data, blob: bytes) -> bytes:
     """A pgolf container whose payload has 1-4 bytes changed, compressed again, its checksum kept."""
-    payload, compressor, shuffle = compress.unpack(blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    payload, compressor, shuffle = quant.unpack_body(blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
     payload = bytearray(payload)
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, min(2000, len(payload)) - 1) | st.integers(0, len(payload) - 1))
         payload[i] = data.draw(st.integers(0, 255))
     return (
-        quant.MAGIC + compress.pack(bytes(payload), compressor, shuffle=shuffle) + blob[-quant.DIGEST_BYTES :]
+        quant.MAGIC
+        + quant.pack_body(bytes(payload), compressor, shuffle=shuffle)
+        + blob[-quant.DIGEST_BYTES :]
     )
-
-
-def run_within(seconds: float, fn, unblock=None) -> tuple[object, BaseException | None]:
-    """(fn()'s result, None) or (None, what it raised), failing the test when fn takes longer than
-    `seconds` (a hang, or a read that never ends); `unblock()` is then called to free it."""
-    outcome: dict = {}
-
-    def call() -> None:
-        try:
-            outcome["done"] = (fn(), None)
-        except BaseException as exc:  # handed to the test's thread
-            outcome["done"] = (None, exc)
-
-    worker = threading.Thread(target=call, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive() and unblock is not None:
-        unblock()
-    assert "done" in outcome, f"still running after {seconds} s"
-    return outcome["done"]
 
 
 def read_back(load, path: Path, blob: bytes):
@@ -149,11 +123,11 @@ MIXED_KINDS = {"none": ("none", 0), "zlib+shuffle": ("zlib", 2), "zstd": ("zstd"
 @pytest.fixture(scope="module")
 def lrzip_on_path(tmp_path_factory):
     """The lrzip program for pergroup's groups: the installed one, else a stand-in that only frames the
-    bytes (tests/test_reliability_checks.py: FAKE_LRZIP), so that damage reaches pgolf's own checks."""
+    bytes (tests/helpers.py: FAKE_LRZIP), so that damage reaches pgolf's own checks."""
     if shutil.which("lrzip") is not None:
         yield
         return
-    from tests.test_reliability_checks import FAKE_LRZIP
+    from tests.helpers import FAKE_LRZIP
 
     folder = tmp_path_factory.mktemp("bin")
     (folder / "lrzip").write_text(FAKE_LRZIP.format(python=sys.executable))

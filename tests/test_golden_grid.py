@@ -26,9 +26,9 @@ from core.artifact.records import load_record_artifact
 from core.datasets.writers import write_shard
 from core.eval.score import evaluators
 from core.runs.setup import weights_and_data
-from tests.test_backends import BACKENDS, make_backend
+from tests.golden_data import GOLDEN
+from tests.helpers import BACKENDS, make_backend
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 GRID_0401 = GOLDEN / "record_eval_grid.json"
 GRID_0427 = GOLDEN / "record_eval_grid_0427.json"
 TOLERANCE = 1e-6

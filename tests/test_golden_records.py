@@ -15,22 +15,20 @@ golden file keeps a record's environment variables, pgolf reads them with
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors import safe_open
 
 from core.artifact import lqer, rowquant
-from core.config.fields import Config, from_env
+from core.config.fields import Config
 from core.config.presets import preset
 from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
 from core.model.params import ParamSpec, num_skip_weights, param_shapes, param_specs
 from core.model.schedule import lr_multiplier, muon_wd_multiplier
+from tests.golden_data import GOLDEN, read_golden, record_config
+from tests.helpers import BACKENDS, make_backend
 from tests.reference import document_mask
-from tests.test_backends import BACKENDS, make_backend
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 RECORD_0401 = GOLDEN / "record_0401.safetensors"
 
 # The record's hyperparameters that are pgolf config fields of the same name.
@@ -41,15 +39,6 @@ SHARED_FIELDS = (
     "scalar_lr", "muon_backend_steps", "beta1", "beta2", "adam_eps", "grad_clip_norm", "adam_wd", "muon_wd",
     "embed_wd", "ema_decay",
 )  # fmt: skip
-
-
-def read_golden(path: Path, prefix: str) -> tuple[dict, dict[str, np.ndarray]]:
-    if not path.is_file():
-        pytest.skip(f"golden file {path} is missing")
-    with safe_open(str(path), "np") as f:
-        meta = f.metadata()
-        tensors = {k.removeprefix(prefix): f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
-    return meta, tensors
 
 
 def record_0401_case(case: str):
@@ -234,20 +223,6 @@ BANKED = ("attn.c_q.weight", "attn.proj.weight", "attn.c_k.weight", "attn.c_v.we
 def golden() -> tuple[dict[str, np.ndarray], dict[str, dict]]:
     meta, tensors = read_golden(RECORD_FEATURES, "")
     return tensors, {k: json.loads(v) for k, v in meta.items()}
-
-
-def record_config(env: dict[str, str]):
-    """pgolf's config for a record's environment: fp32, eager, the record's fixed choices."""
-    # Variables pgolf has no field for, at the values its model implies.
-    assert env.get("EMBEDDING_DIM", env["MODEL_DIM"]) == env["MODEL_DIM"]
-    assert env.get("EVAL_SEQ_LEN", env["TRAIN_SEQ_LEN"]) == env["TRAIN_SEQ_LEN"]
-    assert env.get("FUSED_CE_ENABLED", "0") == "0"
-    # Not environment switches in the record: leaky-ReLU(0.5)^2 MLP (the rest is pgolf's baseline).
-    return (
-        preset("smoke")
-        .replace(**from_env(env), mlp_activation="leaky_relu2", compute_dtype="float32", compile="off")
-        .validate()
-    )
 
 
 def loop0423(golden):

@@ -14,8 +14,8 @@ from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.data.coprime import CoprimeLoader, shard_names_seed
 from core.data.sequential import BatchLoader
-from core.data.shards import make_train_loader
 from core.datasets.writers import write_shard
+from core.train.loop import make_train_loader
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "record_features.safetensors"
 # As tests/golden/make_record_features.py writes them: token i of shard k is OFFSETS[k] + i.

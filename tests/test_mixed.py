@@ -9,14 +9,13 @@ import pickle
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
 from core.artifact import int8 as quant
-from core.artifact import int8_format, mixed, upstream
+from core.artifact import int8_format, upstream
 from core.artifact.budget import budget_table
 from core.artifact.load import load_mixed_artifact
 from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
@@ -25,65 +24,13 @@ from core.artifact.rowquant import Clip, dequantize_rows, quantize_rows
 from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import RECORD_PTZ, goldens
-from tests.test_core_isolation import run_blocked
-from tests.test_rowquant import hessian
+from tests.helpers import run_blocked
 
 try:
     import torch
 except ImportError:
     torch = None
-
-ROOT = Path(__file__).resolve().parent.parent
-requires_torch = pytest.mark.skipif(torch is None, reason="torch writes and reads the records' container")
-
-
-def ramp(shape: tuple[int, ...], scale: float, mult: int) -> np.ndarray:
-    """Fixed weights from integer arithmetic alone: the same on every platform."""
-    k = (np.arange(int(np.prod(shape)), dtype=np.int64) * mult) % 2001 - 1000
-    return (k * (scale / 1000)).astype(np.float32).reshape(shape)
-
-
-def model_state() -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, str]]:
-    """(state, classes, orig_dtypes): a small model with every kind of tensor."""
-    state = {
-        "tok_emb.weight": ramp((300, 256), 2.0, 2_654_435_761),
-        "blocks.0.attn.c_q.weight": ramp((272, 256), 1.5, 40_503),
-        "blocks.0.mlp.fc.weight": ramp((264, 256), 3.0, 97),
-        "blocks.0.mlp.proj.weight": ramp((256, 264), 3.0, 7919),
-        "blocks.0.attn_scale": ramp((256,), 0.5, 13) + 1,
-        "skip_weights": ramp((2, 40_000), 0.5, 3) + 1,  # a large control tensor: fp32 all the same
-        "blocks.0.attn.q_gain": np.full(4, 1.5, np.float32),
-        "extra.vector": ramp((70_000,), 2.0, 31),  # not a matrix: one scale
-        "extra.small": ramp((8, 8), 0.1, 5),
-        "step": np.array([7], np.int64),
-    }
-    classes = {
-        "tok_emb.weight": "embedding",
-        "blocks.0.attn.c_q.weight": "attention",
-        "blocks.0.mlp.fc.weight": "mlp",
-        "blocks.0.mlp.proj.weight": "mlp",
-        "blocks.0.attn_scale": "control",
-        "skip_weights": "control",
-        "blocks.0.attn.q_gain": "control",
-        "extra.vector": "other",
-        "extra.small": "other",
-        "step": "other",
-    }
-    return state, classes, {"tok_emb.weight": "bfloat16"}
-
-
-@pytest.fixture(scope="module")
-def mixed_model() -> mixed.MixedModel:
-    state, classes, dtypes = model_state()
-    x = ramp((300, 256), 1.0, 65_537)
-    return quantize_mixed(
-        state,
-        classes,
-        bits={"embedding": 8, "attention": 6, "mlp": 5, "other": 7},
-        clip={"embedding": Clip.percentile(0.9999), "mlp": Clip.sdclip(4.0)},
-        hessians={"blocks.0.attn.c_q.weight": hessian(x)},
-        orig_dtypes=dtypes,
-    )
+from tests.helpers import IMPORTABLE, model_state, ramp, requires_torch
 
 
 def test_each_tensor_is_stored_by_its_class(mixed_model):
@@ -227,16 +174,16 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
         "import hashlib, numpy as np\n"
         "from core.artifact import mixed\n"
         "from core.artifact.rowquant import Clip\n"
-        "from tests.test_mixed import model_state, ramp\n"
-        "from tests.test_rowquant import hessian\n"
+        "from tests.helpers import model_state, ramp\n"
+        "from tests.helpers import hessian\n"
         "state, classes, dtypes = model_state()\n"
         "m = mixed.quantize_mixed(state, classes, bits={'embedding': 8, 'attention': 6, 'mlp': 5, 'other': 7},\n"
         "    clip={'embedding': Clip.percentile(0.9999), 'mlp': Clip.sdclip(4.0)},\n"
         "    hessians={'blocks.0.attn.c_q.weight': hessian(ramp((300, 256), 1.0, 65_537))}, orig_dtypes=dtypes)\n"
         "print(hashlib.sha256(mixed.mixed_artifact_bytes(m)).hexdigest())"
     )
-    env = {"PYTHONHASHSEED": "12345", "PATH": os.environ.get("PATH", "")}
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    env = {"PYTHONHASHSEED": "12345", "PATH": os.environ.get("PATH", ""), **IMPORTABLE}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == hashlib.sha256(brotli_blob).hexdigest()
 
@@ -412,7 +359,7 @@ def test_a_record_artifact_holding_code_is_refused(tmp_path):
     """weights_only: a pickle that would run code is refused, and does not run."""
     import io
 
-    from tests.test_quant import RunsCode
+    from tests.helpers import RunsCode
 
     buf = io.BytesIO()
     torch.save({"w": {}, "m": {}, "x": RunsCode(tmp_path / "pwned")}, buf)

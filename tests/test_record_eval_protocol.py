@@ -23,14 +23,11 @@ from core.config.sources import resolve
 from core.data.tables import byte_tables
 from core.data.tokenizer import load_tokenizer
 from core.datasets.writers import write_shard
-from core.eval.bpb import BPBMeter
-from core.eval.flat import evaluate_flat
-from core.eval.rows import evaluate
-from core.eval.score import EvalData
+from core.eval.bpb import BPBMeter, EvalData
+from core.eval.plain import evaluate, evaluate_flat
 from core.runs.setup import scoring_config
 from tests.golden_data import GOLDEN
-from tests.test_backends import BACKENDS, make_backend, needs
-from tests.test_cli import cli
+from tests.helpers import BACKENDS, cli, make_backend, needs
 
 PROTOCOL = GOLDEN / "record_eval_protocol.json"
 ARTIFACT_0427 = GOLDEN / "record_eval_0427.ptz"

@@ -1,4 +1,5 @@
-"""core/ is a stack of rooms: a module imports only from its own room or the rooms below it.
+"""core/ is a stack of rooms: a module imports only from its own room or the rooms below it; and no two
+files of pgolf import each other, however indirectly (imports inside functions count).
 
 The order, bottom to top (docs/layout.md says what each holds):
 common < data < config < model < artifact < eval < train < datasets < runs.
@@ -11,7 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 ROOMS = ("common", "data", "config", "model", "artifact", "eval", "train", "datasets", "runs")
 
 
@@ -81,3 +83,72 @@ def test_the_layout_page_names_every_module():
     ]
     assert missing == []
     assert all(f"{room}/" in layout for room in ROOMS)
+
+
+# ------------------------------------------------- no two files import each other, however indirectly
+PACKAGES = ("core", "cuda_train", "mlx_train", "cli")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of pgolf's code by its dotted name (a package by its folder's)."""
+    paths = [ROOT / "cli.py", *(p for d in PACKAGES[:-1] for p in sorted((ROOT / d).rglob("*.py")))]
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p for p in paths}
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The modules of `known` a file imports, at its top or inside functions; an import under
+    `if TYPE_CHECKING:` is not one (annotations only: it never runs)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    found = set()
+    for name in names:
+        while name and name not in known:  # a name imported from a module is that module
+            name = name.rpartition(".")[0]
+        if name:
+            found.add(name)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of two or more modules that each reach the others through imports."""
+    reach = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        reach[start] = seen
+    groups = {frozenset({a} | {b for b in reach[a] if a in reach[b]}) for a in graph if a in reach[a]}
+    return sorted(sorted(g) for g in groups if len(g) > 1)
+
+
+def test_no_two_modules_import_each_other():
+    files = module_files()
+    graph = {m: imported_modules(p, set(files)) - {m} for m, p in files.items()}
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_sees_one_through_a_function_and_not_through_type_checking(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import core.b\n")
+    b.write_text("def f():\n    from core.a import x\n")
+    known = {"core.a", "core.b"}
+    graph = {"core.a": imported_modules(a, known), "core.b": imported_modules(b, known)}
+    assert import_cycles(graph) == [["core.a", "core.b"]]
+    b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from core.a import x\n")
+    assert import_cycles({"core.a": imported_modules(a, known), "core.b": imported_modules(b, known)}) == []

@@ -23,16 +23,9 @@ try:
     import torch
 except ImportError:
     torch = None
+from tests.helpers import hessian, requires_torch
 
-requires_torch = pytest.mark.skipif(torch is None, reason="torch is the independent reference here")
 BITS_OF_RANGE = {31: 6, 15: 5, 63: 7, 127: 8}
-
-
-def hessian(inputs: np.ndarray) -> np.ndarray:
-    """H = X^T X (float32) for inputs X of shape (..., cols): what a calibration pass sums per layer."""
-    x = np.asarray(inputs, dtype=np.float32)
-    x = x.reshape(-1, x.shape[-1])
-    return x.T @ x
 
 
 def same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -12,7 +12,7 @@ from core.common.files import file_sha256
 from core.config.fields import Config
 from core.runs.package import write_record
 from core.runs.run_artifact import check_run_artifact
-from tests.test_audit import fake_run
+from tests.helpers import fake_run
 
 
 def logged(folder, **final):

@@ -10,23 +10,7 @@ from core.common.errors import PgolfError
 from core.runs.plots import draw_runs, plot_runs, smooth
 from core.runs.summary import find_runs, read_metrics, summarize
 from core.train.rundir import RunDir
-
-
-def make_run(root, name, steps=4, finished=True, **config):
-    run = RunDir(root, name)
-    run.write_config({"num_layers": 2, "model_dim": 64, "vocab_size": 1024, **config})
-    for step in range(1, steps + 1):
-        run.metric({"kind": "train", "step": step, "train_loss": 6.0 - step, "train_time_ms": 100.0 * step})
-        if step % 2 == 0:
-            run.metric(
-                {"kind": "val", "step": step, "val_bpb": 3.0 - 0.1 * step, "train_time_ms": 100.0 * step}
-            )
-    if finished:
-        run.metric(
-            {"kind": "final", "steps": steps, "train_time_ms": 100.0 * steps, "roundtrip_val_bpb": 2.5,
-             "artifact_bytes": 1000, "code_bytes": 234}
-        )  # fmt: skip
-    return run.path
+from tests.helpers import make_run
 
 
 def test_a_finished_and_an_unfinished_run_are_summarized(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.eval.sample import generate, pick_token
-from tests.test_backends import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
+from tests.helpers import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 
 MODELS = {"plain": {}, "features": dict(FEATURES, num_layers=3), "loops_lanes": LOOPS_LANES}
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 
-from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.config.presets import preset
@@ -69,14 +67,6 @@ def test_the_default_data_is_prepared_by_local_rank_0_only(tmp_path, monkeypatch
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert setup.default_data_to_prepare(cfg) is None
-
-
-@pytest.fixture
-def checkpoint(tmp_path):
-    cfg = preset("tiny").replace(ema_decay=0.5)
-    params = {"w": np.ones((2, 3), np.float32)}
-    ckpt = Checkpoint(params, {"ema/w": np.full((2, 3), 2, np.float32)}, cfg.to_dict(), dtypes={"w": "bf16"})
-    return save_checkpoint(tmp_path / "step_000004.safetensors", ckpt)
 
 
 def test_export_changes_only_the_artifact_settings(checkpoint, tmp_path):

@@ -57,7 +57,7 @@ def test_seeds_make_groups_and_compare_agrees_with_scipy(sotu_dataset, tmp_path)
     """Two groups of two tiny runs (2 steps) at different learning rates: runs --compare's p-value
     is scipy's Welch test on the runs' val_loss, to 1e-9."""
     from core.runs.summary import find_runs, summarize
-    from tests.test_cli import cli, data_flags
+    from tests.helpers import cli, data_flags
 
     pytest.importorskip("torch")
     common = ["--backend", "cuda", "--preset", "tiny", "--iterations", "2", "--val-loss-every", "0",

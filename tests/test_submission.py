@@ -18,9 +18,7 @@ from core.config.fields import BUDGET_BYTES, Config
 from core.config.presets import preset
 from core.runs.package import requirements, write_record
 from core.runs.summary import hardware, summarize
-from tests.test_backends import needs
-from tests.test_cli import assert_one_line_error, cli, data_flags
-from tests.test_package import ISOLATED, ROOT
+from tests.helpers import ISOLATED, ROOT, assert_one_line_error, cli, data_flags, needs
 
 SMALL_CAP = 10_000  # a smoke model's artifact alone is ~230 KB: over it
 

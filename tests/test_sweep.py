@@ -17,30 +17,9 @@ import pytest
 from core.common.errors import PgolfError
 from core.runs import sweep as sw
 from core.train.rundir import RunDir
-from tests.test_cli import ROOT, assert_one_line_error, cli
+from tests.helpers import ROOT, VARIANTS, assert_one_line_error, cli, fake_sweep_run, write_spec
 
 scipy_stats = pytest.importorskip("scipy.stats")
-
-
-def write_spec(tmp_path, text: str, name: str = "s.toml"):
-    path = tmp_path / name
-    path.write_text(f'out_dir = "{tmp_path / "runs"}"\n' + text)
-    return path
-
-
-VARIANTS = """
-name = "abl"
-preset = "smoke"
-seeds = [1, 2, 3]
-[base]
-iterations = 3
-[[variants]]
-name = "lr_low"
-matrix_lr = 0.02
-[[variants]]
-name = "wide"
-mlp_mult = 3.0
-"""
 
 
 @pytest.mark.parametrize(
@@ -124,23 +103,6 @@ def test_the_plan_of_variants_adds_the_base(tmp_path):
     assert plan.variants[0].cfg.mlp_mult == 2.0 and plan.parallel == 1 and plan.backend == "auto"
 
 
-def fake_run(run: sw.PlannedRun, loss: float | None, failed: str = "", checkpoint: bool = False) -> None:
-    """A run folder as the sweep leaves it: finished with `loss` (its val_bpb is loss / 2), or not."""
-    folder = RunDir(run.path.parent, run.run_id)
-    (run.path / sw.CONFIG_FILE).write_text(json.dumps(run.cfg.to_dict()))
-    folder.write_config(run.cfg.to_dict())
-    for step in (1, 2, 3):
-        folder.metric({"kind": "val", "step": step, "train_time_ms": 10.0 * step, "val_bpb": 4.0 - step / 10})
-    if loss is not None:
-        folder.metric({"kind": "final", "steps": 3, "train_time_ms": 30.0, "roundtrip_val_bpb": loss / 2,
-                       "roundtrip_val_loss": loss, "artifact_bytes": 10, "code_bytes": 10})  # fmt: skip
-    if failed:
-        (run.path / sw.FAILED_FILE).write_text(failed + "\n")
-    if checkpoint:
-        (run.path / "checkpoints" / "step_000002.safetensors").write_bytes(b"")
-    folder.close()
-
-
 LOSSES = {"base": [3.10, 3.12, 3.11], "lr_low": [3.00, 3.05, 3.02], "wide": [3.11, 3.09]}
 
 
@@ -150,9 +112,9 @@ def test_the_report_ranks_the_variants_with_scipys_p_values(tmp_path):
     for run in plan.runs:
         losses = LOSSES[run.variant]
         if run.seed <= len(losses):
-            fake_run(run, losses[run.seed - 1])
+            fake_sweep_run(run, losses[run.seed - 1])
         else:
-            fake_run(run, None, failed="error: training diverged: val_loss nan at step 2")
+            fake_sweep_run(run, None, failed="error: training diverged: val_loss nan at step 2")
     result, paths, no_plot = sw.write_report(plan, "python cli.py sweep s.toml")
     plots = importlib.util.find_spec("matplotlib") is not None  # the `plot` extra, or where it is missing
     assert no_plot == ("" if plots else "no plot: plotting needs matplotlib: pip install 'pgolf[plot]'")
@@ -187,10 +149,10 @@ def test_the_report_ranks_the_variants_with_scipys_p_values(tmp_path):
 def test_where_each_run_stands(tmp_path):
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
     done, failed, resumable, fresh, empty = plan.runs[:5]
-    fake_run(done, 3.0)
-    fake_run(failed, None, failed="error: boom")
-    fake_run(resumable, None, checkpoint=True)
-    fake_run(fresh, None)  # stopped before its first checkpoint: started again
+    fake_sweep_run(done, 3.0)
+    fake_sweep_run(failed, None, failed="error: boom")
+    fake_sweep_run(resumable, None, checkpoint=True)
+    fake_sweep_run(fresh, None)  # stopped before its first checkpoint: started again
     assert [sw.run_state(r) for r in plan.runs[:5]] == [sw.DONE, sw.FAILED, sw.RESUME, sw.NEW, sw.NEW]
     assert sw.failure(failed.path) == "error: boom"
     # a spec edited after a run finished: refused rather than mixed into one table
@@ -278,12 +240,19 @@ def test_a_sweep_runs_skips_what_is_done_and_resumes_what_is_not(sotu_dataset, t
 def test_ctrl_c_stops_the_runs_with_a_checkpoint_and_a_restart_resumes_them(sotu_dataset, tmp_path):
     pytest.importorskip("torch")
     spec, plan = _sweep_files(tmp_path, sotu_dataset, iterations=400)
+    # A job started in the background (a CI runner, `pytest &`) inherits SIGINT ignored, and the CLI then
+    # leaves it so: the sweep gets Ctrl-C's default here, wherever the suite runs.
     proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--parallel", "1"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     first = plan.runs[0]
-    deadline = time.monotonic() + 120
-    while sw.run_step(first.path) < 3 and time.monotonic() < deadline and proc.poll() is None:
+    deadline = time.monotonic() + 300  # a loaded machine: the state is waited for, never guessed
+    while sw.run_step(first.path) < 3 and proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the first run logged no step 3 in 300 s: {proc.communicate()[1][-2000:]}")
         time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]  # still running, the first run at step 3 of 400
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -302,7 +271,7 @@ def test_without_matplotlib_the_table_is_written_and_the_plot_named_missing(tmp_
 
     monkeypatch.setattr(plots, "_pyplot", no_matplotlib)
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
-    fake_run(plan.runs[0], 3.0)
+    fake_sweep_run(plan.runs[0], 3.0)
     result, paths, no_plot = sw.write_report(plan)
     assert [p.name for p in paths] == ["s.report.json", "s.report.md"] and result["finished"] == 1
     assert no_plot == "no plot: plotting needs matplotlib: pip install 'pgolf[plot]'"

@@ -14,8 +14,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.runs import sweep as sw
 from core.train.rundir import RunDir, config_digest
-from tests.test_cli import assert_one_line_error, cli
-from tests.test_sweep import VARIANTS, fake_run, write_spec
+from tests.helpers import VARIANTS, assert_one_line_error, cli, fake_sweep_run, write_spec
 
 
 def started_run(run: sw.PlannedRun, loss: float) -> None:
@@ -25,7 +24,7 @@ def started_run(run: sw.PlannedRun, loss: float) -> None:
         {"kind": "start", "step": 0, "backend": "cuda", "config_sha256": config_digest(run.cfg.to_dict())}
     )
     folder.close()
-    fake_run(run, loss)
+    fake_sweep_run(run, loss)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +130,7 @@ def test_many_variants_are_checked_for_twins_in_linear_time(tmp_path):
 def test_a_final_score_that_is_not_finite_is_diverged(tmp_path, score):
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
     for run in plan.runs:
-        fake_run(run, 3.0 + run.seed / 100)
+        fake_sweep_run(run, 3.0 + run.seed / 100)
     lines = (plan.runs[0].path / "metrics.jsonl").read_text().splitlines()
     final = json.loads(lines[-1]) | {"roundtrip_val_bpb": score}
     (plan.runs[0].path / "metrics.jsonl").write_text("\n".join([*lines[:-1], json.dumps(final)]) + "\n")
@@ -147,7 +146,7 @@ def test_a_final_score_that_is_not_finite_is_diverged(tmp_path, score):
 def test_a_fifo_where_a_runs_file_should_be_is_an_error_never_a_resume(tmp_path, name):
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
     run = plan.runs[0]
-    fake_run(run, None, checkpoint=True)
+    fake_sweep_run(run, None, checkpoint=True)
     (run.path / name).unlink()
     os.mkfifo(run.path / name)
     with pytest.raises(

@@ -28,7 +28,7 @@ from core.datasets.embedded import paragraphs, read_text, speech_files
 from core.datasets.prepare import prepare_docs
 from core.datasets.writers import train_tokenizer
 from core.eval.score import evaluators, load_eval_data
-from tests.test_backends import BACKENDS, busy_params, make_backend
+from tests.helpers import BACKENDS, busy_params, make_backend
 
 VOCAB = 400
 MULTIBYTE = [  # accents, CJK, emoji: characters a tiny tokenizer spells with byte-fallback tokens

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,29 +17,22 @@ from core.artifact.int8_format import dequantize_int8
 from core.artifact.load import load_checkpoint
 from core.artifact.upstream import load_artifact
 from core.data.shards import find_shards, read_shard
-from core.eval.rows import evaluate
+from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.runs.summary import read_metrics
 from core.train.loop import train
-from tests.test_backends import BACKENDS, NEEDS, SMALL_LOOPS_LANES, make_backend, needs
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(
-    dataset, backend_name, tmp_path, run_id="run", resume=None, preset="smoke", step_progress=None, **changes
-):
-    cfg = dataset.config(preset, out_dir=str(tmp_path), run_id=run_id, **changes)
-    backend = make_backend(backend_name, cfg)
-    try:
-        return train(backend, resume=resume, log=lambda line: None, step_progress=step_progress)
-    finally:
-        backend.close()
-
-
-def final_params(result) -> dict[str, np.ndarray]:
-    (ckpt,) = sorted((result.run_dir / "checkpoints").glob("*.safetensors"))[-1:]
-    return load_checkpoint(ckpt).params
+from tests.helpers import (
+    BACKENDS,
+    NEEDS,
+    ROOT,
+    SMALL_LOOPS_LANES,
+    final_params,
+    launcher,
+    make_backend,
+    needs,
+    run,
+    torchrun_env,
+)
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
@@ -198,30 +190,11 @@ def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_na
     assert end < unigram_bpb(sotu_dataset) - 0.3  # the best context-free model scores ~2.7
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launcher(backend_name: str) -> list[str]:
-    """The framework's own launcher for two processes on this machine."""
-    if backend_name == "cuda":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                "--master_addr=127.0.0.1"]  # fmt: skip
-    mlx_launch = Path(sys.executable).parent / "mlx.launch"
-    if not mlx_launch.exists():
-        pytest.skip(f"{mlx_launch} not found")
-    # The ring backend listens on two consecutive ports from --starting-port.
-    return [str(mlx_launch), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
-            sys.executable]  # fmt: skip
-
-
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.slow  # ~8 s
 def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     args = [
-        "cli.py", "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),
+        str(ROOT / "cli.py"), "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
         "--iterations", "3", "--num-layers", "1",  # one layer: no skip weights, an empty parameter
     ]  # fmt: skip
@@ -231,7 +204,6 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     for run_id, command in (("one", [sys.executable]), ("two", launcher(backend_name))):
         done = subprocess.run(
             [*command, *args, "--run-id", run_id],
-            cwd=ROOT,
             env=env,
             capture_output=True,
             text=True,
@@ -284,7 +256,7 @@ class DeviceScalar:
 def test_evaluation_waits_for_the_device_once(sotu_dataset):
     """The losses stay on the device until the end of the pass; the bytes are counted from the tokens."""
     from core.data.tables import token_bytes
-    from core.eval.rows import evaluate
+    from core.eval.plain import evaluate
     from core.eval.score import load_eval_data
 
     cfg = sotu_dataset.config("smoke")
@@ -312,11 +284,6 @@ def test_evaluation_waits_for_the_device_once(sotu_dataset):
     assert meter.nbytes == sum(int(token_bytes(x, y, data.tables).sum()) for x, y, _ in batches)
 
 
-def torchrun_env(**extra: str) -> dict[str, str]:
-    # Loopback only: gloo otherwise picks an interface from the host name, which can fail.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **extra}
-
-
 @pytest.mark.slow
 @needs("cuda")
 def test_two_compiled_processes_with_two_micro_batches_each_under_a_cap(sotu_dataset, tmp_path):
@@ -326,13 +293,13 @@ def test_two_compiled_processes_with_two_micro_batches_each_under_a_cap(sotu_dat
     about in proportion to the depth (the graph is unrolled), and the depth is not what is tested.
     """
     args = [
-        "cli.py", "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "1", "--compile", "on",
+        str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "1", "--compile", "on",
         "--grad-accum-steps", "4", "--iterations", "1000", "--max-wallclock-seconds", "3", "--warmup-steps", "1",
         "--val-loss-every", "0", "--val-max-tokens", "8192", "--out-dir", str(tmp_path), "--run-id", "r",
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
     ]  # fmt: skip
     done = subprocess.run(
-        [*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(), capture_output=True, text=True, timeout=600
+        [*launcher("cuda"), *args], env=torchrun_env(), capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "world_size:2 grad_accum_steps:2" in done.stdout
@@ -352,12 +319,12 @@ def run_until_a_rank_fails(tmp_path, sotu_dataset, fault, **env: str):
     """Start a long two-rank run; once rank 0 has logged step 2, call `fault(pids)`; return the
     exit status, the whole output and the seconds from the fault to the end of every process."""
     args = [
-        "tests/torchrun_cli.py", "train", "--backend", "cuda", "--preset", "smoke", "--iterations", "100000",
+        str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset", "smoke", "--iterations", "100000",
         "--out-dir", str(tmp_path / "runs"), "--data-path", str(sotu_dataset.data_path),
         "--tokenizer-path", str(sotu_dataset.tokenizer_path),
     ]  # fmt: skip
     process = subprocess.Popen(
-        [*launcher("cuda"), *args], cwd=ROOT, env=torchrun_env(TEST_PID_DIR=str(tmp_path), **env),
+        [*launcher("cuda"), *args], env=torchrun_env(TEST_PID_DIR=str(tmp_path), **env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
@@ -433,7 +400,7 @@ def test_sigterm_ends_a_rank_stuck_in_a_collective(sotu_dataset, tmp_path):
 def test_torchrun_without_data_prepares_one_dataset(sotu_dataset, tmp_path):
     """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte."""
     from core.data.manifest import read_manifest
-    from tests.test_corpus import digest
+    from tests.helpers import digest
 
     done = subprocess.run(
         [*launcher("cuda"), str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset",

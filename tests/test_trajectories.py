@@ -21,12 +21,10 @@ from core.config.fields import from_env
 from core.config.presets import preset
 from core.datasets.writers import write_shard
 from core.runs.summary import read_metrics
-from core.train.loop import train
-from tests.test_backends import BACKENDS, make_backend
-from tests.test_golden_records import read_golden
-from tests.test_training import final_params
+from core.train.interactive import train_interactive
+from tests.golden_data import GOLDEN, read_golden
+from tests.helpers import BACKENDS, final_params, make_backend
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
 LOSS_TOL = 1e-4
 WEIGHT_RTOL = 1e-4
 VE_RTOL_MLX = 2e-4
@@ -51,7 +49,7 @@ def trajectory(name: str, preset_name: str, dataset, backend_name: str, tmp_path
     cfg = preset(preset_name).replace(**from_env(env)).replace(**pgolf_only).validate()
     backend = make_backend(backend_name, cfg)
     try:
-        result = train(backend, log=lambda line: None, resume=None)  # the CLI's run: it checkpoints
+        result = train_interactive(backend, log=lambda line: None)  # the CLI's run: it checkpoints
     finally:
         backend.close()
     losses = [r["train_loss"] for r in read_metrics(result.run_dir) if r["kind"] == "train"]

@@ -11,10 +11,22 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.data.tables import ByteTables
-from core.eval.score import EvalData, evaluators
+from core.eval.bpb import EvalData
+from core.eval.score import evaluators
 from core.eval.ttt import chunk_window, evaluate_ttt, find_documents, global_lr, plan_batches
-from tests.test_backends import BACKENDS, busy_params, graph_capture_only, make_backend, needs
-from tests.test_golden_records import GOLDEN, read_golden, record_config
+from tests.golden_data import GOLDEN, read_golden, record_config
+from tests.helpers import (
+    BACKENDS,
+    LEGAL_CFG,
+    ROOT,
+    AdaptsFirst,
+    busy_params,
+    graph_capture_only,
+    make_backend,
+    needs,
+    stream,
+    unit_tables,
+)
 
 # ----------------------------------------------------------- the record's own TTT (make_record_ttt.py)
 RECORD_TTT = GOLDEN / "record_ttt.safetensors"
@@ -105,24 +117,6 @@ def test_the_global_lr_warms_up_then_decays_to_zero():
 
 
 # ------------------------------------------------------------------------------ legality
-LEGAL_CFG = preset("smoke").replace(
-    ttt_enabled=True, ttt_lora_rank=4, ttt_lora_alpha=8.0, ttt_lora_lr=0.01, ttt_chunk_size=8,
-    ttt_eval_seq_len=24, ttt_batch_size=3, ttt_grad_steps=2, phased_ttt_prefix_docs=4,
-    phased_ttt_num_phases=1, global_ttt_lr=0.05, global_ttt_chunk_tokens=32, global_ttt_batch_seqs=2,
-    eval_seq_len=16,
-)  # fmt: skip
-
-
-def stream(seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    lengths = (5, 40, 17, 3, 60, 25, 9, 33)
-    return np.concatenate([np.concatenate([[1], rng.integers(2, 1024, size=n)]) for n in lengths]).astype(
-        np.int32
-    )
-
-
-def unit_tables(vocab: int) -> ByteTables:
-    return ByteTables(np.ones(vocab, np.int16), np.zeros(vocab, bool), np.zeros(vocab, bool))
 
 
 def per_token(backend, tokens: np.ndarray, params) -> tuple[np.ndarray, float]:
@@ -162,20 +156,6 @@ def test_no_loss_scored_before_a_token_depends_on_it(backend_name):
     long_doc = max(docs, key=lambda d: d.length)
     for position in (long_doc.start + 13, long_doc.start + long_doc.length - 2, docs[2].start + 4):
         assert moved_before(backend, params, tokens, position).size == 0
-
-
-class AdaptsFirst:
-    """A backend's `TTT` whose adapters train on a chunk before it is scored."""
-
-    def __init__(self, ttt):
-        self.inner = ttt
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def score_then_adapt(self, adapters, x, y, train_rows, train_from, train_len):
-        self.inner.score_then_adapt(adapters, x, y, train_rows | True, train_from, train_len)
-        return self.inner.score_then_adapt(adapters, x, y, train_rows, train_from, train_len)
 
 
 @needs("mlx")
@@ -253,7 +233,7 @@ TTT_FLAGS = [
 @pytest.mark.slow
 @needs("mlx")
 def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_dataset, tmp_path):
-    from tests.test_cli import assert_one_line_error, cli, data_flags
+    from tests.helpers import assert_one_line_error, cli, data_flags
 
     result = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "20", "--out-dir",
                  str(tmp_path), "--run-id", "r", *data_flags(sotu_dataset), *TTT_FLAGS)  # fmt: skip
@@ -284,7 +264,7 @@ def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_data
 @pytest.fixture(scope="module")
 def mlx_artifact(sotu_dataset, tmp_path_factory):
     """A 10-step smoke run's artifact, trained once for both backends' test below."""
-    from tests.test_cli import cli, data_flags
+    from tests.helpers import cli, data_flags
 
     out = tmp_path_factory.mktemp("runs")
     trained = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "10", "--out-dir",
@@ -302,8 +282,7 @@ def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact)
     rate is 0 here: with it, which A a batch starts from depends on the batches its rank took before."""
     import subprocess
 
-    from tests.test_cli import cli, data_flags
-    from tests.test_training import ROOT, launcher, torchrun_env
+    from tests.helpers import cli, data_flags, launcher, torchrun_env
 
     # Three documents one at a time, longest first; the phase trains on the first two before the third.
     args = ["eval", str(mlx_artifact), "--backend", backend_name, *TTT_FLAGS,
@@ -312,7 +291,7 @@ def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact)
             "--ttt-lora-lr", "0", "--global-ttt-lr", "0.01", *data_flags(sotu_dataset)]  # fmt: skip
     one = cli(*args)
     no_phase = cli(*args, "--phased-ttt-num-phases", "0")
-    two = subprocess.run([*launcher(backend_name), "cli.py", *args], cwd=ROOT, env=torchrun_env(),
+    two = subprocess.run([*launcher(backend_name), str(ROOT / "cli.py"), *args], env=torchrun_env(),
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr[-3000:]
 

@@ -10,8 +10,8 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.eval.score import load_eval_data
+from tests.helpers import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 from tests.reference import document_mask, reference_logits, reference_loss
-from tests.test_backends import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 
 # Rows of 40 tokens, longer than max_doc_len (16): row 0 has documents starting at 5, 6 (one token) and
 # 20 (cut at 36); row 1 has no BOS, so its one document is cut at 16 and 32.
@@ -155,9 +155,9 @@ def test_the_flash_varlen_path_lays_segments_end_to_end(monkeypatch):
 
     from cuda_train import model as torch_model
     from cuda_train import varlen
-    from tests.golden.make_record_features import _flash_attn_varlen_func_sdpa
+    from tests.golden.record_code import flash_attn_varlen_func_sdpa
 
-    monkeypatch.setattr(varlen, "flash_varlen", lambda: _flash_attn_varlen_func_sdpa)
+    monkeypatch.setattr(varlen, "flash_varlen", lambda: flash_attn_varlen_func_sdpa)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, n, T, 8, generator=g) for n in (4, 2, 2))  # (B, H or KV, T, D)
     x, _ = packed_rows(CFG)

@@ -13,7 +13,7 @@ import numpy as np
 
 from core.artifact.checks import check_mixed
 from core.artifact.export import ExportReport
-from core.artifact.int8 import Int8Model, payload_bytes
+from core.artifact.int8 import Int8Model, pack_body, payload_bytes
 from core.artifact.mixed import CLASSES, MixedModel, dequantize_mixed, mixed_artifact_bytes
 from core.common import compress
 from core.config.fields import BUDGET_BYTES, Config
@@ -82,7 +82,7 @@ def budget_table(
             packed = payload_bytes(
                 {f"{role}/{n}": part[n] for role, part in parts for n in names if n in part}
             )
-        size = len(compress.pack(packed, compressor, level, shuffle if len(packed) >= shuffle else 0)) - 1
+        size = len(pack_body(packed, compressor, level, shuffle if len(packed) >= shuffle else 0)) - 1
         rows.append(_budget_row(cls, names, model, weights, len(raw), size))
     total = (
         total_bytes

@@ -10,8 +10,7 @@ import hashlib
 import warnings
 from pathlib import Path
 
-from core.artifact.int8 import MAGIC, Container, open_container
-from core.common import compress
+from core.artifact.int8 import MAGIC, Container, open_container, unpack_body
 
 MAGIC_V1 = b"PGOLF-INT8\x00"  # the first container: no checksum
 
@@ -28,7 +27,7 @@ def open_any(blob: bytes, source: str | Path) -> Container:
             stacklevel=2,
         )
         packed = blob[len(MAGIC_V1) :]
-        payload, _, _ = compress.unpack(packed)
+        payload, _, _ = unpack_body(packed)
         blob = MAGIC + packed + hashlib.sha256(payload).digest()
     box = open_container(blob)
     if not isinstance(box.meta, dict) or not isinstance(box.meta.get("format"), str):

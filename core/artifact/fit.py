@@ -622,7 +622,7 @@ class _Search:
 
 def default_compression() -> tuple[tuple[str, int], ...]:
     """The (compressor, byte shuffle) pairs a fit tries: COMPRESSION, and PERGROUP where lrzip is installed."""
-    from core.common.pergroup import lrzip_installed
+    from core.common.compress import lrzip_installed
 
     return COMPRESSION + ((PERGROUP,) if lrzip_installed() else ())
 

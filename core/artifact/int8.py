@@ -2,7 +2,9 @@
 
 The formats: the challenge's int8 (core/artifact/int8_format.py, "int8_clean_per_row_v1") and
 core/artifact/mixed.py's mixed precision; both keep a model's tensors by role (`model_parts`) and
-round float weights the same way (`float_weight`, `to_float16`, `dequantize_rows`).
+round float weights the same way (`float_weight`, `to_float16`, `dequantize_rows`); their clips are quantiles of
+|w| along rows, bit for bit as torch.quantile computes them (`abs_quantile`: the int8 format's clip, the mixed
+format's percentile and searched clips).
 
 pgolf's container holds no pickle. Layout:
     MAGIC (b"PGOLF-INT8\\x01") | 1 byte compressor id | compressed payload | sha256 of the payload
@@ -155,7 +157,27 @@ def container_bytes(
     (the SHA-256 of the tokenizer they were trained with) join `meta` when given."""
     meta = meta | ({"config": config} if config else {}) | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
     data = payload_bytes(tensors, meta)
-    return MAGIC + compress.pack(data, compressor, level, shuffle) + hashlib.sha256(data).digest()
+    return MAGIC + pack_body(data, compressor, level, shuffle) + hashlib.sha256(data).digest()
+
+
+def pack_body(payload: bytes, compressor: str, level: int | None = None, shuffle: int = 0) -> bytes:
+    """The container's body: the id byte and the compressed payload (core/common/compress.py: `pack`), or the
+    pergroup compressor's streams (core/common/pergroup.py, imported for the runs that use it alone)."""
+    if compressor != compress.PERGROUP:
+        return compress.pack(payload, compressor, level, shuffle)
+    from core.common import pergroup
+
+    return compress.id_byte(payload, compressor, shuffle) + pergroup.pack(payload, shuffle)
+
+
+def unpack_body(body: bytes) -> tuple[bytes, str, int]:
+    """(payload, compressor name, shuffle stride) of `pack_body`'s bytes; ValueError when damaged."""
+    if body and compress.compressor_by_id(body[0] & ~compress.SHUFFLE_FLAG).name == compress.PERGROUP:
+        from core.common import pergroup
+
+        payload, stride = pergroup.unpack(body[1:], bool(body[0] & compress.SHUFFLE_FLAG))
+        return payload, compress.PERGROUP, stride
+    return compress.unpack(body)
 
 
 def payload_bytes(tensors: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
@@ -198,7 +220,7 @@ def open_container(blob: bytes) -> Container:
         raise ValueError("not a pgolf container (no magic bytes)")
     if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
         raise ValueError("file ends before its checksum")
-    payload, compressor, shuffle = compress.unpack(blob[len(MAGIC) : -DIGEST_BYTES])
+    payload, compressor, shuffle = unpack_body(blob[len(MAGIC) : -DIGEST_BYTES])
     if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
         raise ValueError("its content does not match its checksum (the file is damaged)")
     tensors = st_load(payload)
@@ -256,3 +278,33 @@ def size_report(
         "budget_bytes": budget,
         "headroom_bytes": budget - total,
     }
+
+
+# ------------------------------------------------------------------ quantiles of |w|
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 a*b + c rounded once, as a fused multiply-add (torch's CPU lerp is one)."""
+    a64, b64, c64 = (np.asarray(x, dtype=np.float64) for x in (a, b, c))
+    p = a64 * b64  # exact: two 24-bit significands fit in float64's 53
+    s = p + c64
+    t = s - p
+    err = (p - (s - t)) + (c64 - t)  # two-sum: the exact rounding error of s
+    # Round to odd: an inexact sum moved to its odd neighbour cannot double-round in the float32 cast.
+    fix = (err != 0) & ((s.view(np.int64) & 1) == 0) & np.isfinite(s)
+    s = np.where(fix, np.nextafter(s, np.copysign(np.inf, err)), s)
+    return s.astype(np.float32)
+
+
+def abs_quantile(w: np.ndarray, q: float = CLIP_QUANTILE) -> np.ndarray:
+    """torch.quantile(|w|, q, dim=-1) for a 2-D float32 array, bit for bit.
+
+    torch computes the rank in float32 and interpolates with its lerp: a fused
+    multiply-add, from the nearer end (weight < 0.5 or not).
+    """
+    n = w.shape[-1]
+    rank = np.float32(q) * np.float32(n - 1)
+    below, above = int(np.floor(rank)), int(np.ceil(rank))
+    part = np.partition(np.abs(w), (below, above), axis=-1)
+    lo, hi = part[:, below], part[:, above]
+    weight = rank - np.float32(below)
+    near, weight = (lo, weight) if weight < 0.5 else (hi, weight - np.float32(1))
+    return fma32(np.full_like(lo, weight), hi - lo, near)

@@ -32,6 +32,7 @@ from core.artifact.int8 import (
     Int8Model,
     _check_float16_range,
     _in_dtype,
+    abs_quantile,
     container_bytes,
     container_tensors,
     dequantize_rows,
@@ -39,7 +40,6 @@ from core.artifact.int8 import (
     float_weight,
     to_float16,
 )
-from core.artifact.quantile import abs_quantile
 
 __all__ = [
     "CONTAINER_VERSION",
@@ -79,7 +79,7 @@ def quantize_int8(
 
     Float weights arrive as float32; one recorded as bfloat16 or float16 is first
     rounded to that precision, so the result is what upstream gets from the model.
-    (The challenge's export statistics of the result: core/artifact/int8_stats.py.)
+    (The challenge's export statistics of the result: tests/helpers.py, int8_stats.)
     """
     orig_dtypes, classes = orig_dtypes or {}, classes or {}
     out = Int8Model()

@@ -16,12 +16,15 @@ LQER import this module.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.artifact.int8 import _in_dtype, dequantize_rows
-from core.artifact.mixed import MixedModel
 from core.artifact.rowquant import absmax_rows
+
+if TYPE_CHECKING:  # only annotations name it: the mixed format imports this module
+    from core.artifact.mixed import MixedModel
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact.int8 import dequantize_rows
+from core.artifact.int8 import abs_quantile, dequantize_rows
 from core.common.errors import PgolfError
 
 __all__ = [
@@ -95,8 +95,6 @@ def row_scales(w: np.ndarray, bits: int, q: float) -> np.ndarray:
     if q >= 1.0:
         clip = np.abs(w).max(axis=1)
     else:
-        from core.artifact.quantile import abs_quantile  # (packaged only for the runs with such clips)
-
         clip = abs_quantile(w, q)
     return np.maximum(clip.astype(np.float32) / np.float32(r), np.float32(1.0 / r)).astype(np.float16)
 

@@ -2,8 +2,7 @@
 
 Each compressor has a fixed id (the byte pgolf's container stores after its magic;
 ids never change meaning, so old artifacts keep loading), a default level and the
-levels it accepts. brotli and zstandard are imported only when used, and so is the code of
-none, zlib, lzma, bz2 and zstd (core/common/other_compressors.py).
+levels it accepts. brotli and zstandard are imported only when used.
 
 The byte shuffle is the challenge records' layout (2026-04-01): the header
 b"BSHF" + one byte holding the stride, then the bytes at positions 0, s, 2s, ...,
@@ -11,7 +10,8 @@ then those at 1, 1+s, ..., and so on. With stride 2, the low bytes of every fp16
 scale come together, and so do the high ones, which compress better. Data shorter
 than the stride (or a stride below 2) is returned unchanged, without a header.
 
-`pergroup` (its code in core/common/pergroup.py, imported only when used) compresses pgolf's artifact
+`pergroup` (its code in core/common/pergroup.py, which the container calls for it: core/artifact/int8.py's
+`pack_body`; this module checks that its lrzip program is installed) compresses pgolf's artifact
 payload (a safetensors file) in the per-group layout: each group of int8 matrices with the `lrzip` program (`lrzip -z -L 9`, its
 ZPAQ back end, one thread, no config file: the same bytes on every machine with the same lrzip), the
 layout, row orders and rest with brotli-11, after the byte shuffle when one is asked. Its body:
@@ -25,13 +25,18 @@ stream ends, and a stream cut short is refused.
 
 from __future__ import annotations
 
+import bz2
 import importlib
+import lzma
+import shutil
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, setting
 
 __all__ = [
     "COMPRESSORS",
@@ -44,7 +49,10 @@ __all__ = [
     "compress",
     "compressor_by_id",
     "decompress",
+    "id_byte",
+    "lrzip_installed",
     "pack",
+    "require_lrzip",
     "unpack",
 ]
 
@@ -68,13 +76,6 @@ def _brotli() -> Any:
     return _package("brotli", "brotli", "1.1")
 
 
-def _pergroup() -> Any:
-    """core/common/pergroup.py, imported only by the runs that use the pergroup compressor."""
-    from core.common import pergroup
-
-    return pergroup
-
-
 def _too_large(out: bytes, name: str) -> None:
     if len(out) > MAX_OUTPUT_BYTES:
         raise ValueError(f"{name} data decompresses to more than {MAX_OUTPUT_BYTES:,} bytes")
@@ -90,6 +91,57 @@ def _brotli_decompress(data: bytes) -> bytes:
     if not decoder.is_finished():
         raise ValueError("brotli data ends before the end of its stream")
     return out
+
+
+# ------------------------------------------------- none, zlib, lzma, bz2 and zstd
+def zstd_package() -> Any:
+    """The zstandard package, or a PgolfError saying how to install it."""
+    return _package("zstd", "zstandard", "0.22")
+
+
+def _stream(name: str, make: Callable[[], Any]) -> Callable[[bytes], bytes]:
+    """Decompression by a zlib/lzma/bz2-style decoder object: bounded, whole, nothing after the end."""
+
+    def run(data: bytes) -> bytes:
+        decoder = make()
+        out = decoder.decompress(data, MAX_OUTPUT_BYTES + 1)
+        _too_large(out, name)
+        if not decoder.eof:
+            raise ValueError(f"{name} data ends before the end of its stream")
+        if decoder.unused_data:
+            raise ValueError(f"bytes after the end of the {name} stream")
+        return out
+
+    return run
+
+
+def _zstd_decompress(data: bytes) -> bytes:
+    # Stream decoders: they do not trust (and allocate) the size a damaged frame header claims.
+    zstd = zstd_package().ZstdDecompressor()
+    with zstd.stream_reader(data, read_across_frames=False) as reader:
+        _too_large(reader.read(MAX_OUTPUT_BYTES + 1), "zstd")
+    decoder = zstd.decompressobj()
+    out = decoder.decompress(data)
+    if not decoder.eof:
+        raise ValueError("zstd data ends before the end of its frame")
+    if decoder.unused_data:
+        raise ValueError("bytes after the end of the zstd frame")
+    return out
+
+
+def _none_decompress(data: bytes) -> bytes:
+    _too_large(data, "uncompressed")
+    return bytes(data)
+
+
+# name: (compress(data, level), decompress(data))
+CODECS: dict[str, tuple[Callable[[bytes, int | None], bytes], Callable[[bytes], bytes]]] = {
+    "none": (lambda data, level: data, _none_decompress),
+    "zlib": (lambda d, lv: zlib.compress(d, lv), _stream("zlib", zlib.decompressobj)),
+    "lzma": (lambda d, lv: lzma.compress(d, preset=lv), _stream("lzma", lzma.LZMADecompressor)),
+    "bz2": (lambda d, lv: bz2.compress(d, lv), _stream("bz2", bz2.BZ2Decompressor)),
+    "zstd": (lambda d, lv: zstd_package().ZstdCompressor(level=lv).compress(d), _zstd_decompress),
+}
 
 
 @dataclass(frozen=True)
@@ -119,17 +171,30 @@ def get(name: str) -> Compressor:
     return COMPRESSORS[name]
 
 
+def lrzip_installed() -> bool:
+    return shutil.which("lrzip") is not None
+
+
+def require_lrzip(doing: str, writing: bool = True) -> None:
+    """Refuse in one line when the lrzip program is missing: how to install it, and, when `writing`,
+    the compressors that need no program (a file already written needs lrzip to be read)."""
+    if not lrzip_installed():
+        other = f", or choose another compressor ({setting('compressor', 'brotli')})" if writing else ""
+        raise PgolfError(
+            f"{doing} needs the lrzip program, which is not installed: apt-get install lrzip (Debian, "
+            f"Ubuntu) or brew install lrzip (macOS){other}"
+        )
+
+
 def check_available(name: str) -> None:
     """Refuse, in one line, a compressor this machine cannot run: its package or program is missing."""
     get(name)
     if name in ("brotli", PERGROUP):
         _brotli()
     if name == "zstd":
-        from core.common.other_compressors import zstd_package
-
         zstd_package()
     if name == PERGROUP:
-        _pergroup().require_lrzip("the pergroup compressor")
+        require_lrzip("the pergroup compressor")
 
 
 def compressor_by_id(code: int) -> Compressor:
@@ -156,13 +221,10 @@ def compress(data: bytes, name: str, level: int | None = None) -> bytes:
 
 
 def decompress(data: bytes, name: str) -> bytes:
+    """`compress`'s inverse, for every compressor but pergroup (core/common/pergroup.py: `unpack`)."""
     get(name)
     if name == "brotli":
         return _brotli_decompress(data)
-    if name == PERGROUP:
-        return _pergroup().unpack(data, False)[0]
-    from core.common.other_compressors import CODECS
-
     return CODECS[name][1](data)
 
 
@@ -201,25 +263,28 @@ def byte_unshuffle(data: bytes, strict: bool = False) -> bytes:
 
 
 # ------------------------------------------------------- the container's body
-def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: int = 0) -> bytes:
-    """One id byte (compressor id, | SHUFFLE_FLAG when shuffled) + the compressed payload.
-
-    `shuffle` is the byte-shuffle stride (0 for none; 2 suits fp16 data); `pergroup` shuffles only the
-    part of the payload it compresses with brotli.
-    """
-    level = resolve_level(name, level)
+def id_byte(payload: bytes, name: str, shuffle: int = 0) -> bytes:
+    """The container body's first byte: the compressor's id, | SHUFFLE_FLAG when shuffled; a stride that
+    cannot apply is refused."""
+    get(name)
     if shuffle not in (0, *range(2, 256)):
         raise PgolfError(f"byte shuffle stride {shuffle}: use 0 (none) or 2..255")
     if shuffle and len(payload) < shuffle:
         raise PgolfError(f"byte shuffle stride {shuffle} is longer than the {len(payload)}-byte payload")
-    code = bytes([COMPRESSORS[name].id | (SHUFFLE_FLAG if shuffle else 0)])
+    return bytes([COMPRESSORS[name].id | (SHUFFLE_FLAG if shuffle else 0)])
+
+
+def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: int = 0) -> bytes:
+    """`id_byte` + the compressed payload, for every compressor but pergroup, whose body the container
+    packs (core/artifact/int8.py: `pack_body`). `shuffle` is the byte-shuffle stride (0 for none; 2 suits
+    fp16 data)."""
+    level = resolve_level(name, level)
+    code = id_byte(payload, name, shuffle)
     if name == PERGROUP:
-        return code + _pergroup().pack(payload, shuffle)
+        raise ValueError("the pergroup compressor's body is packed by core/artifact/int8.py: pack_body")
     data = byte_shuffle(payload, shuffle)
     if name == "brotli":
         return code + _brotli().compress(data, quality=level)
-    from core.common.other_compressors import CODECS
-
     return code + CODECS[name][0](data, level)
 
 
@@ -230,8 +295,7 @@ def unpack(blob: bytes) -> tuple[bytes, str, int]:
     code = blob[0]
     c = compressor_by_id(code & ~SHUFFLE_FLAG)
     if c.name == PERGROUP:
-        payload, stride = _pergroup().unpack(blob[1:], bool(code & SHUFFLE_FLAG))
-        return payload, c.name, stride
+        raise ValueError("the pergroup compressor's body is read by core/artifact/int8.py: unpack_body")
     body = decompress(blob[1:], c.name)
     if not code & SHUFFLE_FLAG:
         return body, c.name, 0

@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import struct
 import subprocess
 import tempfile
@@ -32,11 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from core.common import compress
-from core.common.errors import PgolfError, first_line, setting
+from core.common.errors import PgolfError, first_line
 
 __all__ = [
-    "GROUPS", "SORTED", "Split", "group_bytes", "join", "lrzip_decompress", "lrzip_installed", "lrzip_timeout", "pack",
-    "require_lrzip", "similarity_order", "split", "split_streams", "unpack", "unstack",
+    "GROUPS", "SORTED", "Split", "group_bytes", "join", "lrzip_decompress", "lrzip_timeout", "pack",
+    "similarity_order", "split", "split_streams", "unpack", "unstack",
 ]  # fmt: skip
 
 # The matrix kinds grouped across layers, in stream order, and those whose rows are reordered.
@@ -185,21 +184,6 @@ def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> byte
 LRZIP_ARGS = ("-z", "-L", "9", "-p", "1")
 
 
-def lrzip_installed() -> bool:
-    return shutil.which("lrzip") is not None
-
-
-def require_lrzip(doing: str, writing: bool = True) -> None:
-    """Refuse in one line when the lrzip program is missing: how to install it, and, when `writing`,
-    the compressors that need no program (a file already written needs lrzip to be read)."""
-    if not lrzip_installed():
-        other = f", or choose another compressor ({setting('compressor', 'brotli')})" if writing else ""
-        raise PgolfError(
-            f"{doing} needs the lrzip program, which is not installed: apt-get install lrzip (Debian, "
-            f"Ubuntu) or brew install lrzip (macOS){other}"
-        )
-
-
 # An lrzip that has not finished by then is stopped: a hung program never hangs a command. ZPAQ at level 9
 # runs at 0.1-1 MB/s on one core; the limit allows a 16 KB/s machine (a busy one) with room to spare.
 LRZIP_TIMEOUT_S = 120.0
@@ -257,7 +241,7 @@ def _each(fn: Callable[[bytes], bytes], items: list[bytes]) -> list[bytes]:
 def lrzip_decompress(streams: list[bytes]) -> list[bytes]:
     """What each lrzip stream holds (in parallel); ValueError when one is damaged."""
     if streams:
-        require_lrzip("reading a pergroup artifact", writing=False)
+        compress.require_lrzip("reading a pergroup artifact", writing=False)
     return _each(lambda s: _lrzip(s, ("-d",)), streams)
 
 
@@ -266,7 +250,7 @@ def pack(payload: bytes, shuffle: int) -> bytes:
     by brotli (byte-shuffled by `shuffle`), each group by lrzip."""
     parts = split(payload)
     if parts.groups:
-        require_lrzip("the pergroup compressor")
+        compress.require_lrzip("the pergroup compressor")
     main = struct.pack("<I", len(parts.layout)) + parts.layout + parts.orders + parts.rest
     if shuffle and len(main) < shuffle:
         raise PgolfError(f"byte shuffle stride {shuffle} is longer than the per-group layout and rest")

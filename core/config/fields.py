@@ -184,6 +184,26 @@ class Config:
         0, "write a resumable checkpoint every N steps; 0 = only at the end", "run", NON_NEGATIVE,
         resume=True,
     )  # fmt: skip
+    checkpoint_minutes: float = opt(
+        10.0,
+        "also write one every N minutes of training time, replacing the last timed one; 0 = off",
+        "run", NON_NEGATIVE, resume=True,
+    )  # fmt: skip
+    report_to: str = opt(
+        "",
+        "also send the metrics to: tensorboard, wandb, trackio (comma-separated); empty = only metrics.jsonl",
+        "run", NAME_LIST, resume=True,
+    )  # fmt: skip
+    abort_behind: str = opt(
+        "",
+        "a reference run's directory: stop (checkpoint, exit status 4) at a validation whose val_bpb is above "
+        "the reference's at that step (linear between its validations) by more than abort_margin",
+        "run", ANY, resume=True,
+    )  # fmt: skip
+    abort_margin: float = opt(
+        0.01, "how far behind abort_behind's run, in val_bpb, a run may be before it stops", "run", NON_NEGATIVE,
+        resume=True,
+    )  # fmt: skip
     eval_seq_len: int = opt(
         0, "tokens per evaluation sequence or window; 0 = train_seq_len", "eval", NON_NEGATIVE, scoring=True
     )
@@ -215,6 +235,7 @@ class Config:
         "of ttt_chunk_tokens, each scored with sliding windows, then every weight trained on it (2026-04-06 to 04-09)",
         "eval", one_of("lora", "full"), scoring=True,
     )  # fmt: skip
+    # -- full mode (ttt_mode full): every weight trained on each chunk by SGD --
     ttt_chunk_tokens: int = opt(
         32768,
         "full mode: validation tokens per chunk, scored then trained on",
@@ -242,6 +263,7 @@ class Config:
     ttt_freeze_blocks: int = opt(
         0, "full mode: the first N blocks are not trained", "eval", NON_NEGATIVE, scoring=True
     )
+    # -- LoRA mode (ttt_mode lora): per-document adapters --
     ttt_lora_rank: int = opt(
         96, "rank of each TTT LoRA adapter", "eval", (POSITIVE, at_most(4096)), scoring=True
     )
@@ -281,6 +303,7 @@ class Config:
     ttt_optimizer: str = opt(
         "adam", "the adapters' optimizer: adam (AdamW) or sgd", "eval", one_of("adam", "sgd"), scoring=True
     )
+    # -- LoRA mode's global phases: every weight trained on the documents scored so far --
     phased_ttt_prefix_docs: int = opt(
         2000, "documents scored before the global phases end (the phases' training data)", "eval",
         NON_NEGATIVE, scoring=True,
@@ -328,26 +351,6 @@ class Config:
         True, "global phase: train with the model's document-masked attention (varlen_attn_enabled); off: "
         "plain causal attention over each sequence; without varlen_attn_enabled nothing changes", "eval",
         ANY, scoring=True,
-    )  # fmt: skip
-    checkpoint_minutes: float = opt(
-        10.0,
-        "also write one every N minutes of training time, replacing the last timed one; 0 = off",
-        "run", NON_NEGATIVE, resume=True,
-    )  # fmt: skip
-    report_to: str = opt(
-        "",
-        "also send the metrics to: tensorboard, wandb, trackio (comma-separated); empty = only metrics.jsonl",
-        "run", NAME_LIST, resume=True,
-    )  # fmt: skip
-    abort_behind: str = opt(
-        "",
-        "a reference run's directory: stop (checkpoint, exit status 4) at a validation whose val_bpb is above "
-        "the reference's at that step (linear between its validations) by more than abort_margin",
-        "run", ANY, resume=True,
-    )  # fmt: skip
-    abort_margin: float = opt(
-        0.01, "how far behind abort_behind's run, in val_bpb, a run may be before it stops", "run", NON_NEGATIVE,
-        resume=True,
     )  # fmt: skip
 
     # --- model shape ---
@@ -534,6 +537,7 @@ class Config:
         0, "byte-shuffle the payload in groups of N bytes before compressing (pergroup: the part it "
         "compresses with brotli); 0 = off", "artifact", BYTE_SHUFFLE,
     )  # fmt: skip
+    # -- bits per class (embedding, matrices, attention, MLP, other) --
     embed_bits: int = opt(
         8, "mixed: bits of the embeddings (5-8; 16 = kept in fp16)", "artifact", one_of(*QUANT_BITS)
     )
@@ -549,6 +553,7 @@ class Config:
     other_bits: int = opt(
         8, "mixed: bits of the other large tensors (e.g. an untied head)", "artifact", one_of(*QUANT_BITS)
     )
+    # -- per class (mixed format): tensors this small stay in fp16, not quantized --
     embed_passthrough_numel: int = opt(
         65_536, "mixed: embedding tensors of at most this many values stay in fp16 (the records: 65,536)",
         "artifact", NON_NEGATIVE,
@@ -565,6 +570,7 @@ class Config:
         65_536, "mixed: other tensors of at most this many values stay in fp16 (the records: 65,536)",
         "artifact", NON_NEGATIVE,
     )  # fmt: skip
+    # -- per class (mixed format): the clip, SDClip's k (0: the records' percentile search) --
     embed_clip_sigmas: float = opt(
         0.0, "mixed: clip each embedding row at k * its std (SDClip); 0 = search the best of 5 percentiles",
         "artifact", NON_NEGATIVE,
@@ -582,6 +588,7 @@ class Config:
         False, "the attention gates' weights (gated or sparse) stored as int8 rows instead of fp32 (mixed format)",
         "artifact", ANY,
     )  # fmt: skip
+    # -- LQER: low-rank corrections of the largest quantization errors --
     lqer_enabled: bool = opt(
         False, "LQER: the lqer_top_k quantized matrices with the largest error keep a rank-lqer_rank "
         "correction of it (mixed format)", "artifact", ANY,
@@ -598,6 +605,7 @@ class Config:
     lqer_asym_group: int = opt(
         64, "values of B per fp16 scale in the asymmetric packing", "artifact", POSITIVE
     )
+    # -- GPTQ: quantization with error compensation, its calibration --
     gptq_enabled: bool = opt(
         False, "mixed: GPTQ, rounding with error compensation from Hessians of the layers' inputs",
         "artifact", ANY,
@@ -609,6 +617,7 @@ class Config:
         10.0, "GPTQ: seconds taken off the wallclock cap for calibration and the artifact fit (it counts as training time)",
         "artifact", NON_NEGATIVE,
     )  # fmt: skip
+    # -- the artifact fitted to a byte cap --
     artifact_fit_bytes: int = opt(
         0, "choose the artifact settings (bits, clips, fp16 floors, GPTQ, LQER, compressor) with the lowest "
         "calibration loss whose artifact + code fits in this many bytes (mixed format); 0 = off", "artifact", NON_NEGATIVE,

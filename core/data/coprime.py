@@ -12,6 +12,8 @@ import numpy as np
 from core.common.errors import PgolfError
 from core.data.shards import HEADER_BYTES, check_ids, check_rank, log, read_shard_header
 
+CURSORS = ("phase", "blocks", "next", "start", "stride", "active")  # the per-shard arrays a checkpoint keeps
+
 FNV_PRIME = 1_099_511_628_211
 MIX_RAMP_CALLS = 1800  # next_batch calls over which the shard mixture goes from few to many shards
 
@@ -170,7 +172,17 @@ class CoprimeLoader:
         return batch[:, :-1], batch[:, 1:]
 
     def state(self) -> dict[str, Any]:
-        """Everything a resume needs (core/data/coprime_state.py: only checkpoints take it)."""
-        from core.data.coprime_state import coprime_state
-
-        return coprime_state(self)
+        """Everything a resume needs, JSON-safe; the same on every rank (the windows are global).
+        Only a resumable checkpoint takes it; core/artifact/load.py puts it back."""
+        rng = self.rng.bit_generator.state
+        return {
+            "loader": "coprime",
+            "seed": str(self.seed),
+            "shards": len(self.files),
+            "seq_len": self.seq_len,
+            "calls": self.calls,
+            # PCG64's 128-bit state and inc as decimal strings: JSON readers other than Python's lose their digits.
+            "rng": {key: str(value) for key, value in rng["state"].items()}
+            | {"has_uint32": rng["has_uint32"], "uinteger": rng["uinteger"]},
+            "cursors": {key: getattr(self, key).tolist() for key in CURSORS},
+        }

@@ -23,10 +23,6 @@ import numpy as np
 from core.common.errors import PgolfError, hint
 from core.common.files import open_regular
 
-if TYPE_CHECKING:
-    from core.data.coprime import CoprimeLoader
-    from core.data.sequential import BatchLoader
-
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
 HEADER_INTS = 256
@@ -115,17 +111,6 @@ def find_shards(data_path: str | Path, split: str) -> list[Path]:
 
 
 TRAIN_LOADERS = ("sequential", "coprime")  # Config.train_loader's choices
-
-
-def make_train_loader(
-    kind: str, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None
-) -> BatchLoader | CoprimeLoader:
-    """The training loader Config.train_loader names, its module imported only for the runs that use it."""
-    if kind == "coprime":
-        from core.data.coprime import CoprimeLoader as Loader
-    else:
-        from core.data.sequential import BatchLoader as Loader
-    return Loader(files, rank, world_size, vocab_size)
 
 
 def load_val_tokens(

@@ -1,10 +1,46 @@
-"""Bits per byte: cross-entropy in bits divided by the UTF-8 bytes the tokens stand for."""
+"""What every scorer shares: the validation data it scores (`EvalData`: the tokens and their bytes), the
+progress it reports, and bits per byte: cross-entropy in bits divided by the UTF-8 bytes the tokens stand for.
+core/eval/score.py loads the data and picks the scorer; each scorer imports these from here."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # only annotations name it
+    from core.data.tables import ByteTables
+
+Progress = Callable[[int, int], None]  # (done, total) of something long
+
+
+@dataclass
+class EvalData:
+    """What scoring needs: the validation tokens, and what counts their bytes: the tokenizer's byte
+    tables, or the byte sidecar where the data has one (each token's bytes of text: CaseOps data,
+    core/datasets/caseops.py, and data whose tables would miscount, core/datasets/byte_counts.py)."""
+
+    tokens: np.ndarray
+    tables: ByteTables | None  # None with a sidecar
+    sidecar: np.ndarray | None = None  # exactly one entry per token, or None: the tables count the bytes
+
+    @cached_property
+    def target_bytes(self) -> np.ndarray:
+        """int64 bytes of text each token stands for as a target, by stream position: index i counts
+        tokens[i] after tokens[i - 1]; index 0 (never a target) counts 0. From the sidecar when the
+        data has one, else from the tables. Every evaluation adds these up for the tokens it scores,
+        in whatever order it scores them."""
+        if self.sidecar is None:
+            from core.data.tables import stream_bytes
+
+            return stream_bytes(self.tokens, self.tables)
+        out = np.asarray(self.sidecar, dtype=np.int64).copy()
+        out[:1] = 0
+        return out
 
 
 class BPBMeter:

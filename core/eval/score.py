@@ -1,55 +1,24 @@
 """Scoring weights on the validation tokens: the data, and the figures a run reports (`evaluators`).
 
 Each backend scores a span (`eval_nll`) or gives per-token losses (`token_losses`); the plain figure's
-two protocols (core/eval/rows.py, core/eval/flat.py), sliding windows (core/eval/sliding.py) and
+two protocols (core/eval/plain.py), sliding windows (core/eval/sliding.py) and
 test-time training (core/eval/ttt.py) cut the validation tokens, count their bytes and sum over ranks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from core.common.errors import PgolfError, hint, setting
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens
 from core.data.tokenizer import check_vocab, load_tokenizer
-from core.eval.bpb import BPBMeter
+from core.eval.bpb import BPBMeter, EvalData
+from core.eval.plain import evaluate, evaluate_flat
 
 if TYPE_CHECKING:  # only annotations name these
     from core.config.fields import Config
-    from core.data.tables import ByteTables
-
-Progress = Callable[[int, int], None]  # (done, total) of something long
-
-
-@dataclass
-class EvalData:
-    """What scoring needs: the validation tokens, and what counts their bytes: the tokenizer's byte
-    tables, or the byte sidecar where the data has one (each token's bytes of text: CaseOps data,
-    core/datasets/caseops.py, and data whose tables would miscount, core/datasets/byte_counts.py)."""
-
-    tokens: np.ndarray
-    tables: ByteTables | None  # None with a sidecar
-    sidecar: np.ndarray | None = None  # exactly one entry per token, or None: the tables count the bytes
-
-    @cached_property
-    def target_bytes(self) -> np.ndarray:
-        """int64 bytes of text each token stands for as a target, by stream position: index i counts
-        tokens[i] after tokens[i - 1]; index 0 (never a target) counts 0. From the sidecar when the
-        data has one, else from the tables. Every evaluation adds these up for the tokens it scores,
-        in whatever order it scores them."""
-        if self.sidecar is None:
-            from core.data.tables import stream_bytes
-
-            return stream_bytes(self.tokens, self.tables)
-        out = np.asarray(self.sidecar, dtype=np.int64).copy()
-        out[:1] = 0
-        return out
 
 
 def load_eval_data(cfg: Config) -> EvalData:
@@ -103,11 +72,7 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
     """The figures a final score reports: "plain" (non-overlapping sequences: pgolf's rows, or with
     `eval_protocol` flat record 2026-04-27's flat batches), "sliding_window" when `eval_stride` makes the
     windows overlap, and "ttt" with `ttt_enabled`."""
-    # Each protocol's module is imported only for the runs that use it (core/runs/package.py's OPTIONAL).
-    if cfg.eval_protocol == "flat":
-        from core.eval.flat import evaluate_flat as plain
-    else:
-        from core.eval.rows import evaluate as plain
+    plain = evaluate_flat if cfg.eval_protocol == "flat" else evaluate
     out: dict[str, Evaluator] = {"plain": plain}
     if cfg.sliding_eval:
         from core.eval.sliding import evaluate_sliding

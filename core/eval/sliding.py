@@ -29,7 +29,7 @@ from core.common.errors import memory_hint
 from core.eval.bpb import BPBMeter
 
 if TYPE_CHECKING:  # only annotations name these
-    from core.eval.score import EvalData, Progress
+    from core.eval.bpb import EvalData, Progress
     from core.model.backend import Backend
 
 TokenLosses = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, y) int64 (B, T) -> NLL in nats (B, T)

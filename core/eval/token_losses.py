@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.common.files import write_atomic
-from core.eval.bpb import BPBMeter
-from core.eval.score import EvalData, Evaluator, Progress
+from core.eval.bpb import BPBMeter, EvalData, Progress
+from core.eval.score import Evaluator
 
 if TYPE_CHECKING:
     from core.model.backend import Backend

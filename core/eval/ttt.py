@@ -2,8 +2,8 @@
 learnt from only after it is scored (the challenge's rule for adapting at evaluation).
 
 Two modes (`ttt_mode`), framework-neutral (the backend runs the forward passes and optimizer steps):
-`full` (records 2026-04-06 to 04-09, core/eval/ttt_full.py: every weight trained by SGD on each
-chunk of the stream once scored), and `lora` (2026-04-13 on), here:
+`full` (records 2026-04-06 to 04-09, `score_full` at the end: every weight trained by SGD on each
+chunk of the stream once scored, scored in sliding windows), and `lora` (2026-04-13 on):
 
 - documents run from a BOS to the next BOS, which each one also predicts (the last one runs to
   the end of the tokens); they are sorted by length and cut into batches of `ttt_batch_size`,
@@ -40,7 +40,7 @@ from core.model.lora import initial_a
 if TYPE_CHECKING:  # only annotations name these
     from typing import Any
 
-    from core.eval.score import EvalData, Progress
+    from core.eval.bpb import EvalData, Progress
     from core.model.backend import TTT, Backend
 
 _evaluations = itertools.count()  # every rank runs the same evaluations: a counter key of its own for each
@@ -165,8 +165,7 @@ def evaluate_ttt(
     cfg = backend.cfg
     phases = cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
     if cfg.ttt_mode == "full":
-        from core.eval.ttt_full import score_full as score
-
+        score = score_full
         lower = "--ttt-batch-seqs"
     else:
         score = _score_lora
@@ -255,3 +254,39 @@ def _score_batch(backend: Backend, ttt: TTT, tokens: np.ndarray, batch: list[Doc
         for row, w, at in scored:
             first = at + w.offset + 1  # stream position of the chunk's first target
             yield nll[row, w.offset : w.offset + w.scored], np.arange(first, first + w.scored)
+
+
+# ------------------------------------------------------------------ the full mode
+def score_full(
+    backend: Backend, data: EvalData, progress: Progress | None, token_losses: np.ndarray | None
+) -> BPBMeter:
+    """The full mode: the stream cut into chunks of `ttt_chunk_tokens`; the sliding windows (the evaluation's
+    window and stride) whose scored part starts in chunk c are scored, then, unless c is the last chunk,
+    every weight (but the first `ttt_freeze_blocks` blocks') trains on chunk c by SGD with momentum, its
+    learning rate cosine over the chunks. This rank's sums."""
+    # Sliding windows are packaged only for the runs that ask for them (core/runs/package.py: OPTIONAL).
+    from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows
+
+    cfg = backend.cfg
+    tokens = np.asarray(data.tokens)
+    total, size, seq = len(tokens) - 1, cfg.ttt_chunk_tokens, cfg.eval_window
+    ev = SlidingEval(seq, cfg.eval_stride if cfg.sliding_eval else seq, cfg.ttt_batch_seqs)
+    plan = plan_windows(total, seq, ev.stride)
+    chunks = -(-total // size)
+    chunk_of = np.minimum((plan.starts + plan.score_from) // size, chunks - 1)
+    frozen = tuple(f"blocks.{i}." for i in range(min(cfg.ttt_freeze_blocks, cfg.num_layers)))
+    ttt = backend.ttt()
+    ttt.sgd_reset(cfg.ttt_momentum, frozen)
+    meter = BPBMeter()
+    for c in range(chunks):
+        windows = rank_windows(plan[chunk_of == c], backend.rank, backend.world_size)
+        score_windows(meter, tokens, backend.token_losses, data.target_bytes, windows, ev, sink=token_losses)
+        if c < chunks - 1:
+            lr = cosine(cfg.ttt_lr, c, chunks - 1)
+            span = tokens[c * size : (c + 1) * size + 1]
+            sgd_over(
+                backend, ttt, span, lr, cfg.ttt_epochs, cfg.ttt_batch_seqs, cfg.ttt_grad_clip, doc_mask=True
+            )
+        if progress is not None:
+            progress(c + 1, chunks)
+    return meter

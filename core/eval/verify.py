@@ -19,8 +19,8 @@ import numpy as np
 
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.eval.bpb import BPBMeter
-from core.eval.score import EvalData, evaluators
+from core.eval.bpb import BPBMeter, EvalData
+from core.eval.score import evaluators
 from core.model.backend import Backend
 
 BPB_TOLERANCE = 1e-5

@@ -211,7 +211,7 @@ class Backend(Protocol):
 
 
 class TTT(Protocol):
-    """What test-time training (core/eval/ttt.py, ttt_full.py) asks of a backend's device, for one
+    """What test-time training (core/eval/ttt.py) asks of a backend's device, for one
     evaluation (`Backend.ttt`): LoRA adapters (core/model/lora.py) on this rank's documents, and SGD on
     the backend model's own weights (the global phases, the full mode), its momentum kept here."""
 

@@ -10,8 +10,9 @@ group, storage dtype and artifact class.
 - the memory a training run needs (core/model/memory.py).
 (The reverse, a config read off a set of weights, is core/artifact/load.py's `config_for_params`.)
 
-A backend builds its modules with these names and shapes, and a test checks that
-each backend's model and this table cover each other exactly, for every feature.
+Each backend's model is built from the table by `make_modules` (its module tree, the names and shapes
+of its parameters), and a test checks that each backend's model and this table cover each other exactly,
+for every feature.
 The names are the challenge scripts' state-dict keys (the key set of an artifact).
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -127,6 +128,49 @@ def param_specs(cfg: Config) -> dict[str, ParamSpec]:
         specs["parallel_post_lambdas"] = _control((cfg.num_layers, 2, 2))
         specs["parallel_resid_lambdas"] = _control((cfg.num_layers, 2), 1.1)
     return specs
+
+
+class ModuleParts(Protocol):
+    """What a backend supplies `make_modules`: its modules, layers and parameters, made empty."""
+
+    def container(self, name: str | None) -> Any:
+        """The module a name's path goes through: `name` (None for a block of `blocks`), a list for `blocks`
+        and `ve_layer_scales`, the MLP for `mlp` (the walk calls it), else a plain module."""
+
+    def linear(self, in_dim: int, out_dim: int) -> Any: ...
+
+    def embedding(self, rows: int, cols: int) -> Any: ...
+
+    def parameter(self, shape: tuple[int, ...]) -> Any: ...
+
+
+def make_modules(cfg: Config, root: Any, parts: ModuleParts) -> None:
+    """`root`'s module tree made from the table, in its order, by its names: the modules each name's path
+    goes through (`parts.container`, made where the table first names them; a numbered part is a list's
+    next item), then its leaf: a `<layer>.weight` is a linear layer (`parts.linear`, `rows x cols` weight
+    of an `in -> out` map), or an embedding for `tok_emb` and the value embedding's `embed`; every other
+    entry a parameter (`parts.parameter`, zeros until the weights are loaded)."""
+    for name, spec in param_specs(cfg).items():
+        *path, leaf = name.removesuffix(".weight").split(".")
+        owner = root
+        for part in path:
+            if part.isdigit():  # blocks.<i>
+                if int(part) == len(owner):
+                    owner.append(parts.container(None))
+                owner = owner[int(part)]
+            else:
+                if not hasattr(owner, part):
+                    setattr(owner, part, parts.container(part))
+                owner = getattr(owner, part)
+        if name.endswith(".weight"):
+            rows, cols = spec.shape
+            value = parts.embedding(rows, cols) if leaf in ("tok_emb", "embed") else parts.linear(cols, rows)
+        else:
+            value = parts.parameter(spec.shape)
+        if leaf.isdigit():  # ve_layer_scales.<j>
+            owner.append(value)
+        else:
+            setattr(owner, leaf, value)
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:

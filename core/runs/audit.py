@@ -32,7 +32,9 @@ import numpy as np
 from core.common.errors import PgolfError
 from core.common.files import file_sha256, read_file
 from core.config.fields import Config
-from core.eval.score import EvalData, evaluators
+from core.data.shards import find_shards
+from core.eval.bpb import EvalData
+from core.eval.score import evaluators
 
 if TYPE_CHECKING:
     from core.model.backend import Backend
@@ -294,6 +296,8 @@ class Audit:
     device: str  # what it ran on
     val_bpb: float
     command: str
+
+    tolerance = TOLERANCE  # how far a checked loss may move (the records folder's README says it)
 
     @property
     def leak(self) -> bool:

@@ -13,9 +13,8 @@ the run's own, downloads, trackers), so code a run does not need lives in module
 such paths import. A packaged run that took one would stop at that import.
 
 The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training and its full mode, sliding windows, each protocol of the plain figure, the byte
-tables, the per-group compressor and the others but brotli, the int8 format, the mixed format and its
-percentile clips, GPTQ,
+test-time training, sliding windows (which its full mode scores in), the byte
+tables, the per-group compressor, the int8 format, the mixed format, GPTQ,
 each training loader, LQER, FlashAttention's varlen kernel) are
 packaged only when the config uses it, the others importing them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
@@ -81,23 +80,13 @@ PACKAGES = ("core", "cuda_train")
 # that use them.
 OPTIONAL = (
     ("test-time training", ("core.eval.ttt", "core.model.lora", "cuda_train.ttt"), "cfg.ttt_enabled", "ttt_enabled"),
-    # (test-time training's full mode imports the module too)
     ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
-    ("test-time training's full mode", ("core.eval.ttt_full",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
-    ("the rows protocol", ("core.eval.rows",), "cfg.eval_protocol == 'rows'", "eval_protocol"),
-    ("the flat protocol", ("core.eval.flat",), "cfg.eval_protocol == 'flat'", "eval_protocol"),
+    # The full mode's code is test-time training's; it scores in sliding windows.
+    ("test-time training's full mode", ("core.eval.sliding",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
     ("the tokenizer's byte tables", ("core.data.tables",), "not cfg.caseops_enabled", "caseops_enabled"),
     ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
-    ("the none, zlib, lzma, bz2 and zstd compressors", ("core.common.other_compressors",),
-     "cfg.compressor not in ('brotli', 'pergroup')", "compressor"),
     ("the int8 format", ("core.artifact.int8_format",), "cfg.quant_format == 'int8'", "quant_format"),
     ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
-    # A class whose *_clip_sigmas are 0 is clipped at quantiles of |w| (core/artifact/export.py: class_clips);
-    # the matrices' classes are when matrix_clip_sigmas is (the "other" class always then).
-    ("percentile clips of the embedding", ("core.artifact.quantile",),
-     "cfg.quant_format == 'mixed' and cfg.embed_clip_sigmas == 0", "embed_clip_sigmas"),
-    ("percentile clips of the matrices", ("core.artifact.quantile",),
-     "cfg.quant_format == 'mixed' and cfg.matrix_clip_sigmas == 0", "matrix_clip_sigmas"),
     ("GPTQ", ("core.artifact.gptq", "core.train.calibration"), "cfg.gptq_enabled", "gptq_enabled"),
     ("the coprime loader", ("core.data.coprime",), "cfg.train_loader == 'coprime'", "train_loader"),
     ("the sequential loader", ("core.data.sequential",), "cfg.train_loader == 'sequential'", "train_loader"),
@@ -616,8 +605,7 @@ def _compliance(audits: list[tuple[int, Any]]) -> str:
     """The README's Compliance section: each seed's `audit` (core/runs/audit.py), and how to rerun it."""
     if not audits:
         return ""
-    from core.runs.audit import TOLERANCE
-
+    tolerance = audits[0][1].tolerance
     rows = "\n".join(
         f"| {seed} | {a.verdict()} | {a.evaluation} | {a.check.checked:,} | {a.check.max_change:.3g} | "
         f"{a.calibration.status}{_files(len(a.calibration.shards))} | "
@@ -632,7 +620,7 @@ def _compliance(audits: list[tuple[int, Any]]) -> str:
 `cli.py audit` scored each run's artifact twice with the run's own evaluation in fp32 (test-time
 training included where the run used it), the second time with the second half of one validation
 document permuted (same length, every BOS in place). Every token scored before the first changed
-token was scored (in the evaluation's own order) must keep its loss within {TOLERANCE:g} nats: one that
+token was scored (in the evaluation's own order) must keep its loss within {tolerance:g} nats: one that
 moves was scored by weights that had learnt from, or a forward that read, tokens not yet scored.
 Calibration: the files GPTQ's Hessians were collected from, as the run recorded them. Eval time:
 the first evaluation's wall time on the machine that ran the audit ({machine}).

@@ -31,7 +31,8 @@ from core.config.presets import CHALLENGE_DATA_PRESETS, record_preset_of_env
 from core.config.sources import EXPORT_FIELDS, WRITING_FIELDS, resolve_sources, resumed_config
 from core.data.manifest import check_tokenizer, dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
-from core.eval.score import EvalData, load_eval_data
+from core.eval.bpb import EvalData
+from core.eval.score import load_eval_data
 from core.artifact.load import load_weights
 from core.model.memory import check_config
 from core.model.backend import create, installed

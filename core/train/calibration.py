@@ -15,9 +15,10 @@ import numpy as np
 from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import find_shards
-from core.train.loop import train_loader
 
 if TYPE_CHECKING:
+    from core.data.coprime import CoprimeLoader
+    from core.data.sequential import BatchLoader
     from core.model.backend import Backend
 
 
@@ -35,13 +36,15 @@ def write_calibration(artifact: Path, cfg: Config, fit_shards: Sequence[Path]) -
     )
 
 
-def calibrate_gptq(backend: Backend, log: Callable[[str], None]) -> dict[str, np.ndarray]:
+def calibrate_gptq(
+    backend: Backend, loader: BatchLoader | CoprimeLoader, log: Callable[[str], None]
+) -> dict[str, np.ndarray]:
     """GPTQ's Hessians: `gptq_calibration_batches` training micro-batches per rank, read from the start
-    of the training stream, through the backend's `input_hessians`; the mean over every rank's batches,
+    of the training stream (`loader`, at its start: core.train.loop's `train_loader`), through the backend's
+    `input_hessians`; the mean over every rank's batches,
     and a line to `log` on how long it took."""
     cfg = backend.cfg
     t0 = time.perf_counter()
-    loader = train_loader(cfg, backend)
     accum = cfg.local_accum_steps(backend.world_size)
     batches = (
         loader.next_batch(cfg.train_batch_tokens, cfg.train_seq_len, accum)

@@ -29,13 +29,13 @@ from core.artifact.load import check_resumable, load_checkpoint, load_init_weigh
 from core.common.errors import PgolfError, hint, setting
 from core.config.fields import Config
 from core.data.provenance import data_record
-from core.train.loop import WEIGHT_RMS_LIMIT, Training, rank_mean, weights_rms
+from core.train.loop import WEIGHT_RMS_LIMIT, RunResult, Training, rank_mean, run_to_end, weights_rms
 from core.train.report import report_targets
 from core.train.rundir import RunDir
 
 if TYPE_CHECKING:
     from core.artifact.mixed import MixedModel
-    from core.eval.score import Progress
+    from core.eval.bpb import Progress
     from core.model.backend import Backend
 
 # Whether a stop was asked for (Ctrl-C): None, or what to raise once a checkpoint is written. When the
@@ -43,6 +43,14 @@ if TYPE_CHECKING:
 # on, through the export and the final scores (test-time training: minutes), a stop may end the run at
 # once, saying the note (where the checkpoint is, how to export it).
 StopPoll = Callable[[], BaseException | None]
+
+
+def train_interactive(backend: Backend, **options) -> RunResult:
+    """Train, validate and export one model with `backend.cfg` as pgolf's `train` does (checkpoints,
+    resuming, stopping, progress, notes, init_from, the artifact fit, trackers); return the final figures.
+    `options` are InteractiveTraining's; `code_bytes` may be a function of the config the artifact is
+    written with (the CLI passes core.runs.package.code_bytes)."""
+    return run_to_end(InteractiveTraining(backend, **options))
 
 
 class BehindReference(PgolfError):
@@ -137,7 +145,7 @@ class InteractiveTraining(Training):
             self.stop_if_asked()
             if fit is not None:  # rank 0
                 quantized = fit.model
-                shards = write_fit_in_run(fit, self.run.artifact(quant_label(cfg)), self.say)
+                shards = write_fit_in_run(fit, self.run_dir.artifact(quant_label(cfg)), self.say)
         if callable(self.code_bytes):
             self.code_bytes = self.code_bytes(cfg) if self.main else 0
         return cfg, quantized, shards
@@ -173,14 +181,18 @@ class InteractiveTraining(Training):
         theirs = reference_bpb(self.reference, self.step)
         if theirs is None or not self.val_bpb > theirs + cfg.abort_margin:
             return
-        path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
+        path = (
+            self.run_dir.checkpoint_path(self.step)
+            if self.saved_step == self.step
+            else self.save_checkpoint()
+        )
         line = (
             f"stopped at step {self.step}, behind the reference: val_bpb {self.val_bpb:.4f}, {cfg.abort_behind}'s "
             f"{theirs:.4f} at that step (+{self.val_bpb - theirs:.4f}, more than abort_margin {cfg.abort_margin:g}); "
             f"checkpoint {path}"
         )
         if self.main:
-            self.run.log_line(line)
+            self.run_dir.log_line(line)
         self.metric(kind="stopped", why=f"behind {cfg.abort_behind}", step=self.step, val_bpb=self.val_bpb,
                     reference_val_bpb=theirs, abort_margin=cfg.abort_margin)  # fmt: skip
         raise BehindReference(line)
@@ -189,11 +201,11 @@ class InteractiveTraining(Training):
         """Rank 0 writes; every rank's clock stops until it is on disk."""
         super().save_checkpoint()
         self.saved_step, self.saved_ms = self.step, self.elapsed_ms
-        return self.run.checkpoint_path(self.step)
+        return self.run_dir.checkpoint_path(self.step)
 
     def write_checkpoint(self, params: dict[str, np.ndarray]) -> None:
         save_checkpoint(
-            self.run.checkpoint_path(self.step),
+            self.run_dir.checkpoint_path(self.step),
             Checkpoint(
                 params=params,
                 optimizer=self.backend.optimizer_state(),
@@ -242,7 +254,11 @@ class InteractiveTraining(Training):
         exc = self.stop() if self.stop is not None else None
         if exc is None:
             return
-        path = self.run.checkpoint_path(self.step) if self.saved_step == self.step else self.save_checkpoint()
+        path = (
+            self.run_dir.checkpoint_path(self.step)
+            if self.saved_step == self.step
+            else self.save_checkpoint()
+        )
         self.say(stopped_note(self, path))
         raise exc
 
@@ -290,19 +306,17 @@ def _export_it(checkpoint: Path, run_dir: Path) -> str:
 def stopped_note(training: Training, checkpoint: Path) -> str:
     """The line a run stopped between steps logs: where its checkpoint is, and how to go on from it."""
     if training.step < training.cfg.iterations and training.stop_after is None:
-        then = f"go on with: train --resume {training.run.path}"
+        then = f"go on with: train --resume {training.run_dir.path}"
     else:  # training is over: what is left is the final score and the artifact
-        then = _export_it(checkpoint, training.run.path)
+        then = _export_it(checkpoint, training.run_dir.path)
     then = hint(f"; {then}", "")  # a packaged train_gpt.py does not resume: pgolf does
     return f"stopped at step {training.step}: checkpoint {checkpoint}{then}"
 
 
 def release_note(training: Training) -> str:
     """What a stop during the export and the final scores says: the last checkpoint is on disk."""
-    checkpoint = training.run.checkpoint_path(training.step)
-    return (
-        f"stopped after the last step: checkpoint {checkpoint}; {_export_it(checkpoint, training.run.path)}"
-    )
+    checkpoint = training.run_dir.checkpoint_path(training.step)
+    return f"stopped after the last step: checkpoint {checkpoint}; {_export_it(checkpoint, training.run_dir.path)}"
 
 
 def reference_bpb(curve: Sequence[tuple[int, float]], step: int) -> float | None:

@@ -42,7 +42,7 @@ from core.common.compress import check_available
 from core.common.errors import OverBudget, PgolfError, memory_hint, setting
 from core.common.files import file_sha256
 from core.config.fields import Config
-from core.data.shards import find_shards, make_train_loader
+from core.data.shards import find_shards
 from core.eval.bpb import BPBMeter
 from core.eval.score import evaluators, figure_protocol, load_eval_data
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
@@ -94,6 +94,18 @@ class RunResult:
 
 # The RunResult figures of each evaluator (core.eval.score): <its name here>_val_loss and _val_bpb.
 RESULT_FIGURES = {"plain": "roundtrip", "sliding_window": "sliding", "ttt": "ttt"}
+
+
+def make_train_loader(
+    kind: str, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None
+) -> BatchLoader | CoprimeLoader:
+    """The training loader Config.train_loader names (core.data.shards.TRAIN_LOADERS), its module imported
+    only for the runs that use it."""
+    if kind == "coprime":
+        from core.data.coprime import CoprimeLoader as Loader
+    else:
+        from core.data.sequential import BatchLoader as Loader
+    return Loader(files, rank, world_size, vocab_size)
 
 
 def train_loader(cfg: Config, backend: Backend) -> BatchLoader | CoprimeLoader:
@@ -170,6 +182,7 @@ class Training:
         self.looping = False  # the layer layout the backend runs (depth recurrence)
         self.stop_after: int | None = None
         self.val_loss = self.val_bpb = math.nan
+        self.run_dir: RunDir | None = None  # the run directory, once `start` has made it
 
     # ------------------------------------------------------------------ steps
     def start(self) -> None:
@@ -184,12 +197,12 @@ class Training:
         self.looping = looping_active(cfg, self.step, start_ms)
         backend.set_looping(self.looping)
         self.clock = Clock(backend, start_ms)
-        self.run = self.open_run_dir(_shared_run_id(cfg, backend))
-        self.run.write_config(cfg.to_dict())
+        self.run_dir = self.open_run_dir(_shared_run_id(cfg, backend))
+        self.run_dir.write_config(cfg.to_dict())
         self.metric(kind="start", step=self.step, backend=backend.name, device=backend.device,
                     world_size=backend.world_size, config_sha256=config_digest(cfg.to_dict()))  # fmt: skip
         self._log_header()
-        self.say(f"run_dir:{self.run.path}")
+        self.say(f"run_dir:{self.run_dir.path}")
 
     def load_weights(self) -> float:
         """The initial weights, seeded (InteractiveTraining's: `init_from`'s, or a checkpoint's); returns
@@ -227,7 +240,7 @@ class Training:
                 raise PgolfError(
                     f"training diverged: val_loss {meter.val_loss:.4f} at step {self.step} (the loss of "
                     f"predicting every token as equally likely is {uniform:.4f}); lower the learning "
-                    f"rates (the log is in {self.run.path})"
+                    f"rates (the log is in {self.run_dir.path})"
                 )
             ms = self.clock.ms()
             self.say(
@@ -296,12 +309,12 @@ class Training:
         if cfg.gptq_enabled or cfg.artifact_fit_bytes > 0:
             from core.train.calibration import calibrate_gptq, write_calibration
 
-            hessians = calibrate_gptq(backend, self.say)
+            hessians = calibrate_gptq(backend, train_loader(cfg, backend), self.say)
             self.stop_if_asked()
         params = backend.params()
         cfg, quantized, fit_shards = self.artifact_settings(params, hessians)
         label = quant_label(cfg)
-        artifact = self.run.artifact(label)
+        artifact = self.run_dir.artifact(label)
         sizes: dict[str, int] = {}
         if self.main:
             report = export_artifact(
@@ -349,7 +362,7 @@ class Training:
         elapsed = time.perf_counter() - t_scoring
         self.say(f"total_eval_time:{elapsed:.1f}s (decompression included)")
         return RunResult(
-            run_dir=self.run.path,
+            run_dir=self.run_dir.path,
             steps=self.step,
             train_time_ms=self.clock.ms(),
             val_loss=self.val_loss,
@@ -436,11 +449,11 @@ class Training:
     def say(self, line: str) -> None:
         if self.main:
             self.log(line)
-            self.run.log_line(line)
+            self.run_dir.log_line(line)
 
     def metric(self, **record) -> None:
         if self.main:
-            self.run.metric(record)
+            self.run_dir.metric(record)
 
     def agreed_ms(self) -> float:
         """The training clock every rank agrees on (their mean), so that the schedules and the cap match
@@ -469,7 +482,7 @@ class Training:
         if problem is not None:
             raise PgolfError(
                 f"training diverged: {problem} at step {self.step}; "
-                f"lower the learning rates (the log is in {self.run.path})"
+                f"lower the learning rates (the log is in {self.run_dir.path})"
             )
         elapsed_ms = self.clock.ms()  # after the loss sync, so the step time is honest
         step_avg = elapsed_ms / self.step
@@ -559,28 +572,19 @@ def check_budget(result: RunResult, cap: int) -> None:
         )
 
 
-def train(backend: Backend, **options) -> RunResult:
-    """Train, validate and export one model with `backend.cfg` (pgolf's `train`: and checkpoint it); return
-    the final figures.
-
-    `options`, by name: `Training`'s: `log` (each log line); `code_bytes`: what counts as the run's code
-    (a packaged train_gpt.py passes its own size; 0 when not given). Any other option (`resume`, `stop`,
-    `progress`, `step_progress`, `notes`), or a config with what only pgolf's `train` does (`init_from`,
-    `artifact_fit_bytes`, `report_to`, `abort_behind`: PGOLF_ONLY), runs an `InteractiveTraining` (core/train/interactive.py:
-    it also takes `code_bytes` as a function of the config the artifact is written with, as the CLI passes
-    core.runs.package.code_bytes, and logs the artifact's bytes class by class after its size); a
-    packaged train_gpt.py, which lacks it, refuses those settings in one line.
-    """
-    pgolf_only = any(getattr(backend.cfg, name) for name in PGOLF_ONLY)
-    if options.keys() <= {"log", "code_bytes"} and not pgolf_only:
-        training = Training(backend, **options)
-    else:
-        from core.train.interactive import InteractiveTraining
-
-        training = InteractiveTraining(backend, **options)
+def run_to_end(training: Training) -> RunResult:
+    """Run `training` to its end and return the final figures; its run directory is closed however it ends."""
     try:
         return training.run()
     finally:
-        run_dir = training.run  # the RunDir once `start` has made it (until then, the method)
-        if isinstance(run_dir, RunDir):
-            run_dir.close()
+        if training.run_dir is not None:
+            training.run_dir.close()
+
+
+def train(backend: Backend, log: Log = print, code_bytes: int = 0) -> RunResult:
+    """Train, validate and export one model with `backend.cfg`, as a packaged train_gpt.py does (no
+    checkpoints, no resuming); return the final figures. `log` takes each log line; `code_bytes` is what
+    counts as the run's code (a packaged script passes its own size). pgolf's `train` runs an
+    `InteractiveTraining` instead (core/train/interactive.py: `train_interactive`), which alone acts on
+    PGOLF_ONLY's settings (a packaged script refuses them before it starts)."""
+    return run_to_end(Training(backend, log=log, code_bytes=code_bytes))

@@ -1,7 +1,7 @@
 """Golden bytes of record 2026-04-27's per-group compressor (COMPRESSOR=pergroup), made by its own code.
 
 The record's ``train_gpt.py`` is not part of pgolf and is never copied here: this script imports it
-from the path in $RECORD_0427, through the loader and stubs of make_record_features.py (as
+from the path in $RECORD_0427, through the loader and stubs of record_code.py (as
 make_record_eval.py loads it; see make_record_0427.py for the git command that extracts it):
 
     RECORD_0427=/tmp/rec0427.py .venv/bin/python tests/golden/make_pergroup.py

@@ -21,11 +21,9 @@ equivalent and torch.compile made a no-op (neither matters for the numbers on CP
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import os
-import sys
 import types
 from pathlib import Path
 
@@ -33,6 +31,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 import torch.nn.functional as F
+from record_code import module_from_file, stub_flash_attn
 from safetensors.numpy import save_file
 
 HERE = Path(__file__).resolve().parent
@@ -60,13 +59,8 @@ def flash_attn_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 
 def import_record(path: str, name: str) -> types.ModuleType:
-    stub = types.ModuleType("flash_attn_interface")
-    stub.flash_attn_func = flash_attn_sdpa
-    sys.modules["flash_attn_interface"] = stub
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    stub_flash_attn(flash_attn_func=flash_attn_sdpa)
+    return module_from_file(path, name)
 
 
 def fixed_weight(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:

@@ -63,8 +63,6 @@ largest difference after the step when the record's own bf16 Newton-Schulz or fu
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -72,8 +70,10 @@ import types
 from pathlib import Path
 
 import numpy as np
+import record_code
 import torch
 import torch.nn.functional as F
+from record_code import module_from_file, stub_flash_attn
 from safetensors.numpy import save_file
 
 RECORD_BLOB = "91b83705bc65fed504e6fa7fbfcb5b89af108d75"
@@ -149,28 +149,15 @@ def sdpa_flash_attn_func(q, k, v, causal=True):
 
 
 def load_record(path: Path) -> types.ModuleType:
-    data = path.read_bytes()
-    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-    if blob != RECORD_BLOB:
-        print(f"warning: {path} is git blob {blob}, expected {RECORD_BLOB}", file=sys.stderr)
     if "CONTROL_TENSOR_NAME_PATTERNS" in os.environ:
         raise SystemExit("unset CONTROL_TENSOR_NAME_PATTERNS: the record reads it at import")
-    stub = types.ModuleType("flash_attn_interface")
-    stub.flash_attn_func = sdpa_flash_attn_func
-    sys.modules["flash_attn_interface"] = stub
-    spec = importlib.util.spec_from_file_location("record_0401", path)
-    rec = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rec)
-    return rec
+    stub_flash_attn(flash_attn_func=sdpa_flash_attn_func)
+    return module_from_file(path, "record_0401", RECORD_BLOB)
 
 
 def nested(rec, name: str, **free):
     """One of the functions defined inside the record's train_model, closed over our values."""
-    code = next(
-        c for c in rec.train_model.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == name
-    )
-    cells = tuple(types.CellType(free[v]) for v in code.co_freevars)
-    return types.FunctionType(code, vars(rec), name, None, cells)
+    return record_code.nested(rec.train_model, name, **free)
 
 
 def newton_schulz_fp32(rec):

@@ -1,7 +1,7 @@
 """Golden numbers for SmearGate with its BOS mask, computed by record 2026-04-27's own model.
 
 The record's ``train_gpt.py`` is not part of pgolf and is never copied here: this script imports
-it from the path in $RECORD_0427, through the loader and stubs of make_record_features.py (see
+it from the path in $RECORD_0427, through the loader and stubs of record_code.py (see
 its docstring: FlashAttention as PyTorch SDPA, triton a stub, CPU, float32). From a clone of
 openai/parameter-golf at commit 4908dc46f21ed3fdd08d2fdca285deb2194b9599:
 
@@ -45,8 +45,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_record_features as base
+import record_code
 
-base.RECORDS["0427"] = (
+record_code.RECORDS["0427"] = (
     "2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611",
     "9979400ef9f10da2fa908d9e7ce3556b82165b2a",
 )
@@ -68,7 +69,7 @@ GATES = {  # each attention gate on its own (the record refuses two at once)
 
 def main(out_path: Path) -> None:
     torch.set_num_threads(1)
-    base.install_stubs()
+    record_code.install_stubs()
     rng = np.random.default_rng(SEED)
     rec, h, model, params = record_model(ENV_0427, rng)
     rec.BOS_ID = BOS
@@ -122,7 +123,7 @@ LQER_NOTE = (
 
 def lqer_case(out: dict) -> None:
     """The record's LQER packing and its dequantization, on fixed factors."""
-    rec = base.load_record("0427", GATE_ENV)
+    rec = record_code.load_record("0427", GATE_ENV)
     rng = np.random.default_rng(SEED + 9)
     a = torch.from_numpy(rng.standard_normal((24, 4)).astype(np.float32))
     b = torch.from_numpy(rng.standard_normal((4, 128)).astype(np.float32))
@@ -150,7 +151,7 @@ def lqer_case(out: dict) -> None:
 
 def gate_int8_case(out: dict) -> None:
     """The record's int8 rows for attention-gate weights (GATED_ATTN_QUANT_GATE)."""
-    rec = base.load_record("0427", GATE_ENV)
+    rec = record_code.load_record("0427", GATE_ENV)
     rng = np.random.default_rng(SEED + 10)
     for i, shape in enumerate(((4, 64), (4, 8))):
         w = (rng.standard_normal(shape) * 0.3).astype(np.float32)
@@ -161,7 +162,7 @@ def gate_int8_case(out: dict) -> None:
 
 def record_model(env: dict[str, str], rng):
     """(record, hyperparameters, GPT, its busy weights) under env: eval mode, the MLP's Triton kernel off."""
-    rec = base.load_record("0427", env)
+    rec = record_code.load_record("0427", env)
     h, model = base._model(rec)
     params = base.fill_busy(rec, model, rng)
     for block in model.blocks:

@@ -27,7 +27,6 @@ It writes ``tests/golden/record_caseops.json`` next to itself: the record's cont
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -36,6 +35,7 @@ import sys
 from pathlib import Path
 
 import sentencepiece as spm
+from record_code import git_blob_id
 
 MIRROR_COMMIT = "4908dc46f21ed3fdd08d2fdca285deb2194b9599"
 FOLDER = "records/track_10min_16mb/2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611"
@@ -64,10 +64,6 @@ HAND_PICKED = [
 ]
 ALPHABET = [*"aAbBzZ", "\ue001", "\ue002", "\ue003", "\ue004", " ", "é", "É", "1", "\n", "😀", "'"]
 RANDOM_CASES, RANDOM_LEN, SEED = 40, 24, 20260418
-
-
-def git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def checked(var: str) -> Path:

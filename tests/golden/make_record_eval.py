@@ -52,6 +52,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import record_code  # noqa: E402
 from make_record_0401 import load_record  # noqa: E402
 
 TOKENIZER = HERE.parent / "fixtures/challenge/fineweb_1024_bpe.model"
@@ -248,15 +249,14 @@ def record_val_data(luts, tokens: np.ndarray) -> types.SimpleNamespace:
 
 def load_record_0427(env: dict[str, str] | None = None):
     """Record 2026-04-27 from $RECORD_0427 (its git blob checked), with `env` (default ENV_0427), through
-    make_record_features.py's loader and stubs."""
-    import make_record_features as base
+    record_code.py's loader and stubs."""
 
-    base.RECORDS["0427"] = (
+    record_code.RECORDS["0427"] = (
         "2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611",
         "9979400ef9f10da2fa908d9e7ce3556b82165b2a",
     )
-    base.install_stubs()
-    return base.load_record("0427", ENV_0427 if env is None else env)
+    record_code.install_stubs()
+    return record_code.load_record("0427", ENV_0427 if env is None else env)
 
 
 def run_0427(rec, path: Path, compressor: str, n_val: int, prepare=None) -> dict:
@@ -324,7 +324,6 @@ def run_0427(rec, path: Path, compressor: str, n_val: int, prepare=None) -> dict
 
 
 def main_0427() -> None:
-    import make_record_features as base
 
     rec = load_record_0427()
     path = HERE / "record_eval_0427.ptz"
@@ -333,7 +332,7 @@ def main_0427() -> None:
     golden = {
         "env": ENV_0427,
         **run,
-        "sources": {"record": base.RECORDS["0427"][0], "torch": torch.__version__},
+        "sources": {"record": record_code.RECORDS["0427"][0], "torch": torch.__version__},
     }
     (HERE / "record_eval_0427.json").write_text(json.dumps(golden, indent=1) + "\n")
     size = path.stat().st_size

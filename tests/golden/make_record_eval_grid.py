@@ -49,6 +49,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import record_code  # noqa: E402
 from make_record_eval import (  # noqa: E402
     CALIBRATION_BATCHES,
     ENV_0427,
@@ -163,7 +164,6 @@ def sparse_0427(rec, model: torch.nn.Module) -> None:
 
 
 def main_0427() -> None:
-    import make_record_features as base
 
     OUT.mkdir(exist_ok=True)
     points, shared = {}, None
@@ -185,7 +185,7 @@ def main_0427() -> None:
     golden = {
         **shared,
         "points": points,
-        "sources": {"record": base.RECORDS["0427"][0], "torch": torch.__version__},
+        "sources": {"record": record_code.RECORDS["0427"][0], "torch": torch.__version__},
     }
     (HERE / "record_eval_grid_0427.json").write_text(json.dumps(golden, indent=1) + "\n")
 

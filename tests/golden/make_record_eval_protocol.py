@@ -13,7 +13,7 @@ record 2026-04-01 and one of 2026-04-27:
 CPU, fp32, one thread, seconds. Not run by CI. It writes record_eval_protocol.json beside itself:
 - the model: record_eval_0427.ptz (make_record_eval.py), read by the record's ``deserialize`` with
   make_record_eval.ENV_0427 and scored as make_record_eval.main_0427 scores it (fp32 arithmetic, its RoPE
-  buffer in bf16, loops on), FlashAttention's varlen kernel being make_record_features.py's exact
+  buffer in bf16, loops on), FlashAttention's varlen kernel being record_code.py's exact
   per-segment SDPA stub;
 - the validation tokens: BOS + one paragraph of the speeches per document (documents from under 20 to
   over 200 tokens, so longer and shorter than a segment), and their byte sidecar by the record's tables;

@@ -1,7 +1,7 @@
 """Golden numbers for test-time training, computed by record 2026-04-27's own phased LoRA TTT.
 
 The record's ``train_gpt.py`` is not part of pgolf and is never copied here: this script imports it
-from the path in $RECORD_0427 through the loader and stubs of make_record_features.py (FlashAttention
+from the path in $RECORD_0427 through the loader and stubs of record_code.py (FlashAttention
 as PyTorch SDPA, CPU, float32; see make_record_0427.py for the git command that extracts it):
 
     RECORD_0427=/tmp/rec0427.py .venv/bin/python tests/golden/make_record_ttt.py
@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_record_0427 as r0427
 import make_record_features as base
+import record_code
 
 CASE_SEED = 1234
 DOC_LENGTHS = (12, 61, 4, 30, 45, 9, 23, 37)  # tokens after each BOS
@@ -66,7 +67,10 @@ CASES = {
 }  # fmt: skip
 
 
-base.RECORDS["0406"] = ("2026-04-06_SP8192_QK5_LegalTTT_1.0828", "e2343918af3af1dc11dc6aa16d7285e7c8ca3ccb")
+record_code.RECORDS["0406"] = (
+    "2026-04-06_SP8192_QK5_LegalTTT_1.0828",
+    "e2343918af3af1dc11dc6aa16d7285e7c8ca3ccb",
+)
 ENV_0406 = {
     **{k: v for k, v in base.MODEL_ENV.items() if k != "PARALLEL_START_LAYER"},
     "NUM_LOOPS": "2", "LOOP_START": "1", "LOOP_END": "2", "SKIP_GATES_ENABLED": "1", "EVAL_STRIDE": "8",
@@ -90,9 +94,9 @@ def python311(unwrap):
 
 def full_mode(out: dict, meta: dict, tokens: np.ndarray, tables: dict) -> None:
     """The record's eval_val_sliding_ttt, each case on the same busy weights."""
-    base.unwrap = python311(base.unwrap)
+    record_code.unwrap = python311(record_code.unwrap)
     for name, env in FULL_CASES.items():
-        rec = base.load_record("0406", env)
+        rec = record_code.load_record("0406", env)
         h, model = base._model(rec)
         params = base.fill_busy(rec, model, np.random.default_rng(r0427.SEED + 1))
         model.looping_active = True
@@ -145,7 +149,7 @@ def draw_a_from(rng: np.random.Generator, lora_class) -> None:
 
 def main(out_path: Path) -> None:
     torch.set_num_threads(1)
-    base.install_stubs()
+    record_code.install_stubs()
     rng = np.random.default_rng(r0427.SEED)
     tokens = np.concatenate([np.concatenate([[r0427.BOS], rng.integers(2, 96, size=n)]) for n in DOC_LENGTHS])
     vocab = np.arange(96)
@@ -158,7 +162,7 @@ def main(out_path: Path) -> None:
     meta = {"case_seed": CASE_SEED, "doc_lengths": DOC_LENGTHS, "cases": {}, "full_cases": {}}
     for name, ttt_env in CASES.items():
         env = {**r0427.ENV_0427, **ttt_env}
-        rec = base.load_record("0427", env)
+        rec = record_code.load_record("0427", env)
         rec.BOS_ID = r0427.BOS
         h, model = base._model(rec)
         params = base.fill_busy(rec, model, np.random.default_rng(r0427.SEED))

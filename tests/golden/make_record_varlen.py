@@ -1,7 +1,7 @@
 """Golden numbers for document-masked (varlen) attention, computed by record 2026-04-27's own model.
 
 The record's ``train_gpt.py`` is not part of pgolf and is never copied here: this script imports it
-from the path in $RECORD_0427, through the loader and stubs of make_record_features.py (CPU, float32;
+from the path in $RECORD_0427, through the loader and stubs of record_code.py (CPU, float32;
 FlashAttention's varlen kernel is a stub that runs each sequence of cu_seqlens on its own through
 causal SDPA, see its docstring). With the record extracted as make_record_0427.py's docstring says:
 
@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_record_0427 as r0427
 import make_record_features as base
+import record_code
 
 T = 96
 BOS_POSITIONS = [5, 6, 20, 70]
@@ -43,7 +44,7 @@ SEED = 20260410
 
 def main(out_path: Path) -> None:
     torch.set_num_threads(1)
-    base.install_stubs()
+    record_code.install_stubs()
     rng = np.random.default_rng(SEED)
     rec, h, model, params = r0427.record_model(r0427.ENV_0427, rng)
     rec.BOS_ID = r0427.BOS

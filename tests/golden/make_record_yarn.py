@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_record_0427 as r0427
 import make_record_features as base
+import record_code
 
 ENV = {**r0427.GATE_ENV, "ROPE_DIMS": "8", "ROPE_YARN": "1"}
 SEED = 20260427 + 20
@@ -70,8 +71,8 @@ def fresh_model(rec, params: dict[str, np.ndarray]):
 
 def main(out_path: Path) -> None:
     torch.set_num_threads(1)
-    base.install_stubs()
-    rec = base.load_record("0427", ENV)
+    record_code.install_stubs()
+    rec = record_code.load_record("0427", ENV)
     out: dict[str, np.ndarray] = {}
     for rope_dims, yarn, length in TABLE_CASES:
         rotary = rec.Rotary(HEAD_DIM, base=10000.0, train_seq_len=TRAIN_LEN, rope_dims=rope_dims, yarn=yarn)

@@ -74,12 +74,12 @@ import torch
 from safetensors.numpy import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_record_features as base
+import record_code
 from make_record_0401 import nested, patched
 from make_record_0427 import _store_params
 from make_trajectory_baseline import write_shard
 
-base.RECORDS["0427"] = (
+record_code.RECORDS["0427"] = (
     "2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611",
     "9979400ef9f10da2fa908d9e7ce3556b82165b2a",
 )
@@ -155,7 +155,7 @@ def make_optimizers(rec, h, model):
     muon, step = opts.optimizer_muon, opts.optimizer_muon.step
 
     def step_fp32(*a, **k):
-        with base.float32_for_bfloat16(rec):
+        with record_code.float32_for_bfloat16(rec):
             return step(*a, **k)
 
     muon.step = step_fp32
@@ -196,8 +196,8 @@ def rows_checked(next_batch, tokens: np.ndarray, seq_len: int):
 
 def main() -> None:
     torch.set_num_threads(1)
-    base.install_stubs()
-    rec = base.load_record("0427", {**ENV, **RECORD_ONLY_ENV})
+    record_code.install_stubs()
+    rec = record_code.load_record("0427", {**ENV, **RECORD_ONLY_ENV})
     h = rec.Hyperparameters()
     assert h.grad_accum_steps == 8 and h.train_batch_tokens == 8 * h.train_seq_len
     tokens = token_stream()

@@ -45,18 +45,17 @@ the script after one step, and Muon carries that to 7e-4 in the attention projec
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import os
-import sys
 import tempfile
 import types
 from pathlib import Path
 
 import numpy as np
+import record_code
 import torch
 from make_record_0401 import _TorchBf16AsFp32, newton_schulz_fp32, patched
+from record_code import module_from_file
 from safetensors.numpy import save_file
 
 SCRIPT_BLOB = "651beb2b895c3ff8ba4a232914d8b3772baaa868"
@@ -102,21 +101,12 @@ def token_stream() -> np.ndarray:
 
 
 def load_script(path: Path) -> types.ModuleType:
-    data = path.read_bytes()
-    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-    if blob != SCRIPT_BLOB:
-        print(f"warning: {path} is git blob {blob}, expected {SCRIPT_BLOB}", file=sys.stderr)
-    spec = importlib.util.spec_from_file_location("baseline_train_gpt", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_from_file(path, "baseline_train_gpt", SCRIPT_BLOB)
 
 
 def nested(mod, name: str, **free):
     """A function defined inside the script's main, closed over our values."""
-    code = next(c for c in mod.main.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == name)
-    cells = tuple(types.CellType(free[v]) for v in code.co_freevars)
-    return types.FunctionType(code, vars(mod), name, None, cells)
+    return record_code.nested(mod.main, name, **free)
 
 
 def optimizers(mod, args, base_model):
