@@ -1140,7 +1140,9 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
     }
     console.print(
         f"sweep {plan.name}: {len(plan.runs)} runs ({len(plan.variants)} variants x {len(plan.seeds)} seeds): "
-        f"{counts[sw.DONE]} done, {counts[sw.BEHIND]} stopped behind their reference, {counts[sw.FAILED]} failed before{' (started again)' if retry_failed else ''}, "
+        f"{counts[sw.DONE]} done, "
+        + (f"{counts[sw.BEHIND]} stopped behind their reference, " if counts[sw.BEHIND] else "")
+        + f"{counts[sw.FAILED]} failed before{' (started again)' if retry_failed else ''}, "
         f"{counts[sw.RESUME]} to resume; {len(todo)} to run"
         + (f", {min(parallel, len(todo))} at a time" if todo else "")
     )

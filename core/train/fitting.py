@@ -21,6 +21,7 @@ from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import find_shards, read_shard, read_shard_header
+from core.model.backend import RANK_0_WAIT_SECONDS
 
 if TYPE_CHECKING:
     from core.model.backend import Backend
@@ -39,7 +40,6 @@ __all__ = [
 
 BATCH_SEQS = 8  # sequences per eval_nll call
 FIT_KEY = "pgolf/artifact_fit"  # what rank 0 chose, or why it failed, for the other ranks
-FIT_WAIT_SECONDS = 6 * 3600.0  # the longest the other ranks wait for rank 0's fit
 
 
 def _wanted_tokens(cfg: Config) -> int:
@@ -158,7 +158,7 @@ def shared_fit(backend: Backend, cfg: Config, fit: Callable[[], Fit]) -> tuple[C
     it says so to them first, and they end with one line too.
     """
     if backend.rank != 0:
-        message = json.loads(backend.from_rank_0(FIT_KEY, None, FIT_WAIT_SECONDS))
+        message = json.loads(backend.from_rank_0(FIT_KEY, None, RANK_0_WAIT_SECONDS))
         if "error" in message:
             raise PgolfError(f"rank 0's artifact fit failed: {message['error']}")
         return cfg.replace(**message["settings"], artifact_fit_bytes=0), None

@@ -45,6 +45,7 @@ from core.config.fields import Config
 from core.data.shards import find_shards
 from core.eval.bpb import BPBMeter
 from core.eval.score import evaluators, figure_protocol, load_eval_data
+from core.model.backend import RANK_0_WAIT_SECONDS
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
 from core.train.rundir import RunDir, config_digest
@@ -334,7 +335,11 @@ class Training:
                 + (f" gptq_tensors:{report.gptq_tensors}" if cfg.gptq_enabled else "")
             )
             self.wrote_artifact(report, cfg, params)
-        backend.all_reduce_sum(np.zeros(1))  # barrier: the artifact is on disk
+        # The other ranks wait for the file through from_rank_0, not a collective: rank 0's export alone (the
+        # per-group compressor takes minutes at the records' size) may outlast the collectives' timeout.
+        backend.from_rank_0(
+            f"pgolf/artifact_written:{artifact}", "" if self.main else None, RANK_0_WAIT_SECONDS
+        )
         t_scoring = time.perf_counter()  # from the compressed file on disk, as the challenge times it
         backend.load_params(dequantize(read_pgolf_artifact(artifact)))
         figures: dict[str, float] = {}
