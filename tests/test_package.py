@@ -438,7 +438,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     lora = tiny.replace(ttt_enabled=True).validate()  # test-time training in its LoRA mode
     for cfg, env, names in (
         (tiny, {"TTT_ENABLED": "1"}, ("core.eval.ttt", "TTT_ENABLED=1")),
-        (  # refused by the feature it needs first: the full mode's row is not in the script
+        (  # refused by the feature it needs first: test-time training's row comes before the full mode's
             tiny,
             {"TTT_ENABLED": "1", "TTT_MODE": "full"},
             ("core.eval.ttt", "TTT_ENABLED=1"),
