@@ -672,6 +672,7 @@ def export_command(
 
     from core.artifact.budget import export_budget, format_budget
     from core.artifact.export import export_artifact, quant_label
+    from core.config.features import uses_gptq
     from core.runs.package import code_bytes
     from core.runs.setup import export_setup
     from core.train.calibration import calibrate_gptq
@@ -686,7 +687,7 @@ def export_command(
     say = None if json_out else console.print
     if cfg.artifact_fit_bytes and job.upstream:
         raise PgolfError("--fit-bytes writes pgolf's mixed format: drop --format upstream")
-    if cfg.gptq_enabled or cfg.artifact_fit_bytes:
+    if uses_gptq(cfg) or cfg.artifact_fit_bytes:
         with opened_backend(backend, cfg.replace(compile="off")) as engine:
             engine.load_params(job.params)
             engine.set_looping(cfg.num_loops > 0)

@@ -1,5 +1,5 @@
 """Document-masked attention through FlashAttention's varlen kernel, on CUDA (a module of its own: only
-runs with varlen_attn_enabled use it; see OPTIONAL in core/runs/package.py)."""
+runs with varlen_attn_enabled use it; see FEATURES in core/config/features.py)."""
 
 from __future__ import annotations
 

@@ -153,8 +153,8 @@ def test_a_state_from_other_shards_or_the_sequential_loader_is_refused(tmp_path)
 
 def test_the_config_picks_the_loader(tmp_path):
     files = golden_shards(tmp_path)
-    assert isinstance(make_train_loader("sequential", files), BatchLoader)
-    assert isinstance(make_train_loader("coprime", files, 1, 2), CoprimeLoader)
+    assert isinstance(make_train_loader(Config(), files), BatchLoader)
+    assert isinstance(make_train_loader(Config(train_loader="coprime"), files, 1, 2), CoprimeLoader)
     assert Config().train_loader == "sequential"
     with pytest.raises(PgolfError, match="train_loader must be sequential or coprime"):
         Config(train_loader="shuffled").validate(1)

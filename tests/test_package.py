@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from core.common.errors import PgolfError
+from core.config.features import FEATURES
 from core.config.fields import Config
 from core.config.presets import preset
 from core.runs import package
 from core.runs.package import (
     ENTRY,
-    OPTIONAL,
     _imports,
     bundled_modules,
     code_bytes,
@@ -72,7 +72,7 @@ def test_the_bundle_is_the_training_path():
 
 
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
-    optional = {m for _, modules, _, _ in OPTIONAL for m in modules}
+    optional = {m for _, modules, _, _ in FEATURES for m in modules}
     int8 = {"core.artifact.int8_format"}
     mixed = {"core.artifact.mixed", "core.artifact.rowquant"}
     ttt = {"core.eval.ttt", "core.model.lora", "cuda_train.ttt"}  # the PyTorch backend's part too
@@ -115,7 +115,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
 def test_a_top_level_import_of_a_left_out_module_is_refused_at_package_time(monkeypatch):
     """core.eval.bpb made optional: the modules always bundled import it at their top level."""
     monkeypatch.setattr(
-        package, "OPTIONAL", (*OPTIONAL, ("bytes", ("core.eval.bpb",), "False", "eval_stride"))
+        package, "FEATURES", (*FEATURES, ("bytes", ("core.eval.bpb",), lambda cfg: False, "eval_stride"))
     )
     with pytest.raises(
         PgolfError, match=r"imports core\.eval\.bpb at its top level, but only runs with bytes"
@@ -438,7 +438,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     lora = tiny.replace(ttt_enabled=True).validate()  # test-time training in its LoRA mode
     for cfg, env, names in (
         (tiny, {"TTT_ENABLED": "1"}, ("core.eval.ttt", "TTT_ENABLED=1")),
-        (  # refused by the feature it needs first: the full mode's row is not in the script
+        (  # refused by the feature it needs first: test-time training's row comes before the full mode's
             tiny,
             {"TTT_ENABLED": "1", "TTT_MODE": "full"},
             ("core.eval.ttt", "TTT_ENABLED=1"),

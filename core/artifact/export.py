@@ -32,6 +32,7 @@ from core.artifact import int8
 from core.artifact.int8 import Int8Model
 from core.common.errors import PgolfError, first_line
 from core.common.files import file_sha256, read_file
+from core.config.features import uses_gptq, uses_int8_format, uses_lqer
 from core.config.fields import SCORING_FIELDS, Config
 from core.model.params import artifact_classes
 
@@ -122,7 +123,7 @@ class ExportReport:
 
 def lqer_settings(cfg: Config) -> LqerSettings | None:
     """The LQER corrections `cfg` asks for (mixed format), or None."""
-    if not cfg.lqer_enabled:
+    if not uses_lqer(cfg):
         return None
     from core.artifact.lqer import LqerSettings
 
@@ -146,7 +147,7 @@ def quantize_mixed_for(
         artifact_classes(cfg),
         class_bits(cfg),
         class_clips(cfg),
-        hessians if cfg.gptq_enabled else None,
+        hessians if uses_gptq(cfg) else None,
         dtypes,
         lqer=lqer_settings(cfg),
         quant_gate=cfg.gated_attn_quant_gate,
@@ -199,7 +200,7 @@ def export_artifact(
     bytes counted as code (core.runs.package.code_bytes);
     `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
-    if cfg.quant_format == "int8":
+    if uses_int8_format(cfg):
         from core.artifact.int8_format import quantize_int8
 
         model, gptq = quantize_int8(params, dtypes, artifact_classes(cfg)), 0

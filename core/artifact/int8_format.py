@@ -2,7 +2,7 @@
 model in pgolf's container (core/artifact/int8.py: the container, and what both formats share).
 
 Only the runs of this format (`quant_format = "int8"`) and the readers of its files import this
-module; a run of the mixed format is packaged without it (core/runs/package.py: `OPTIONAL`).
+module; a run of the mixed format is packaged without it (core/config/features.py: `FEATURES`).
 
 Quantization, bit for bit as the challenge's torch script computes it:
 - non-float tensors pass through;

@@ -5,7 +5,7 @@ unused), i.e. the start of a document.
 
 Data with a validation byte sidecar counts its bytes from it instead (core/eval/score.py's EvalData):
 CaseOps data, and data whose tokenizer these tables would miscount (core/datasets/byte_counts.py). This
-module is imported only for the runs without one (core/runs/package.py's OPTIONAL).
+module is imported only for the runs without one (core/config/features.py's FEATURES).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.common.errors import PgolfError, hint, setting
+from core.config.features import uses_byte_tables, uses_sliding_windows, uses_ttt
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter, EvalData
@@ -46,7 +47,7 @@ def load_eval_data(cfg: Config) -> EvalData:
             f"caseops_enabled is {'off' if has else 'on'}, but {cfg.data_path} has {'a' if has else 'no'} "
             f"validation byte sidecar (fineweb_val_bytes_*.bin: each token's bytes, which scoring counts): {fix}"
         )
-    if has:
+    if not uses_byte_tables(cfg):  # (the sidecar's there, as checked above)
         return EvalData(tokens, None, load_val_bytes(files, len(tokens)))
     from core.data.tables import byte_tables
 
@@ -74,11 +75,11 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
     windows overlap, and "ttt" with `ttt_enabled`."""
     plain = evaluate_flat if cfg.eval_protocol == "flat" else evaluate
     out: dict[str, Evaluator] = {"plain": plain}
-    if cfg.sliding_eval:
+    if uses_sliding_windows(cfg):
         from core.eval.sliding import evaluate_sliding
 
         out["sliding_window"] = evaluate_sliding
-    if cfg.ttt_enabled:
+    if uses_ttt(cfg):
         from core.eval.ttt import evaluate_ttt
 
         out["ttt"] = evaluate_ttt

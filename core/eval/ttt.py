@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.common.errors import PgolfError, memory_hint, setting
+from core.config.features import uses_full_ttt
 from core.eval.bpb import BPBMeter
 from core.model.lora import initial_a
 
@@ -164,14 +165,15 @@ def evaluate_ttt(
     stream position."""
     cfg = backend.cfg
     phases = cfg.phased_ttt_num_phases > 0 and cfg.phased_ttt_prefix_docs > 0
-    if cfg.ttt_mode == "full":
+    full = uses_full_ttt(cfg)
+    if full:
         score = score_full
         lower = "--ttt-batch-seqs"
     else:
         score = _score_lora
         lower = "--ttt-batch-size, --ttt-lora-rank or --ttt-eval-seq-len"
         lower += " (global phases: --global-ttt-batch-seqs)" if phases else ""
-    before = backend.params() if cfg.ttt_mode == "full" or phases else None  # the modes that train weights
+    before = backend.params() if full or phases else None  # the modes that train weights
     with memory_hint("test-time training", lower):
         meter = score(backend, data, progress, token_losses)
         total = BPBMeter.from_array(backend.all_reduce_sum(meter.as_array()))
@@ -264,7 +266,7 @@ def score_full(
     window and stride) whose scored part starts in chunk c are scored, then, unless c is the last chunk,
     every weight (but the first `ttt_freeze_blocks` blocks') trains on chunk c by SGD with momentum, its
     learning rate cosine over the chunks. This rank's sums."""
-    # Sliding windows are packaged only for the runs that ask for them (core/runs/package.py: OPTIONAL).
+    # Sliding windows are packaged only for the runs that use them (core/config/features.py: uses_full_ttt).
     from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows
 
     cfg = backend.cfg

@@ -55,6 +55,8 @@ import math
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from core.config.features import uses_varlen_attention
+
 if TYPE_CHECKING:  # names for annotations alone
     from collections.abc import Iterator
     from typing import Any
@@ -93,7 +95,7 @@ class Walk:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.rope_dims = cfg.rope_dims or cfg.head_dim
-        self.doc_mask = cfg.varlen_attn_enabled  # `plain_causal` turns it off for a while
+        self.doc_mask = uses_varlen_attention(cfg)  # `plain_causal` turns it off for a while
         self.segment_len = cfg.max_doc_len  # `segments_every` changes it for a while
 
     # ------------------------------------------------------- document masking

@@ -6,19 +6,20 @@ config as its defaults, and a `main` that trains with it. It runs with `torchrun
 file itself. Upstream environment variables (`DATA_PATH`, `TOKENIZER_PATH`, `SEED`,
 `RUN_ID`, `ITERATIONS`, `MATRIX_LR`, ...) override the defaults, as in pgolf.
 
-Which modules: those `main` imports (`MAIN_IMPORTS`: the config, the loop, the PyTorch backend),
+Which modules: those `main` imports (`ENTRY`: the config, its features, the loop, the PyTorch backend),
 then every module they import at their top level, and so on. An import inside a function is not followed: it marks
 a path a training run never takes (the CLI's commands, resuming, reading other files than
 the run's own, downloads, trackers), so code a run does not need lives in modules that only
 such paths import. A packaged run that took one would stop at that import.
 
-The bundle depends on the run's config: the modules of a feature only some runs use (`OPTIONAL`:
-test-time training, sliding windows (which its full mode scores in), the byte
+The bundle depends on the run's config: the modules of a feature only some runs use (core/config/features.py's
+`FEATURES`: test-time training, sliding windows (which its full mode scores in), the byte
 tables, the per-group compressor, the int8 format, the mixed format, GPTQ,
 each training loader, LQER, FlashAttention's varlen kernel) are
-packaged only when the config uses it, the others importing them inside the functions that use them
+packaged only when the feature's predicate says the config uses it, the predicate the code that picks the
+implementation calls too; the others import them inside the functions that use them
 (a top-level import of a left-out one is refused here). The packaged script refuses, in one line
-before any work, a config (after the environment's overrides) that needs a feature it lacks.
+before any work, a config (after the environment's overrides) that needs a feature it lacks, by the same predicates.
 
 Two forms:
 - plain: the modules' sources as they are, readable;
@@ -57,13 +58,14 @@ import python_minifier
 
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
+from core.config.features import FEATURES, uses_pergroup, uses_varlen_attention
 from core.config.fields import EVAL_LIMIT_SECONDS, Config
 from core.data.provenance import SAME_DATA
 from core.runs.run_artifact import check_run_artifact
 from core.runs.stats import mean_std
 from core.runs.summary import RunSummary, summarize
 
-__all__ = ["ENTRY", "OPTIONAL", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
+__all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the script's main() imports, (module, names): where the bundle starts.
@@ -72,27 +74,9 @@ MAIN_IMPORTS = (
     ("core.train.loop", "check_budget, train"),
     ("cuda_train.backend", "check_config, create_backend"),
 )
-ENTRY = tuple(module for module, _ in MAIN_IMPORTS)
+# And the features' predicates, which the script checks its config against (its left-out features').
+ENTRY = (*(module for module, _ in MAIN_IMPORTS), "core.config.features")
 PACKAGES = ("core", "cuda_train")
-# The features only some runs use: (feature, its modules, when a training run of `cfg` imports them (a
-# Python expression over `cfg`, which the packaged script evaluates too), the field that asks for it).
-# A run's bundle holds those its config uses; every other module imports them inside the functions
-# that use them.
-OPTIONAL = (
-    ("test-time training", ("core.eval.ttt", "core.model.lora", "cuda_train.ttt"), "cfg.ttt_enabled", "ttt_enabled"),
-    ("sliding windows", ("core.eval.sliding",), "cfg.sliding_eval", "eval_stride"),
-    # The full mode's code is test-time training's; it scores in sliding windows.
-    ("test-time training's full mode", ("core.eval.sliding",), "cfg.ttt_enabled and cfg.ttt_mode == 'full'", "ttt_mode"),
-    ("the tokenizer's byte tables", ("core.data.tables",), "not cfg.caseops_enabled", "caseops_enabled"),
-    ("the per-group compressor", ("core.common.pergroup",), "cfg.compressor == 'pergroup'", "compressor"),
-    ("the int8 format", ("core.artifact.int8_format",), "cfg.quant_format == 'int8'", "quant_format"),
-    ("the mixed format", ("core.artifact.mixed", "core.artifact.rowquant"), "cfg.quant_format == 'mixed'", "quant_format"),
-    ("GPTQ", ("core.artifact.gptq", "core.train.calibration"), "cfg.gptq_enabled", "gptq_enabled"),
-    ("the coprime loader", ("core.data.coprime",), "cfg.train_loader == 'coprime'", "train_loader"),
-    ("the sequential loader", ("core.data.sequential",), "cfg.train_loader == 'sequential'", "train_loader"),
-    ("LQER", ("core.artifact.lqer",), "cfg.lqer_enabled", "lqer_enabled"),
-    ("FlashAttention's varlen kernel", ("cuda_train.varlen",), "cfg.varlen_attn_enabled", "varlen_attn_enabled"),
-)  # fmt: skip
 
 
 def _file(module: str) -> Path | None:
@@ -137,11 +121,11 @@ def _imports(tree: ast.AST) -> set[str]:
 
 
 def bundled_modules(cfg: Config) -> dict[str, str]:
-    """Module name -> source, for every module a training run of `cfg` imports: MAIN_IMPORTS', the
-    OPTIONAL ones `cfg` uses, and what they import at their top level. A module bundled for every run
+    """Module name -> source, for every module a training run of `cfg` imports: ENTRY's, those of the
+    FEATURES `cfg` uses, and what they import at their top level. A module bundled for every run
     that imports a left-out optional one at its top level is refused: the packaged run would stop there."""
-    used = [m for _, modules, when, _ in OPTIONAL if eval(when, {"cfg": cfg}) for m in modules]
-    feature = {m: (name, field) for name, modules, _, field in OPTIONAL for m in modules}
+    used = [m for _, modules, uses, _ in FEATURES if uses(cfg) for m in modules]
+    feature = {m: (name, field) for name, modules, _, field in FEATURES for m in modules}
     sources: dict[str, str] = {}
     todo = [(name, "") for name in (*ENTRY, *used)]
     while todo:
@@ -163,13 +147,13 @@ def bundled_modules(cfg: Config) -> dict[str, str]:
     return dict(sorted(sources.items()))
 
 
-def left_out(modules: dict[str, str]) -> tuple[tuple[str, str, str, str], ...]:
-    """The OPTIONAL features with a module not in `modules`: (feature, that module, when, field)."""
+def left_out(modules: dict[str, str]) -> tuple[tuple[str, str, Callable[[Config], bool], str], ...]:
+    """The FEATURES with a module not in `modules`: (feature, that module, its predicate, field)."""
     out = []
-    for what, names, when, field in OPTIONAL:
+    for what, names, uses, field in FEATURES:
         missing = [m for m in names if m not in modules]
         if missing:
-            out.append((what, missing[0], when, field))
+            out.append((what, missing[0], uses, field))
     return tuple(out)
 
 
@@ -349,7 +333,6 @@ import traceback
 
 PACKAGES = {packages!r}
 RUN_CONFIG = json.loads({config!r})
-LEFT_OUT = {left_out!r}  # (module, when a run of `cfg` needs it, the field that asks for it)
 
 
 class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -397,9 +380,11 @@ def run():
 
     cfg = Config.from_dict(RUN_CONFIG).replace(**from_env()).validate()  # before the slow imports
     from core.common.errors import PgolfError, setting
+    from core.config import features
 
-    for module, when, field in LEFT_OUT:
-        if eval(when, {{"cfg": cfg}}):
+    # (module, the predicate of the feature that needs it, the field that asks for it)
+    for module, uses, field in {left_out}:
+        if uses(cfg):
             raise PgolfError(
                 f"this train_gpt.py was packaged without {{module}}: "
                 f"{{setting(field, getattr(cfg, field))}} needs a package of a run that uses it"
@@ -457,17 +442,16 @@ def _run_config(cfg: Config) -> dict:
 def script(cfg: Config, compressed: bool = True) -> str:
     """The text of `train_gpt.py` for a run of `cfg` (see the module docstring)."""
     modules = bundled_modules(cfg)
-    # What the script checks: a feature whose condition is an earlier left-out one's `and` more is refused by
-    # that one first (test-time training's full mode, where test-time training is left out), so not listed.
-    # Each row as (module, when, field): the module names what the script lacks in its refusal.
-    missing = []
-    for _, module, when, field in left_out(modules):
-        if not any(when.startswith(f"{earlier[1]} and ") for earlier in missing):
-            missing.append((module, when, field))
+    # What the script checks, each left-out feature as (module, its predicate, field): the module names what
+    # the script lacks in its refusal.
+    missing = "".join(
+        f"\n        ({module!r}, features.{uses.__name__}, {field!r}),"
+        for _, module, uses, field in left_out(modules)
+    )
     runner = RUNNER.format(
         packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
         config=json.dumps(_run_config(cfg), sort_keys=True),
-        left_out=tuple(missing),
+        left_out=f"({missing}\n    )",
         config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
         imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS[1:]),
     )
@@ -497,10 +481,10 @@ def code_bytes(cfg: Config) -> int:
 
 
 # What a bundle imports by name through importlib (core/common/compress.py's optional compressors,
-# cuda_train/varlen.py's FlashAttention), out of `requirements`' sight: (module, when a run of `cfg` does).
+# cuda_train/varlen.py's FlashAttention), out of `requirements`' sight: (module, whether a run of `cfg` does).
 BY_NAME = (
-    ("zstandard", "cfg.compressor == 'zstd'"),
-    ("flash_attn_interface", "cfg.varlen_attn_enabled"),
+    ("zstandard", lambda cfg: cfg.compressor == "zstd"),
+    ("flash_attn_interface", uses_varlen_attention),
 )
 
 
@@ -518,7 +502,7 @@ def requirements(cfg: Config, compressed: bool = True) -> str:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names.add(node.module.split(".")[0])
     names -= {*sys.stdlib_module_names, *PACKAGES}
-    names |= {module for module, when in BY_NAME if eval(when, {"cfg": cfg})}
+    names |= {module for module, uses in BY_NAME if uses(cfg)}
     installed = importlib.metadata.packages_distributions()
     pins, absent = set(), []
     for name in sorted(names):
@@ -528,8 +512,10 @@ def requirements(cfg: Config, compressed: bool = True) -> str:
             absent.append(name)
     lines = sorted(pins, key=str.lower)
     if absent:
-        lines.append(f"# imported where available, not installed where this was packaged: {', '.join(absent)}")
-    if cfg.compressor == "pergroup":
+        lines.append(
+            f"# imported where available, not installed where this was packaged: {', '.join(absent)}"
+        )
+    if uses_pergroup(cfg):
         lines.append("# the per-group compressor runs the lrzip program (apt-get install lrzip)")
     return "\n".join(lines) + "\n"
 
@@ -553,7 +539,11 @@ def _check_seeds(results: list[RunSummary], bytes_code: int, track: str, log: Ca
                 f"package: seed {r.seed} ({r.path}) is {total:,} bytes (artifact {r.artifact_bytes:,} + code "
                 f"{code:,}), {total - r.budget_bytes:,} over the {r.budget_bytes:,}-byte cap: it cannot be submitted"
             )
-        if track == "10min_16mb" and TRACK_HARDWARE.fullmatch(r.hardware) and r.eval_time_s > EVAL_LIMIT_SECONDS:
+        if (
+            track == "10min_16mb"
+            and TRACK_HARDWARE.fullmatch(r.hardware)
+            and r.eval_time_s > EVAL_LIMIT_SECONDS
+        ):
             raise PgolfError(
                 f"package: seed {r.seed} ({r.path}) took {r.eval_time_s:.1f} s to evaluate on {r.hardware}, past "
                 f"the track's {EVAL_LIMIT_SECONDS:g} s: it cannot be submitted"
@@ -649,7 +639,9 @@ def _byte_proof(cfg: Config) -> str:
     root, name = found
     proof = verify_bytes(root, name)
     if not proof.exact:
-        raise PgolfError(f"package: the validation bytes of dataset {name} are not its text's: {proof.difference}")
+        raise PgolfError(
+            f"package: the validation bytes of dataset {name} are not its text's: {proof.difference}"
+        )
     lines = "\n".join(proof.lines)
     return f"""
 Validation bytes, counted against the documents that made dataset `{name}` (`cli.py data verify {name} --bytes`):

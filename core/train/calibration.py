@@ -1,6 +1,6 @@
 """GPTQ's calibration in a training run: the Hessians, read from the start of the training stream, and
 the record of what they read (a module of its own: only runs with GPTQ, or an artifact fit, use it; see
-OPTIONAL in core/runs/package.py)."""
+FEATURES in core/config/features.py)."""
 
 from __future__ import annotations
 

@@ -41,6 +41,7 @@ from core.artifact.export import ExportReport, dequantize, export_artifact, quan
 from core.common.compress import check_available
 from core.common.errors import OverBudget, PgolfError, memory_hint, setting
 from core.common.files import file_sha256
+from core.config.features import uses_coprime_loader, uses_gptq
 from core.config.fields import Config
 from core.data.shards import find_shards
 from core.eval.bpb import BPBMeter
@@ -98,21 +99,21 @@ RESULT_FIGURES = {"plain": "roundtrip", "sliding_window": "sliding", "ttt": "ttt
 
 
 def make_train_loader(
-    kind: str, files: list[Path], rank: int = 0, world_size: int = 1, vocab_size: int | None = None
+    cfg: Config, files: list[Path], rank: int = 0, world_size: int = 1
 ) -> BatchLoader | CoprimeLoader:
-    """The training loader Config.train_loader names (core.data.shards.TRAIN_LOADERS), its module imported
-    only for the runs that use it."""
-    if kind == "coprime":
+    """The training loader `cfg.train_loader` names (core.data.shards.TRAIN_LOADERS) over `files`, its module
+    imported only for the runs that use it."""
+    if uses_coprime_loader(cfg):
         from core.data.coprime import CoprimeLoader as Loader
     else:
         from core.data.sequential import BatchLoader as Loader
-    return Loader(files, rank, world_size, vocab_size)
+    return Loader(files, rank, world_size, cfg.vocab_size)
 
 
 def train_loader(cfg: Config, backend: Backend) -> BatchLoader | CoprimeLoader:
     """This rank's training data from its start."""
     files = find_shards(cfg.data_path, "train")
-    return make_train_loader(cfg.train_loader, files, backend.rank, backend.world_size, cfg.vocab_size)
+    return make_train_loader(cfg, files, backend.rank, backend.world_size)
 
 
 def _shared_run_id(cfg: Config, backend: Backend) -> str:
@@ -307,7 +308,7 @@ class Training:
             )
         self.stop_if_asked()
         hessians = None
-        if cfg.gptq_enabled or cfg.artifact_fit_bytes > 0:
+        if uses_gptq(cfg) or cfg.artifact_fit_bytes > 0:
             from core.train.calibration import calibrate_gptq, write_calibration
 
             hessians = calibrate_gptq(backend, train_loader(cfg, backend), self.say)
