@@ -53,8 +53,6 @@ BACKENDS = {
     "mlx": BackendInfo("mlx", "mlx_train", "mlx", "MLX"),
 }
 ALIASES = {"torch": "cuda"}
-# The longest the other ranks wait in `from_rank_0` for rank 0's work alone (the artifact fit, the export).
-RANK_0_WAIT_SECONDS = 6 * 3600.0
 CHOICES = ("auto", *BACKENDS, *ALIASES)
 
 

@@ -21,7 +21,7 @@ from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.config.fields import Config
 from core.data.shards import find_shards, read_shard, read_shard_header
-from core.model.backend import RANK_0_WAIT_SECONDS
+from core.train.loop import RANK_0_WAIT_SECONDS
 
 if TYPE_CHECKING:
     from core.model.backend import Backend

@@ -46,7 +46,6 @@ from core.config.fields import Config
 from core.data.shards import find_shards
 from core.eval.bpb import BPBMeter
 from core.eval.score import evaluators, figure_protocol, load_eval_data
-from core.model.backend import RANK_0_WAIT_SECONDS
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
 from core.train.rundir import RunDir, config_digest
@@ -58,6 +57,9 @@ if TYPE_CHECKING:  # only annotations name these
     from core.model.backend import Backend
 
     Log = Callable[[str], None]
+
+# The longest the other ranks wait in `backend.from_rank_0` for rank 0's work alone (the fit, the export).
+RANK_0_WAIT_SECONDS = 6 * 3600.0
 
 # A run has diverged, and stops with an error, when a logged training loss or a validation loss is
 # not finite, when one is above ln(vocab_size) (the loss of predicting every token as equally likely,
