@@ -28,7 +28,8 @@ def uses_full_ttt(cfg: Config) -> bool:
 
 
 def uses_byte_tables(cfg: Config) -> bool:
-    """CaseOps data counts its bytes from its sidecar; every other run from the tokenizer's tables."""
+    """Data with a validation byte sidecar (CaseOps, or a tokenizer whose tables would miscount) counts
+    its bytes from it; every other run from the tokenizer's tables."""
     return not cfg.caseops_enabled
 
 

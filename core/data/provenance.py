@@ -3,7 +3,7 @@ metrics.jsonl): `package` refuses seeds whose data differ, and submission.json c
 
 The training shards are named by a digest of their names and sizes (hashing their contents, gigabytes,
 would delay every start: `data verify` checks those against the manifest); the validation shards, and
-the byte sidecar of CaseOps data, and the tokenizer by digests of their contents.
+the validation byte sidecar where the data has one, and the tokenizer by digests of their contents.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def data_record(data_path: str | Path, tokenizer_path: str | Path) -> dict[str, 
     """The `data` record of a run reading `data_path` and `tokenizer_path` (found and checked already)."""
     train = find_shards(data_path, "train")
     val = find_shards(data_path, "val")
-    sidecars = sorted(Path(data_path).glob("fineweb_val_bytes_[0-9]*.bin"))
+    sidecars = sorted(Path(data_path).glob("fineweb_val_bytes_[0-9]*.bin"))  # optional: find_shards refuses none
     return {
         "kind": "data",
         "train_shards": len(train),
