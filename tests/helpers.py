@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+from core.artifact import container, int8_format
 from core.artifact import int8 as quant
-from core.artifact import int8_format
 from core.artifact.checkpoint import Checkpoint, checkpoint_digest
 from core.artifact.export import export_artifact
 from core.artifact.int8 import FLOAT_BYTES, Int8Model, model_parts
@@ -490,7 +490,7 @@ def small_artifact(path: Path, **renames: str) -> Path:
     params = init_params(preset("tiny"))
     for old, new in renames.items():
         params[new] = params.pop(old)
-    quant.write_artifact(path, int8_format.artifact_bytes(int8_format.quantize_int8(params)), "zlib")
+    container.write_artifact(path, int8_format.artifact_bytes(int8_format.quantize_int8(params)), "zlib")
     return path
 
 

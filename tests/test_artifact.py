@@ -10,9 +10,9 @@ import re
 import numpy as np
 import pytest
 
+from core.artifact import container, int8_format, mixed, upstream
 from core.artifact import export as artifact
 from core.artifact import int8 as quant
-from core.artifact import int8_format, mixed, upstream
 from core.artifact.budget import export_budget, from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, quant_label
 from core.artifact.load import load_mixed_artifact, read_artifact
@@ -83,7 +83,7 @@ def test_the_mixed_export_follows_the_config(tmp_path):
     report = export_artifact(params, cfg, storage_dtypes(cfg, False), tmp_path / "m.pgolf", 0)
     model = read_artifact(tmp_path / "m.pgolf")
     assert isinstance(model, mixed.MixedModel)
-    box = quant.open_container((tmp_path / "m.pgolf").read_bytes())
+    box = container.open_container((tmp_path / "m.pgolf").read_bytes())
     assert (box.compressor, box.shuffle) == ("zstd", 2)
     assert model.info["blocks.0.mlp.fc.weight"]["bits"] == 7
     assert model.info["tok_emb.weight"]["store"] == "fp16"
@@ -101,8 +101,10 @@ def test_every_format_is_read_back(tmp_path):
     cfg = preset("smoke").replace(**WIDE)
     params, dtypes, classes = busy_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg)
     int8 = int8_format.quantize_int8(params, dtypes, classes)
-    quant.write_artifact(tmp_path / "a.pgolf", int8_format.artifact_bytes(int8, "lzma", shuffle=2), "lzma")
-    quant.write_artifact(
+    container.write_artifact(
+        tmp_path / "a.pgolf", int8_format.artifact_bytes(int8, "lzma", shuffle=2), "lzma"
+    )
+    container.write_artifact(
         tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(mixed.quantize_mixed(params, classes)), "brotli"
     )
     expected = {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.artifact import int8
+from core.artifact import container
 from core.artifact.export import read_pgolf_artifact
 from core.artifact.load import read_artifact, saved_config
 from core.common import pergroup
@@ -57,8 +57,8 @@ def test_an_artifact_whose_compressor_corrupts_it_is_not_written(fake_lrzip, tmp
 
 
 def test_an_artifact_the_disk_gives_back_changed_is_removed(tmp_path, monkeypatch):
-    real = int8.read_file
-    monkeypatch.setattr(int8, "read_file", lambda *a: real(*a)[:-1] + b"\x00")
+    real = container.read_file
+    monkeypatch.setattr(container, "read_file", lambda *a: real(*a)[:-1] + b"\x00")
     with pytest.raises(PgolfError, match="the file read back differs from what was written"):
         export_smoke(tmp_path / "a.pgolf")
     assert list(tmp_path.iterdir()) == []

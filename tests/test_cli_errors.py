@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.artifact import container_v1, int8_format
-from core.artifact import int8 as quant
+from core.artifact import container, int8_format
 from core.config.presets import preset
 from core.model.params import init_params
 from tests.helpers import (
@@ -31,7 +30,7 @@ def test_the_reported_commands_end_with_one_line(tmp_path):
 def test_an_artifact_without_a_checksum_is_scored_with_a_one_line_warning(sotu_dataset, tmp_path):
     blob = int8_format.artifact_bytes(int8_format.quantize_int8(init_params(preset("smoke"))))
     old = tmp_path / "old.pgolf"
-    old.write_bytes(container_v1.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    old.write_bytes(container.MAGIC_V1 + blob[len(container.MAGIC) : -container.DIGEST_BYTES])
     done = cli("eval", str(old), "--backend", "cuda", "--preset", "smoke", *data_flags(sotu_dataset))
     assert done.returncode == 0 and "val_bpb:" in done.stdout, done.stderr
     assert done.stderr.splitlines() == [

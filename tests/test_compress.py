@@ -13,8 +13,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.artifact import int8 as quant
-from core.artifact import int8_format, upstream
+from core.artifact import container, int8_format, upstream
 from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import goldens
@@ -61,10 +60,10 @@ def test_defaults_are_the_records_settings(name):
 @pytest.mark.parametrize("name", list(compress.COMPRESSORS))
 @pytest.mark.parametrize("shuffle", [0, 2, 3])
 def test_pack_round_trips(name, shuffle):
-    """The container's body (pergroup's streams are the container's to pack: core/artifact/int8.py)."""
-    blob = quant.pack_body(SAMPLE, name, shuffle=shuffle)
+    """The container's body (pergroup's streams are the container's to pack: core/artifact/container.py)."""
+    blob = container.pack_body(SAMPLE, name, shuffle=shuffle)
     assert blob[0] == compress.COMPRESSORS[name].id | (compress.SHUFFLE_FLAG if shuffle else 0)
-    assert quant.unpack_body(blob) == (SAMPLE, name, shuffle)
+    assert container.unpack_body(blob) == (SAMPLE, name, shuffle)
     if name == compress.PERGROUP:
         with pytest.raises(ValueError, match="pack_body"):
             compress.pack(SAMPLE, name)
@@ -151,9 +150,9 @@ def test_the_int8_container_takes_every_compressor(tmp_path, name, shuffle):
     from tests.helpers import equal_weights, golden_state
 
     model = int8_format.quantize_int8(*golden_state())
-    info = quant.write_artifact(
+    info = container.write_artifact(
         tmp_path / "m.pgolf", int8_format.artifact_bytes(model, name, shuffle=shuffle), name
     )
     blob = info.path.read_bytes()
-    assert blob[len(quant.MAGIC)] == compress.COMPRESSORS[name].id | (0x80 if shuffle else 0)
+    assert blob[len(container.MAGIC)] == compress.COMPRESSORS[name].id | (0x80 if shuffle else 0)
     assert equal_weights(model, upstream.load_artifact(info.path))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.artifact import int8, int8_format
+from core.artifact import container, int8_format
 from core.artifact.export import scoring_config
 from core.artifact.load import config_for_params, saved_config
 from core.common.errors import PgolfError
@@ -395,7 +395,7 @@ def test_each_scoring_setting_comes_back_from_an_artifact(tmp_path):
     for name in SCORING_FIELDS:
         cfg = Config().replace(**{name: other_values(Config(), name)[0]})
         path = tmp_path / f"{name}.pgolf"
-        int8.write_artifact(
+        container.write_artifact(
             path, int8_format.artifact_bytes(model, "zlib", config=scoring_config(cfg)), "zlib"
         )
         kept, where = saved_config(path)

@@ -51,14 +51,14 @@ def test_export_applies_the_environments_artifact_settings_under_the_flags(check
 @pytest.mark.parametrize("kept", ["num_layers=2", ["num_layers", 2], 3])
 def test_an_artifact_keeping_a_config_that_is_not_a_table_is_refused(tmp_path, kept):
     """It was scored silently with the default settings (4.4694 where its own give 4.0020)."""
-    from core.artifact import int8, int8_format
+    from core.artifact import container, int8_format
     from core.config.presets import preset
     from core.model.params import artifact_classes, init_params, storage_dtypes
 
     cfg = preset("smoke")
     model = int8_format.quantize_int8(init_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg))
     path = tmp_path / "a.pgolf"
-    int8.write_artifact(path, int8_format.artifact_bytes(model, "zlib", config=kept), "zlib")
+    container.write_artifact(path, int8_format.artifact_bytes(model, "zlib", config=kept), "zlib")
     with pytest.raises(
         PgolfError, match=rf"artifact {path} keeps settings pgolf refuses: config: .* a table"
     ):

@@ -27,8 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.artifact import int8 as quant
-from core.artifact import int8_format, mixed, upstream
+from core.artifact import container, int8_format, mixed, upstream
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.load import load_checkpoint, load_mixed_artifact
 from core.common.errors import PgolfError
@@ -48,15 +47,15 @@ def fuzz(data, blob: bytes, header_end: int) -> bytes:
 
 def fuzz_payload(data, blob: bytes) -> bytes:
     """A pgolf container whose payload has 1-4 bytes changed, compressed again, its checksum kept."""
-    payload, compressor, shuffle = quant.unpack_body(blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    payload, compressor, shuffle = container.unpack_body(blob[len(container.MAGIC) : -container.DIGEST_BYTES])
     payload = bytearray(payload)
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, min(2000, len(payload)) - 1) | st.integers(0, len(payload) - 1))
         payload[i] = data.draw(st.integers(0, 255))
     return (
-        quant.MAGIC
-        + quant.pack_body(bytes(payload), compressor, shuffle=shuffle)
-        + blob[-quant.DIGEST_BYTES :]
+        container.MAGIC
+        + container.pack_body(bytes(payload), compressor, shuffle=shuffle)
+        + blob[-container.DIGEST_BYTES :]
     )
 
 
@@ -105,7 +104,9 @@ def check_int8(path: Path, blob: bytes, original: bytes, kind: str) -> None:
 @given(data=st.data(), kind=st.sampled_from(sorted(INT8_KINDS)))
 def test_int8_artifacts(tmp_path, int8_blobs, data, kind):
     original = int8_blobs[kind]
-    check_int8(tmp_path / "fuzz.pgolf", fuzz(data, original, len(quant.MAGIC) + 1 + 8 + 600), original, kind)
+    check_int8(
+        tmp_path / "fuzz.pgolf", fuzz(data, original, len(container.MAGIC) + 1 + 8 + 600), original, kind
+    )
 
 
 @FUZZ
@@ -165,7 +166,7 @@ def check_mixed(path: Path, blob: bytes, original: bytes, kind: str) -> None:
 def test_mixed_artifacts(tmp_path, mixed_blobs, data, kind):
     original = mixed_blobs[kind]
     check_mixed(
-        tmp_path / "fuzz.pgolf", fuzz(data, original, len(quant.MAGIC) + 1 + 8 + 1200), original, kind
+        tmp_path / "fuzz.pgolf", fuzz(data, original, len(container.MAGIC) + 1 + 8 + 1200), original, kind
     )
 
 
@@ -179,7 +180,7 @@ def test_mixed_artifacts_changed_inside_their_payload(tmp_path, mixed_blobs, dat
 @pytest.mark.parametrize("kind", sorted(MIXED_KINDS))
 def test_truncated_mixed_artifacts(tmp_path, mixed_blobs, kind):
     blob = mixed_blobs[kind]
-    for cut in (0, len(quant.MAGIC), len(quant.MAGIC) + 1, 40, len(blob) // 2, len(blob) - 1):
+    for cut in (0, len(container.MAGIC), len(container.MAGIC) + 1, 40, len(blob) // 2, len(blob) - 1):
         assert read_back(load_mixed_artifact, tmp_path / "a.pgolf", blob[:cut]) is None
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.artifact import lqer
-from core.artifact.int8 import write_artifact
+from core.artifact.container import write_artifact
 from core.artifact.load import load_mixed_artifact
 from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
 from core.common.errors import PgolfError

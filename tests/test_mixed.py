@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
+from core.artifact import container, int8_format, upstream
 from core.artifact import int8 as quant
-from core.artifact import int8_format, upstream
 from core.artifact.budget import budget_table
 from core.artifact.load import load_mixed_artifact
 from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed
@@ -122,13 +122,13 @@ def test_bad_requests_are_refused(case, match):
     ("compressor", "shuffle"), [("brotli", 2), ("zstd", 0), ("zstd", 2), ("lzma", 2), ("none", 0)]
 )
 def test_round_trip(tmp_path, mixed_model, compressor, shuffle):
-    info = quant.write_artifact(
+    info = container.write_artifact(
         tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model, compressor, shuffle=shuffle), compressor
     )
     blob = info.path.read_bytes()
-    assert blob.startswith(quant.MAGIC) and blob[len(quant.MAGIC)] == compress.COMPRESSORS[compressor].id | (
-        0x80 if shuffle else 0
-    )
+    assert blob.startswith(container.MAGIC) and blob[len(container.MAGIC)] == compress.COMPRESSORS[
+        compressor
+    ].id | (0x80 if shuffle else 0)
     back = load_mixed_artifact(info.path)
     assert back.info == mixed_model.info
     a, b = dequantize_mixed(mixed_model), dequantize_mixed(back)
@@ -138,7 +138,7 @@ def test_round_trip(tmp_path, mixed_model, compressor, shuffle):
 
 def test_metadata_is_canonical_json(mixed_model):
     blob = mixed_artifact_bytes(mixed_model, "none", shuffle=0)
-    payload = blob[len(quant.MAGIC) + 1 : -quant.DIGEST_BYTES]
+    payload = blob[len(container.MAGIC) + 1 : -container.DIGEST_BYTES]
     header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
     text = header["__metadata__"]["pgolf"]
     meta = json.loads(text)
@@ -189,7 +189,7 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
 
 
 def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch):
-    path = quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
+    path = container.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     code = (
         "import numpy as np\n"
         "from core.artifact import mixed\n"
@@ -215,10 +215,10 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
 
 
 def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
-    path = quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
+    path = container.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     with pytest.raises(PgolfError, match="format 'pgolf-mixed', not the int8 format"):
         upstream.load_artifact(path)
-    int8 = quant.write_artifact(
+    int8 = container.write_artifact(
         tmp_path / "i.pgolf",
         int8_format.artifact_bytes(int8_format.quantize_int8({"w": ramp((300, 300), 1, 7)})),
         "zlib",
@@ -282,7 +282,7 @@ def test_a_records_artifact_converts_to_pgolfs_without_loss(tmp_path):
     model = load_record_artifact(RECORD_PTZ, orig_dtypes=meta["record_int6_dtypes"], classes=classes)
     assert model.info["tok_emb.weight"]["class"] == "embedding" and model.info["step"]["class"] == "other"
     back = load_mixed_artifact(
-        quant.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(model), "brotli").path
+        container.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(model), "brotli").path
     )
     a, b = dequantize_mixed(model), dequantize_mixed(back)
     assert all(np.array_equal(a[k], b[k]) for k in a)

@@ -43,7 +43,7 @@ LEFT_OUT = (
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
     "core.model.memory", "core.model.backend", "core.model.opt_state", "core.common.spelling",
     "core.artifact.checkpoint", "core.artifact.load", "core.artifact.upstream", "core.artifact.records",
-    "core.artifact.checks", "core.artifact.budget", "core.artifact.container_v1",
+    "core.artifact.checks", "core.artifact.budget",
     "core.train.report", "core.train.bench", "core.train.interactive", "core.eval.verify", "core.eval.sample",
     "core.eval.token_losses", "cuda_train.memory", "mlx_train", "mlx_train.backend",
     "mlx_train.model", "mlx_train.memory", "mlx_train.ttt",

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from core.artifact import int8 as quant
-from core.artifact import mixed
+from core.artifact import container, mixed
 from core.artifact.budget import budget_table
 from core.artifact.export import read_pgolf_artifact
 from core.artifact.fit import COMPRESSION, PERGROUP, default_compression
@@ -46,7 +45,7 @@ def record_payload(tensors: dict[str, np.ndarray]) -> bytes:
                 break
         else:
             renamed[f"p/{name}"] = value
-    return quant.payload_bytes(renamed, {"format": "test"})
+    return container.payload_bytes(renamed, {"format": "test"})
 
 
 def record_model() -> mixed.MixedModel:
@@ -155,11 +154,11 @@ def assert_same_model(a: mixed.MixedModel, b: mixed.MixedModel) -> None:
 @pytest.mark.parametrize("shuffle", [0, 2])
 def test_round_trip_is_exact_and_the_bytes_repeat(tmp_path, shuffle):
     model = record_model()
-    info = quant.write_artifact(
+    info = container.write_artifact(
         tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(model, "pergroup", shuffle=shuffle), "pergroup"
     )
     blob = info.path.read_bytes()
-    assert blob[len(quant.MAGIC)] == compress.COMPRESSORS["pergroup"].id | (0x80 if shuffle else 0)
+    assert blob[len(container.MAGIC)] == compress.COMPRESSORS["pergroup"].id | (0x80 if shuffle else 0)
     assert_same_model(read_pgolf_artifact(info.path), model)
     assert mixed.mixed_artifact_bytes(model, "pergroup", shuffle=shuffle) == blob  # the same bytes again
 
@@ -168,7 +167,7 @@ def test_round_trip_is_exact_and_the_bytes_repeat(tmp_path, shuffle):
 @pytest.mark.slow  # ~20 s on 2 cores: lrzip's ZPAQ over 270 KB
 def test_a_quantized_model_round_trips(tmp_path, mixed_model):
     """What quantize_mixed makes (GPTQ, int5-8, a 1-D int tensor, fp32 controls, a raw int64) comes back."""
-    path = quant.write_artifact(
+    path = container.write_artifact(
         tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(mixed_model, "pergroup"), "pergroup"
     ).path
     assert_same_model(read_pgolf_artifact(path), mixed_model)
@@ -186,20 +185,20 @@ def test_the_budget_table_compresses_each_class_by_groups():
 
 @NEEDS_LRZIP
 def test_damaged_bodies_are_value_errors():
-    body = quant.pack_body(mixed.mixed_artifact_bytes(record_model(), "none", shuffle=0), "pergroup")
+    body = container.pack_body(mixed.mixed_artifact_bytes(record_model(), "none", shuffle=0), "pergroup")
     for damaged, reason in [
         (body[:-5], "do not add up"),
         (body[:3], "stream table is damaged"),
         (body[:1] + b"\x00\x00\x00\x00" + body[5:], "stream table is damaged"),
     ]:
         with pytest.raises(ValueError, match=reason):
-            quant.unpack_body(damaged)
+            container.unpack_body(damaged)
 
 
 @NEEDS_LRZIP
 def test_a_changed_byte_in_a_group_is_one_damaged_line(tmp_path):
     blob = bytearray(mixed.mixed_artifact_bytes(record_model(), "pergroup", shuffle=2))
-    blob[-quant.DIGEST_BYTES - 40] ^= 0x01  # inside the last lrzip stream
+    blob[-container.DIGEST_BYTES - 40] ^= 0x01  # inside the last lrzip stream
     path = tmp_path / "m.pgolf"
     path.write_bytes(bytes(blob))
     with pytest.raises(
@@ -272,7 +271,7 @@ def test_the_fit_tries_pergroup_where_lrzip_is_installed(monkeypatch):
 
 @NEEDS_LRZIP
 def test_reading_a_pergroup_artifact_without_lrzip_is_one_line(tmp_path, monkeypatch):
-    path = quant.write_artifact(
+    path = container.write_artifact(
         tmp_path / "m.pgolf", mixed.mixed_artifact_bytes(record_model(), "pergroup"), "pergroup"
     ).path
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)

@@ -18,7 +18,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.artifact import container_v1, int8_format, upstream
+from core.artifact import container, int8_format, upstream
 from core.artifact import int8 as quant
 from core.common import compress
 from core.common.errors import PgolfError
@@ -316,7 +316,7 @@ def test_golden_bytes(compressor):
     blob = int8_format.artifact_bytes(quantize(*golden_state()), compressor=compressor)
     assert hashlib.sha256(blob).hexdigest() == GOLDEN_SHA256[compressor]
     old = (
-        container_v1.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES]
+        container.MAGIC_V1 + blob[len(container.MAGIC) : -container.DIGEST_BYTES]
     )  # the checksum is all that changed
     assert hashlib.sha256(old).hexdigest() == GOLDEN_V1_SHA256[compressor]
 
@@ -325,7 +325,7 @@ def test_artifacts_written_before_the_checksum_still_load_with_a_warning(tmp_pat
     model = quantize(*golden_state())
     blob = int8_format.artifact_bytes(model, compressor="zlib")
     path = tmp_path / "old.pgolf"
-    path.write_bytes(container_v1.MAGIC_V1 + blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    path.write_bytes(container.MAGIC_V1 + blob[len(container.MAGIC) : -container.DIGEST_BYTES])
     with pytest.warns(UserWarning, match="before pgolf's containers carried a checksum"):
         assert equal_weights(model, upstream.load_artifact(path))
 
@@ -356,12 +356,12 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
                                                    ("lzma", 6), ("bz2", None), ("bz2", 1)])  # fmt: skip
 def test_round_trip_through_every_compressor(tmp_path, compressor, level):
     model = quantize(*golden_state())
-    info = quant.write_artifact(
+    info = container.write_artifact(
         tmp_path / "m.pgolf", int8_format.artifact_bytes(model, compressor, level), compressor
     )
     blob = info.path.read_bytes()
     assert info.file_bytes == len(blob)
-    assert blob[len(quant.MAGIC)] == compress.COMPRESSORS[compressor].id
+    assert blob[len(container.MAGIC)] == compress.COMPRESSORS[compressor].id
     back = upstream.load_artifact(info.path)
     assert equal_weights(model, back)
     assert back.dtypes == model.dtypes and back.qmeta == model.qmeta
@@ -380,9 +380,9 @@ def test_bad_compressor_settings_are_refused(tmp_path):
 
 def test_the_container_is_plain_safetensors_inside():
     blob = int8_format.artifact_bytes(quantize(*golden_state()))
-    assert blob[: len(quant.MAGIC) + 1] == b"PGOLF-INT8\x01\x01"
-    payload = zlib.decompress(blob[len(quant.MAGIC) + 1 : -quant.DIGEST_BYTES])
-    assert blob[-quant.DIGEST_BYTES :] == hashlib.sha256(payload).digest()
+    assert blob[: len(container.MAGIC) + 1] == b"PGOLF-INT8\x01\x01"
+    payload = zlib.decompress(blob[len(container.MAGIC) + 1 : -container.DIGEST_BYTES])
+    assert blob[-container.DIGEST_BYTES :] == hashlib.sha256(payload).digest()
     inner = st_load(payload)
     assert inner["q/tok_emb.weight"].dtype == np.int8 and inner["s/tok_emb.weight"].dtype == np.float16
     assert inner["s/extra.cube"].shape == () and inner["s/extra.cube"].dtype == np.float32
@@ -529,12 +529,12 @@ BASE_META = {"format": "pgolf-int8", "version": 1, "quant_format": "int8_clean_p
              "dtypes": {"w": "float32"}, "passthrough_orig_dtypes": {}, "qmeta": {}}  # fmt: skip
 
 
-def container(tensors: dict[str, np.ndarray], meta: dict | str | None = None) -> bytes:
+def hand_made(tensors: dict[str, np.ndarray], meta: dict | str | None = None) -> bytes:
     """A hand-made pgolf file (uncompressed, with a matching checksum), for damage the writer would
     never produce."""
     text = meta if isinstance(meta, str) else json.dumps(BASE_META | (meta or {}))
     payload = st_save(tensors, metadata={"pgolf": text})
-    return quant.MAGIC + b"\x00" + payload + hashlib.sha256(payload).digest()
+    return container.MAGIC + b"\x00" + payload + hashlib.sha256(payload).digest()
 
 
 def without(key: str) -> str:
@@ -548,32 +548,32 @@ ROW_SCALES = np.ones(4, np.float16)
 @pytest.mark.parametrize(
     ("blob", "reason"),
     [
-        (container({"q/w": Q, "s/w": ROW_SCALES}), None),  # the valid base case
-        (container({"q/w": Q, "s/w": ROW_SCALES}, "{not json"), "Expecting property name"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"version": 2}), "int8 format version 2"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"format": "other"}), "format 'other', not the int8"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"quant_format": "int6"}), "quant format 'int6'"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {}}), "unknown dtype None"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {"w": "int8"}}), "unknown dtype 'int8'"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, without("dtypes")), "'dtypes' is missing"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, without("qmeta")), "'qmeta' is missing"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": ["w"]}), "'dtypes' is not a map"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, {"qmeta": {"w": 1}}), "'qmeta' is not a map"),
-        (container({"q/w": Q, "s/w": ROW_SCALES}, "[]"), "no pgolf metadata"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}), None),  # the valid base case
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, "{not json"), "Expecting property name"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, {"version": 2}), "int8 format version 2"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, {"format": "other"}), "format 'other', not the int8"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, {"quant_format": "int6"}), "quant format 'int6'"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {}}), "unknown dtype None"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": {"w": "int8"}}), "unknown dtype 'int8'"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, without("dtypes")), "'dtypes' is missing"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, without("qmeta")), "'qmeta' is missing"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, {"dtypes": ["w"]}), "'dtypes' is not a map"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, {"qmeta": {"w": 1}}), "'qmeta' is not a map"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES}, "[]"), "no pgolf metadata"),
         (
-            container({"q/w": Q, "s/w": ROW_SCALES}, {"passthrough_orig_dtypes": {"w": 5}}),
+            hand_made({"q/w": Q, "s/w": ROW_SCALES}, {"passthrough_orig_dtypes": {"w": 5}}),
             "'passthrough_orig",
         ),
-        (container({"q/w": Q}), "w has no scales"),
-        (container({"q/w": Q, "s/w": np.ones(5, np.float16)}), r"scales of shape \(5,\)"),
-        (container({"q/w": Q, "s/w": np.ones((4, 1), np.float16)}), r"scales of shape \(4, 1\)"),
-        (container({"q/w": Q.astype(np.int16), "s/w": ROW_SCALES}), "values are int16"),
-        (container({"q/w": Q, "s/w": ROW_SCALES, "x/w": Q}), "unexpected tensor 'x/w'"),
-        (container({"q/w": Q, "s/w": ROW_SCALES, "p/w": Q}), "both quantized and passed through"),
-        (quant.MAGIC + b"\x09" + st_save({}) + bytes(32), "unknown compressor id 9"),
-        (container({"q/w": Q, "s/w": ROW_SCALES})[:-1] + b"?", "does not match its checksum"),
-        (container({"q/w": Q, "s/w": np.full(4, np.nan, np.float16)}), "w holds NaN or infinite"),
-        (quant.MAGIC, "ends before its checksum"),
+        (hand_made({"q/w": Q}), "w has no scales"),
+        (hand_made({"q/w": Q, "s/w": np.ones(5, np.float16)}), r"scales of shape \(5,\)"),
+        (hand_made({"q/w": Q, "s/w": np.ones((4, 1), np.float16)}), r"scales of shape \(4, 1\)"),
+        (hand_made({"q/w": Q.astype(np.int16), "s/w": ROW_SCALES}), "values are int16"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES, "x/w": Q}), "unexpected tensor 'x/w'"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES, "p/w": Q}), "both quantized and passed through"),
+        (container.MAGIC + b"\x09" + st_save({}) + bytes(32), "unknown compressor id 9"),
+        (hand_made({"q/w": Q, "s/w": ROW_SCALES})[:-1] + b"?", "does not match its checksum"),
+        (hand_made({"q/w": Q, "s/w": np.full(4, np.nan, np.float16)}), "w holds NaN or infinite"),
+        (container.MAGIC, "ends before its checksum"),
         (b"", "ends before the end of its stream"),
         (b"PGOLF-INT9\x00\x00", "incorrect header check"),
         (zlib.compress(b"just some text"), "unknown container"),
@@ -608,12 +608,12 @@ def test_missing_file_is_one_clear_error(tmp_path):
 def test_truncated_and_flipped_files(tmp_path, compressor):
     blob = int8_format.artifact_bytes(quantize(*golden_state()), compressor=compressor)
     path = tmp_path / "a.pgolf"
-    for cut in (5, len(quant.MAGIC) + 1, 100, len(blob) // 2, len(blob) - 1):
+    for cut in (5, len(container.MAGIC) + 1, 100, len(blob) // 2, len(blob) - 1):
         path.write_bytes(blob[:cut])
         with pytest.raises(PgolfError, match="a.pgolf"):
             upstream.load_artifact(path)
     # The container's checksum catches a flipped byte, whatever the compressor (tests/test_fuzz.py: many more).
-    for i in (len(quant.MAGIC) + 5, len(blob) // 2, len(blob) - 2):
+    for i in (len(container.MAGIC) + 5, len(blob) // 2, len(blob) - 2):
         path.write_bytes(blob[:i] + bytes([blob[i] ^ 0x10]) + blob[i + 1 :])
         with pytest.raises(PgolfError, match="a.pgolf"):
             upstream.load_artifact(path)

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.artifact import int8 as quant
-from core.artifact import int8_format, upstream
+from core.artifact import container, int8_format, upstream
 from core.artifact.checkpoint import save_checkpoint, tensors_digest
 from core.artifact.load import (
     config_for_params,
@@ -67,7 +66,7 @@ def test_a_device_or_a_fifo_is_refused_at_once(tmp_path, what):
 
 def test_files_beyond_the_size_limits_are_refused_before_reading(tmp_path, monkeypatch):
     path = small_artifact(tmp_path / "a.pgolf")
-    monkeypatch.setattr(quant, "MAX_ARTIFACT_BYTES", 1000)
+    monkeypatch.setattr(container, "MAX_ARTIFACT_BYTES", 1000)
     with pytest.raises(PgolfError, match=r"a.pgolf is [\d,]+ bytes, over the limit of 1,000"):
         upstream.load_artifact(path)
 
@@ -96,11 +95,11 @@ def test_a_block_index_past_what_a_config_declares_is_refused_by_name(tmp_path):
 def repacked(blob: bytes, change) -> bytes:
     """`blob` with its payload changed by change(bytearray) and compressed again, the checksum kept:
     what damage inside the payload looks like when the compressor's own checks cannot see it."""
-    payload, compressor, shuffle = compress.unpack(blob[len(quant.MAGIC) : -quant.DIGEST_BYTES])
+    payload, compressor, shuffle = compress.unpack(blob[len(container.MAGIC) : -container.DIGEST_BYTES])
     payload = bytearray(payload)
     change(payload)
     packed = compress.pack(bytes(payload), compressor, shuffle=shuffle)
-    return quant.MAGIC + packed + blob[-quant.DIGEST_BYTES :]
+    return container.MAGIC + packed + blob[-container.DIGEST_BYTES :]
 
 
 def test_weights_changed_inside_the_payload_are_refused(tmp_path):
@@ -119,7 +118,7 @@ def test_a_nan_scale_is_refused_when_read(tmp_path):
     model = int8_format.quantize_int8(init_params(preset("tiny")))
     name = next(iter(model.scales))
     model.scales[name] = np.full_like(model.scales[name], np.nan)
-    quant.write_artifact(tmp_path / "nan.pgolf", int8_format.artifact_bytes(model), "zlib")
+    container.write_artifact(tmp_path / "nan.pgolf", int8_format.artifact_bytes(model), "zlib")
     with pytest.raises(PgolfError, match=f"{re.escape(name)} holds NaN or infinite values"):
         upstream.load_artifact(tmp_path / "nan.pgolf")
 

@@ -96,7 +96,7 @@ def test_a_run_directory_whose_first_write_fails_is_removed(tmp_path, monkeypatc
 
 
 def test_an_artifact_keeping_settings_of_the_wrong_type_or_out_of_range_is_refused_by_name(tmp_path):
-    from core.artifact import int8, int8_format
+    from core.artifact import container, int8_format
     from core.config.presets import preset
     from core.model.params import artifact_classes, init_params, storage_dtypes
     from core.runs.setup import scoring_config
@@ -107,7 +107,7 @@ def test_an_artifact_keeping_settings_of_the_wrong_type_or_out_of_range_is_refus
     out_of_range = ({"num_layers": 0}, {"eval_stride": -5}, {"muon_backend_steps": 10**6}, {"num_heads": 3})
     for kept in wrong + out_of_range:
         path = tmp_path / "a.pgolf"
-        int8.write_artifact(
+        container.write_artifact(
             path, int8_format.artifact_bytes(model, "zlib", config=kept), "zlib"
         )  # its checksum is valid: written so
         with pytest.raises(PgolfError, match=rf"artifact {path} keeps settings pgolf refuses: config: "):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from core.artifact import int8
+from core.artifact import container, int8
 from core.artifact.int8 import Int8Model
 from core.common.errors import PgolfError, first_line
 from core.common.files import file_sha256, read_file
@@ -156,7 +156,7 @@ def quantize_mixed_for(
 
 
 def tokenizer_digest(cfg: Config) -> str | None:
-    """The SHA-256 of `cfg`'s tokenizer file, which an artifact keeps (int8.TOKENIZER_KEY); None when
+    """The SHA-256 of `cfg`'s tokenizer file, which an artifact keeps (container.TOKENIZER_KEY); None when
     the file is not at hand (an export on another machine than the training)."""
     path = Path(cfg.tokenizer_path)
     return file_sha256(path, "tokenizer") if path.is_file() else None
@@ -186,7 +186,7 @@ def export_artifact(
     path: Path,
     code_bytes: int,
     hessians: dict[str, np.ndarray] | None = None,
-    write: Any = None,  # (path, model) -> int8.ArtifactInfo
+    write: Any = None,  # (path, model) -> container.ArtifactInfo
     quantized: MixedModel | None = None,
 ) -> ExportReport:
     """Quantize `params` as `cfg` says, write the artifact to `path`, and report its size (where its
@@ -210,7 +210,7 @@ def export_artifact(
     if write:
         info = write(path, model)
     else:
-        info = int8.write_artifact(path, artifact_blob(model, cfg), cfg.compressor)
+        info = container.write_artifact(path, artifact_blob(model, cfg), cfg.compressor)
     # The payload: the bytes of every array it holds, LQER's factors (mixed format) included.
     parts = [model.quantized, model.scales, model.passthrough, *getattr(model, "lqer", {}).values()]
     payload = sum(a.nbytes for part in parts for a in part.values())
@@ -219,7 +219,7 @@ def export_artifact(
 
 
 # ------------------------------------------------------------------- reading
-def from_container(box: int8.Container) -> Int8Model | MixedModel:
+def from_container(box: container.Container) -> Int8Model | MixedModel:
     """The model of an opened pgolf container, in the format its metadata names, as pgolf wrote it (the
     readers of other files than a run's own check the container first: core/artifact/load.py)."""
     if box.meta["format"] == int8.CONTAINER_FORMAT:
@@ -235,9 +235,9 @@ def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
     """A pgolf artifact, as `export_artifact` wrote it (core/artifact/load.py reads any format); damage
     is one PgolfError line naming it."""
     path = Path(path)
-    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    blob = read_file(path, "artifact", container.MAX_ARTIFACT_BYTES)
     try:
-        return from_container(int8.open_container(blob))
+        return from_container(container.open_container(blob))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
         raise PgolfError(f"artifact {path}: {exc}") from None
     except Exception as exc:  # any decoding failure of a damaged file is a problem with the input

@@ -1,71 +1,33 @@
-"""pgolf's container of an artifact (both formats), what the formats share, and the byte budget.
+"""What pgolf's two quantized formats share: the model they hold, its tensors by role, the rounding
+of float weights, the quantiles of |w| they clip with, and the byte budget's report.
 
 The formats: the challenge's int8 (core/artifact/int8_format.py, "int8_clean_per_row_v1") and
-core/artifact/mixed.py's mixed precision; both keep a model's tensors by role (`model_parts`) and
-round float weights the same way (`float_weight`, `to_float16`, `dequantize_rows`); their clips are quantiles of
-|w| along rows, bit for bit as torch.quantile computes them (`abs_quantile`: the int8 format's clip, the mixed
-format's percentile and searched clips).
-
-pgolf's container holds no pickle. Layout:
-    MAGIC (b"PGOLF-INT8\\x01") | 1 byte compressor id | compressed payload | sha256 of the payload
-(ids in core/common/compress.py: 0 none, 1 zlib, 2 lzma, 3 bz2, 4 brotli, 5 zstd; bit 0x80
-set when the payload was byte-shuffled first; the checksum is the 32 raw bytes of the
-digest of the payload before compression, so any change to what the container holds
-is refused) where the payload is a safetensors file (readable with numpy alone) with
-tensors named `role/name` (`model_parts`), and one metadata entry "pgolf" holding canonical
-JSON, its "format" naming the format (CONTAINER_FORMAT for int8, or the mixed one) and the rest
-the format's own. The same weights always give the same bytes, whatever order they come in.
-
-Containers written before the checksum (b"PGOLF-INT8\\x00", the same layout without the trailing
-digest) are still read by the readers of other files, with a warning (core/artifact/container_v1.py:
-`open_any`). A file may be at most MAX_ARTIFACT_BYTES, and its payload at most
-compress.MAX_OUTPUT_BYTES. A run reads back the container it has just written as it is (`open_container`:
-its checksum says it is what was written); the readers of other files open theirs with
-container_v1.open_any (which checks the metadata names a format), then check its metadata and tensor
-names (core/artifact/checks.py: `check_container`).
-
-The challenge's own containers (its torch file, its MLX pickle) are core/artifact/upstream.py's.
+core/artifact/mixed.py's mixed precision; both keep a model's tensors by role (`model_parts`: the
+`role/` of each tensor's name in the container) and round float weights the same way (`float_weight`,
+`to_float16`, `dequantize_rows`); their clips are quantiles of |w| along rows, bit for bit as
+torch.quantile computes them (`abs_quantile`: the int8 format's clip, the mixed format's percentile
+and searched clips). The container both are written in is core/artifact/container.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
-from core.common import compress
-from core.common.errors import PgolfError, first_line
-from core.common.files import read_file, write_atomic
+from core.common.errors import PgolfError
 from core.config.fields import BUDGET_BYTES
 from core.model.params import round_to_bfloat16
 
 __all__ = [
-    "ArtifactInfo",
-    "Container",
     "Int8Model",
-    "container_bytes",
     "dequantize_rows",
-    "open_container",
-    "payload_bytes",
     "round_to_bfloat16",
     "size_report",
 ]
 
 CONTAINER_FORMAT = "pgolf-int8"  # the int8 format's name in the metadata (its version: int8_format.py)
-MAGIC = b"PGOLF-INT8\x01"  # the container with the payload's checksum
-DIGEST_BYTES = 32  # sha256
-# The metadata key of the SHA-256 of the tokenizer file a model was trained with (absent in older
-# artifacts, and where the file was not at hand): a reader given another tokenizer refuses it.
-TOKENIZER_KEY = "tokenizer_sha256"
-MAX_ARTIFACT_BYTES = 2**30  # 1 GiB, 67 times the challenge's whole budget: anything larger is not an artifact
-META_KEY = "pgolf"
 KEEP_FLOAT_MAX_NUMEL = 65_536
 CLIP_QUANTILE = 99.99984 / 100.0
 
@@ -75,7 +37,8 @@ FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the float dtypes a 
 @dataclass
 class QuantizedModel:
     """What a model of either format (int8's, core/artifact/mixed.py's) holds: by role in the container
-    (`model_parts`), and the SHA-256 of its tokenizer (read from the container's metadata, TOKENIZER_KEY)."""
+    (`model_parts`), and the SHA-256 of its tokenizer (read from the container's metadata,
+    core/artifact/container.py's TOKENIZER_KEY)."""
 
     quantized: dict[str, np.ndarray] = field(default_factory=dict)  # int8 (holding int-N values)
     scales: dict[str, np.ndarray] = field(default_factory=dict)  # fp16 per row, or one 0-d
@@ -89,12 +52,6 @@ class Int8Model(QuantizedModel):
     dtypes: dict[str, str] = field(default_factory=dict)  # original dtype of each quantized tensor
     passthrough_orig_dtypes: dict[str, str] = field(default_factory=dict)  # of those stored as fp16
     qmeta: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ArtifactInfo:
-    path: Path
-    file_bytes: int
 
 
 # ------------------------------------------------- rounding, in both formats
@@ -142,55 +99,7 @@ def dequantize_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return q.astype(np.float32) * s.reshape(s.shape + (1,) * (q.ndim - s.ndim))
 
 
-# ------------------------------------------------------------- pgolf container
-def container_bytes(
-    tensors: dict[str, np.ndarray],
-    meta: dict[str, Any],
-    compressor: str,
-    level: int | None,
-    shuffle: int,
-    config: dict[str, Any] | None,
-    tokenizer: str | None,
-) -> bytes:
-    """MAGIC + id byte + the compressed safetensors file holding `tensors` and `meta` (canonical JSON),
-    then the payload's SHA-256. `config` (the run settings the weights are scored with) and `tokenizer`
-    (the SHA-256 of the tokenizer they were trained with) join `meta` when given."""
-    meta = meta | ({"config": config} if config else {}) | ({TOKENIZER_KEY: tokenizer} if tokenizer else {})
-    data = payload_bytes(tensors, meta)
-    return MAGIC + pack_body(data, compressor, level, shuffle) + hashlib.sha256(data).digest()
-
-
-def pack_body(payload: bytes, compressor: str, level: int | None = None, shuffle: int = 0) -> bytes:
-    """The container's body: the id byte and the compressed payload (core/common/compress.py: `pack`), or the
-    pergroup compressor's streams (core/common/pergroup.py, imported for the runs that use it alone)."""
-    if compressor != compress.PERGROUP:
-        return compress.pack(payload, compressor, level, shuffle)
-    from core.common import pergroup
-
-    return compress.id_byte(payload, compressor, shuffle) + pergroup.pack(payload, shuffle)
-
-
-def unpack_body(body: bytes) -> tuple[bytes, str, int]:
-    """(payload, compressor name, shuffle stride) of `pack_body`'s bytes; ValueError when damaged."""
-    if body and compress.compressor_by_id(body[0] & ~compress.SHUFFLE_FLAG).name == compress.PERGROUP:
-        from core.common import pergroup
-
-        payload, stride = pergroup.unpack(body[1:], bool(body[0] & compress.SHUFFLE_FLAG))
-        return payload, compress.PERGROUP, stride
-    return compress.unpack(body)
-
-
-def payload_bytes(tensors: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
-    """The safetensors file a container compresses: `tensors` and, when given, `meta` (canonical JSON)."""
-    # One metadata key: safetensors keeps metadata in a hash map, whose order could vary.
-    # (np.require, not ascontiguousarray: that one turns 0-d scales into shape (1,).)
-    text = None if meta is None else json.dumps(meta, sort_keys=True, separators=(",", ":"))
-    return st_save(
-        {k: np.require(v, requirements="C") for k, v in tensors.items()},
-        metadata=None if text is None else {META_KEY: text},
-    )
-
-
+# ------------------------------------------------ a model in the container
 def model_parts(model: QuantizedModel) -> dict[str, dict[str, np.ndarray]]:
     """A quantized model's arrays (int8's or mixed's) by their role in the container: the `role/` of each
     tensor's name there."""
@@ -200,56 +109,6 @@ def model_parts(model: QuantizedModel) -> dict[str, dict[str, np.ndarray]]:
 def container_tensors(model: QuantizedModel) -> dict[str, np.ndarray]:
     """The tensors of a container holding `model`, named `role/name` (`model_parts`)."""
     return {f"{role}/{k}": v for role, part in model_parts(model).items() for k, v in part.items()}
-
-
-@dataclass(frozen=True)
-class Container:
-    tensors: dict[str, np.ndarray]
-    # The parsed "pgolf" metadata: a dict with a "format" key (the readers of other files check it:
-    # container_v1.open_any).
-    meta: dict[str, Any]
-    compressor: str
-    shuffle: int  # byte-shuffle stride, 0 for none
-
-
-def open_container(blob: bytes) -> Container:
-    """The parts of a pgolf container, as a run reads back the one it has just written; ValueError (to
-    be worded by the caller) when damaged. The readers of other files open theirs with
-    core/artifact/container_v1.py's `open_any`: the first container too, and its metadata checked."""
-    if not blob.startswith(MAGIC):
-        raise ValueError("not a pgolf container (no magic bytes)")
-    if len(blob) < len(MAGIC) + 1 + DIGEST_BYTES:
-        raise ValueError("file ends before its checksum")
-    payload, compressor, shuffle = unpack_body(blob[len(MAGIC) : -DIGEST_BYTES])
-    if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
-        raise ValueError("its content does not match its checksum (the file is damaged)")
-    tensors = st_load(payload)
-    header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
-    meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
-    return Container(tensors, meta, compressor, shuffle)
-
-
-def write_artifact(
-    path: str | Path, blob: bytes, compressor: str, read: Callable[[bytes], object] | None = None
-) -> ArtifactInfo:
-    """Write an artifact's bytes atomically and describe what was written, once both are read back:
-    `blob` decoded as a reader will (`read`, by default pgolf's container: decompressed, by lrzip
-    too, its payload checked against its checksum) before the file is touched, and the file's bytes
-    compared with `blob` after. A compressor whose output does not give back its input, or a disk
-    that does not keep the bytes, is a PgolfError, and no file is left at `path`."""
-    try:
-        (read or open_container)(blob)
-    except PgolfError as exc:  # e.g. a compressor's program that failed
-        raise PgolfError(f"artifact {path} not written: {exc}") from None
-    except Exception as exc:  # what the compressor made does not decompress to what it was given
-        raise PgolfError(
-            f"artifact {path} not written: its {compressor} bytes do not read back ({first_line(exc)})"
-        ) from None
-    written = write_atomic(path, blob)
-    if read_file(written, "artifact", max(MAX_ARTIFACT_BYTES, len(blob))) != blob:
-        written.unlink(missing_ok=True)
-        raise PgolfError(f"artifact {path}: the file read back differs from what was written (removed it)")
-    return ArtifactInfo(written, len(blob))
 
 
 def fill_model(model: QuantizedModel, tensors: dict[str, np.ndarray]) -> QuantizedModel:

@@ -1,5 +1,5 @@
 """The int8 format (the challenge's, "int8_clean_per_row_v1"): quantization, dequantization, and its
-model in pgolf's container (core/artifact/int8.py: the container, and what both formats share).
+model in pgolf's container (core/artifact/container.py; what both formats share: core/artifact/int8.py).
 
 Only the runs of this format (`quant_format = "int8"`) and the readers of its files import this
 module; a run of the mixed format is packaged without it (core/config/features.py: `FEATURES`).
@@ -24,16 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from core.artifact.container import TOKENIZER_KEY, Container, container_bytes
 from core.artifact.int8 import (
     CONTAINER_FORMAT,
     KEEP_FLOAT_MAX_NUMEL,
-    TOKENIZER_KEY,
-    Container,
     Int8Model,
     _check_float16_range,
     _in_dtype,
     abs_quantile,
-    container_bytes,
     container_tensors,
     dequantize_rows,
     fill_model,

@@ -29,7 +29,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 
-from core.artifact import int8
+from core.artifact import container
 from core.artifact.checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -38,7 +38,7 @@ from core.artifact.checkpoint import (
     tensors_digest,
 )
 from core.artifact.checks import check_container, check_finite, check_mixed, check_model, is_container
-from core.artifact.container_v1 import open_any
+from core.artifact.container import open_any
 from core.artifact.export import dequantize, from_container
 from core.artifact.int8 import Int8Model
 from core.artifact.mixed import MIXED_FORMAT, MixedModel, mixed_from_container
@@ -287,7 +287,7 @@ def read_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model | M
     """Any artifact pgolf reads: its own (either format), the challenge's int8 ones (core/artifact/upstream.py),
     a record's int6 one (core/artifact/records.py); damage is one PgolfError line."""
     path = Path(path)
-    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    blob = read_file(path, "artifact", container.MAX_ARTIFACT_BYTES)
     if is_container(blob):
         try:
             return check_model(from_container(check_container(open_any(blob, path))))
@@ -320,7 +320,7 @@ def _is_zlib(blob: bytes) -> bool:
 def load_mixed_artifact(path: str | Path) -> MixedModel:
     """Read a mixed-precision artifact; any damage is one PgolfError line naming the file."""
     path = Path(path)
-    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    blob = read_file(path, "artifact", container.MAX_ARTIFACT_BYTES)
     try:
         return check_mixed(mixed_from_container(check_container(open_any(blob, path), MIXED_FORMAT)))
     except PgolfError as exc:  # e.g. a compressor package that is not installed
@@ -347,7 +347,7 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
         if not isinstance(data, dict):
             raise PgolfError(f"run config {beside} must hold one object of config fields")
         return data, str(beside)
-    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    blob = read_file(path, "artifact", container.MAX_ARTIFACT_BYTES)
     if not is_container(blob):
         return None
     try:
@@ -415,7 +415,7 @@ SHAPE_FIELDS = (
 def artifact_compressor(path: str | Path) -> str | None:
     """The compressor a record's artifact was written with (by its magic bytes; core.artifact.records);
     None for pgolf's own container, whose reader finds its compressor itself."""
-    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    blob = read_file(path, "artifact", container.MAX_ARTIFACT_BYTES)
     return None if is_container(blob) else record_compressor(blob)
 
 

@@ -15,7 +15,7 @@ of each class. Then, per tensor:
 - with LQER settings, the quantized matrices whose error is largest also keep a low-rank
   correction of it (`core.artifact.lqer`), added back when the artifact is read.
 
-Container: pgolf's (`core.artifact.int8.container_bytes`: magic, compressor id byte, the
+Container: pgolf's (`core.artifact.container.container_bytes`: magic, compressor id byte, the
 compressed safetensors file) with tensors `q/<name>` (int8 holding the int-N
 values), `s/<name>` (scales), `p/<name>` (passed through) and `lqer.qA/<name>`, `lqer.sA/...`,
 `lqer.qB/...`, `lqer.sB/...` (LQER factors), and canonical JSON
@@ -33,14 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from core.artifact.container import TOKENIZER_KEY, Container, container_bytes
 from core.artifact.int8 import (
     KEEP_FLOAT_MAX_NUMEL,
-    TOKENIZER_KEY,
-    Container,
     QuantizedModel,
     _check_float16_range,
     _in_dtype,
-    container_bytes,
     container_tensors,
     dequantize_rows,
     fill_model,

@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from core.artifact.checks import check_mixed
-from core.artifact.int8 import CLIP_QUANTILE, FLOAT_BYTES, MAX_ARTIFACT_BYTES
+from core.artifact.container import MAX_ARTIFACT_BYTES
+from core.artifact.int8 import CLIP_QUANTILE, FLOAT_BYTES
 from core.artifact.mixed import CLASSES, MixedModel
 from core.artifact.rowquant import Clip
 from core.common import compress, pergroup

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact import int8
+from core.artifact import container, int8
 from core.artifact.checks import check_container, check_int8, is_container, names_to
-from core.artifact.container_v1 import open_any
-from core.artifact.int8 import ArtifactInfo, Int8Model, write_artifact
+from core.artifact.container import ArtifactInfo, open_any, write_artifact
+from core.artifact.int8 import Int8Model
 from core.artifact.int8_format import QUANT_FORMAT, int8_from_container
 from core.common import compress
 from core.common.errors import PgolfError, first_line
@@ -75,7 +75,7 @@ def _parse_upstream_torch(raw: bytes, path: Path) -> Int8Model:
 def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     """Read pgolf's container, or the challenge's torch (or, if allowed, MLX pickle) container."""
     path = Path(path)
-    blob = read_file(path, "artifact", int8.MAX_ARTIFACT_BYTES)
+    blob = read_file(path, "artifact", container.MAX_ARTIFACT_BYTES)
     try:
         if is_container(blob):
             return check_int8(

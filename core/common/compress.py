@@ -10,7 +10,7 @@ then those at 1, 1+s, ..., and so on. With stride 2, the low bytes of every fp16
 scale come together, and so do the high ones, which compress better. Data shorter
 than the stride (or a stride below 2) is returned unchanged, without a header.
 
-`pergroup` (its code in core/common/pergroup.py, which the container calls for it: core/artifact/int8.py's
+`pergroup` (its code in core/common/pergroup.py, which the container calls for it: core/artifact/container.py's
 `pack_body`; this module checks that its lrzip program is installed) compresses pgolf's artifact
 payload (a safetensors file) in the per-group layout: each group of int8 matrices with the `lrzip` program (`lrzip -z -L 9`, its
 ZPAQ back end, one thread, no config file: the same bytes on every machine with the same lrzip), the
@@ -276,12 +276,12 @@ def id_byte(payload: bytes, name: str, shuffle: int = 0) -> bytes:
 
 def pack(payload: bytes, name: str = "zlib", level: int | None = None, shuffle: int = 0) -> bytes:
     """`id_byte` + the compressed payload, for every compressor but pergroup, whose body the container
-    packs (core/artifact/int8.py: `pack_body`). `shuffle` is the byte-shuffle stride (0 for none; 2 suits
+    packs (core/artifact/container.py: `pack_body`). `shuffle` is the byte-shuffle stride (0 for none; 2 suits
     fp16 data)."""
     level = resolve_level(name, level)
     code = id_byte(payload, name, shuffle)
     if name == PERGROUP:
-        raise ValueError("the pergroup compressor's body is packed by core/artifact/int8.py: pack_body")
+        raise ValueError("the pergroup compressor's body is packed by core/artifact/container.py: pack_body")
     data = byte_shuffle(payload, shuffle)
     if name == "brotli":
         return code + _brotli().compress(data, quality=level)
@@ -295,7 +295,7 @@ def unpack(blob: bytes) -> tuple[bytes, str, int]:
     code = blob[0]
     c = compressor_by_id(code & ~SHUFFLE_FLAG)
     if c.name == PERGROUP:
-        raise ValueError("the pergroup compressor's body is read by core/artifact/int8.py: unpack_body")
+        raise ValueError("the pergroup compressor's body is read by core/artifact/container.py: unpack_body")
     body = decompress(blob[1:], c.name)
     if not code & SHUFFLE_FLAG:
         return body, c.name, 0
