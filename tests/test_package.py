@@ -154,34 +154,39 @@ def test_minify_drops_docstrings_and_comments_and_keeps_the_code():
         assert module.lr_multiplier(cfg, step, ms) == schedule.lr_multiplier(cfg, step, ms)
 
 
-def test_minify_drops_annotations_and_all_but_keeps_dataclass_fields(monkeypatch):
+def test_minify_drops_annotations_but_keeps_dataclass_fields_and_help_texts_go(monkeypatch):
     source = (
         "from __future__ import annotations\n"
-        "from dataclasses import dataclass, fields\n"
+        "from dataclasses import dataclass, field, fields\n"
         "from typing import ClassVar\n"
-        "__all__ = ['P']\n"
         "LIMIT: int = 10\n"
+        "def opt(default, help, section, check, resume=False):\n"
+        "    return field(default=default, metadata={'help': help, 'section': section, 'resume': resume})\n"
         "@dataclass\n"
         "class P:\n"
-        "    x: int = 1\n"
+        "    x: int = opt(1, 'a long help text only the CLI shows', 'model', None, resume=True)\n"
         "    UNIT: ClassVar[int] = 4\n"
         "    def f(self, y: int, *rest: int, scale: float = 1.0) -> int:\n"
         "        z: int = y + self.x + len(rest)\n"
         "        return min(z * scale, LIMIT)\n"
+        "class Plain:\n"
+        "    size: int = 3\n"
     )
     small = minify(source)
-    assert "__all__" not in small and ": int =" not in small.split("class P")[0]
+    assert ": int =" not in small.split("class P")[0] and "help text" not in small and "model" not in small
     assert "->" not in small and not re.search(r"\b[yz] ?: ?int|rest ?: ?int", small)
-    # dataclasses make fields of a class body's annotated names, whatever the type (not of a ClassVar)
-    assert "x:0=1" in small.replace(" ", "") and "UNIT:ClassVar[int]=4" in small.replace(" ", "")
+    assert "size=3" in small.replace(" ", "")  # a plain class's annotation goes, its value stays
+    # dataclasses make fields of a class body's annotated names (not of a ClassVar): those stay
+    assert "x:int=" in small.replace(" ", "") and "UNIT:ClassVar[int]=4" in small.replace(" ", "")
     module = types.ModuleType("minified")  # a module dataclasses find: they read "ClassVar" in its namespace
     monkeypatch.setitem(sys.modules, "minified", module)
     exec(compile(small, "minified", "exec"), module.__dict__)
     assert module.P(2).f(3, 0, 0) == 7 and module.P().f(20) == 10
     assert [f.name for f in module.fields(module.P)] == ["x"] and module.P.UNIT == 4
+    assert module.fields(module.P)[0].metadata == {"help": "", "section": "", "resume": False}
 
 
-def test_minify_drops_type_checking_imports_and_keeps_a_test_that_has_an_else():
+def test_minified_type_checking_imports_never_run():
     source = (
         "from __future__ import annotations\n"
         "from typing import TYPE_CHECKING, Any\n"
@@ -190,17 +195,9 @@ def test_minify_drops_type_checking_imports_and_keeps_a_test_that_has_an_else():
         "def f(x: Thing) -> Any:\n"
         "    return x + 1\n"
     )
-    small = minify(source)
-    assert "TYPE_CHECKING" not in small and "no_such_module" not in small
     namespace: dict = {}
-    exec(compile(small, "minified", "exec"), namespace)  # the module that was never importable runs
+    exec(compile(minify(source), "minified", "exec"), namespace)  # the module that was never importable runs
     assert namespace["f"](1) == 2
-    kept = source.replace(
-        "    from no_such_module import Thing\n", "    Thing = int\nelse:\n    Thing = float\n"
-    )
-    namespace = {}
-    exec(compile(minify(kept), "minified", "exec"), namespace)
-    assert namespace["Thing"] is float  # an else runs: the test and its import stay
 
 
 def test_module_level_names_are_shortened_but_those_other_code_reaches():

@@ -28,7 +28,7 @@ Two forms:
   --remove-literal-statements --remove-asserts`), local names shortened too (the records keep theirs:
   `--no-rename-locals`; 1,300 to 1,700 bytes less here), and module-level names but those other
   code reaches (`reached_names`: 200 to 600 bytes less), after dropping what only the CLI
-  reads (the config fields' help texts, sections and resume flags, `__all__`), and the runner after them
+  reads (the config fields' help texts, sections and resume flags), and the runner after them
   (`RUNNER`) minified alike; the whole script compressed by brotli (quality 11,
   smaller than lzma's or bz2's best here) and base85-encoded in a two-line script that runs it.
 
@@ -157,74 +157,15 @@ def left_out(modules: dict[str, str]) -> tuple[tuple[str, str, Callable[[Config]
     return tuple(out)
 
 
-class _Minifier(ast.NodeTransformer):
-    """Drops what running the code does not read: docstrings, the help texts, sections and resume
-    flags of Config's fields (`opt(default, help, section, ..., resume=)`: only the CLI reads them), `__all__`, and the annotations of functions and
-    of assignments outside class bodies (under `from __future__ import annotations` nothing evaluates
-    them) and the `if TYPE_CHECKING:` blocks that import their names. A class body's annotated names stay, as dataclasses make their fields of them, each annotated
-    `0` (nothing in pgolf reads a field's type; dataclasses only look for ClassVar, InitVar and KW_ONLY,
-    which keep theirs)."""
-
-    def __init__(self) -> None:
-        self.in_class = False  # whether the statements being visited are a class body's
-
-    def _scope(self, node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
-        first = node.body[0] if node.body else None
-        if (
-            isinstance(first, ast.Expr)
-            and isinstance(first.value, ast.Constant)
-            and isinstance(first.value.value, str)
-        ):
-            node.body = node.body[1:] or [ast.Pass()]
-        outer, self.in_class = self.in_class, isinstance(node, ast.ClassDef)
-        self.generic_visit(node)
-        self.in_class = outer
-        return node
-
-    visit_ClassDef = _scope
-
-    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
-        node.returns = None
-        for arg in ast.walk(node.args):
-            if isinstance(arg, ast.arg):
-                arg.annotation = None
-        return self._scope(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
+class _HelpTexts(ast.NodeTransformer):
+    """Drops what only the CLI reads: the help texts, sections and resume flags of Config's fields
+    (`opt(default, help, section, ..., resume=)`)."""
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         if isinstance(node.func, ast.Name) and node.func.id == "opt" and len(node.args) >= 3:
             node.args[1] = node.args[2] = ast.Constant("")
             node.keywords = [k for k in node.keywords if k.arg != "resume"]
         return self.generic_visit(node)
-
-    def visit_Assign(self, node: ast.Assign) -> ast.AST | None:
-        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-        return None if names == ["__all__"] else self.generic_visit(node)
-
-    def visit_If(self, node: ast.If) -> ast.AST | None:
-        """`if TYPE_CHECKING:` imports names for annotations alone, which are dropped: it never runs."""
-        if ast.unparse(node.test) in TYPE_CHECKING_TESTS and not node.orelse:
-            return None
-        return self.generic_visit(node)
-
-    def visit_Module(self, node: ast.Module) -> ast.AST:
-        self._scope(node)
-        if not any(isinstance(n, ast.Name) and n.id == "TYPE_CHECKING" for n in ast.walk(node)):
-            for imp in [n for n in node.body if isinstance(n, ast.ImportFrom) and n.module == "typing"]:
-                imp.names = [a for a in imp.names if a.name != "TYPE_CHECKING"]
-            node.body = [n for n in node.body if not isinstance(n, ast.ImportFrom) or n.names]
-        return node
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
-        self.generic_visit(node)
-        if self.in_class:  # dataclasses read which names are annotated, and ClassVar and friends only
-            if not any(word in ast.unparse(node.annotation) for word in ("ClassVar", "InitVar", "KW_ONLY")):
-                node.annotation = ast.Constant(0)
-            return node
-        if node.value is None or not node.simple:
-            return node
-        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
 
 
 # Minified sources are kept on disk, keyed by the source, this file and python-minifier's version: each
@@ -243,7 +184,7 @@ def _cache_dir() -> Path:
 
 
 def minify(source: str, keep: frozenset[str] | None = None) -> str:
-    """The same code without docstrings, comments, asserts or formatting, nor what `_Minifier` drops, its
+    """The same code without docstrings, comments, asserts or formatting, nor annotations or what `_HelpTexts` drops, its
     local names shortened, and with `keep` its module-level names too, but for those in `keep` (what other
     code may reach them by: `reached_names`); from the disk cache above when it holds it."""
     # Only the module's own names in `keep` change its text: bundles of other features share the entry.
@@ -280,7 +221,7 @@ def _minify(source: str, keep: frozenset[str] | None) -> str:
 
 def _minified(source: str, keep: frozenset[str] | None = None) -> str:
     """`minify` without its caches (the runner, different for each config, takes ~10 ms)."""
-    tree = _Minifier().visit(ast.parse(source))
+    tree = _HelpTexts().visit(ast.parse(source))
     return (
         python_minifier.minify(
             ast.unparse(tree),
@@ -289,6 +230,8 @@ def _minified(source: str, keep: frozenset[str] | None = None) -> str:
             preserve_globals=sorted(keep or ()),
             hoist_literals=False,
             remove_literal_statements=True,
+            # A class's annotations go but for dataclasses', which make their fields of them.
+            remove_annotations=python_minifier.RemoveAnnotationsOptions(remove_class_attribute_annotations=True),
             remove_asserts=True,
         )
         + "\n"
