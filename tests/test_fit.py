@@ -39,10 +39,12 @@ LZMA = ()  # in-process fits try the run's compressor alone (lzma: brotli-11 tak
 
 @pytest.fixture(scope="module")
 def run(sotu_dataset, tmp_path_factory):
-    """A short record-style run (smoke preset at the shape above), through the CLI; its checkpoint."""
+    """A short record-style run (smoke preset at the shape above), through the CLI; its checkpoint. Its fits
+    keep its compressor (lzma): one compression per candidate, not pergroup's lrzip calls (test_fit_runs.py
+    has a fit that tries them)."""
     out = tmp_path_factory.mktemp("runs")
     result = cli("train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(out), "--run-id", "f",
-                 *SHAPE, *ARTIFACT, *data_flags(sotu_dataset))  # fmt: skip
+                 *SHAPE, *ARTIFACT, "--artifact-fit-keep-compressor", *data_flags(sotu_dataset))  # fmt: skip
     assert result.returncode == 0, result.stderr
     return sorted((out / "f" / "checkpoints").glob("*.safetensors"))[-1]
 
@@ -138,6 +140,7 @@ def test_export_fit_writes_the_table_and_a_config_that_makes_the_same_artifact(r
     total = out.stat().st_size + code_bytes(Config.from_dict(settings))
     assert total == table["trials"][table["chosen"]]["bytes"]
     assert settings["artifact_fit_bytes"] == 0 and settings["quant_format"] == "mixed"
+    assert (settings["compressor"], settings["byte_shuffle"]) == ("lzma", 2)  # the run's, kept
     again = tmp_path / "again.pgolf"
     result = cli(
         "export", str(run), "--config", str(out.with_name(out.name + ".fit.toml")), "--out", str(again)

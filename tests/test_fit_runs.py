@@ -84,10 +84,10 @@ def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backe
 
 
 def two_ranks_train(sotu_dataset, tmp_path, *flags: str) -> subprocess.CompletedProcess:
-    """`train` of the shape above by two ranks under torchrun, fitted to 250,000 B,
-    collectives timing out after 5 s (the fit takes longer)."""
+    """`train` of the shape above by two ranks under torchrun, fitted to 250,000 B keeping its compressor
+    (fewer compressions), collectives timing out after 5 s (the fit takes longer)."""
     args = [str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "a",
-            *SHAPE, *ARTIFACT, "--iterations", "4", "--collective-timeout-seconds", "5",
+            *SHAPE, *ARTIFACT, "--artifact-fit-keep-compressor", "--iterations", "4", "--collective-timeout-seconds", "5",
             *data_flags(sotu_dataset), *flags]  # fmt: skip
     return subprocess.run([*launcher("cuda"), *args], env=torchrun_env(ARTIFACT_FIT_BYTES="250000"),
                           capture_output=True, text=True, timeout=600)  # fmt: skip

@@ -21,6 +21,7 @@ from core.artifact.fit import COMPRESSION, PERGROUP, default_compression
 from core.artifact.load import read_artifact
 from core.common import compress, pergroup
 from core.common.errors import PgolfError
+from core.config.fields import Config
 from core.config.presets import preset
 from tests.golden_data import GOLDEN
 from tests.helpers import NEEDS_LRZIP, assert_one_line_error, cli, make_backend, needs, requires_torch
@@ -226,7 +227,7 @@ def test_a_missing_lrzip_is_one_line_before_training(monkeypatch, tmp_path):
     assert "\n" not in message and all(part in message for part in LRZIP_LINE), message
     assert list(tmp_path.iterdir()) == []
     compress.check_available("brotli")  # the others are not refused
-    assert default_compression() == COMPRESSION  # and the fit does not try it
+    assert default_compression(Config()) == COMPRESSION  # and the fit does not try it
 
 
 @needs("cuda")
@@ -264,9 +265,10 @@ def test_train_without_lrzip_stops_at_its_first_line(tmp_path):
     assert not runs.exists() and "step:" not in result.stdout
 
 
-def test_the_fit_tries_pergroup_where_lrzip_is_installed(monkeypatch):
+def test_the_fit_tries_pergroup_where_lrzip_is_installed_unless_it_keeps_the_compressor(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: f"/usr/bin/{name}")
-    assert default_compression() == (*COMPRESSION, PERGROUP)
+    assert default_compression(Config()) == (*COMPRESSION, PERGROUP)
+    assert default_compression(Config(artifact_fit_keep_compressor=True)) == ()
 
 
 @NEEDS_LRZIP

@@ -620,10 +620,13 @@ class _Search:
         )
 
 
-def default_compression() -> tuple[tuple[str, int], ...]:
-    """The (compressor, byte shuffle) pairs a fit tries: COMPRESSION, and PERGROUP where lrzip is installed."""
+def default_compression(cfg: Config) -> tuple[tuple[str, int], ...]:
+    """The (compressor, byte shuffle) pairs a fit of `cfg` tries besides its own: COMPRESSION, and
+    PERGROUP where lrzip is installed; none with `artifact_fit_keep_compressor`."""
     from core.common.compress import lrzip_installed
 
+    if cfg.artifact_fit_keep_compressor:
+        return ()
     return COMPRESSION + ((PERGROUP,) if lrzip_installed() else ())
 
 
@@ -652,9 +655,9 @@ def fit_artifact(
     """The artifact settings with the lowest calibration loss (`loss`: weights -> nats per token)
     whose artifact + code (`code_bytes` of the candidate config) is at most `cap` bytes; `hessians`
     (GPTQ's calibration) weight the rounding errors and allow GPTQ; `compression`: the (compressor,
-    byte shuffle) pairs tried besides `cfg`'s (default: `default_compression()`). See the module docstring; PgolfError when nothing fits."""
+    byte shuffle) pairs tried besides `cfg`'s (default: `default_compression(cfg)`). See the module docstring; PgolfError when nothing fits."""
     if cap <= 0:
         raise PgolfError(f"--fit-bytes must be positive, got {cap}")
     if compression is None:
-        compression = default_compression()
+        compression = default_compression(cfg)
     return _Search(params, cfg, dtypes, cap, loss, code_bytes, hessians, log, compression).run()

@@ -638,6 +638,11 @@ class Config:
         131_072, "the artifact fit: training tokens it scores settings on, from the end of the training "
         "stream (never validation tokens)", "artifact", POSITIVE,
     )  # fmt: skip
+    artifact_fit_keep_compressor: bool = opt(
+        False, "the artifact fit keeps compressor and byte_shuffle instead of trying brotli, zstd, lzma and "
+        "pergroup (where lrzip is installed): an evaluation machine without lrzip, or a fit with fewer "
+        "compressions", "artifact", ANY,
+    )  # fmt: skip
 
     # --- execution ---
     compute_dtype: str = opt(
