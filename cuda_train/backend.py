@@ -9,6 +9,7 @@ others (`close`); collectives time out after `collective_timeout_seconds`.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from contextlib import nullcontext
 from datetime import timedelta
@@ -96,8 +97,7 @@ class TorchBackend:
         for pname, dtype in storage_dtypes(cfg, self.bf16).items():
             p = self.model.get_parameter(pname)
             p.data = p.data.to(getattr(torch, dtype))  # torch.float32 or torch.bfloat16
-        compile_on = cfg.uses_compile(cuda)
-        self.optimizers = build_optimizers(self.model, self.specs, cfg, compile_on)
+        compile_on = self.compile_on = cfg.uses_compile(cuda)
         # The moving average of the weights, in fp32 on the device (core.model.backend's "ema/<name>").
         # load_params starts it at the loaded weights; load_optimizer_state restores a saved one.
         self.ema = (
@@ -128,6 +128,12 @@ class TorchBackend:
             if self.bf16
             else nullcontext()
         )
+
+    @functools.cached_property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Built when first used (a training step, or their state read or restored): a process that only
+        scores never builds one, nor imports torch's compiler stack, which their constructors do (~1 s)."""
+        return build_optimizers(self.model, self.specs, self.cfg, self.compile_on)
 
     # ------------------------------------------------------------------ state
     def load_params(self, params: dict[str, np.ndarray]) -> None:
