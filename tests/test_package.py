@@ -316,7 +316,8 @@ def test_a_packaged_record_0427_run_trains_alone_to_the_same_scores(tmp_path_fac
             "TOKENIZER_PATH": str(root / "tokenizers" / "sotu_1024_bpe_caseops.model")}  # fmt: skip
     out = tmp_path / "runs"
     run = cli("train", "--backend", "cuda", "--preset", "record_0427_tiny", "--iterations", "2", "--warmup-steps",
-              "0", "--val-max-tokens", "2048", "--gptq-calibration-batches", "2", "--out-dir", str(out), "--run-id", "r",
+              "0", "--train-batch-tokens", "2048", "--val-max-tokens", "2048", "--gptq-calibration-batches", "2",
+              "--out-dir", str(out), "--run-id", "r",
               "--data-path", data["DATA_PATH"], "--tokenizer-path", data["TOKENIZER_PATH"])  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     here, _ = packaged_script(out / "r", tmp_path)
