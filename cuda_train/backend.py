@@ -108,8 +108,10 @@ class TorchBackend:
         self.steps_taken = 0
         self._counters: dict[str, int] = {}  # counter_add's, in one process
         self.looping = cfg.num_loops > 0  # passed to every forward: an argument compile guards on
-        self.compiled = maybe_compile(self.model, compile_on)
-        self._token_losses = maybe_compile(self.model.token_losses, compile_on)  # sliding-window evaluation's
+        self.compiled = maybe_compile(self.model, compile_on, cfg.compile_backend)
+        self._token_losses = maybe_compile(
+            self.model.token_losses, compile_on, cfg.compile_backend
+        )  # sliding-window evaluation's
         self.runner = self.compiled
         if self.world_size > 1:
             # An empty parameter (the skip weights of a one-layer model) never gets a gradient, which

@@ -24,9 +24,10 @@ if TYPE_CHECKING:  # names for annotations alone
     from core.model.walk import Adapters, KVCache, Rope
 
 
-def maybe_compile(fn: Callable, on: bool, dynamic: bool = False) -> Callable:
-    """`fn` through torch.compile, one whole graph (dynamic shapes if asked), when `on`; else `fn` itself."""
-    return torch.compile(fn, dynamic=dynamic, fullgraph=True) if on else fn
+def maybe_compile(fn: Callable, on: bool, backend: str, dynamic: bool = False) -> Callable:
+    """`fn` through torch.compile's `backend`, one whole graph (dynamic shapes if asked), when `on`; else `fn`
+    itself."""
+    return torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True) if on else fn
 
 
 def rms_norm(x: Tensor) -> Tensor:

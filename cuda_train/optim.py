@@ -68,7 +68,7 @@ def orthogonaliser(cfg: Config, cuda: bool, compile_on: bool) -> Callable[[Tenso
     def orthogonalise(g: Tensor) -> Tensor:
         return newton_schulz(g.to(dtype), coefficients, cfg.muon_row_normalize)
 
-    return maybe_compile(orthogonalise, compile_on)
+    return maybe_compile(orthogonalise, compile_on, cfg.compile_backend)
 
 
 def build_optimizers(

@@ -27,7 +27,9 @@ class TorchTTT:
         # The LoRA forward, adapters in and their gradients out: each batch of documents has its own window
         # length, so its shapes are dynamic.
         on_gpu = backend.torch_device.type == "cuda"
-        self._losses = maybe_compile(self.model.token_losses, self.cfg.uses_compile(on_gpu), dynamic=True)
+        self._losses = maybe_compile(
+            self.model.token_losses, self.cfg.uses_compile(on_gpu), self.cfg.compile_backend, dynamic=True
+        )
         self._sgd: torch.optim.SGD | None = None
 
     def new_adapters(self, a: dict[str, np.ndarray]) -> tuple:

@@ -290,11 +290,13 @@ def test_evaluation_waits_for_the_device_once(sotu_dataset):
 def test_two_compiled_processes_with_two_micro_batches_each_under_a_cap(sotu_dataset, tmp_path):
     """DDP around the compiled model, `no_sync` on the first micro-batch, the clock agreed under a cap.
 
-    The tiny preset with 1 of its 4 layers: compiling on a CPU with a cold cache takes minutes,
-    about in proportion to the depth (the graph is unrolled), and the depth is not what is tested.
+    The tiny preset with 1 of its 4 layers, compiled with aot_eager (`--compile-backend`): dynamo's graphs,
+    DDP's split of them and AOT autograd as a run makes them, without inductor's code generation (two ranks
+    compiling it from a cold cache took ~50 s here; its numbers are test_compiled_step_equals_eager's).
     """
     args = [
         str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "1", "--compile", "on",
+        "--compile-backend", "aot_eager",
         "--grad-accum-steps", "4", "--iterations", "1000", "--max-wallclock-seconds", "3", "--warmup-steps", "1",
         "--val-loss-every", "0", "--val-max-tokens", "8192", "--out-dir", str(tmp_path), "--run-id", "r",
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),

@@ -653,6 +653,11 @@ class Config:
         "auto", "auto (on for GPUs: CUDA and Metal, off on CPUs) | on | off", "execution",
         one_of("auto", "on", "off"), resume=True,
     )  # fmt: skip
+    compile_backend: str = opt(
+        "inductor", "PyTorch: torch.compile's backend when compile is on: inductor (fused kernels) | aot_eager "
+        "(the same graphs and autograd, eager kernels: tells a dynamo problem from an inductor one) | eager",
+        "execution", one_of("inductor", "aot_eager", "eager"), resume=True,
+    )  # fmt: skip
     mlx_max_microbatch_tokens: int = opt(
         8_192, "MLX: largest sub-batch (tokens) of a micro-batch", "execution", NON_NEGATIVE, resume=True
     )
