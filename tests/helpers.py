@@ -80,19 +80,6 @@ def make_backend(name: str, cfg):
     return backends.create(name, cfg)
 
 
-def graph_capture_only(monkeypatch) -> None:
-    """torch.compile with the aot_eager backend for the rest of a test: dynamo's graphs, guards and
-    recompiles, and AOT autograd, as a run makes them, without inductor's code generation. On a CPU that
-    generation is most of a cold compile and not what runs on a GPU; its numbers are checked against
-    eager ones by test_compiled_step_equals_eager. (A run asks for the same with `compile_backend`.)"""
-    import torch
-
-    inductor = torch.compile
-    monkeypatch.setattr(
-        torch, "compile", lambda fn, **kwargs: inductor(fn, **kwargs | {"backend": "aot_eager"})
-    )
-
-
 def busy_params(cfg, seed: int = 0) -> dict[str, np.ndarray]:
     """Init weights with every zero/one tensor perturbed, so every path of the model matters."""
     params = init_params(cfg)
