@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.runs.record_folder import agree, check_record, read_log, seed_figures
-from tests.helpers import SEEDS, log_text, write_folder
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import SEEDS, cli, log_text, write_folder
 
 
 def edit_submission(folder: Path, change) -> None:
@@ -123,8 +119,7 @@ def test_the_command_prints_a_line_per_finding_and_exits_1(good, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(good, bad)
     (bad / "train_gpt.py").unlink()
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "check-record", str(good), str(bad),
-                             str(tmp_path / "absent")], capture_output=True, text=True)  # fmt: skip
+    result = cli("check-record", str(good), str(bad), str(tmp_path / "absent"))
     assert result.returncode == 1, result.stderr
     assert result.stdout.splitlines() == [
         f"{good}: passes",

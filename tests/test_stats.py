@@ -54,13 +54,13 @@ def test_too_few_runs_or_bad_values_are_refused():
 
 @pytest.mark.slow
 def test_seeds_make_groups_and_compare_agrees_with_scipy(sotu_dataset, tmp_path):
-    """Two groups of two tiny runs (2 steps) at different learning rates: runs --compare's p-value
+    """Two groups of two smoke runs (2 steps) at different learning rates: runs --compare's p-value
     is scipy's Welch test on the runs' val_loss, to 1e-9."""
     from core.runs.summary import find_runs, summarize
     from tests.helpers import cli, data_flags
 
     pytest.importorskip("torch")
-    common = ["--backend", "cuda", "--preset", "tiny", "--iterations", "2", "--val-loss-every", "0",
+    common = ["--backend", "cuda", "--preset", "smoke", "--iterations", "2", "--val-loss-every", "0",
               "--val-max-tokens", "8192", "--out-dir", str(tmp_path), *data_flags(sotu_dataset)]  # fmt: skip
     for group, lr in (("slow_lr", "0.004"), ("fast_lr", "0.04")):
         result = cli("train", *common, "--seeds", "1,2", "--run-group", group, "--matrix-lr", lr)

@@ -1,0 +1,94 @@
+"""`python cli.py ARGS` for the tests, without paying for the heavy imports each time: a test helper, not
+part of pgolf (tests/helpers.py's `cli` starts it, one per test worker).
+
+It imports the libraries every command needs and that take seconds (PyTorch, its compiler stack that
+an optimizer loads, numpy, typer, rich), nothing of pgolf's, then reads one request per line on its
+standard input: JSON {"args", "cwd", "env", "stdout", "stderr"}. For each it forks a process that takes
+that folder, that environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard
+output and error to those files and its input from /dev/null, and runs cli.py as `python cli.py ARGS`
+does (`__main__`, sys.argv, the interpreter's own ending: atexit, flushing, a traceback for a bug). The
+server writes `pid <n>` when the process starts and `exit <code>` when it ends (negative: the signal that
+ended it, as subprocess gives it). Only those two lines come back: the command's output is in its files.
+
+The server starts no thread (checked before each fork: a forked process gets a copy of a lock another
+thread held, and no thread to release it), so a command begins as in a fresh process, the imports done.
+The BLAS libraries start their threads when they load, so the server runs with one BLAS thread
+(tests/helpers.py sets it), as the test workers do.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = ROOT / "cli.py"
+sys.path[0] = str(ROOT)  # as `python cli.py` has it, instead of tests/
+
+# torch._dynamo: what building a torch.optim optimizer imports. PyTorch may be missing (an MLX-only machine).
+for name in ("numpy", "rich.console", "typer", "torch", "torch._dynamo"):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(name)
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+
+
+def command(request: dict) -> None:
+    """In the forked process: never returns. It ends as the interpreter would after `python cli.py`
+    (atexit's functions, the streams flushed, the exit status of SystemExit or 1 and a traceback for
+    another exception) but for the modules' teardown, which in a forked process copies every page the
+    server's imports fill (most of a second, to free memory the process is about to give back)."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path, flags in (
+        (0, os.devnull, os.O_RDONLY),
+        (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+    ):
+        opened = os.open(path, flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv = [str(CLI), *request["args"]]
+    try:
+        runpy.run_path(str(CLI), run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
+def serve() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        if threads() != 1:
+            raise SystemExit(f"cli_server: {threads()} threads before a fork")
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            command(request)
+        print(f"pid {pid}", flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
+if __name__ == "__main__":
+    serve()
