@@ -772,7 +772,9 @@ def package(
     github_id: str = typer.Option("", help="Your GitHub id, for submission.json."),
     blurb: str = typer.Option("", help="One or two sentences on what the record does."),
     compress: bool = typer.Option(
-        True, "--compress/--plain", help="train_gpt.py minified + brotli + base85 (what counts), or readable."
+        True,
+        "--compress/--plain",
+        help="train_gpt.py minified + brotli, 7 bits a character (what counts), or readable.",
     ),
     backend: str = typer.Option(
         "auto", help="Who scores each run's audit: cuda (PyTorch), mlx, or auto (MLX on Apple silicon)."
@@ -802,7 +804,7 @@ def package(
         list(runs), target, name, author, github_id, blurb, compress, audited, track, console.print
     )
     console.print(f"wrote {path}")
-    console.print(f"train_gpt.py: {size:,} bytes ({'minified + brotli + base85' if compress else 'plain'})")
+    console.print(f"train_gpt.py: {size:,} bytes ({'minified + brotli' if compress else 'plain'})")
 
 
 @app.command("check-record")

@@ -12,6 +12,8 @@ import types
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.common.errors import PgolfError
 from core.config.features import FEATURES
@@ -249,6 +251,32 @@ def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():
     assert '"matrix_lr": 0.0123' in script(
         cfg.replace(matrix_lr=0.0123), compressed=False
     )  # the run's defaults
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.binary(max_size=300) | st.sampled_from([b"", b"\0", b"\x01", b"\xff" * 6 + b"\x80", b'"\\\n\r' * 9])
+)
+def test_the_packed_script_gives_back_any_bytes_from_a_file_the_challenge_reads_as_utf_8(
+    tmp_path_factory, data
+):
+    """The compressed script's bytes, seven bits a character (with those a literal cannot hold, NUL,
+    newline, carriage return, quote and backslash, anywhere, last too): its file holds no NUL and no
+    carriage return, is UTF-8, is as long as its text's UTF-8, and runs to exactly the bytes packed."""
+    text = package._packed(f"RESULT = {data!r}")
+    path = tmp_path_factory.mktemp("packed") / "train_gpt.py"
+    path.write_text(text, encoding="utf-8")
+    raw = path.read_bytes()
+    assert b"\0" not in raw and b"\r" not in raw and len(raw) == len(text.encode("utf-8"))
+    namespace: dict = {}
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+    assert namespace["RESULT"] == data
+
+
+def test_seven_bits_a_character_is_8_7_of_the_size():
+    """A byte of UTF-8 for each seven bits (one more where the last seven are escaped: their pair is padding)."""
+    data = bytes(range(256)) * 40
+    assert len(package.seven_bits_a_character(data).encode("utf-8")) - -(-len(data) * 8 // 7) in (0, 1)
 
 
 @pytest.fixture(scope="module")
