@@ -181,8 +181,14 @@ CLI_SERVER = CLIServer()
 def cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """`python cli.py ARGS` in a process of its own, its output captured: what subprocess.run gives."""
-    return CLI_SERVER.run(list(args), cwd or Path.cwd(), {**os.environ, **(env or {})}, timeout=300)
+    """`python cli.py ARGS` in a process of its own, its output captured: what subprocess.run gives. On Linux
+    forked from CLI_SERVER; elsewhere started afresh (macOS's system frameworks, which PyTorch loads, are not
+    safe to use in a forked process)."""
+    env = {**os.environ, **(env or {})}
+    if sys.platform == "linux":
+        return CLI_SERVER.run(list(args), cwd or Path.cwd(), env, timeout=300)
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
 
 
 def data_flags(dataset) -> list[str]:
