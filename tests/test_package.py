@@ -260,14 +260,17 @@ def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():
 def test_the_packed_script_gives_back_any_bytes_from_a_file_the_challenge_reads_as_utf_8(
     tmp_path_factory, data
 ):
-    """The compressed script's bytes, seven bits a character (with those a literal cannot hold, NUL,
-    newline, carriage return, quote and backslash, anywhere, last too): its file holds no NUL and no
-    carriage return, is UTF-8, is as long as its text's UTF-8, and runs to exactly the bytes packed."""
+    """The compressed script's bytes, seven bits a character (with the values escaped, those a literal
+    cannot hold and those a terminal acts on, anywhere, last too): its literal holds none of those, the
+    file three lines and no character past U+057F, is UTF-8 as long as its text's, and runs to exactly
+    the bytes packed."""
     text = package._packed(f"RESULT = {data!r}")
     path = tmp_path_factory.mktemp("packed") / "train_gpt.py"
     path.write_text(text, encoding="utf-8")
     raw = path.read_bytes()
-    assert b"\0" not in raw and b"\r" not in raw and len(raw) == len(text.encode("utf-8"))
+    assert len(raw) == len(text.encode("utf-8")) and max(map(ord, text)) <= 0x57F
+    literal = text.split('map(ord,"', 1)[1].split('"))\nexec', 1)[0]
+    assert not set(literal) & set(package.ESCAPED.decode()) and text.count("\n") == 3
     namespace: dict = {}
     exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
     assert namespace["RESULT"] == data

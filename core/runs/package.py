@@ -412,8 +412,10 @@ def script(cfg: Config, compressed: bool = True) -> str:
     return _packed(text)
 
 
-# The characters a "..." literal cannot hold as they are: NUL, newline, carriage return, the quote, the backslash.
-ESCAPED = b'\0\n\r"\\'
+# The 7-bit values a character of the packed script does not stand for alone: the five a "..." literal cannot
+# hold (NUL, newline, carriage return, the quote, the backslash) and the four a terminal acts on (escape,
+# shift out, shift in, bell), so that `cat train_gpt.py` leaves the terminal as it was.
+ESCAPED = b'\0\n\r"\\\x1b\x0e\x0f\x07'
 
 
 def seven_bits_a_character(data: bytes) -> str:
@@ -422,7 +424,8 @@ def seven_bits_a_character(data: bytes) -> str:
     Its bits, padded with zeros to a multiple of 7, are read seven at a time: a value below 128 is the
     character with that code, one byte of UTF-8; one of ESCAPED's, with the seven bits after it (zeros
     at the end), is the character 256 + 128 * (its place in ESCAPED) + (those bits): two bytes for
-    fourteen bits. The text is UTF-8 throughout, as the challenge reads its scripts, without NUL.
+    fourteen bits, from U+0100 to U+057F (Latin, Greek, Cyrillic, Armenian: no right-to-left script, no
+    bidirectional control). The text is UTF-8 throughout, as the challenge reads its scripts.
     """
     bits = "".join(f"{byte:08b}" for byte in data)
     groups = [int(bits[i : i + 7].ljust(7, "0"), 2) for i in range(0, len(bits), 7)] + [0]
@@ -440,7 +443,7 @@ def seven_bits_a_character(data: bytes) -> str:
 # What the packed script runs first: the compressed bytes back from their literal (seven_bits_a_character's
 # inverse: the characters' bits, the first 8 * length of them), decompressed, executed.
 UNPACK = """import brotli
-E=b'\\0\\n\\r"\\\\';B="".join(f"{{k:07b}}"if k<128 else f"{{E[k//128-2]:07b}}{{k%128:07b}}"for k in map(ord,"{text}"))
+E={escaped!r};B="".join(f"{{k:07b}}"if k<128 else f"{{E[k//128-2]:07b}}{{k%128:07b}}"for k in map(ord,"{text}"))
 exec(brotli.decompress(int(B[:{bits}],2).to_bytes({size},"big")))
 """
 
@@ -449,7 +452,7 @@ exec(brotli.decompress(int(B[:{bits}],2).to_bytes({size},"big")))
 def _packed(text: str) -> str:
     """`text` compressed by brotli (quality 11), in a script that runs it (seven_bits_a_character)."""
     blob = brotli.compress(text.encode("utf-8"), quality=11)
-    return UNPACK.format(text=seven_bits_a_character(blob), bits=8 * len(blob), size=len(blob))
+    return UNPACK.format(escaped=ESCAPED, text=seven_bits_a_character(blob), bits=8 * len(blob), size=len(blob))
 
 
 def code_bytes(cfg: Config) -> int:
