@@ -118,7 +118,7 @@ FEATURES = dict(
 )  # fmt: skip
 
 
-# ---------------------------------------- the CLI in a subprocess, its one-line errors
+# ---------------------------------------- the CLI in a process of its own, its one-line errors
 
 
 class CLIServer:

@@ -40,7 +40,6 @@ traceback through the encoded blob.
 from __future__ import annotations
 
 import ast
-import base64
 import contextlib
 import functools
 import hashlib
@@ -473,7 +472,8 @@ def requirements(cfg: Config, compressed: bool = True) -> str:
     pinned to the version installed here, and nothing else. A pin leaves out a local label (`+cu128`):
     `torch==2.9.1` accepts any build of 2.9.1. A module imported but not installed here is named in a comment."""
     runner = script(cfg, compressed=False)  # the modules' sources are string literals in it: its own imports
-    sources = [*bundled_modules(cfg).values(), runner, *(("import brotli,base64",) if compressed else ())]
+    unpack = UNPACK.format(escaped=ESCAPED, text="", bits=0, size=0)  # the compressed script's own imports
+    sources = [*bundled_modules(cfg).values(), runner, *((unpack,) if compressed else ())]
     names: set[str] = set()
     for source in sources:
         for node in ast.walk(ast.parse(source)):
