@@ -4,18 +4,29 @@ refused before any work, and the names of an artifact fit's files."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import stat
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.artifact.checkpoint import save_checkpoint
 from core.common.errors import PgolfError
-from core.common.files import write_atomic
+from core.common.files import (
+    MAX_JSON_DEPTH,
+    parse_json,
+    read_json,
+    read_text,
+    text_lines,
+    write_atomic,
+)
 from core.data.manifest import read_manifest
 from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
@@ -27,6 +38,7 @@ from tests.helpers import (
     assert_one_line_error,
     cli,
     make_checkpoint,
+    run_within,
     small_artifact,
 )
 
@@ -168,3 +180,82 @@ def test_a_fits_files_are_named_after_the_whole_artifact_name():
         Path("runs/r/final_model.int6.pgolf.fit.json"),
         Path("runs/r/final_model.int6.pgolf.fit.toml"),
     )
+
+
+# ------------------------------------------------- one guarded reader: text and JSON
+JSON_HAZARDS = {
+    "deep": "[" * 200_000 + "]" * 200_000,
+    "deep but parsable": "[" * 70 + "]" * 70,
+    "long integer": '{"a": ' + "9" * 5_000 + "}",
+    "NaN": '{"a": NaN}',
+    "Infinity": '{"a": -Infinity}',
+    "overflow": '{"a": 1e400}',
+    "lone surrogate": '{"text": "a\\ud800b"}',
+    "not JSON": '{"a": ',
+}
+
+
+@pytest.mark.parametrize("hazard", JSON_HAZARDS)
+def test_parse_json_refuses_each_hazard_in_one_line_naming_where(hazard):
+    with pytest.raises(PgolfError) as caught:
+        parse_json(JSON_HAZARDS[hazard], "manifest data/manifest.json")
+    message = str(caught.value)
+    assert message.startswith("manifest data/manifest.json: ") and "\n" not in message
+
+
+def test_parse_json_keeps_ordinary_values_and_exact_decimals():
+    assert parse_json('{"a": [1, 2.5, "é", null]}', "x") == {"a": [1, 2.5, "é", None]}
+    assert parse_json('{"bpb": 1.06108}', "x", exact=True) == {"bpb": Decimal("1.06108")}
+    deep = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert parse_json(deep, "x") == functools.reduce(lambda inner, _: [inner], range(MAX_JSON_DEPTH - 1), [])
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+        lambda kids: st.lists(kids) | st.dictionaries(st.text(), kids),
+        max_leaves=20,
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_parse_json_reads_back_what_json_writes_or_refuses_in_one_line(value):
+    """Any value json.dumps writes (NaN, infinities and lone surrogates included) is read back
+    equal, or refused with a PgolfError: never another exception."""
+    text = json.dumps(value)
+    try:
+        assert parse_json(text, "f") == json.loads(text)
+    except PgolfError as exc:
+        assert str(exc).startswith("f: ") and "\n" not in str(exc)
+
+
+def not_regular_files(tmp_path: Path) -> dict[str, Path]:
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    zero, dangling, folder = tmp_path / "zero.txt", tmp_path / "dangling.json", tmp_path / "dir.json"
+    zero.symlink_to("/dev/zero")
+    dangling.symlink_to(tmp_path / "nowhere")
+    folder.mkdir()
+    return {"fifo": fifo, "device": zero, "dangling link": dangling, "folder": folder}
+
+
+def test_every_reader_refuses_what_is_not_a_regular_file_at_once(tmp_path):
+    for kind, path in not_regular_files(tmp_path).items():
+        for reader in (
+            lambda p: read_json(p, "manifest", 1 << 20),
+            lambda p: read_text(p, "log"),
+            lambda p: list(text_lines(p, "documents")),
+        ):
+            result, error = run_within(5, lambda reader=reader, path=path: reader(path))
+            assert isinstance(error, PgolfError), (kind, result, error)
+            assert str(path) in str(error) and "\n" not in str(error)
+
+
+def test_text_readers_name_the_line_that_is_not_utf8(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(b'{"text": "a"}\n{"text": "b"}\n{"text": "\xff"}\n')
+    lines = text_lines(path, "documents")
+    assert [next(lines), next(lines)] == [(1, '{"text": "a"}'), (2, '{"text": "b"}')]
+    with pytest.raises(PgolfError, match=r"documents .*docs\.jsonl: line 3 is not UTF-8"):
+        next(lines)
+    with pytest.raises(PgolfError, match=r"log .*docs\.jsonl: line 3 is not UTF-8"):
+        read_text(path, "log")

@@ -4,8 +4,13 @@ Writes are atomic and durable: a reader sees the old file or the whole new one, 
 a kill -9 or a power loss. The bytes go to a temp file beside the target, named
 `.<name>.pgolf-<pid>-<random>.tmp`, which is fsynced, renamed over the target, and the folder
 is fsynced. A temp file left by a killed writer (its process gone) is removed by the next
-write into the same folder. Reads take regular files only (a FIFO, a device or a folder is
-refused before anything is read) of a bounded size.
+write into the same folder.
+
+Every file pgolf reads goes through `open_regular` and the readers built on it: regular files only (a
+FIFO, a device, a socket or a folder is refused before anything is read; a link counts as what it
+names), of a bounded size where the file has a natural one; text decoded as UTF-8 with a bad byte
+named by its line; JSON parsed with a bounded nesting depth and integer length, NaN and Infinity
+refused, and no lone surrogate in its strings (`parse_json`).
 """
 
 from __future__ import annotations
@@ -13,14 +18,22 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
+import math
 import os
 import re
 import stat
 import tempfile
+from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from core.common.errors import PgolfError
+
+MAX_JSON_DEPTH = 64  # objects and arrays nested deeper than any file pgolf writes or reads
+MAX_INT_DIGITS = 40  # an integer longer than this is no count, size or seed of pgolf's
+MAX_LINE_BYTES = 1 << 28  # one line of a JSON-lines or log file; longer is not a document or a log line
 
 _TEMP = re.compile(r"\..+\.pgolf-(\d+)-[^.]+\.tmp")  # what write_atomic names its temp files
 
@@ -181,3 +194,112 @@ class WriterLock:
 
     def __exit__(self, *exc_info) -> None:
         self.release()
+
+
+# --------------------------------------------------------------------- text and JSON
+def read_text(path: str | Path, what: str, max_bytes: int | None = None) -> str:
+    """The UTF-8 text of the regular file `path`; a byte that is not UTF-8 is named by its line."""
+    data = read_file(path, what, max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PgolfError(f"{what} {path}: line {line} is not UTF-8 text") from None
+
+
+def text_lines(path: str | Path, what: str) -> Iterator[tuple[int, str]]:
+    """The lines of the regular file `path` with their numbers (from 1), streamed, newline kept off;
+    a line that is not UTF-8 or longer than MAX_LINE_BYTES is a PgolfError naming the file and line."""
+    with open_regular(path, what) as f:
+        number = 0
+        while True:
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as exc:
+                raise PgolfError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
+            if not raw:
+                return
+            number += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise PgolfError(f"{what} {path}: line {number} is over {MAX_LINE_BYTES:,} bytes long")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise PgolfError(f"{what} {path}: line {number} is not UTF-8 text") from None
+            yield number, text.rstrip("\r\n") if text.endswith("\n") else text
+
+
+def read_json(path: str | Path, what: str, max_bytes: int, exact: bool = False) -> Any:
+    """The JSON value in the regular file `path` (see `parse_json`)."""
+    return parse_json(read_text(path, what, max_bytes), f"{what} {path}", exact)
+
+
+def parse_json(text: str | bytes, where: str, exact: bool = False) -> Any:
+    """`text` parsed as JSON, or a PgolfError starting with `where` (the file, and its line where it has
+    lines). Refused: nesting deeper than MAX_JSON_DEPTH, an integer of more than MAX_INT_DIGITS digits,
+    NaN, Infinity and numbers out of float range, a string with a lone surrogate (it has no UTF-8).
+    With `exact` the numbers with a fraction or exponent are Decimals, as written."""
+    try:
+        value = json.loads(
+            text,
+            parse_int=_json_int,
+            parse_float=_json_decimal if exact else _json_float,
+            parse_constant=_json_constant,
+        )
+    except _Refused as exc:
+        raise PgolfError(f"{where}: {exc}") from None
+    except RecursionError:
+        raise PgolfError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except UnicodeDecodeError:
+        raise PgolfError(f"{where}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise PgolfError(f"{where}: not valid JSON ({exc.msg} at character {exc.pos})") from None
+    problem = _json_problem(value)
+    if problem:
+        raise PgolfError(f"{where}: {problem}")
+    return value
+
+
+class _Refused(ValueError):
+    """A JSON number the parser's hooks refuse."""
+
+
+def _json_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(f"an integer of {len(digits.lstrip('-')):,} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def _json_float(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise _Refused(f"the number {number[:30]} is out of range")
+    return value
+
+
+def _json_decimal(number: str) -> Decimal:
+    if len(number) > 100:
+        raise _Refused(f"a number of {len(number):,} characters")
+    return Decimal(number)
+
+
+def _json_constant(name: str) -> float:
+    raise _Refused(f"{name} is not a number JSON allows")
+
+
+def _json_problem(value: Any) -> str | None:
+    """What is wrong with a parsed JSON value: too deep, or a string with no UTF-8; None when nothing."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                return f"nested deeper than {MAX_JSON_DEPTH} levels"
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a string holds a lone surrogate (\\ud800-\\udfff alone), which is not text"
+    return None
