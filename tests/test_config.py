@@ -15,6 +15,7 @@ from core.artifact.export import scoring_config
 from core.artifact.load import config_for_params, saved_config
 from core.common.errors import PgolfError
 from core.config.fields import (
+    ATTENTION_GATES,
     SCORING_FIELDS,
     Check,
     Config,
@@ -340,9 +341,13 @@ def changed_config(base: Config, name: str) -> Config:
 ALL_FEATURES = dict(FEATURES, **LOOPS_LANES, ve_layers="2,4")
 
 
-# The attention gates exclude one another: each is on in one of the bases (FEATURES has AttnOutGate).
-GATE_BASES = ({}, {"attn_out_gate_enabled": False, "gated_attn_enabled": True},
-              {"attn_out_gate_enabled": False, "sparse_attn_gate_enabled": True, "sparse_attn_gate_scale": 0.7})  # fmt: skip
+# The attention gates exclude one another: each declared one is on in a base of its own (the sparse
+# gate's scale off 1, so that the scale shows).
+GATE_BASES = [
+    {g.field: g is gate for g in ATTENTION_GATES}
+    | ({"sparse_attn_gate_scale": 0.7} if gate.name == "sparse" else {})
+    for gate in ATTENTION_GATES
+]
 
 
 def changes_the_model(base: Config, name: str) -> bool | None:

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from core.common.errors import PgolfError
+from core.config.fields import ATTENTION_GATES, field_names
 from core.config.presets import preset
 from core.eval.score import load_eval_data
 from core.model.params import init_params
+from core.model.walk import GATE_MATH
 from tests.helpers import BACKENDS, busy_params, make_backend, needs
 from tests.reference import reference_logits, smear
 
@@ -63,17 +65,22 @@ def test_a_bos_id_the_tokenizer_does_not_use_is_refused(sotu_dataset):
         load_eval_data(cfg.replace(bos_id=2))
 
 
-ATTENTION_GATES = {
-    "attn_out_proj": dict(attn_out_gate_enabled=True),
-    "gated": dict(gated_attn_enabled=True),
-    "sparse": dict(sparse_attn_gate_enabled=True, sparse_attn_gate_scale=0.7),
-}
+# Each declared gate on (the sparse gate's scale off 1, AttnOutGate also driven by the raw queries).
+GATE_SETTINGS = {
+    gate.name: {gate.field: True} | ({"sparse_attn_gate_scale": 0.7} if gate.name == "sparse" else {})
+    for gate in ATTENTION_GATES
+} | {"attn_out_q": {"attn_out_gate_enabled": True, "attn_out_gate_src": "q"}}
 
 
-@pytest.mark.parametrize("gate", list(ATTENTION_GATES))
+def test_every_declared_gate_has_its_math_and_its_field():
+    assert set(GATE_MATH) == {gate.name for gate in ATTENTION_GATES}
+    assert all(gate.field in field_names() and gate.field.endswith("_enabled") for gate in ATTENTION_GATES)
+
+
+@pytest.mark.parametrize("gate", list(GATE_SETTINGS))
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_attention_gates_match_the_reference_and_decode_alike(backend_name, gate):
-    cfg = preset("smoke").replace(gate_window=8, **ATTENTION_GATES[gate])
+    cfg = preset("smoke").replace(gate_window=8, **GATE_SETTINGS[gate])
     params = busy_params(cfg, seed=3)
     backend = make_backend(backend_name, cfg)
     backend.load_params(params)

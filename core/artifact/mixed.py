@@ -48,6 +48,7 @@ from core.artifact.int8 import (
 from core.artifact.rowquant import BITS, Clip, absmax_rows, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError
+from core.config.fields import ATTENTION_GATES
 from core.model.params import KINDS
 
 if TYPE_CHECKING:
@@ -67,8 +68,12 @@ MIXED_FORMAT = "pgolf-mixed"
 MIXED_VERSION = 1
 CLASSES = KINDS  # the artifact classes of core.model.params' table
 DEFAULT_BITS: dict[str, int | str] = {"embedding": 8, "attention": 6, "mlp": 6, "other": 8}
-# The attention gates' weights quantized to int8 rows (GATED_ATTN_QUANT_GATE): the records' size window.
-GATE_SUFFIX, GATE_MIN_NUMEL, GATE_MAX_NUMEL = ".attn_gate_w", 32, 8192
+# The attention gates' weights quantized to int8 rows (GATED_ATTN_QUANT_GATE): those the gates' declaration
+# says, within the records' size window.
+GATE_SUFFIXES = tuple(
+    sorted({"." + gate.weight.rsplit(".", 1)[-1] for gate in ATTENTION_GATES if gate.int8_rows})
+)
+GATE_MIN_NUMEL, GATE_MAX_NUMEL = 32, 8192
 
 
 @dataclass
@@ -138,7 +143,7 @@ def quantize_mixed(
         b, c = 8, Clip.percentile(1.0)  # the gates', and the clip of any tensor but a matrix
         if (
             quant_gate
-            and name.endswith(GATE_SUFFIX)
+            and name.endswith(GATE_SUFFIXES)
             and w.ndim == 2
             and GATE_MIN_NUMEL <= w.size <= GATE_MAX_NUMEL
         ):

@@ -35,6 +35,27 @@ QUANT_BITS = (5, 6, 7, 8, 16)
 
 
 @dataclass(frozen=True)
+class AttentionGate:
+    """A gate on each head's attention output, at most one on at a time: its weight is (heads, inputs) in
+    every block, its math `GATE_MATH[name]` in core/model/walk.py. A new gate is one line here, its field
+    (below, in the model section) and its math."""
+
+    name: str  # the key of its math
+    field: str  # the on/off field that turns it on
+    weight: str  # its weight's name in a block
+    windowed: bool  # its inputs are the first gate_window channels (else all model_dim)
+    init_std: str | None  # the field holding its initial std (None, or a std of 0: zeros)
+    int8_rows: bool  # stored as int8 rows with gated_attn_quant_gate (mixed format); else fp32
+
+
+ATTENTION_GATES = (
+    AttentionGate("attn_out", "attn_out_gate_enabled", "attn.attn_gate_proj.weight", True, None, False),
+    AttentionGate("gated", "gated_attn_enabled", "attn.attn_gate_w", False, "gated_attn_init_std", True),
+    AttentionGate("sparse", "sparse_attn_gate_enabled", "attn.attn_gate_w", True, "sparse_attn_gate_init_std", True),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Check:
     """A rule one field's value must follow: `ok(value)`, else the error reads "<field> <rule>, got <value>"."""
 
@@ -798,13 +819,10 @@ class Config:
             self.xsa_last_n <= self.num_layers,
             f"xsa_last_n={self.xsa_last_n} exceeds num_layers={self.num_layers}",
         )
-        gates = [
-            n
-            for n in ("attn_out_gate_enabled", "gated_attn_enabled", "sparse_attn_gate_enabled")
-            if getattr(self, n)
-        ]
+        gates = [gate.field for gate in ATTENTION_GATES if getattr(self, gate.field)]
         require(len(gates) <= 1, f"{' and '.join(gates)}: one attention gate at a time")
-        windowed = self.smear_gate_enabled or self.attn_out_gate_enabled or self.sparse_attn_gate_enabled
+        gate = self.attention_gate()
+        windowed = self.smear_gate_enabled or (gate is not None and gate.windowed)
         require(
             not windowed or self.gate_window <= self.model_dim,
             f"gate_window={self.gate_window} exceeds model_dim={self.model_dim}",
@@ -852,6 +870,10 @@ class Config:
             segment = slice(self.loop_start, self.loop_end + 1)
             order[segment] = order[segment] * (self.num_loops + 1)
         return order[: len(order) // 2], order[len(order) // 2 :]
+
+    def attention_gate(self) -> AttentionGate | None:
+        """The attention gate that is on (validation allows one at most), or None."""
+        return next((gate for gate in ATTENTION_GATES if getattr(self, gate.field)), None)
 
     @property
     def ve_layer_indices(self) -> list[int]:

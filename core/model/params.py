@@ -55,16 +55,14 @@ def _control(shape: tuple[int, ...], value: float = 1.0, init: str = "const") ->
 
 
 def _attention_gate(cfg: Config) -> dict[str, ParamSpec]:
-    """The per-head gate on a layer's attention output, when one is on (its weight, heads x inputs)."""
-    heads, window = cfg.num_heads, cfg.gate_window
-    if cfg.attn_out_gate_enabled:  # 2 * sigmoid(0) = 1: transparent at the start
-        return {"attn.attn_gate_proj.weight": _control((heads, window), 0.0)}
-    if cfg.gated_attn_enabled:
-        return {"attn.attn_gate_w": _control((heads, cfg.model_dim), cfg.gated_attn_init_std, "normal")}
-    if cfg.sparse_attn_gate_enabled:
-        std = cfg.sparse_attn_gate_init_std  # 0: zeros (std is never negative)
-        return {"attn.attn_gate_w": _control((heads, window), std, "normal" if std > 0 else "const")}
-    return {}
+    """The per-head gate on a layer's attention output, when one is on (its weight, heads x inputs);
+    a gate of weight 0 is transparent (2 * sigmoid(0) = 1, AttnOutGate) or halves the output."""
+    gate = cfg.attention_gate()
+    if gate is None:
+        return {}
+    inputs = cfg.gate_window if gate.windowed else cfg.model_dim
+    std = getattr(cfg, gate.init_std) if gate.init_std else 0.0  # never negative (its check)
+    return {gate.weight: _control((cfg.num_heads, inputs), std, "normal" if std > 0 else "const")}
 
 
 def num_skip_weights(cfg: Config) -> int:

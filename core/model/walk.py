@@ -242,17 +242,27 @@ class Walk:
 
     def attention_gate(self, attn: Any, x: Array, q_raw: Array) -> Array | None:
         """The per-head gate (B, T, H) on the attention output of tokens x (the attention's input), or
-        None: AttnOutGate 2 * sigmoid(W src[:gate_window]) (src = x, or the raw queries), gated
-        attention sigmoid(W x), the sparse gate sigmoid(scale * W x[:gate_window])."""
-        cfg, w = self.cfg, self.cfg.gate_window
-        if cfg.attn_out_gate_enabled:
-            src = q_raw if cfg.attn_out_gate_src == "q" else x
-            return 2.0 * self.sigmoid(src[..., :w] @ self.cast(attn.attn_gate_proj.weight, x).T)
-        if cfg.gated_attn_enabled:
-            return self.sigmoid(x @ self.cast(attn.attn_gate_w, x).T)
-        if cfg.sparse_attn_gate_enabled:
-            return self.sigmoid(cfg.sparse_attn_gate_scale * (x[..., :w] @ self.cast(attn.attn_gate_w, x).T))
-        return None
+        None: the math (GATE_MATH, below) of the gate the config has on, over its weight."""
+        gate = self.cfg.attention_gate()
+        if gate is None:
+            return None
+        w = attn
+        for part in gate.weight.split(".")[1:]:  # "attn.attn_gate_w": below the block's attention
+            w = getattr(w, part)
+        return GATE_MATH[gate.name](self, self.cast(w, x), x, q_raw)
+
+    def attn_out_gate(self, w: Array, x: Array, q_raw: Array) -> Array:
+        """AttnOutGate: 2 * sigmoid(W src[:gate_window]), src the attention's input or its raw queries."""
+        src = q_raw if self.cfg.attn_out_gate_src == "q" else x
+        return 2.0 * self.sigmoid(src[..., : self.cfg.gate_window] @ w.T)
+
+    def gated_attention(self, w: Array, x: Array, q_raw: Array) -> Array:
+        """Gated attention: sigmoid(W x)."""
+        return self.sigmoid(x @ w.T)
+
+    def sparse_attention_gate(self, w: Array, x: Array, q_raw: Array) -> Array:
+        """The sparse gate: sigmoid(scale * W x[:gate_window])."""
+        return self.sigmoid(self.cfg.sparse_attn_gate_scale * (x[..., : self.cfg.gate_window] @ w.T))
 
     # ----------------------------------------------------------------- blocks
     def norm(self, i: int, x: Array) -> Array:
@@ -425,3 +435,11 @@ class Walk:
         if cache is not None:
             cache["length"] = start + idx.shape[1]
         return self.rms_norm(x)
+
+
+# Each attention gate's math, by its name in core/config/fields.py's ATTENTION_GATES.
+GATE_MATH = {
+    "attn_out": Walk.attn_out_gate,
+    "gated": Walk.gated_attention,
+    "sparse": Walk.sparse_attention_gate,
+}
