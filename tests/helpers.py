@@ -204,6 +204,14 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         assert fragment in lines[0], lines[0]
 
 
+def cli_after(setup: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python cli.py ARGS` in a fresh process that first runs the Python lines `setup` (which replace a
+    hook, e.g. to stop the process at one step): the command's own signal handling and exit status."""
+    code = f"import sys\n{setup}\nsys.argv = ['cli.py', *{list(args)!r}]\nimport cli\ncli.main()\n"
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=os.environ | IMPORTABLE)  # fmt: skip
+
+
 def read_until(process: subprocess.Popen, prefix: str) -> list[str]:
     lines = []
     for line in process.stdout:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +51,23 @@ def test_a_listed_shard_that_is_gone_or_a_manifest_without_checksums(small_data)
     assert verify_dataset(small_data, "sotu_sp1024")["without_checksum"] == 2
     with pytest.raises(PgolfError, match="unknown dataset 'nope'"):
         verify_dataset(small_data, "nope")
+
+
+@pytest.mark.parametrize(
+    ("hazard", "says"),
+    [
+        ("fifo", "is not a regular file"),
+        ("[" * 200_000 + "]" * 200_000, "nested deeper than 64 levels"),
+        ('{"datasets": [], "n": ' + "9" * 5000 + "}", "an integer of 5,000 digits"),
+        ('{"datasets": [], "x": NaN}', "NaN is not a number JSON allows"),
+    ],
+)
+def test_a_manifest_that_cannot_be_read_is_one_line_naming_it(tmp_path, hazard, says):
+    manifest = tmp_path / "data" / "manifest.json"  # data/: where --dataset looks
+    manifest.parent.mkdir()
+    if hazard == "fifo":
+        os.mkfifo(manifest)
+    else:
+        manifest.write_text(hazard, encoding="utf-8")
+    for args in (["data", "verify", "--bytes"], ["config", "show", "--dataset", "x"]):
+        assert_one_line_error(cli(*args, cwd=tmp_path), f"manifest {Path('data', 'manifest.json')}", says)

@@ -5,6 +5,7 @@ a stopped prepare that leaves the data folder as it was."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from core.data.manifest import read_manifest
 from core.datasets import prepare
 from core.datasets.prepare import count_documents, prepare_docs, read_documents
 from tests.golden_data import CHALLENGE_EXPORT, shard_sha256, tokenizer_digest, write_export_docs
-from tests.helpers import assert_one_line_error, cli
+from tests.helpers import assert_one_line_error, cli, cli_after
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +99,113 @@ def test_the_commands(export_docs, tmp_path):
     refused = cli("data", "prepare", "--name", "x", "--out", str(out))
     assert_one_line_error(refused, "--name goes with --docs")
     assert refused.returncode == 2  # a bad flag
+
+
+# ------------------------------------------------- documents that are not documents, stops while training
+GOOD = [
+    json.dumps({"text": f"document {i}: " + "the union is strong and the people are free " * 8})
+    for i in range(30)
+]
+BAD_LINES = {  # a line of a JSON-lines file: what the error says about it
+    "malformed": ('{"text": "cut', "not valid JSON"),
+    "no text": ('{"body": "x"}', 'not a JSON object with a "text" string'),
+    "text a number": ('{"text": 5}', 'not a JSON object with a "text" string'),
+    "blank": ("", "not valid JSON"),
+    "raw NUL": ('{"text": "a\x00b"}', "not valid JSON (Invalid control character"),
+    "lone surrogate": ('{"text": "a\\ud800b"}', "lone surrogate"),
+    "deep brackets": ("[" * 200_000 + "]" * 200_000, "nested deeper than 64"),
+    "huge integer": ('{"text": "x", "n": ' + "9" * 5000 + "}", "an integer of 5,000 digits"),
+}
+BAD_FILES = {  # a .txt document in a folder: how to put it there, what the error says
+    "a folder": (lambda p: p.mkdir(), "is not a regular file"),
+    "a dangling link": (lambda p: p.symlink_to(p.parent / "gone"), "cannot read (No such file"),
+    "a FIFO": (lambda p: os.mkfifo(p), "is not a regular file"),
+    "/dev/zero": (lambda p: p.symlink_to("/dev/zero"), "is not a regular file"),
+    "invalid UTF-8": (lambda p: p.write_bytes(b"caf\xe9\n"), "line 1 is not UTF-8 text"),
+}
+
+
+def bad_documents(tmp_path: Path, hazard: str) -> tuple[Path, str, str]:
+    """(the documents, where the error must point, what it must say) with `hazard` among good ones."""
+    if hazard in BAD_LINES:
+        line, says = BAD_LINES[hazard]
+        path = tmp_path / "docs.jsonl"
+        path.write_text("\n".join([*GOOD[:20], line, *GOOD[20:]]) + "\n", encoding="utf-8")
+        return path, f"documents {path} line 21", says
+    if hazard == "invalid UTF-8 line":
+        path = tmp_path / "docs.jsonl"
+        path.write_bytes(
+            "\n".join(GOOD[:20]).encode() + b'\n{"text": "caf\xe9"}\n' + "\n".join(GOOD[20:]).encode()
+        )
+        return path, f"documents {path}", "line 21 is not UTF-8 text"
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, line in enumerate(GOOD):
+        (folder / f"d{i:02d}.txt").write_text(json.loads(line)["text"], encoding="utf-8")
+    make, says = BAD_FILES[hazard]
+    make(folder / "d15b.txt")
+    return folder, f"document {folder / 'd15b.txt'}", says
+
+
+HAZARDS = [*BAD_LINES, "invalid UTF-8 line", *BAD_FILES]
+
+
+@pytest.mark.parametrize("hazard", HAZARDS)
+def test_a_bad_document_met_while_the_tokenizer_trains_is_one_line_naming_its_file_and_line(tmp_path, hazard):
+    """The trainer reads the documents through an iterator and would report what it raises as its own
+    error (the staging tokenizer, a SWIG frame): the document's error comes back as it was raised."""
+    docs, where, says = bad_documents(tmp_path, hazard)
+    out = tmp_path / "data"
+    result = cli(
+        "data", "prepare", "--docs", str(docs), "--vocab-size", "300", "--val-docs", "5", "--out", str(out)
+    )
+    assert_one_line_error(result, f"error: {where}", says)
+    assert ".staging" not in result.stderr and "INTERNAL" not in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == []  # nothing made, nothing left
+
+
+@pytest.mark.parametrize("hazard", ["lone surrogate", "invalid UTF-8 line", "a FIFO"])
+def test_a_bad_document_met_while_encoding_with_a_given_tokenizer_is_one_line(
+    tmp_path, challenge_dir, hazard
+):
+    docs, where, says = bad_documents(tmp_path, hazard)
+    result = cli("data", "prepare", "--docs", str(docs), "--tokenizer", str(challenge_dir / "fineweb_1024_bpe.model"),
+                 "--val-docs", "5", "--out", str(tmp_path / "data"))  # fmt: skip
+    assert_one_line_error(result, f"error: {where}", says)
+
+
+@pytest.mark.parametrize(
+    ("signal_name", "status", "line"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
+)
+def test_a_signal_while_the_tokenizer_trains_ends_the_command_with_its_status(
+    tmp_path, signal_name, status, line
+):
+    """The signal arrives while the trainer reads the documents (its handler runs inside the trainer's
+    iterator): the command ends as a signal ends it, and an existing dataset is left as it was."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("\n".join(GOOD) + "\n", encoding="utf-8")
+    out = tmp_path / "data"
+    args = ["data", "prepare", "--docs", str(docs), "--val-docs", "5", "--out", str(out), "--vocab-size"]
+    assert cli(*args, "300").returncode == 0
+    before = {
+        p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".writer.pid"
+    }
+    stop = f"""
+import os, signal
+from core.datasets import prepare
+texts = prepare.training_texts
+def stopped(docs):
+    for i, text in enumerate(texts(docs)):
+        if i == 10:
+            os.kill(os.getpid(), signal.{signal_name})
+        yield text
+prepare.training_texts = stopped
+"""
+    result = cli_after(stop, *args, "400")  # another vocabulary: another dataset
+    assert result.returncode == status, result.stderr
+    assert result.stderr.strip() == line
+    after = {
+        p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".writer.pid"
+    }
+    assert after == before
+    assert not list(out.glob(".staging-*"))

@@ -14,24 +14,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import file_sha256, write_atomic
+from core.common.files import file_sha256, read_json, write_atomic
 from core.data.shards import read_shard_header
 
 DATA_ROOT = "data"  # datasets/, tokenizers/ and manifest.json, relative to the working folder
+MAX_MANIFEST_BYTES = 1 << 26  # the challenge's, with a digest per shard, is a few KB
 
 
 def read_manifest(root: str | Path) -> dict[str, Any]:
+    """The manifest of data folder `root` (none yet: no entries), read through the guarded reader."""
     path = Path(root) / "manifest.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {"datasets": [], "tokenizers": []}
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PgolfError(f"manifest {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except UnicodeDecodeError:
-        raise PgolfError(f"manifest {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise PgolfError(f"cannot read manifest {path}: {exc.strerror or exc}") from None
+    manifest = read_json(path, "manifest", MAX_MANIFEST_BYTES)
     if not isinstance(manifest, dict):
         raise PgolfError(f"manifest {path} must be a JSON object")
     for key in ("datasets", "tokenizers"):

@@ -14,7 +14,6 @@ validation byte sidecar (`val_bytes_glob`), fetched beside the validation shards
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -23,8 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import WriterLock, make_dir, sync
-from core.data.manifest import file_sha256, find_entries, manifest_path, merge_manifest, read_manifest
+from core.common.files import WriterLock, make_dir, read_json, sync
+from core.data.manifest import (
+    MAX_MANIFEST_BYTES,
+    file_sha256,
+    find_entries,
+    manifest_path,
+    merge_manifest,
+    read_manifest,
+)
 from core.data.shards import read_shard_header
 
 REPO_ID = "willdepueoai/parameter-golf"
@@ -158,9 +164,7 @@ def _entries(
     remote = root / ".manifest.remote.json"
     _fetch_one(fetch, f"{REMOTE_PREFIX}/manifest.json", remote, is_shard=False)
     try:
-        manifest = json.loads(remote.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PgolfError(f"the manifest of {repo_id} is not valid JSON ({exc})") from None
+        manifest = read_json(remote, f"the manifest of {repo_id}", MAX_MANIFEST_BYTES)
     finally:
         remote.unlink(missing_ok=True)
     if not isinstance(manifest, dict):

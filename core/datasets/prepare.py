@@ -17,7 +17,6 @@ the old dataset or the new one, whole, and the manifest never lists a dataset th
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -29,7 +28,17 @@ import numpy as np
 import sentencepiece as spm
 
 from core.common.errors import PgolfError
-from core.common.files import WriterLock, file_sha256, make_dir, read_file, sync
+from core.common.files import (
+    WriterLock,
+    file_sha256,
+    make_dir,
+    open_regular,
+    parse_json,
+    read_file,
+    read_text,
+    sync,
+    text_lines,
+)
 from core.data.manifest import merge_manifest, shard_digests
 from core.data.shards import MAX_VOCAB
 from core.data.tables import byte_tables, token_bytes
@@ -48,44 +57,47 @@ Progress = Callable[[str], None]
 # --------------------------------------------------------------------- documents
 def read_documents(path: str | Path) -> Iterator[str]:
     """The documents of a JSON-lines file (each line an object with a "text" string), or of a folder
-    of .txt files (sorted by name, each file one document), as they are: the shards encode them so."""
+    of .txt files (sorted by name, each file one document), as they are: the shards encode them so.
+    Each is read through the guarded readers (core/common/files.py): a line or file that is not a
+    document is a PgolfError naming the file and line."""
     path = Path(path)
     if path.is_dir():
         for file in sorted(path.glob("*.txt")):
-            try:
-                yield file.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise PgolfError(f"document {file}: cannot read it as UTF-8 text ({exc})") from None
+            yield read_text(file, "document")
         return
-    with _open_docs(path) as f:
-        for number, line in enumerate(f, 1):
-            try:
-                text = json.loads(line)["text"]
-            except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError):
-                text = None
-            if not isinstance(text, str):
-                raise PgolfError(f'{path} line {number}: not a JSON object with a "text" string')
-            yield text
+    _check_docs_path(path)
+    for number, line in text_lines(path, "documents"):
+        where = f"documents {path} line {number}"
+        value = parse_json(line, where)
+        text = value.get("text") if isinstance(value, dict) else None
+        if not isinstance(text, str):
+            raise PgolfError(f'{where}: not a JSON object with a "text" string')
+        yield text
 
 
 def count_documents(path: str | Path) -> int:
-    """How many documents `read_documents` gives: .txt files, or lines (as the exporter counts them)."""
+    """How many documents `read_documents` gives: .txt files, or lines (split at each newline, the last
+    one counted without it); read as bytes, the documents themselves are checked as they are read."""
     path = Path(path)
     if path.is_dir():
         return len(list(path.glob("*.txt")))
-    with _open_docs(path) as f:
-        return sum(1 for _ in f)
+    _check_docs_path(path)
+    lines, last = 0, b"\n"
+    with open_regular(path, "documents") as f:
+        try:
+            while piece := f.read(1 << 24):
+                lines += piece.count(b"\n")
+                last = piece[-1:]
+        except OSError as exc:
+            raise PgolfError(f"documents {path}: cannot read ({exc.strerror or exc})") from None
+    return lines + (last != b"\n")
 
 
-def _open_docs(path: Path):
-    if not path.is_file():
+def _check_docs_path(path: Path) -> None:
+    if not path.exists() and not path.is_symlink():
         raise PgolfError(
             f'documents {path}: no such file or folder (JSON lines with a "text" field, or .txt files)'
         )
-    try:
-        return path.open("r", encoding="utf-8")
-    except OSError as exc:
-        raise PgolfError(f"documents {path}: cannot read ({exc.strerror or exc})") from None
 
 
 def training_texts(docs: Iterable[str]) -> Iterator[str]:

@@ -5,13 +5,13 @@ them) and a SentencePiece model trained on the dataset's text (core/data/tokeniz
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, first_line
 from core.common.files import write_atomic
 from core.data.shards import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION
 
@@ -75,10 +75,25 @@ def train_tokenizer(
         options["user_defined_symbols"] = list(user_symbols)
     if lossless:
         options.update(normalization_rule_name="identity", remove_extra_whitespaces=False)
+    raised: list[BaseException] = []
+
+    def sentences() -> Iterator[str]:
+        # The trainer turns whatever its iterator raises (a bad document, Ctrl-C) into an error of its
+        # own; kept here, it is raised again as it was once the trainer has stopped.
+        try:
+            yield from texts
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
     try:
-        spm.SentencePieceTrainer.Train(sentence_iterator=iter(texts), model_writer=model, **options)
+        spm.SentencePieceTrainer.Train(sentence_iterator=sentences(), model_writer=model, **options)
     except RuntimeError as exc:
-        raise PgolfError(f"tokenizer {prefix}.model: training failed ({exc})") from None
+        if raised:
+            raise raised[0] from None
+        raise PgolfError(f"tokenizer {prefix}.model: training failed ({first_line(exc)})") from None
+    if raised:
+        raise raised[0]
     return write_tokenizer(model.getvalue(), prefix)
 
 
