@@ -229,6 +229,47 @@ def test_module_level_names_are_shortened_but_those_other_code_reaches():
     assert namespace["RESULT"] == 11 and module.FLAG is True
 
 
+def test_functions_and_classes_nothing_reaches_are_not_shipped():
+    lib = (
+        "import functools\n"
+        "REGISTRY = []\n"
+        "def register(f):\n"
+        "    REGISTRY.append(f)\n"
+        "    return f\n"
+        "def cli_only(value):\n"
+        "    return value - 1\n"
+        "class CliReport:\n"
+        "    pass\n"
+        "def used_by_exported(value):\n"
+        "    return value + 1\n"
+        "@functools.lru_cache\n"
+        "def cached_but_unused(value):\n"
+        "    return value\n"
+        "@register\n"
+        "def registered(value):\n"
+        "    return value * 3\n"
+        "def exported(value):\n"
+        "    return used_by_exported(value)\n"
+    )
+    user = "from lib import REGISTRY, exported\nRESULT = exported(1) + len(REGISTRY)\n"
+    small = minify(lib, package.reached_names([lib, user]))
+    assert "exported" in small and "cli_only" not in small and "CliReport" not in small
+    assert "cached_but_unused" not in small and "value*3" in small  # a decorator that acts keeps its function
+    module = types.ModuleType("lib")
+    exec(compile(small, "lib", "exec"), module.__dict__)
+    assert module.exported(1) == 2 and len(module.REGISTRY) == 1
+
+
+# Each preset's code bytes when the packager's module list was declared, plus 1 %: a module the training
+# path starts to import, or code it starts to reach, shows here first.
+CODE_BYTES_THEN = {"tiny": 33_477, "record_0401": 37_947, "record_0427_tiny": 40_974, "record_0427": 43_395}
+
+
+@pytest.mark.parametrize("name", CODE_BYTES_THEN)
+def test_each_presets_code_bytes_stay_within_one_percent_of_their_figure(name):
+    assert code_bytes(preset(name)) <= math.ceil(1.01 * CODE_BYTES_THEN[name])
+
+
 def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is_no_error(
     tmp_path, monkeypatch
 ):
@@ -432,6 +473,36 @@ def test_package_writes_the_records_folder(pgolf_run, tmp_path):
     assert check_record(out) == []  # what a reviewer's check finds in it (cli.py check-record)
     again = cli("package", str(run_dir), "--name", "Tiny test", "--out", str(out))
     assert again.returncode != 0 and "exists already" in again.stderr
+
+
+@pytest.fixture(scope="module")
+def three_seeds(sotu_dataset, tmp_path_factory) -> list[Path]:
+    """Smoke runs of one config but their seeds (1, 22, 333: the seed is in the packaged config, so each
+    run counts its own code bytes), one step each."""
+    out = tmp_path_factory.mktemp("seeds")
+    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--seeds", "1,22,333", "--run-group", "g",
+                 "--iterations", "1", "--val-loss-every", "0", "--val-max-tokens", "4096", "--out-dir", str(out),
+                 *data_flags(sotu_dataset))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [out / f"g-seed{seed}" for seed in (1, 22, 333)]
+
+
+@needs("cuda")
+@pytest.mark.parametrize("order", [(1,), (1, 0), (2, 0, 1)], ids=["1 seed", "2 seeds", "3 seeds"])
+def test_every_folder_package_writes_passes_check_record(three_seeds, tmp_path, order):
+    """Each seed's bytes_total is its artifact and its own code, as its log states them: the folder's
+    train_gpt.py is the first run's, whose code size the other seeds' runs did not count."""
+    from core.runs.summary import summarize
+
+    summaries = [summarize(run) for run in three_seeds]
+    codes = [s.total_bytes - s.artifact_bytes for s in summaries]
+    assert len(set(codes)) == 3, codes  # the configs give different code sizes
+    out, _ = write_record([three_seeds[i] for i in order], tmp_path / "rec", "Seeds", "A. Golfer", "ag")
+    assert check_record(out) == []
+    rows = json.loads((out / "submission.json").read_text())["seed_results"]
+    assert {seed: (row["bytes_code"], row["bytes_total"]) for seed, row in rows.items()} == {
+        str(summaries[i].seed): (codes[i], summaries[i].total_bytes) for i in order
+    }
 
 
 def test_runs_of_different_configs_or_unfinished_runs_are_refused(tmp_path):
