@@ -167,3 +167,113 @@ def test_any_json_in_submission_json_is_findings_never_an_exception(tmp_path_fac
         assert all(isinstance(f, str) for f in check_record(folder))
 
     check()
+
+
+def pgolf_rows(sub: dict) -> None:
+    """The seeds' rows as `package` writes them: the artifact alone, the code, and their sum."""
+    for row in sub["seed_results"].values():
+        row.update(
+            artifact_bytes=row["artifact_bytes"] - 68_206,
+            bytes_code=68_206,
+            bytes_total=row["artifact_bytes"],
+        )
+
+
+def test_a_row_of_artifact_code_and_total_passes_when_they_add_up(good):
+    edit_submission(good, pgolf_rows)
+    assert check_record(good) == []
+
+
+def _seed42(**change):
+    return lambda s: s["seed_results"]["42"].update(**change)
+
+
+@pytest.mark.parametrize(
+    ("change", "finding"),
+    [
+        (_seed42(val_loss=float("nan")), "submission.json: NaN is not a number JSON allows"),
+        (_seed42(val_loss="2.5"), "submission.json: seed 42's val_loss is \"2.5\", not a number above 0 and below 1,000"),
+        (_seed42(val_bpb=-1.0974), "submission.json: seed 42's val_bpb is -1.0974, not a number above 0 and below 1,000"),
+        (lambda s: s.update(seed_results=list(s["seed_results"].values())),
+         "submission.json: seed_results is a list, not a table of each seed's figures"),
+        (lambda s: s.update(seeds="42,1337,2025"), 'submission.json: seeds is "42,1337,2025", not a list of seeds'),
+        (lambda s: s.update(seeds=[42, 1337, 2025.5]), "submission.json: seeds holds 2025.5, not a seed (a whole number from 0)"),
+        (lambda s: s.update(val_loss=99), "submission.json: val_loss 99 is not the mean of its seeds' (2.52618333)"),
+        (lambda s: s.update(bytes_total=1),
+         "submission.json: bytes_total 1 is neither its seeds' largest (15,927,782) nor their mean (15,916,170)"),
+        (lambda s: s.update(author=7), "submission.json: author is 7, not text"),
+        (lambda s: s.update(date="yesterday"), 'submission.json: date is "yesterday", not a date (YYYY-MM-DD)'),
+        (lambda s: s.update(artifact_bytes_max=15_000_000),
+         "submission.json: artifact_bytes_max 15,000,000 is not its seeds' largest (15,927,782)"),
+        (lambda s: pgolf_rows(s) or s["seed_results"]["42"].update(artifact_bytes=10**20),
+         "submission.json: seed 42's artifact_bytes is 100000000000000000000, not a byte count (a whole number from 0 to 1e+15)"),
+        (lambda s: pgolf_rows(s) or s["seed_results"]["42"].update(artifact_bytes=15_000_000),
+         "seed 42: bytes_total 15,915,268 is not its artifact_bytes 15,000,000 + code 68,206"),
+        (lambda s: pgolf_rows(s) or s["seed_results"]["42"].update(bytes_code=1),
+         "seed 42: bytes_total 15,915,268 is not its artifact_bytes 15,847,062 + code 1"),
+    ],
+)  # fmt: skip
+def test_a_submission_off_the_schema_fails_naming_the_field(good, change, finding):
+    """The cases that passed when check-record read only some fields: each one finding, the others checked."""
+    edit_submission(good, change)
+    assert finding in check_record(good)
+
+
+@pytest.mark.parametrize(
+    ("text", "finding"),
+    [
+        ("[" * 200_000 + "]" * 200_000, "submission.json: nested deeper than 64 levels"),
+        ('{"bytes_total": ' + "9" * 5000 + "}", "submission.json: an integer of 5,000 digits (at most 40)"),
+        ('{"val_bpb": Infinity}', "submission.json: Infinity is not a number JSON allows"),
+        ('{"author": "\\ud800"}', "submission.json: a string holds a lone surrogate"),
+        (b'{"author": "\xff"}', "submission.json: line 1 is not UTF-8 text"),
+        (b" " * (2**20 + 1), "submission.json is 1,048,577 bytes, over the limit of 1,048,576"),
+    ],
+    ids=["deep", "digits", "infinity", "surrogate", "utf-8", "huge"],
+)
+def test_a_hostile_submission_json_is_one_finding(good, text, finding):
+    path = good / "submission.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    findings = check_record(good)
+    assert any(f.startswith(finding) for f in findings), findings
+
+
+def test_a_hostile_log_or_script_is_a_finding_naming_it(good):
+    log = good / "train_seed42.log"
+    log.write_text(log.read_text().replace("size int6+brotli: 15915268", "size int6+brotli: " + "1" * 5000))
+    (good / "train_seed1337.log").write_bytes(b"seed: 1337\n\xff\xfe\n")
+    (good / "train_gpt.py").write_text("x" + ".a" * 200_000)
+    findings = check_record(good)
+    assert "train_seed42.log: line 8 holds a number of 5,000 characters" in findings
+    assert "train_seed1337.log: line 2 is not UTF-8 text" in findings
+    assert "train_gpt.py: not valid Python (nested too deeply to parse)" in findings
+
+
+def test_files_that_are_no_regular_files_are_findings_never_a_hang(good):
+    import os
+
+    (good / "submission.json").unlink()
+    os.mkfifo(good / "submission.json")
+    (good / "train_seed42.log").unlink()
+    os.mkfifo(good / "train_seed42.log")
+    (good / "train_seed2025.log").unlink()
+    (good / "train_seed2025.log").symlink_to("/dev/zero")
+    findings = check_record(good)
+    assert "submission.json: not a regular file" in findings
+    assert any(f.startswith("train_seed42.log") and "is not a regular file" in f for f in findings), findings
+    assert any(f.startswith("train_seed2025.log") and "is not a regular file" in f for f in findings), (
+        findings
+    )
+
+
+def test_a_batch_reports_every_folder_and_the_count_whatever_one_holds(good, tmp_path):
+    deep = tmp_path / "deep"
+    shutil.copytree(good, deep)
+    (deep / "submission.json").write_text("[" * 200_000)
+    result = cli("check-record", str(deep), str(good))
+    assert result.returncode == 1 and result.stderr == ""
+    assert result.stdout.splitlines() == [
+        f"{deep}: submission.json: nested deeper than 64 levels",
+        f"{good}: passes",
+        "1 of 2 folders pass",
+    ]

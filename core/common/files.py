@@ -207,10 +207,11 @@ def read_text(path: str | Path, what: str, max_bytes: int | None = None) -> str:
         raise PgolfError(f"{what} {path}: line {line} is not UTF-8 text") from None
 
 
-def text_lines(path: str | Path, what: str) -> Iterator[tuple[int, str]]:
-    """The lines of the regular file `path` with their numbers (from 1), streamed, newline kept off;
-    a line that is not UTF-8 or longer than MAX_LINE_BYTES is a PgolfError naming the file and line."""
-    with open_regular(path, what) as f:
+def text_lines(path: str | Path, what: str, max_bytes: int | None = None) -> Iterator[tuple[int, str]]:
+    """The lines of the regular file `path` (of at most `max_bytes`) with their numbers (from 1), streamed,
+    newline kept off; a line that is not UTF-8 or longer than MAX_LINE_BYTES is a PgolfError naming the
+    file and line."""
+    with open_regular(path, what, max_bytes) as f:
         number = 0
         while True:
             try:
