@@ -92,10 +92,10 @@ def one_of(*allowed: Any) -> Check:
 
 def opt(
     default: Any,
-    help: str,
-    section: str,
     check: Check | tuple[Check, ...],
     *,
+    help: str = "",
+    section: str = "",
     resume: bool = False,
     scoring: bool = False,
 ) -> Any:
@@ -112,588 +112,904 @@ class Config:
     # --- data ---
     dataset: str = opt(
         "",
-        "a dataset of data/manifest.json by name (e.g. fineweb10B_sp1024): sets data_path, tokenizer_path "
+        ANY,
+        help="a dataset of data/manifest.json by name (e.g. fineweb10B_sp1024): sets data_path, tokenizer_path "
         "and vocab_size; empty = data_path's folder",
-        "data", ANY, scoring=True,
-    )  # fmt: skip
+        section="data",
+        scoring=True,
+    )
     data_path: str = opt(
-        "data/datasets/sotu_sp1024", "folder holding fineweb_{train,val}_*.bin shards", "data", ANY
+        "data/datasets/sotu_sp1024",
+        ANY,
+        help="folder holding fineweb_{train,val}_*.bin shards",
+        section="data",
     )
     train_loader: str = opt(
         "sequential",
-        "sequential (shards in order, upstream's stream) | coprime (the 03-29..04-04 records' "
+        one_of(*TRAIN_LOADERS),
+        help="sequential (shards in order, upstream's stream) | coprime (the 03-29..04-04 records' "
         "coprime-stride multi-shard sampler, seeded by the shard names)",
-        "data", one_of(*TRAIN_LOADERS),
-    )  # fmt: skip
+        section="data",
+    )
     tokenizer_path: str = opt(
-        "data/tokenizers/sotu_1024_bpe.model", "SentencePiece model used for BPB", "data", ANY
+        "data/tokenizers/sotu_1024_bpe.model", ANY, help="SentencePiece model used for BPB", section="data"
     )
     caseops_enabled: bool = opt(
         False,
-        "val_bpb counts the validation byte sidecar (fineweb_val_bytes_*.bin, the bytes of text each token "
+        ANY,
+        help="val_bpb counts the validation byte sidecar (fineweb_val_bytes_*.bin, the bytes of text each token "
         "stands for) instead of the tokenizer's byte tables: CaseOps data, and data whose tokenizer's tables "
         "would miscount (docs/tokenizers.md); --dataset sets it from the manifest",
-        "data", ANY, scoring=True,
-    )  # fmt: skip
+        section="data",
+        scoring=True,
+    )
     run_id: str = opt(
-        "", "name of the run directory under out_dir; empty = timestamp", "run", PLAIN_NAME, resume=True
+        "",
+        PLAIN_NAME,
+        help="name of the run directory under out_dir; empty = timestamp",
+        section="run",
+        resume=True,
     )
     run_group: str = opt(
         "",
-        "the experiment a run belongs to (train --seeds names it): runs groups them, --compare tests them",
-        "run", ANY,
-    )  # fmt: skip
-    out_dir: str = opt("runs", "where run directories are created", "run", ANY, resume=True)
+        ANY,
+        help="the experiment a run belongs to (train --seeds names it): runs groups them, --compare tests them",
+        section="run",
+    )
+    out_dir: str = opt("runs", ANY, help="where run directories are created", section="run", resume=True)
     seed: int = opt(
         1337,
-        "seeds the numpy initialisation (identical weights in both backends); 0..2^32-1",
-        "run", Check(f"must be in 0..{SEED_MAX} (2^32 - 1)", lambda v: 0 <= v <= SEED_MAX),
-    )  # fmt: skip
+        Check(f"must be in 0..{SEED_MAX} (2^32 - 1)", lambda v: 0 <= v <= SEED_MAX),
+        help="seeds the numpy initialisation (identical weights in both backends); 0..2^32-1",
+        section="run",
+    )
     init_from: str = opt(
         "",
-        "start from these weights instead of the seeded init, with a fresh optimizer at step 0: a pgolf "
+        ANY,
+        help="start from these weights instead of the seeded init, with a fresh optimizer at step 0: a pgolf "
         "checkpoint, a safetensors file of weights, or a torch state dict (a record's final_model.pt)",
-        "run", ANY,
-    )  # fmt: skip
+        section="run",
+    )
 
     # --- training length and batch ---
     iterations: int = opt(
-        20_000, "optimizer steps (the wallclock cap may stop earlier)", "schedule", NON_NEGATIVE, resume=True
+        20_000,
+        NON_NEGATIVE,
+        help="optimizer steps (the wallclock cap may stop earlier)",
+        section="schedule",
+        resume=True,
     )
     train_batch_tokens: int = opt(
-        524_288, "tokens per optimizer step, summed over ranks and micro-batches", "schedule", POSITIVE
+        524_288,
+        POSITIVE,
+        help="tokens per optimizer step, summed over ranks and micro-batches",
+        section="schedule",
     )
-    train_seq_len: int = opt(1024, "tokens per training sequence", "schedule", POSITIVE, scoring=True)
+    train_seq_len: int = opt(
+        1024, POSITIVE, help="tokens per training sequence", section="schedule", scoring=True
+    )
     grad_accum_steps: int = opt(
-        8, "micro-batches per step on one process, split evenly over W ranks", "schedule", POSITIVE
+        8,
+        POSITIVE,
+        help="micro-batches per step on one process, split evenly over W ranks",
+        section="schedule",
     )
     max_wallclock_seconds: float = opt(
-        600.0, "training-time cap (validation excluded); 0 = none", "schedule", NON_NEGATIVE, resume=True
+        600.0,
+        NON_NEGATIVE,
+        help="training-time cap (validation excluded); 0 = none",
+        section="schedule",
+        resume=True,
     )
-    warmup_steps: int = opt(20, "compile-warmup steps, run for real then undone", "schedule", NON_NEGATIVE)
+    warmup_steps: int = opt(
+        20, NON_NEGATIVE, help="compile-warmup steps, run for real then undone", section="schedule"
+    )
     warmdown_iters: int = opt(
         1200,
-        "steps of the final linear LR decay (step-times under a wallclock cap)",
-        "schedule",
         NON_NEGATIVE,
+        help="steps of the final linear LR decay (step-times under a wallclock cap)",
+        section="schedule",
     )
     warmdown_frac: float = opt(
         0.0,
-        "if > 0: the last fraction of the run (steps, or the wallclock cap) decays the LR instead",
-        "schedule", UNIT,
-    )  # fmt: skip
-    min_lr: float = opt(0.0, "floor of the LR multiplier during the warmdown", "schedule", UNIT)
+        UNIT,
+        help="if > 0: the last fraction of the run (steps, or the wallclock cap) decays the LR instead",
+        section="schedule",
+    )
+    min_lr: float = opt(0.0, UNIT, help="floor of the LR multiplier during the warmdown", section="schedule")
 
     # --- validation, logging and checkpoints ---
     val_loss_every: int = opt(
-        1000, "validate every N steps (and always at the end); 0 = only at the end", "eval", NON_NEGATIVE,
+        1000,
+        NON_NEGATIVE,
+        help="validate every N steps (and always at the end); 0 = only at the end",
+        section="eval",
         resume=True,
-    )  # fmt: skip
+    )
     val_batch_size: int = opt(
         524_288,
-        "validation tokens per forward pass x grad_accum_steps (each pass holds 1/grad_accum_steps)",
-        "eval", POSITIVE, resume=True,
-    )  # fmt: skip
+        POSITIVE,
+        help="validation tokens per forward pass x grad_accum_steps (each pass holds 1/grad_accum_steps)",
+        section="eval",
+        resume=True,
+    )
     val_max_tokens: int = opt(
-        0, "cap on validation tokens for quick looks; 0 = the whole split", "eval", NON_NEGATIVE,
-        resume=True, scoring=True,
-    )  # fmt: skip
+        0,
+        NON_NEGATIVE,
+        help="cap on validation tokens for quick looks; 0 = the whole split",
+        section="eval",
+        resume=True,
+        scoring=True,
+    )
     train_log_every: int = opt(
-        200, "log train loss every N steps (and the first 10)", "run", NON_NEGATIVE, resume=True
+        200, NON_NEGATIVE, help="log train loss every N steps (and the first 10)", section="run", resume=True
     )
     checkpoint_every: int = opt(
-        0, "write a resumable checkpoint every N steps; 0 = only at the end", "run", NON_NEGATIVE,
+        0,
+        NON_NEGATIVE,
+        help="write a resumable checkpoint every N steps; 0 = only at the end",
+        section="run",
         resume=True,
-    )  # fmt: skip
+    )
     checkpoint_minutes: float = opt(
         10.0,
-        "also write one every N minutes of training time, replacing the last timed one; 0 = off",
-        "run", NON_NEGATIVE, resume=True,
-    )  # fmt: skip
+        NON_NEGATIVE,
+        help="also write one every N minutes of training time, replacing the last timed one; 0 = off",
+        section="run",
+        resume=True,
+    )
     report_to: str = opt(
         "",
-        "also send the metrics to: tensorboard, wandb, trackio (comma-separated); empty = only metrics.jsonl",
-        "run", NAME_LIST, resume=True,
-    )  # fmt: skip
+        NAME_LIST,
+        help="also send the metrics to: tensorboard, wandb, trackio (comma-separated); empty = only metrics.jsonl",
+        section="run",
+        resume=True,
+    )
     abort_behind: str = opt(
         "",
-        "a reference run's directory: stop (checkpoint, exit status 4) at a validation whose val_bpb is above "
+        ANY,
+        help="a reference run's directory: stop (checkpoint, exit status 4) at a validation whose val_bpb is above "
         "the reference's at that step (linear between its validations) by more than abort_margin",
-        "run", ANY, resume=True,
-    )  # fmt: skip
-    abort_margin: float = opt(
-        0.01, "how far behind abort_behind's run, in val_bpb, a run may be before it stops", "run", NON_NEGATIVE,
+        section="run",
         resume=True,
-    )  # fmt: skip
+    )
+    abort_margin: float = opt(
+        0.01,
+        NON_NEGATIVE,
+        help="how far behind abort_behind's run, in val_bpb, a run may be before it stops",
+        section="run",
+        resume=True,
+    )
     eval_seq_len: int = opt(
-        0, "tokens per evaluation sequence or window; 0 = train_seq_len", "eval", NON_NEGATIVE, scoring=True
+        0,
+        NON_NEGATIVE,
+        help="tokens per evaluation sequence or window; 0 = train_seq_len",
+        section="eval",
+        scoring=True,
     )
     eval_stride: int = opt(
         0,
-        "sliding-window evaluation: each window of eval_seq_len advances by, and scores, this many "
+        NON_NEGATIVE,
+        help="sliding-window evaluation: each window of eval_seq_len advances by, and scores, this many "
         "tokens (the first scores all); 0 = non-overlapping sequences",
-        "eval", NON_NEGATIVE, scoring=True,
-    )  # fmt: skip
+        section="eval",
+        scoring=True,
+    )
     eval_batch_seqs: int = opt(
-        32, "sliding windows per forward pass on each rank", "eval", POSITIVE, scoring=True
+        32, POSITIVE, help="sliding windows per forward pass on each rank", section="eval", scoring=True
     )
     eval_protocol: str = opt(
         "rows",
-        "the plain figure's batches: rows (pgolf's: rows of eval_seq_len, each its own sequence) | flat "
+        one_of("rows", "flat"),
+        help="the plain figure's batches: rows (pgolf's: rows of eval_seq_len, each its own sequence) | flat "
         "(record 2026-04-27's eval_val: val_batch_size / grad_accum_steps tokens per rank as one sequence, "
         "documents cut at each bos_id and every eval_seq_len tokens, a tail short of a whole batch left out; "
         "needs varlen_attn_enabled)",
-        "eval", one_of("rows", "flat"), scoring=True,
-    )  # fmt: skip
+        section="eval",
+        scoring=True,
+    )
     # --- test-time training (core/eval/ttt.py): scored first, then learnt from ---
     ttt_enabled: bool = opt(
-        False, "also score with test-time training: per-document LoRA adapters, each chunk scored, then learnt",
-        "eval", ANY, scoring=True,
-    )  # fmt: skip
+        False,
+        ANY,
+        help="also score with test-time training: per-document LoRA adapters, each chunk scored, then learnt",
+        section="eval",
+        scoring=True,
+    )
     ttt_mode: str = opt(
         "lora",
-        "lora: per-document adapters and global phases (records 2026-04-13 on); full: the stream in chunks "
+        one_of("lora", "full"),
+        help="lora: per-document adapters and global phases (records 2026-04-13 on); full: the stream in chunks "
         "of ttt_chunk_tokens, each scored with sliding windows, then every weight trained on it (2026-04-06 to 04-09)",
-        "eval", one_of("lora", "full"), scoring=True,
-    )  # fmt: skip
+        section="eval",
+        scoring=True,
+    )
     # -- full mode (ttt_mode full): every weight trained on each chunk by SGD --
     ttt_chunk_tokens: int = opt(
         32768,
-        "full mode: validation tokens per chunk, scored then trained on",
-        "eval",
         POSITIVE,
+        help="full mode: validation tokens per chunk, scored then trained on",
+        section="eval",
         scoring=True,
     )
     ttt_lr: float = opt(
-        0.005, "full mode: SGD learning rate, cosine over the chunks", "eval", NON_NEGATIVE, scoring=True
+        0.005,
+        NON_NEGATIVE,
+        help="full mode: SGD learning rate, cosine over the chunks",
+        section="eval",
+        scoring=True,
     )
-    ttt_momentum: float = opt(0.9, "full mode: SGD momentum", "eval", FRACTION, scoring=True)
+    ttt_momentum: float = opt(0.9, FRACTION, help="full mode: SGD momentum", section="eval", scoring=True)
     ttt_epochs: int = opt(
-        3, "full mode: passes over each chunk", "eval", (NON_NEGATIVE, at_most(100)), scoring=True
+        3,
+        (NON_NEGATIVE, at_most(100)),
+        help="full mode: passes over each chunk",
+        section="eval",
+        scoring=True,
     )
     ttt_batch_seqs: int = opt(
         32,
-        "full mode: windows per scoring forward, and sequences per SGD step",
-        "eval",
         POSITIVE,
+        help="full mode: windows per scoring forward, and sequences per SGD step",
+        section="eval",
         scoring=True,
     )
     ttt_grad_clip: float = opt(
-        1.0, "full mode: gradient norm clip; 0 = off", "eval", NON_NEGATIVE, scoring=True
+        1.0, NON_NEGATIVE, help="full mode: gradient norm clip; 0 = off", section="eval", scoring=True
     )
     ttt_freeze_blocks: int = opt(
-        0, "full mode: the first N blocks are not trained", "eval", NON_NEGATIVE, scoring=True
+        0, NON_NEGATIVE, help="full mode: the first N blocks are not trained", section="eval", scoring=True
     )
     # -- LoRA mode (ttt_mode lora): per-document adapters --
     ttt_lora_rank: int = opt(
-        96, "rank of each TTT LoRA adapter", "eval", (POSITIVE, at_most(4096)), scoring=True
+        96, (POSITIVE, at_most(4096)), help="rank of each TTT LoRA adapter", section="eval", scoring=True
     )
     ttt_lora_alpha: float = opt(
         144.0,
-        "TTT LoRA scale numerator: adapters add alpha/rank * (x A^T) B^T",
-        "eval",
         POSITIVE,
+        help="TTT LoRA scale numerator: adapters add alpha/rank * (x A^T) B^T",
+        section="eval",
         scoring=True,
     )
     ttt_warm_start_a: bool = opt(
-        True, "keep each adapter's A from one document batch to the next (B always restarts at 0)",
-        "eval", ANY, scoring=True,
-    )  # fmt: skip
-    ttt_lora_lr: float = opt(1e-4, "learning rate of the TTT adapters", "eval", NON_NEGATIVE, scoring=True)
+        True,
+        ANY,
+        help="keep each adapter's A from one document batch to the next (B always restarts at 0)",
+        section="eval",
+        scoring=True,
+    )
+    ttt_lora_lr: float = opt(
+        1e-4, NON_NEGATIVE, help="learning rate of the TTT adapters", section="eval", scoring=True
+    )
     ttt_chunk_size: int = opt(
-        48, "tokens of a document scored, then learnt from, at a time", "eval", POSITIVE, scoring=True
+        48,
+        POSITIVE,
+        help="tokens of a document scored, then learnt from, at a time",
+        section="eval",
+        scoring=True,
     )
     ttt_eval_seq_len: int = opt(
-        2048, "most tokens of a document a TTT forward sees (the chunk and its context)", "eval", POSITIVE,
-        scoring=True,
-    )  # fmt: skip
-    ttt_batch_size: int = opt(64, "documents adapted side by side", "eval", POSITIVE, scoring=True)
-    ttt_grad_steps: int = opt(
-        1,
-        "optimizer steps on each chunk after scoring it",
-        "eval",
-        (NON_NEGATIVE, at_most(100)),
+        2048,
+        POSITIVE,
+        help="most tokens of a document a TTT forward sees (the chunk and its context)",
+        section="eval",
         scoring=True,
     )
-    ttt_beta1: float = opt(0.0, "TTT Adam beta1 (SGD: momentum)", "eval", FRACTION, scoring=True)
-    ttt_beta2: float = opt(0.999, "TTT Adam beta2", "eval", FRACTION, scoring=True)
-    ttt_weight_decay: float = opt(1.0, "TTT decoupled weight decay", "eval", NON_NEGATIVE, scoring=True)
-    ttt_k_lora: bool = opt(True, "an adapter on the keys too", "eval", ANY, scoring=True)
-    ttt_mlp_lora: bool = opt(True, "an adapter on each MLP too", "eval", ANY, scoring=True)
-    ttt_o_lora: bool = opt(True, "an adapter on each attention output too", "eval", ANY, scoring=True)
+    ttt_batch_size: int = opt(
+        64, POSITIVE, help="documents adapted side by side", section="eval", scoring=True
+    )
+    ttt_grad_steps: int = opt(
+        1,
+        (NON_NEGATIVE, at_most(100)),
+        help="optimizer steps on each chunk after scoring it",
+        section="eval",
+        scoring=True,
+    )
+    ttt_beta1: float = opt(0.0, FRACTION, help="TTT Adam beta1 (SGD: momentum)", section="eval", scoring=True)
+    ttt_beta2: float = opt(0.999, FRACTION, help="TTT Adam beta2", section="eval", scoring=True)
+    ttt_weight_decay: float = opt(
+        1.0, NON_NEGATIVE, help="TTT decoupled weight decay", section="eval", scoring=True
+    )
+    ttt_k_lora: bool = opt(True, ANY, help="an adapter on the keys too", section="eval", scoring=True)
+    ttt_mlp_lora: bool = opt(True, ANY, help="an adapter on each MLP too", section="eval", scoring=True)
+    ttt_o_lora: bool = opt(
+        True, ANY, help="an adapter on each attention output too", section="eval", scoring=True
+    )
     ttt_optimizer: str = opt(
-        "adam", "the adapters' optimizer: adam (AdamW) or sgd", "eval", one_of("adam", "sgd"), scoring=True
+        "adam",
+        one_of("adam", "sgd"),
+        help="the adapters' optimizer: adam (AdamW) or sgd",
+        section="eval",
+        scoring=True,
     )
     # -- LoRA mode's global phases: every weight trained on the documents scored so far --
     phased_ttt_prefix_docs: int = opt(
-        2000, "documents scored before the global phases end (the phases' training data)", "eval",
-        NON_NEGATIVE, scoring=True,
-    )  # fmt: skip
-    phased_ttt_num_phases: int = opt(
-        1, "global SGD phases, at even steps through the prefix documents; 0 = none", "eval",
-        (NON_NEGATIVE, at_most(1000)), scoring=True,
-    )  # fmt: skip
-    global_ttt_lr: float = opt(
-        0.001, "global phase: SGD learning rate of every weight", "eval", NON_NEGATIVE, scoring=True
+        2000,
+        NON_NEGATIVE,
+        help="documents scored before the global phases end (the phases' training data)",
+        section="eval",
+        scoring=True,
     )
-    global_ttt_momentum: float = opt(0.9, "global phase: SGD momentum", "eval", FRACTION, scoring=True)
+    phased_ttt_num_phases: int = opt(
+        1,
+        (NON_NEGATIVE, at_most(1000)),
+        help="global SGD phases, at even steps through the prefix documents; 0 = none",
+        section="eval",
+        scoring=True,
+    )
+    global_ttt_lr: float = opt(
+        0.001,
+        NON_NEGATIVE,
+        help="global phase: SGD learning rate of every weight",
+        section="eval",
+        scoring=True,
+    )
+    global_ttt_momentum: float = opt(
+        0.9, FRACTION, help="global phase: SGD momentum", section="eval", scoring=True
+    )
     global_ttt_epochs: int = opt(
         1,
-        "global phase: passes over each chunk of scored tokens",
-        "eval",
         (NON_NEGATIVE, at_most(100)),
+        help="global phase: passes over each chunk of scored tokens",
+        section="eval",
         scoring=True,
     )
     global_ttt_chunk_tokens: int = opt(
-        32768, "global phase: scored tokens per LR step (the last chunk is not trained on)", "eval", POSITIVE,
+        32768,
+        POSITIVE,
+        help="global phase: scored tokens per LR step (the last chunk is not trained on)",
+        section="eval",
         scoring=True,
-    )  # fmt: skip
+    )
     global_ttt_batch_seqs: int = opt(
         32,
-        "global phase: sequences of eval_seq_len per SGD step, shared out over the ranks",
-        "eval",
         POSITIVE,
+        help="global phase: sequences of eval_seq_len per SGD step, shared out over the ranks",
+        section="eval",
         scoring=True,
     )
     global_ttt_warmup_start_lr: float = opt(
-        0.0, "global phase: LR of the first warm-up chunk", "eval", NON_NEGATIVE, scoring=True
+        0.0, NON_NEGATIVE, help="global phase: LR of the first warm-up chunk", section="eval", scoring=True
     )
     global_ttt_warmup_chunks: int = opt(
         0,
-        "global phase: chunks of linear LR warm-up before the cosine decay",
-        "eval",
         NON_NEGATIVE,
+        help="global phase: chunks of linear LR warm-up before the cosine decay",
+        section="eval",
         scoring=True,
     )
     global_ttt_grad_clip: float = opt(
-        1.0, "global phase: gradient norm clip; 0 = off", "eval", NON_NEGATIVE, scoring=True
+        1.0, NON_NEGATIVE, help="global phase: gradient norm clip; 0 = off", section="eval", scoring=True
     )
     global_ttt_respect_doc_boundaries: bool = opt(
-        True, "global phase: train with the model's document-masked attention (varlen_attn_enabled); off: "
-        "plain causal attention over each sequence; without varlen_attn_enabled nothing changes", "eval",
-        ANY, scoring=True,
-    )  # fmt: skip
+        True,
+        ANY,
+        help="global phase: train with the model's document-masked attention (varlen_attn_enabled); off: "
+        "plain causal attention over each sequence; without varlen_attn_enabled nothing changes",
+        section="eval",
+        scoring=True,
+    )
 
     # --- model shape ---
     bos_id: int = opt(
-        1, "the token that starts every document (the tokenizer's BOS): SmearGate never smears across it, "
+        1,
+        NON_NEGATIVE,
+        help="the token that starts every document (the tokenizer's BOS): SmearGate never smears across it, "
         "document-masked attention never attends across it",
-        "data", NON_NEGATIVE, scoring=True,
-    )  # fmt: skip
+        section="data",
+        scoring=True,
+    )
     vocab_size: int = opt(
-        1024, "must equal the tokenizer's vocabulary", "model",
+        1024,
         (POSITIVE, at_most(MAX_VOCAB, f"must fit uint16 shards (<= {MAX_VOCAB})")),
-    )  # fmt: skip
+        help="must equal the tokenizer's vocabulary",
+        section="model",
+    )
     num_layers: int = opt(
-        9, "transformer blocks (first half encoder, second half decoder of the U-Net)", "model",
+        9,
         (POSITIVE, at_most(MAX_LAYERS)),
-    )  # fmt: skip
-    model_dim: int = opt(512, "residual width", "model", POSITIVE)
-    num_heads: int = opt(8, "query heads", "model", POSITIVE)
-    num_kv_heads: int = opt(4, "key/value heads (grouped-query attention)", "model", POSITIVE)
-    mlp_mult: float = opt(2.0, "MLP hidden width = int(mlp_mult * model_dim)", "model", POSITIVE)
+        help="transformer blocks (first half encoder, second half decoder of the U-Net)",
+        section="model",
+    )
+    model_dim: int = opt(512, POSITIVE, help="residual width", section="model")
+    num_heads: int = opt(8, POSITIVE, help="query heads", section="model")
+    num_kv_heads: int = opt(4, POSITIVE, help="key/value heads (grouped-query attention)", section="model")
+    mlp_mult: float = opt(2.0, POSITIVE, help="MLP hidden width = int(mlp_mult * model_dim)", section="model")
     mlp_activation: str = opt(
-        "relu2", "relu2 (relu(x)^2) | leaky_relu2 (leaky_relu(x, 0.5)^2)", "model",
-        one_of("relu2", "leaky_relu2"), scoring=True,
-    )  # fmt: skip
-    tie_embeddings: bool = opt(True, "share the token embedding with the output head", "model", ANY)
-    rope_base: float = opt(10_000.0, "RoPE frequency base", "model", POSITIVE, scoring=True)
-    logit_softcap: float = opt(30.0, "logits = c * tanh(z / c)", "model", POSITIVE, scoring=True)
-    qk_gain_init: float = opt(1.5, "initial per-head query gain", "model", ANY)
+        "relu2",
+        one_of("relu2", "leaky_relu2"),
+        help="relu2 (relu(x)^2) | leaky_relu2 (leaky_relu(x, 0.5)^2)",
+        section="model",
+        scoring=True,
+    )
+    tie_embeddings: bool = opt(
+        True, ANY, help="share the token embedding with the output head", section="model"
+    )
+    rope_base: float = opt(10_000.0, POSITIVE, help="RoPE frequency base", section="model", scoring=True)
+    logit_softcap: float = opt(30.0, POSITIVE, help="logits = c * tanh(z / c)", section="model", scoring=True)
+    qk_gain_init: float = opt(1.5, ANY, help="initial per-head query gain", section="model")
     rope_dims: int = opt(
-        0, "rotate only the first rope_dims dimensions of each head (partial RoPE); 0 = all", "model",
-        NON_NEGATIVE, scoring=True,
-    )  # fmt: skip
+        0,
+        NON_NEGATIVE,
+        help="rotate only the first rope_dims dimensions of each head (partial RoPE); 0 = all",
+        section="model",
+        scoring=True,
+    )
     rope_yarn: bool = opt(
-        False, "RoPE past train_seq_len: an input of L > train_seq_len tokens rotates with the base rope_base "
-        "* (L / train_seq_len)^(R / (R - 2)), R the rotated dims (ROPE_YARN)", "model", ANY, scoring=True,
-    )  # fmt: skip
+        False,
+        ANY,
+        help="RoPE past train_seq_len: an input of L > train_seq_len tokens rotates with the base rope_base "
+        "* (L / train_seq_len)^(R / (R - 2)), R the rotated dims (ROPE_YARN)",
+        section="model",
+        scoring=True,
+    )
     rope_precision: str = opt(
-        "float32", "RoPE tables at the model's own base: float32 | bf16_inv_freq (the inverse frequencies "
+        "float32",
+        one_of("float32", "bf16_inv_freq", "bfloat16"),
+        help="RoPE tables at the model's own base: float32 | bf16_inv_freq (the inverse frequencies "
         "rounded to bf16, as a model cast to bf16 keeps them) | bfloat16 (the positions, angles, cos and sin "
-        "too); rescaled tables (rope_yarn) are float32", "model",
-        one_of("float32", "bf16_inv_freq", "bfloat16"), scoring=True,
-    )  # fmt: skip
+        "too); rescaled tables (rope_yarn) are float32",
+        section="model",
+        scoring=True,
+    )
     ln_scale: bool = opt(
-        False, "scale each block's normed inputs by 1/sqrt(layer + 1)", "model", ANY, scoring=True
+        False,
+        ANY,
+        help="scale each block's normed inputs by 1/sqrt(layer + 1)",
+        section="model",
+        scoring=True,
     )
     xsa_last_n: int = opt(
-        0, "XSA on the last N layers: remove each token's own value direction from attention's output",
-        "model", NON_NEGATIVE, scoring=True,
-    )  # fmt: skip
+        0,
+        NON_NEGATIVE,
+        help="XSA on the last N layers: remove each token's own value direction from attention's output",
+        section="model",
+        scoring=True,
+    )
     ve_enabled: bool = opt(
-        False, "value embeddings: a shared token embedding added to the values of ve_layers", "model", ANY,
+        False,
+        ANY,
+        help="value embeddings: a shared token embedding added to the values of ve_layers",
+        section="model",
         scoring=True,
-    )  # fmt: skip
+    )
     ve_dim: int = opt(
-        128, "width of the value embedding (projected to the kv width when different)", "model", POSITIVE,
+        128,
+        POSITIVE,
+        help="width of the value embedding (projected to the kv width when different)",
+        section="model",
         scoring=True,
-    )  # fmt: skip
+    )
     ve_layers: str = opt(
-        "9,10", "comma-separated layers that receive the value embedding", "model", LAYER_LIST, scoring=True
+        "9,10",
+        LAYER_LIST,
+        help="comma-separated layers that receive the value embedding",
+        section="model",
+        scoring=True,
     )
     skip_gates_enabled: bool = opt(
-        False, "U-Net skips blended in through a sigmoid gate per channel", "model", ANY, scoring=True
+        False,
+        ANY,
+        help="U-Net skips blended in through a sigmoid gate per channel",
+        section="model",
+        scoring=True,
     )
     smear_gate_enabled: bool = opt(
-        False, "SmearGate: each token embedding x_t gains lambda * sigmoid(W x_t[:gate_window]) * x_(t-1), "
-        "except at a document start (bos_id)", "model", ANY, scoring=True,
-    )  # fmt: skip
+        False,
+        ANY,
+        help="SmearGate: each token embedding x_t gains lambda * sigmoid(W x_t[:gate_window]) * x_(t-1), "
+        "except at a document start (bos_id)",
+        section="model",
+        scoring=True,
+    )
     varlen_attn_enabled: bool = opt(
-        False, "document-masked attention: a token attends only within its segment of the row (a new one "
+        False,
+        ANY,
+        help="document-masked attention: a token attends only within its segment of the row (a new one "
         "at each bos_id and every max(train_seq_len, eval_seq_len) tokens from a segment's start), in "
-        "training, evaluation and test-time training", "model", ANY, scoring=True,
-    )  # fmt: skip
+        "training, evaluation and test-time training",
+        section="model",
+        scoring=True,
+    )
     gate_window: int = opt(
-        12, "how many leading channels drive SmearGate, AttnOutGate and the sparse attention gate", "model",
-        POSITIVE, scoring=True,
-    )  # fmt: skip
+        12,
+        POSITIVE,
+        help="how many leading channels drive SmearGate, AttnOutGate and the sparse attention gate",
+        section="model",
+        scoring=True,
+    )
     attn_out_gate_enabled: bool = opt(
-        False, "AttnOutGate: each head's attention output times 2 * sigmoid(W src_t[:gate_window]) (W starts "
-        "at zero: a gate of 1)", "model", ANY, scoring=True,
-    )  # fmt: skip
+        False,
+        ANY,
+        help="AttnOutGate: each head's attention output times 2 * sigmoid(W src_t[:gate_window]) (W starts "
+        "at zero: a gate of 1)",
+        section="model",
+        scoring=True,
+    )
     attn_out_gate_src: str = opt(
-        "proj", "what drives AttnOutGate: the attention's input (proj) or its raw query projection (q)",
-        "model", one_of("proj", "q"), scoring=True,
-    )  # fmt: skip
+        "proj",
+        one_of("proj", "q"),
+        help="what drives AttnOutGate: the attention's input (proj) or its raw query projection (q)",
+        section="model",
+        scoring=True,
+    )
     gated_attn_enabled: bool = opt(
-        False, "gated attention: each head's attention output times sigmoid(W x_t), W (heads, model_dim)",
-        "model", ANY, scoring=True,
-    )  # fmt: skip
-    gated_attn_init_std: float = opt(0.01, "std of gated attention's initial W", "model", NON_NEGATIVE)
+        False,
+        ANY,
+        help="gated attention: each head's attention output times sigmoid(W x_t), W (heads, model_dim)",
+        section="model",
+        scoring=True,
+    )
+    gated_attn_init_std: float = opt(
+        0.01, NON_NEGATIVE, help="std of gated attention's initial W", section="model"
+    )
     sparse_attn_gate_enabled: bool = opt(
-        False, "sparse attention gate: each head's output times sigmoid(scale * W x_t[:gate_window])",
-        "model", ANY, scoring=True,
-    )  # fmt: skip
+        False,
+        ANY,
+        help="sparse attention gate: each head's output times sigmoid(scale * W x_t[:gate_window])",
+        section="model",
+        scoring=True,
+    )
     sparse_attn_gate_init_std: float = opt(
-        0.0, "std of the sparse attention gate's initial W; 0 = zeros (a gate of 1/2)", "model", NON_NEGATIVE
+        0.0,
+        NON_NEGATIVE,
+        help="std of the sparse attention gate's initial W; 0 = zeros (a gate of 1/2)",
+        section="model",
     )
     sparse_attn_gate_scale: float = opt(
-        1.0, "the sparse attention gate's logit scale", "model", ANY, scoring=True
+        1.0, ANY, help="the sparse attention gate's logit scale", section="model", scoring=True
     )
     num_loops: int = opt(
         0,
-        "depth recurrence: once looping is on, layers loop_start..loop_end run 1 + num_loops times; 0 = off",
-        "model", NON_NEGATIVE, scoring=True,
-    )  # fmt: skip
-    loop_start: int = opt(3, "first layer of the looped segment", "model", NON_NEGATIVE, scoring=True)
+        NON_NEGATIVE,
+        help="depth recurrence: once looping is on, layers loop_start..loop_end run 1 + num_loops times; 0 = off",
+        section="model",
+        scoring=True,
+    )
+    loop_start: int = opt(
+        3, NON_NEGATIVE, help="first layer of the looped segment", section="model", scoring=True
+    )
     loop_end: int = opt(
-        5, "last layer of the looped segment (inclusive)", "model", NON_NEGATIVE, scoring=True
+        5, NON_NEGATIVE, help="last layer of the looped segment (inclusive)", section="model", scoring=True
     )
     enable_looping_at: float = opt(
-        0.35, "looping turns on at this fraction of training (steps, or the wallclock cap), for good",
-        "schedule", UNIT,
-    )  # fmt: skip
+        0.35,
+        UNIT,
+        help="looping turns on at this fraction of training (steps, or the wallclock cap), for good",
+        section="schedule",
+    )
     parallel_start_layer: int = opt(
-        0, "parallel residual lanes (attention and MLP side by side) from decoder layer N on; 0 = off",
-        "model", NON_NEGATIVE, scoring=True,
-    )  # fmt: skip
+        0,
+        NON_NEGATIVE,
+        help="parallel residual lanes (attention and MLP side by side) from decoder layer N on; 0 = off",
+        section="model",
+        scoring=True,
+    )
     parallel_final_lane: str = opt(
-        "mean", "the lanes' output to the head: mean | mlp (lane 1) | attn (lane 0)", "model",
-        one_of("mean", "mlp", "attn"), scoring=True,
-    )  # fmt: skip
-    tied_embed_init_std: float = opt(0.005, "std of the (tied) embedding init", "model", NON_NEGATIVE)
+        "mean",
+        one_of("mean", "mlp", "attn"),
+        help="the lanes' output to the head: mean | mlp (lane 1) | attn (lane 0)",
+        section="model",
+        scoring=True,
+    )
+    tied_embed_init_std: float = opt(
+        0.005, NON_NEGATIVE, help="std of the (tied) embedding init", section="model"
+    )
 
     # --- optimizers ---
-    embed_lr: float = opt(0.6, "Adam lr of the embedding when untied", "optimizer", NON_NEGATIVE)
-    head_lr: float = opt(0.008, "Adam lr of the untied output head", "optimizer", NON_NEGATIVE)
-    tied_embed_lr: float = opt(0.05, "Adam lr of the tied embedding", "optimizer", NON_NEGATIVE)
-    matrix_lr: float = opt(0.04, "Muon lr of the 2-D block matrices", "optimizer", NON_NEGATIVE)
+    embed_lr: float = opt(0.6, NON_NEGATIVE, help="Adam lr of the embedding when untied", section="optimizer")
+    head_lr: float = opt(0.008, NON_NEGATIVE, help="Adam lr of the untied output head", section="optimizer")
+    tied_embed_lr: float = opt(0.05, NON_NEGATIVE, help="Adam lr of the tied embedding", section="optimizer")
+    matrix_lr: float = opt(0.04, NON_NEGATIVE, help="Muon lr of the 2-D block matrices", section="optimizer")
     scalar_lr: float = opt(
-        0.04, "Adam lr of vectors, scalars, control tensors and skip weights", "optimizer", NON_NEGATIVE
+        0.04,
+        NON_NEGATIVE,
+        help="Adam lr of vectors, scalars, control tensors and skip weights",
+        section="optimizer",
     )
-    muon_momentum: float = opt(0.95, "Muon momentum after warmup", "optimizer", FRACTION)
+    muon_momentum: float = opt(0.95, FRACTION, help="Muon momentum after warmup", section="optimizer")
     muon_backend_steps: int = opt(
-        5,
-        "Newton-Schulz iterations",
-        "optimizer",
-        (NON_NEGATIVE, at_most(100)),  # the records use 5
+        5, (NON_NEGATIVE, at_most(100)), help="Newton-Schulz iterations", section="optimizer"
     )
-    muon_momentum_warmup_start: float = opt(0.85, "Muon momentum at step 0", "optimizer", FRACTION)
+    muon_momentum_warmup_start: float = opt(
+        0.85, FRACTION, help="Muon momentum at step 0", section="optimizer"
+    )
     muon_momentum_warmup_steps: int = opt(
-        500, "steps of the linear momentum warmup", "optimizer", NON_NEGATIVE
+        500, NON_NEGATIVE, help="steps of the linear momentum warmup", section="optimizer"
     )
-    beta1: float = opt(0.9, "Adam beta1", "optimizer", FRACTION)
-    beta2: float = opt(0.95, "Adam beta2", "optimizer", FRACTION)
-    adam_eps: float = opt(1e-8, "Adam epsilon", "optimizer", POSITIVE)
-    grad_clip_norm: float = opt(0.0, "global gradient-norm clip; 0 = off", "optimizer", NON_NEGATIVE)
+    beta1: float = opt(0.9, FRACTION, help="Adam beta1", section="optimizer")
+    beta2: float = opt(0.95, FRACTION, help="Adam beta2", section="optimizer")
+    adam_eps: float = opt(1e-8, POSITIVE, help="Adam epsilon", section="optimizer")
+    grad_clip_norm: float = opt(
+        0.0, NON_NEGATIVE, help="global gradient-norm clip; 0 = off", section="optimizer"
+    )
     muon_ns_coefficients: str = opt(
-        "quintic", "Newton-Schulz coefficients: quintic (the baseline's) or polar_express", "optimizer",
+        "quintic",
         one_of("quintic", "polar_express"),
-    )  # fmt: skip
+        help="Newton-Schulz coefficients: quintic (the baseline's) or polar_express",
+        section="optimizer",
+    )
     muon_row_normalize: bool = opt(
-        False, "MuonEq-R: scale each row of the update to unit norm before Newton-Schulz", "optimizer", ANY
+        False,
+        ANY,
+        help="MuonEq-R: scale each row of the update to unit norm before Newton-Schulz",
+        section="optimizer",
     )
     muon_wd: float = opt(
-        0.0, "decoupled weight decay of the Muon matrices (p *= 1 - lr * wd each step)", "optimizer",
+        0.0,
         NON_NEGATIVE,
-    )  # fmt: skip
-    wd_taper_start_frac: float = opt(
-        1.0, "Muon's weight decay tapers linearly from this fraction of training (steps, or the wallclock "
-        "cap) on; 1 = no taper", "schedule", UNIT,
-    )  # fmt: skip
-    wd_taper_final_mult: float = opt(
-        1.0, "the factor on Muon's weight decay at the end of the taper", "schedule", NON_NEGATIVE
+        help="decoupled weight decay of the Muon matrices (p *= 1 - lr * wd each step)",
+        section="optimizer",
     )
-    embed_wd: float = opt(0.0, "decoupled weight decay of the embeddings (AdamW)", "optimizer", NON_NEGATIVE)
+    wd_taper_start_frac: float = opt(
+        1.0,
+        UNIT,
+        help="Muon's weight decay tapers linearly from this fraction of training (steps, or the wallclock "
+        "cap) on; 1 = no taper",
+        section="schedule",
+    )
+    wd_taper_final_mult: float = opt(
+        1.0,
+        NON_NEGATIVE,
+        help="the factor on Muon's weight decay at the end of the taper",
+        section="schedule",
+    )
+    embed_wd: float = opt(
+        0.0, NON_NEGATIVE, help="decoupled weight decay of the embeddings (AdamW)", section="optimizer"
+    )
     adam_wd: float = opt(
-        0.0, "decoupled weight decay of the scalar/control tensors (AdamW)", "optimizer", NON_NEGATIVE
+        0.0,
+        NON_NEGATIVE,
+        help="decoupled weight decay of the scalar/control tensors (AdamW)",
+        section="optimizer",
     )
     ema_decay: float = opt(
-        0.0, "keep an exponential moving average of the weights; evaluate and export it; 0 = off",
-        "optimizer", FRACTION,
-    )  # fmt: skip
+        0.0,
+        FRACTION,
+        help="keep an exponential moving average of the weights; evaluate and export it; 0 = off",
+        section="optimizer",
+    )
 
     # --- the artifact ---
     quant_format: str = opt(
-        "int8", "int8 (the challenge's per-row int8 format) | mixed (bits per tensor class, below)",
-        "artifact", one_of("int8", "mixed"),
-    )  # fmt: skip
+        "int8",
+        one_of("int8", "mixed"),
+        help="int8 (the challenge's per-row int8 format) | mixed (bits per tensor class, below)",
+        section="artifact",
+    )
     compressor: str = opt(
-        "zlib", "artifact compressor: " + " | ".join(COMPRESSORS) + " (pergroup: the int8 matrices of "
+        "zlib",
+        one_of(*COMPRESSORS),
+        help="artifact compressor: " + " | ".join(COMPRESSORS) + " (pergroup: the int8 matrices of "
         "each kind across layers by the lrzip program, the rest by brotli; needs lrzip installed)",
-        "artifact", one_of(*COMPRESSORS),
-    )  # fmt: skip
+        section="artifact",
+    )
     byte_shuffle: int = opt(
-        0, "byte-shuffle the payload in groups of N bytes before compressing (pergroup: the part it "
-        "compresses with brotli); 0 = off", "artifact", BYTE_SHUFFLE,
-    )  # fmt: skip
+        0,
+        BYTE_SHUFFLE,
+        help="byte-shuffle the payload in groups of N bytes before compressing (pergroup: the part it "
+        "compresses with brotli); 0 = off",
+        section="artifact",
+    )
     # -- bits per class (embedding, matrices, attention, MLP, other) --
     embed_bits: int = opt(
-        8, "mixed: bits of the embeddings (5-8; 16 = kept in fp16)", "artifact", one_of(*QUANT_BITS)
+        8,
+        one_of(*QUANT_BITS),
+        help="mixed: bits of the embeddings (5-8; 16 = kept in fp16)",
+        section="artifact",
     )
     matrix_bits: int = opt(
-        6, "mixed: bits of the attention and MLP matrices (5-8; 16 = fp16)", "artifact", one_of(*QUANT_BITS)
+        6,
+        one_of(*QUANT_BITS),
+        help="mixed: bits of the attention and MLP matrices (5-8; 16 = fp16)",
+        section="artifact",
     )
     attn_bits: int = opt(
-        0, "mixed: bits of the attention matrices; 0 = matrix_bits", "artifact", one_of(0, *QUANT_BITS)
+        0,
+        one_of(0, *QUANT_BITS),
+        help="mixed: bits of the attention matrices; 0 = matrix_bits",
+        section="artifact",
     )
     mlp_bits: int = opt(
-        0, "mixed: bits of the MLP matrices; 0 = matrix_bits", "artifact", one_of(0, *QUANT_BITS)
+        0, one_of(0, *QUANT_BITS), help="mixed: bits of the MLP matrices; 0 = matrix_bits", section="artifact"
     )
     other_bits: int = opt(
-        8, "mixed: bits of the other large tensors (e.g. an untied head)", "artifact", one_of(*QUANT_BITS)
+        8,
+        one_of(*QUANT_BITS),
+        help="mixed: bits of the other large tensors (e.g. an untied head)",
+        section="artifact",
     )
     # -- per class (mixed format): tensors this small stay in fp16, not quantized --
     embed_passthrough_numel: int = opt(
-        65_536, "mixed: embedding tensors of at most this many values stay in fp16 (the records: 65,536)",
-        "artifact", NON_NEGATIVE,
-    )  # fmt: skip
+        65_536,
+        NON_NEGATIVE,
+        help="mixed: embedding tensors of at most this many values stay in fp16 (the records: 65,536)",
+        section="artifact",
+    )
     attn_passthrough_numel: int = opt(
-        65_536, "mixed: attention matrices of at most this many values stay in fp16 (the records: 65,536)",
-        "artifact", NON_NEGATIVE,
-    )  # fmt: skip
+        65_536,
+        NON_NEGATIVE,
+        help="mixed: attention matrices of at most this many values stay in fp16 (the records: 65,536)",
+        section="artifact",
+    )
     mlp_passthrough_numel: int = opt(
-        65_536, "mixed: MLP matrices of at most this many values stay in fp16 (the records: 65,536)",
-        "artifact", NON_NEGATIVE,
-    )  # fmt: skip
+        65_536,
+        NON_NEGATIVE,
+        help="mixed: MLP matrices of at most this many values stay in fp16 (the records: 65,536)",
+        section="artifact",
+    )
     other_passthrough_numel: int = opt(
-        65_536, "mixed: other tensors of at most this many values stay in fp16 (the records: 65,536)",
-        "artifact", NON_NEGATIVE,
-    )  # fmt: skip
+        65_536,
+        NON_NEGATIVE,
+        help="mixed: other tensors of at most this many values stay in fp16 (the records: 65,536)",
+        section="artifact",
+    )
     # -- per class (mixed format): the clip, SDClip's k (0: the records' percentile search) --
     embed_clip_sigmas: float = opt(
-        0.0, "mixed: clip each embedding row at k * its std (SDClip); 0 = search the best of 5 percentiles",
-        "artifact", NON_NEGATIVE,
-    )  # fmt: skip
+        0.0,
+        NON_NEGATIVE,
+        help="mixed: clip each embedding row at k * its std (SDClip); 0 = search the best of 5 percentiles",
+        section="artifact",
+    )
     matrix_clip_sigmas: float = opt(
-        0.0, "mixed: SDClip k of the matrices; 0 = the percentile search", "artifact", NON_NEGATIVE
+        0.0,
+        NON_NEGATIVE,
+        help="mixed: SDClip k of the matrices; 0 = the percentile search",
+        section="artifact",
     )
     attn_clip_sigmas: float = opt(
-        0.0, "mixed: SDClip k of the attention matrices; 0 = matrix_clip_sigmas", "artifact", NON_NEGATIVE
+        0.0,
+        NON_NEGATIVE,
+        help="mixed: SDClip k of the attention matrices; 0 = matrix_clip_sigmas",
+        section="artifact",
     )
     mlp_clip_sigmas: float = opt(
-        0.0, "mixed: SDClip k of the MLP matrices; 0 = matrix_clip_sigmas", "artifact", NON_NEGATIVE
+        0.0,
+        NON_NEGATIVE,
+        help="mixed: SDClip k of the MLP matrices; 0 = matrix_clip_sigmas",
+        section="artifact",
     )
     gated_attn_quant_gate: bool = opt(
-        False, "the attention gates' weights (gated or sparse) stored as int8 rows instead of fp32 (mixed format)",
-        "artifact", ANY,
-    )  # fmt: skip
+        False,
+        ANY,
+        help="the attention gates' weights (gated or sparse) stored as int8 rows instead of fp32 (mixed format)",
+        section="artifact",
+    )
     # -- LQER: low-rank corrections of the largest quantization errors --
     lqer_enabled: bool = opt(
-        False, "LQER: the lqer_top_k quantized matrices with the largest error keep a rank-lqer_rank "
-        "correction of it (mixed format)", "artifact", ANY,
-    )  # fmt: skip
-    lqer_rank: int = opt(4, "rank of each LQER correction", "artifact", POSITIVE)
-    lqer_top_k: int = opt(3, "how many matrices get an LQER correction", "artifact", POSITIVE)
+        False,
+        ANY,
+        help="LQER: the lqer_top_k quantized matrices with the largest error keep a rank-lqer_rank "
+        "correction of it (mixed format)",
+        section="artifact",
+    )
+    lqer_rank: int = opt(4, POSITIVE, help="rank of each LQER correction", section="artifact")
+    lqer_top_k: int = opt(3, POSITIVE, help="how many matrices get an LQER correction", section="artifact")
     lqer_factor_bits: int = opt(
-        4, "bits of the LQER factors in the symmetric packing", "artifact", one_of(2, 3, 4, 5, 6, 7, 8)
+        4,
+        one_of(2, 3, 4, 5, 6, 7, 8),
+        help="bits of the LQER factors in the symmetric packing",
+        section="artifact",
     )
     lqer_asym_enabled: bool = opt(
-        True, "LQER factors packed asymmetrically: A int2, B int4 in groups (where B's size allows)", "artifact",
+        True,
         ANY,
-    )  # fmt: skip
+        help="LQER factors packed asymmetrically: A int2, B int4 in groups (where B's size allows)",
+        section="artifact",
+    )
     lqer_asym_group: int = opt(
-        64, "values of B per fp16 scale in the asymmetric packing", "artifact", POSITIVE
+        64, POSITIVE, help="values of B per fp16 scale in the asymmetric packing", section="artifact"
     )
     # -- GPTQ: quantization with error compensation, its calibration --
     gptq_enabled: bool = opt(
-        False, "mixed: GPTQ, rounding with error compensation from Hessians of the layers' inputs",
-        "artifact", ANY,
-    )  # fmt: skip
+        False,
+        ANY,
+        help="mixed: GPTQ, rounding with error compensation from Hessians of the layers' inputs",
+        section="artifact",
+    )
     gptq_calibration_batches: int = opt(
-        64, "GPTQ: training micro-batches run to collect the Hessians", "artifact", NON_NEGATIVE
+        64, NON_NEGATIVE, help="GPTQ: training micro-batches run to collect the Hessians", section="artifact"
     )
     gptq_reserve_seconds: float = opt(
-        10.0, "GPTQ: seconds taken off the wallclock cap for calibration and the artifact fit (it counts as training time)",
-        "artifact", NON_NEGATIVE,
-    )  # fmt: skip
+        10.0,
+        NON_NEGATIVE,
+        help="GPTQ: seconds taken off the wallclock cap for calibration and the artifact fit (it counts as training time)",
+        section="artifact",
+    )
     # -- the artifact fitted to a byte cap --
     artifact_fit_bytes: int = opt(
-        0, "choose the artifact settings (bits, clips, fp16 floors, GPTQ, LQER, compressor) with the lowest "
-        "calibration loss whose artifact + code fits in this many bytes (mixed format); 0 = off", "artifact", NON_NEGATIVE,
-    )  # fmt: skip
+        0,
+        NON_NEGATIVE,
+        help="choose the artifact settings (bits, clips, fp16 floors, GPTQ, LQER, compressor) with the lowest "
+        "calibration loss whose artifact + code fits in this many bytes (mixed format); 0 = off",
+        section="artifact",
+    )
     artifact_fit_margin: int = opt(
-        0, "the artifact fit aims this many bytes under artifact_fit_bytes, so that other seeds' artifacts "
-        "(a few KB apart: docs/submitting.md) fit too", "artifact", NON_NEGATIVE,
-    )  # fmt: skip
+        0,
+        NON_NEGATIVE,
+        help="the artifact fit aims this many bytes under artifact_fit_bytes, so that other seeds' artifacts "
+        "(a few KB apart: docs/submitting.md) fit too",
+        section="artifact",
+    )
     budget_bytes: int = opt(
-        BUDGET_BYTES, "the cap on artifact + code bytes: a run over it ends with exit status 3 (lower it to "
-        "keep a margin; never above the challenge's 16,000,000)", "artifact", (POSITIVE, at_most(BUDGET_BYTES)),
-    )  # fmt: skip
+        BUDGET_BYTES,
+        (POSITIVE, at_most(BUDGET_BYTES)),
+        help="the cap on artifact + code bytes: a run over it ends with exit status 3 (lower it to "
+        "keep a margin; never above the challenge's 16,000,000)",
+        section="artifact",
+    )
     max_eval_seconds: float = opt(
-        EVAL_LIMIT_SECONDS, "warn when the final evaluation (decompression included) takes longer: the challenge's "
-        "limit on its 8xH100; 0 = off", "eval", NON_NEGATIVE,
-    )  # fmt: skip
+        EVAL_LIMIT_SECONDS,
+        NON_NEGATIVE,
+        help="warn when the final evaluation (decompression included) takes longer: the challenge's "
+        "limit on its 8xH100; 0 = off",
+        section="eval",
+    )
     artifact_fit_tokens: int = opt(
-        131_072, "the artifact fit: training tokens it scores settings on, from the end of the training "
-        "stream (never validation tokens)", "artifact", POSITIVE,
-    )  # fmt: skip
+        131_072,
+        POSITIVE,
+        help="the artifact fit: training tokens it scores settings on, from the end of the training "
+        "stream (never validation tokens)",
+        section="artifact",
+    )
     artifact_fit_keep_compressor: bool = opt(
-        False, "the artifact fit keeps compressor and byte_shuffle instead of trying brotli, zstd, lzma and "
+        False,
+        ANY,
+        help="the artifact fit keeps compressor and byte_shuffle instead of trying brotli, zstd, lzma and "
         "pergroup (where lrzip is installed): an evaluation machine without lrzip, or a fit with fewer "
-        "compressions", "artifact", ANY,
-    )  # fmt: skip
+        "compressions",
+        section="artifact",
+    )
 
     # --- execution ---
     compute_dtype: str = opt(
-        "auto", "auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32", "execution",
+        "auto",
         one_of("auto", "bfloat16", "float32"),
-    )  # fmt: skip
+        help="auto (bf16 on GPU, fp32 on CPU) | bfloat16 | float32",
+        section="execution",
+    )
     compile: str = opt(
-        "auto", "auto (on for GPUs: CUDA and Metal, off on CPUs) | on | off", "execution",
-        one_of("auto", "on", "off"), resume=True,
-    )  # fmt: skip
+        "auto",
+        one_of("auto", "on", "off"),
+        help="auto (on for GPUs: CUDA and Metal, off on CPUs) | on | off",
+        section="execution",
+        resume=True,
+    )
     compile_backend: str = opt(
-        "inductor", "PyTorch: torch.compile's backend when compile is on: inductor (fused kernels) | aot_eager "
+        "inductor",
+        one_of("inductor", "aot_eager", "eager"),
+        help="PyTorch: torch.compile's backend when compile is on: inductor (fused kernels) | aot_eager "
         "(the same graphs and autograd, eager kernels: tells a dynamo problem from an inductor one) | eager",
-        "execution", one_of("inductor", "aot_eager", "eager"), resume=True,
-    )  # fmt: skip
+        section="execution",
+        resume=True,
+    )
     mlx_max_microbatch_tokens: int = opt(
-        8_192, "MLX: largest sub-batch (tokens) of a micro-batch", "execution", NON_NEGATIVE, resume=True
+        8_192,
+        NON_NEGATIVE,
+        help="MLX: largest sub-batch (tokens) of a micro-batch",
+        section="execution",
+        resume=True,
     )
     mlx_eager_eval: bool = opt(
-        True, "MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)", "execution",
-        ANY, resume=True,
-    )  # fmt: skip
+        True,
+        ANY,
+        help="MLX: evaluate the graph after every sub-batch (bounds memory on 16 GB Macs)",
+        section="execution",
+        resume=True,
+    )
     collective_timeout_seconds: float = opt(
-        300.0, "PyTorch, several ranks: a collective waiting longer fails the job; 0 = torch's 10-30 min",
-        "execution", NON_NEGATIVE, resume=True,
-    )  # fmt: skip
+        300.0,
+        NON_NEGATIVE,
+        help="PyTorch, several ranks: a collective waiting longer fails the job; 0 = torch's 10-30 min",
+        section="execution",
+        resume=True,
+    )
     memory_check: bool = opt(
-        True, "refuse to train when the estimated memory per device exceeds the device's (off: try anyway)",
-        "execution", ANY,
-    )  # fmt: skip
+        True,
+        ANY,
+        help="refuse to train when the estimated memory per device exceeds the device's (off: try anyway)",
+        section="execution",
+    )
 
     # ------------------------------------------------------------------ derived
     @property

@@ -159,12 +159,12 @@ def left_out(modules: dict[str, str]) -> tuple[tuple[str, str, Callable[[Config]
 
 class _HelpTexts(ast.NodeTransformer):
     """Drops what only the CLI reads: the help texts, sections and resume flags of Config's fields
-    (`opt(default, help, section, ..., resume=)`)."""
+    (`opt(default, check, help=, section=, resume=)`: keyword-only, so that they go by name; every field
+    has a help text and a section, which tests/test_config.py checks)."""
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
-        if isinstance(node.func, ast.Name) and node.func.id == "opt" and len(node.args) >= 3:
-            node.args[1] = node.args[2] = ast.Constant("")
-            node.keywords = [k for k in node.keywords if k.arg != "resume"]
+        if isinstance(node.func, ast.Name) and node.func.id == "opt":
+            node.keywords = [k for k in node.keywords if k.arg not in ("help", "section", "resume")]
         return self.generic_visit(node)
 
 
