@@ -411,7 +411,7 @@ def test_each_scoring_setting_comes_back_from_an_artifact(tmp_path):
 def test_a_key_given_twice_is_refused_by_name(tmp_path):
     path = tmp_path / "run.json"
     path.write_text('{"seed": 1, "matrix_lr": 0.1, "seed": 2}')
-    with pytest.raises(PgolfError, match="run.json sets 'seed' twice"):
+    with pytest.raises(PgolfError, match="run.json: 'seed' is given twice"):
         load_file(path)
     toml = tmp_path / "run.toml"  # TOML's own parser refuses it, naming the line
     toml.write_text("seed = 1\nseed = 2\n")
@@ -431,7 +431,7 @@ def test_a_key_given_twice_is_refused_by_name(tmp_path):
 def test_deeply_nested_brackets_are_one_error_line(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
-    with pytest.raises(PgolfError, match="nests values too deeply: it must be a flat table"):
+    with pytest.raises(PgolfError, match="nests values too deeply: it must be a flat table|nested deeper than 64"):
         load_file(path)
 
 

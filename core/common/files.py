@@ -235,17 +235,19 @@ def read_json(path: str | Path, what: str, max_bytes: int, exact: bool = False) 
     return parse_json(read_text(path, what, max_bytes), f"{what} {path}", exact)
 
 
-def parse_json(text: str | bytes, where: str, exact: bool = False) -> Any:
+def parse_json(text: str | bytes, where: str, exact: bool = False, unique_keys: bool = False) -> Any:
     """`text` parsed as JSON, or a PgolfError starting with `where` (the file, and its line where it has
     lines). Refused: nesting deeper than MAX_JSON_DEPTH, an integer of more than MAX_INT_DIGITS digits,
-    NaN, Infinity and numbers out of float range, a string with a lone surrogate (it has no UTF-8).
-    With `exact` the numbers with a fraction or exponent are Decimals, as written."""
+    NaN, Infinity and numbers out of float range, a string with a lone surrogate (it has no UTF-8), and
+    with `unique_keys` an object that gives a key twice. With `exact` the numbers with a fraction or
+    exponent are Decimals, as written."""
     try:
         value = json.loads(
             text,
             parse_int=_json_int,
             parse_float=_json_decimal if exact else _json_float,
             parse_constant=_json_constant,
+            object_pairs_hook=_unique_keys if unique_keys else None,
         )
     except _Refused as exc:
         raise PgolfError(f"{where}: {exc}") from None
@@ -282,6 +284,15 @@ def _json_decimal(number: str) -> Decimal:
     if len(number) > 100:
         raise _Refused(f"a number of {len(number):,} characters")
     return Decimal(number)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _Refused(f"{key!r} is given twice")
+        found[key] = value
+    return found
 
 
 def _json_constant(name: str) -> float:

@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from core.common.compress import COMPRESSORS
@@ -1115,6 +1116,15 @@ class Config:
             require(
                 not getattr(self, name) or self.quant_format == "mixed", f"{name} needs quant_format=mixed"
             )
+        require(
+            self.artifact_fit_margin == 0 or self.artifact_fit_bytes > 0,
+            f"artifact_fit_margin={self.artifact_fit_margin} needs artifact_fit_bytes (the cap it aims under)",
+        )
+        require(
+            self.artifact_fit_bytes <= self.budget_bytes,
+            f"artifact_fit_bytes={self.artifact_fit_bytes:,} is over budget_bytes={self.budget_bytes:,}: an "
+            "artifact fitted to it could not be submitted",
+        )
         if self.gptq_enabled or self.artifact_fit_bytes > 0:
             require(self.gptq_calibration_batches > 0, "gptq_calibration_batches must be positive")
             require(
@@ -1235,15 +1245,17 @@ def _coerce(name: str, value: Any) -> Any:
         if kind is int:
             if re.fullmatch(r"[+-]?\d[\d_]*", text):  # exact, however large (a seed, say)
                 return int(text)
-            number = float(text.replace("_", ""))  # 2e4 or 100.0: whole numbers only
-            if not number.is_integer():
+            # 2e4 or 100.0: whole numbers only, read exactly (15999999.9999999999 is no whole number)
+            number = Decimal(text.replace("_", ""))
+            if not number.is_finite() or number.adjusted() > 40 or number != number.to_integral_value():
                 raise ValueError(value)
             return int(number)
         if kind is float:
             return float(text.replace("_", ""))
         return str(value)
-    except (ValueError, TypeError, OverflowError):
-        raise PgolfError(f"config: {name} expects {kind.__name__}, got {value!r}") from None
+    except (ValueError, TypeError, OverflowError, InvalidOperation):
+        shown = str(value) if isinstance(value, Decimal) else repr(value)
+        raise PgolfError(f"config: {name} expects {kind.__name__}, got {shown}") from None
 
 
 # What an artifact keeps (where it differs from the default) so that scoring it alone rebuilds the

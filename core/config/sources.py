@@ -6,17 +6,17 @@ environment variables (`ITERATIONS`, `MATRIX_LR`, ...) map onto them by upper-ca
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import fields
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import read_file
+from core.common.files import parse_json, read_text
 from core.common.spelling import did_you_mean
 from core.config.fields import Config, env_names, field_names, from_env
 from core.config.presets import preset_values
@@ -62,24 +62,22 @@ def load_file(path: str | Path) -> dict[str, Any]:
     if info.st_size > MAX_CONFIG_BYTES:
         raise PgolfError(f"config: {p} holds more than {MAX_CONFIG_BYTES:,} bytes: not a config file")
 
-    def once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        """A JSON object whose keys are all different."""
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise PgolfError(f"config: {p} sets {key!r} twice")
-            out[key] = value
-        return out
-
-    try:
-        text = read_file(p, "config", MAX_CONFIG_BYTES).decode("utf-8")
-        data = json.loads(text, object_pairs_hook=once) if as_json else tomllib.loads(text)
-    except UnicodeDecodeError:
-        raise PgolfError(f"config: {p} is not UTF-8 text") from None
-    except RecursionError:  # brackets nested a thousand deep: a flat table never nests
-        raise PgolfError(f"config: {p} nests values too deeply: it must be a flat table of fields") from None
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise PgolfError(f"config: {p} is not valid {'JSON' if as_json else 'TOML'} ({exc})") from None
+    # Numbers with a fraction are read exactly (Decimal): an integer field refuses 15999999.9999999999,
+    # which a float would have rounded to 16000000 (core/config/fields.py's _coerce).
+    text = read_text(p, "config", MAX_CONFIG_BYTES)
+    if as_json:
+        data = parse_json(text, f"config: {p}", exact=True, unique_keys=True)
+    else:
+        try:
+            data = tomllib.loads(text, parse_float=Decimal)
+        except RecursionError:  # brackets nested a thousand deep: a flat table never nests
+            raise PgolfError(
+                f"config: {p} nests values too deeply: it must be a flat table of fields"
+            ) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise PgolfError(f"config: {p} is not valid TOML ({exc})") from None
+        except ValueError:  # an integer of thousands of digits (Python's int refuses past 4,300)
+            raise PgolfError(f"config: {p} holds a number too long to be a setting") from None
     if not isinstance(data, dict):
         raise PgolfError(f"config: {p} must hold one object of config fields")
     unknown = sorted(set(data) - field_names())
