@@ -895,12 +895,12 @@ def runs(
     abort_behind reference), size (OVER: past the cap); then each group of seeds with its mean and spread.
     --json: every figure, each evaluation's time and the data's digests. `--compare A B`: is group B better
     than group A? `--compare RUN... --against FOLDER`: are these runs better than a published record?"""
-    import json
     from dataclasses import asdict
 
     from rich.measure import Measurement
     from rich.table import Table
 
+    from core.common.files import json_text
     from core.runs.stats import mean_std
     from core.runs.summary import find_runs, run_groups, summarize
 
@@ -925,7 +925,7 @@ def runs(
     if json_out:
         for s in summaries:
             row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(s).items()}
-            console.print(json.dumps({**row, "path": str(s.path)}), markup=False, soft_wrap=True)
+            console.print(json_text({**row, "path": str(s.path)}), markup=False, soft_wrap=True)
         return
     table = Table(title=f"runs in {out_dir}")
     columns = ("run", "model", "backend", "seed", "dataset", "data", "steps", "train time", "eval time", "val_bpb",
@@ -991,15 +991,21 @@ def _finished_runs(names: list[str], out_dir: Path) -> list:
         if not run.finished:
             raise PgolfError(f"{path}: the run has not finished (no final score)")
         found.append(run)
+    for run in found:
+        if not (math.isfinite(run.score_val_loss) and math.isfinite(run.score_val_bpb)):
+            raise PgolfError(
+                f"{run.path}: its final val_loss {run.score_val_loss} and val_bpb {run.score_val_bpb} are not both "
+                "finite: a diverged run has no score to compare"
+            )
     return list({run.path.resolve(): run for run in found}.values())
 
 
 def _compare_against(folder: Path, found: list, margin: float, alpha: float, json_out: bool) -> None:
     """Welch's one-sided t-test that the runs' val_loss is below the record's seeds' by more than `margin`
     nats (the challenge's rule), and the same in val_bpb with the margin converted at the record's ratio."""
-    import json
     from dataclasses import asdict
 
+    from core.common.files import json_text
     from core.runs.record_folder import seed_figures
     from core.runs.stats import mean_std, welch
 
@@ -1013,7 +1019,7 @@ def _compare_against(folder: Path, found: list, margin: float, alpha: float, jso
         result = {"record": str(folder), "record_seeds": seeds, "runs": [str(r.path) for r in found],
                   "run_seeds": [r.seed for r in found], "margin_nats": margin, "margin_bpb": margin_bpb,
                   "alpha": alpha, "nats": asdict(nats), "bpb": asdict(bits), "beats_record": nats.p < alpha}  # fmt: skip
-        console.print(json.dumps(result), markup=False, soft_wrap=True)
+        console.print(json_text(result), markup=False, soft_wrap=True)
         return
     console.print(
         f"record {folder}: seeds {','.join(seeds)}; mean val_loss {nats.mean_a:.6f} (std {nats.std_a:.6f}), "
@@ -1036,9 +1042,9 @@ def _compare_against(folder: Path, found: list, margin: float, alpha: float, jso
 
 def _compare_groups(groups: dict, a: str, b: str, json_out: bool = False) -> None:
     """Welch's one-sided t-test that group B's val_loss is below group A's (core/runs/stats.py)."""
-    import json
     from dataclasses import asdict
 
+    from core.common.files import json_text
     from core.runs.stats import RECORD_MARGIN_NATS, RECORD_P_VALUE, mean_std, welch
 
     for name in (a, b):
@@ -1052,7 +1058,7 @@ def _compare_groups(groups: dict, a: str, b: str, json_out: bool = False) -> Non
     if json_out:
         result = {"a": a, "b": b, "diff_nats": gain.diff, "diff_bpb": diff_bpb, "gain": asdict(gain),
                   "record_bar": asdict(bar), "meets_record_bar": bar.p < RECORD_P_VALUE}  # fmt: skip
-        console.print(json.dumps(result), markup=False, soft_wrap=True)
+        console.print(json_text(result), markup=False, soft_wrap=True)
         return
     console.print(f"A = {a}: {len(loss[a])} runs, mean val_loss {gain.mean_a:.6f} (std {gain.std_a:.6f})")
     console.print(f"B = {b}: {len(loss[b])} runs, mean val_loss {gain.mean_b:.6f} (std {gain.std_b:.6f})")

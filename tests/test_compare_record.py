@@ -151,3 +151,71 @@ def test_a_sweep_whose_spec_names_a_record_compares_every_variant_with_its_seeds
     bad = write_spec(tmp_path, 'record = "nowhere"\n' + VARIANTS, name="bad.toml")
     with pytest.raises(PgolfError, match="record must be the path of a records folder, got 'nowhere'"):
         sw.load_sweep(bad, environ={})
+
+
+def strict_json(text: str):
+    """JSON as the standard has it: NaN and Infinity are not JSON (Python's json accepts them)."""
+    return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {text[:200]}"))
+
+
+@pytest.mark.parametrize(
+    ("loss", "message"),
+    [
+        (0.0, "seed 42's val_loss 0 is not a number above 0 and below 1,000"),
+        # Written out in its logs, 1e300 is a number 309 digits long: each log is refused (check-record
+        # names it), and submission.json's own figures are no losses either.
+        (1e300, "no per-seed val_loss and val_bpb in its logs or submission.json"),
+        (-1e300, "no per-seed val_loss and val_bpb in its logs or submission.json"),
+    ],
+    ids=["zero", "huge", "negative"],
+)
+def test_a_record_whose_losses_are_no_losses_is_one_line(setup, tmp_path, loss, message):
+    """A mean val_loss of 0 divided the margin by zero; ±1e300 overflowed the spread."""
+    _, runs, _ = setup
+    record = write_folder(tmp_path / "odd", {seed: (loss, *rest) for seed, (_, *rest) in SEEDS.items()})
+    result = cli("runs", "--out-dir", str(runs), "--compare", "mine", "--against", str(record))
+    assert isinstance(result.exception, PgolfError), result.output
+    assert str(result.exception).removeprefix("record ").startswith(f"{record}: ")
+    assert message in str(result.exception)
+
+
+def test_a_log_figure_written_with_an_exponent_is_read_and_refused_when_no_loss(setup):
+    record, runs, _ = setup
+    log = record / "train_seed42.log"
+    log.write_text(
+        log.read_text().replace("val_bpb:1.09743840 eval_time:65493ms", "val_bpb:1e300 eval_time:65493ms")
+    )
+    result = cli("runs", "--out-dir", str(runs), "--compare", "mine", "--against", str(record))
+    assert isinstance(result.exception, PgolfError)
+    assert (
+        str(result.exception)
+        == f"record {record}: seed 42's val_bpb 1E+300 is not a number above 0 and below 1,000"
+    )
+
+
+def test_a_margin_past_any_loss_is_not_met_and_the_json_stays_json(setup):
+    record, runs, _ = setup
+    result = cli("runs", "--out-dir", str(runs), "--compare", "mine", "--against", str(record), "--margin", "1e308",
+                 "--json")  # fmt: skip
+    got = strict_json(result.output)
+    assert got["nats"]["p"] == 1.0 and got["bpb"]["p"] == 1.0 and not got["beats_record"]
+    assert got["nats"]["t"] is None  # -inf: no JSON number; null
+    assert "p=1.000e+00" in cli("runs", "--out-dir", str(runs), "--compare", "mine", "--against", str(record),
+                                "--margin", "1e308").output  # fmt: skip
+
+
+def test_a_diverged_run_is_named_and_every_json_figure_that_does_not_exist_is_null(setup):
+    record, runs, _ = setup
+    finished_run(runs, "diverged-seed4", 4, float("nan"), float("inf"), group="mine")
+    result = cli("runs", "--out-dir", str(runs), "--compare", "mine", "--against", str(record))
+    assert isinstance(result.exception, PgolfError)
+    assert str(result.exception).startswith(
+        f"{runs / 'diverged-seed4'}: its final val_loss nan and val_bpb inf"
+    )
+    rows = [strict_json(line) for line in cli("runs", "--out-dir", str(runs), "--json").output.splitlines()]
+    (diverged,) = [row for row in rows if row["name"] == "diverged-seed4"]
+    assert diverged["roundtrip_val_bpb"] is None and diverged["score_val_loss"] is None
+    one = cli(
+        "runs", "--out-dir", str(runs), "--compare", "same", "mine", "--json"
+    )  # a group without a spread
+    assert isinstance(one.exception, PgolfError) and "not finite" in str(one.exception)

@@ -431,7 +431,7 @@ def test_a_key_given_twice_is_refused_by_name(tmp_path):
 def test_deeply_nested_brackets_are_one_error_line(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
-    with pytest.raises(PgolfError, match="nests values too deeply: it must be a flat table|nested deeper than 64"):
+    with pytest.raises(PgolfError, match="nested deeper than 64"):
         load_file(path)
 
 

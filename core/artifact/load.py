@@ -19,7 +19,6 @@ resuming one is the CLI's.)
 
 from __future__ import annotations
 
-import json
 import warnings
 import zlib
 from pathlib import Path
@@ -45,9 +44,9 @@ from core.artifact.mixed import MIXED_FORMAT, MixedModel, mixed_from_container
 from core.artifact.records import load_record_artifact, record_compressor
 from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line
-from core.common.files import file_sha256, open_regular, read_file
+from core.common.files import file_sha256, open_regular, parse_json, read_file
 from core.config.fields import MAX_LAYERS, Config
-from core.config.sources import MAX_CONFIG_BYTES
+from core.config.sources import read_run_config
 from core.data.coprime import CoprimeLoader
 from core.data.sequential import BatchLoader, TokenStream
 from core.data.shards import read_shard
@@ -86,14 +85,14 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         if blob[8:9] != b"{":  # a safetensors header is JSON: its first byte is "{"
             raise ValueError("not safetensors")
         n = int.from_bytes(blob[:8], "little")
-        header = json.loads(blob[8 : 8 + n]) if len(blob) >= 8 + n else None
+        header = parse_json(blob[8 : 8 + n], f"checkpoint {path}: its header") if len(blob) >= 8 + n else None
         ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] if header else []
         if header is None or len(blob) < 8 + n + max(ends, default=0):
             raise PgolfError(
                 f"checkpoint {path}: truncated ({len(blob):,} bytes, fewer than its header promises)"
             )
         tensors = st_load(blob)
-        meta = json.loads(header["__metadata__"]["pgolf"])
+        meta = parse_json(header["__metadata__"]["pgolf"], f"checkpoint {path}: its metadata")
     except (SafetensorError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint (corrupt or wrong file)") from None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
@@ -134,14 +133,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 def checkpoint_config(path: str | Path) -> dict[str, Any]:
     """The config a checkpoint was trained with, from its header alone (the tensors are not read)."""
     path = Path(path)
-    if not path.is_file():
-        raise PgolfError(f"checkpoint {path}: not a regular file")
-    try:
-        with open(path, "rb") as f:
+    with open_regular(path, "checkpoint") as f:  # a FIFO, a device, a folder: refused by name
+        try:
             head = f.read(8)
             body = f.read(min(int.from_bytes(head.ljust(8, b"\0"), "little"), 100_000_000))
-    except OSError as exc:
-        raise PgolfError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
+        except OSError as exc:
+            raise PgolfError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
     return _metadata(head, body, path)["config"]
 
 
@@ -151,7 +148,8 @@ def _metadata(head: bytes, rest: bytes, path: Path) -> dict[str, Any]:
         n = int.from_bytes(head, "little")
         if len(head) < 8 or len(rest) < n:
             raise ValueError("short")
-        meta = json.loads(json.loads(rest[:n])["__metadata__"]["pgolf"])
+        header = parse_json(rest[:n], f"checkpoint {path}: its header")
+        meta = parse_json(header["__metadata__"]["pgolf"], f"checkpoint {path}: its metadata")
     except (ValueError, KeyError, TypeError):
         raise PgolfError(f"checkpoint {path}: not a pgolf checkpoint (corrupt or wrong file)") from None
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
@@ -339,14 +337,8 @@ def saved_config(path: str | Path) -> tuple[dict[str, Any], str] | None:
     if is_checkpoint(path):
         return checkpoint_config(path), f"checkpoint {path}"
     beside = path.parent / "config.json"
-    if beside.is_file():
-        try:
-            data = json.loads(read_file(beside, "run config", MAX_CONFIG_BYTES))
-        except ValueError:
-            raise PgolfError(f"run config {beside} is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise PgolfError(f"run config {beside} must hold one object of config fields")
-        return data, str(beside)
+    if beside.exists():  # a FIFO or a device there is refused by name, not passed over
+        return read_run_config(beside), str(beside)
     blob = read_file(path, "artifact", container.MAX_ARTIFACT_BYTES)
     if not is_container(blob):
         return None

@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -235,18 +236,21 @@ def read_json(path: str | Path, what: str, max_bytes: int, exact: bool = False) 
     return parse_json(read_text(path, what, max_bytes), f"{what} {path}", exact)
 
 
-def parse_json(text: str | bytes, where: str, exact: bool = False, unique_keys: bool = False) -> Any:
+def parse_json(
+    text: str | bytes, where: str, exact: bool = False, unique_keys: bool = False, finite: bool = True
+) -> Any:
     """`text` parsed as JSON, or a PgolfError starting with `where` (the file, and its line where it has
     lines). Refused: nesting deeper than MAX_JSON_DEPTH, an integer of more than MAX_INT_DIGITS digits,
     NaN, Infinity and numbers out of float range, a string with a lone surrogate (it has no UTF-8), and
     with `unique_keys` an object that gives a key twice. With `exact` the numbers with a fraction or
-    exponent are Decimals, as written."""
+    exponent are Decimals, as written. With `finite` False, NaN and Infinity are floats (as Python's
+    json.dumps writes a figure that is not finite: a diverged run's metrics)."""
     try:
         value = json.loads(
             text,
             parse_int=_json_int,
             parse_float=_json_decimal if exact else _json_float,
-            parse_constant=_json_constant,
+            parse_constant=_json_constant if finite else float,
             object_pairs_hook=_unique_keys if unique_keys else None,
         )
     except _Refused as exc:
@@ -260,6 +264,40 @@ def parse_json(text: str | bytes, where: str, exact: bool = False, unique_keys: 
     problem = _json_problem(value)
     if problem:
         raise PgolfError(f"{where}: {problem}")
+    return value
+
+
+def parse_toml(text: str, where: str, exact: bool = False) -> dict[str, Any]:
+    """`text` parsed as TOML, or a PgolfError starting with `where`: not TOML, nested deeper than
+    MAX_JSON_DEPTH, or an integer of more than MAX_INT_DIGITS digits (as `parse_json`). With `exact` the
+    numbers with a fraction are Decimals, as written."""
+    try:
+        value = tomllib.loads(text, parse_float=Decimal if exact else float)
+    except RecursionError:
+        raise PgolfError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PgolfError(f"{where}: not valid TOML ({exc})") from None
+    except ValueError:  # Python's int refuses over 4,300 digits
+        raise PgolfError(f"{where}: an integer of thousands of digits (at most {MAX_INT_DIGITS})") from None
+    problem = _json_problem(value)
+    if problem:
+        raise PgolfError(f"{where}: {problem}")
+    return value
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """`value` as JSON that `parse_json` reads back: a float that is not finite (NaN, inf), which JSON
+    cannot hold, written as null; `options` are json.dumps's (indent, default)."""
+    return json.dumps(_finite(value), allow_nan=False, **options)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
     return value
 
 
@@ -300,7 +338,8 @@ def _json_constant(name: str) -> float:
 
 
 def _json_problem(value: Any) -> str | None:
-    """What is wrong with a parsed JSON value: too deep, or a string with no UTF-8; None when nothing."""
+    """What is wrong with a parsed JSON (or TOML) value: too deep, an integer too long, or a string with
+    no UTF-8; None when nothing."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -314,4 +353,6 @@ def _json_problem(value: Any) -> str | None:
                 item.encode("utf-8")
             except UnicodeEncodeError:
                 return "a string holds a lone surrogate (\\ud800-\\udfff alone), which is not text"
+        elif isinstance(item, int) and len(str(abs(item))) > MAX_INT_DIGITS:
+            return f"an integer of {len(str(abs(item))):,} digits (at most {MAX_INT_DIGITS})"
     return None

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import os
 import stat
-import tomllib
 from collections.abc import Callable
 from dataclasses import fields
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import parse_json, read_text
+from core.common.files import parse_json, parse_toml, read_json, read_text
 from core.common.spelling import did_you_mean
 from core.config.fields import Config, env_names, field_names, from_env
 from core.config.presets import preset_values
+from core.data.manifest import dataset_settings
 
 # Where each field belongs (its declaration's `section`): what the lists below are drawn from.
 SECTIONS = ("data", "run", "schedule", "eval", "model", "optimizer", "artifact", "execution")
@@ -68,16 +67,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
     if as_json:
         data = parse_json(text, f"config: {p}", exact=True, unique_keys=True)
     else:
-        try:
-            data = tomllib.loads(text, parse_float=Decimal)
-        except RecursionError:  # brackets nested a thousand deep: a flat table never nests
-            raise PgolfError(
-                f"config: {p} nests values too deeply: it must be a flat table of fields"
-            ) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise PgolfError(f"config: {p} is not valid TOML ({exc})") from None
-        except ValueError:  # an integer of thousands of digits (Python's int refuses past 4,300)
-            raise PgolfError(f"config: {p} holds a number too long to be a setting") from None
+        data = parse_toml(text, f"config: {p}", exact=True)
     if not isinstance(data, dict):
         raise PgolfError(f"config: {p} must hold one object of config fields")
     unknown = sorted(set(data) - field_names())
@@ -90,6 +80,15 @@ def load_file(path: str | Path) -> dict[str, Any]:
             raise PgolfError(f"config: {key} in {p} has no value (null)")
         if isinstance(value, dict | list):
             raise PgolfError(f"config: {key} in {p} must be one value, not a table or a list")
+    return data
+
+
+def read_run_config(path: str | Path) -> dict[str, Any]:
+    """A run's config.json (`path`: the file) as written: one JSON object, read through the guarded reader
+    (a regular file of at most MAX_CONFIG_BYTES, UTF-8, JSON bounded); else a PgolfError naming it."""
+    data = read_json(path, "run config", MAX_CONFIG_BYTES)
+    if not isinstance(data, dict):
+        raise PgolfError(f"run config {path} must hold one object of config fields")
     return data
 
 
@@ -120,16 +119,27 @@ def resolve_sources(
     for layer in layers:
         name = layer.get("dataset", ("", ""))[0]
         if name and not {"data_path", "tokenizer_path", "vocab_size"} <= set(layer):
-            from core.data.manifest import dataset_settings
-
             found = dataset_settings(str(name))
             layer = {**{k: (v, f"dataset {name}") for k, v in found.items()}, **layer}
-        cfg = cfg.replace(**{k: value for k, (value, _) in layer.items()})
+        cfg = _applied(cfg, layer)
         sources.update({k: source for k, (_, source) in layer.items()})
     if not cfg.dataset:
         cfg = cfg.replace(dataset=Path(cfg.data_path).name)
         sources["dataset"] = "data_path"
     return cfg, sources
+
+
+def _applied(cfg: Config, layer: dict[str, tuple[Any, str]]) -> Config:
+    """`cfg` with a layer's values; a value of the wrong type is refused naming where it came from."""
+    try:
+        return cfg.replace(**{k: value for k, (value, _) in layer.items()})
+    except PgolfError as exc:
+        for name, (value, source) in layer.items():  # which value: the error of the first that fails alone
+            try:
+                cfg.replace(**{name: value})
+            except PgolfError:
+                raise PgolfError(f"{exc} ({source})") from None
+        raise
 
 
 def resolve(

@@ -19,7 +19,6 @@ global phases, the full mode's chunks), and a later window may read them as cont
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.common.errors import PgolfError
-from core.common.files import file_sha256, read_file
+from core.common.files import file_sha256, read_json
 from core.config.fields import Config
 from core.data.shards import find_shards
 from core.eval.bpb import EvalData
@@ -240,10 +239,10 @@ def check_calibration(artifact: Path, cfg: Config, val_path: str | Path | None =
     with GPTQ or a fit needs a record naming its files; one without needs none."""
     used = cfg.gptq_enabled or cfg.artifact_fit_bytes > 0
     record = artifact.with_suffix(".calibration.json")
-    if not record.is_file():
+    if not record.exists():  # (a FIFO or a device there is refused by name below)
         return Calibration("not recorded" if used else "none", [], [], None)
     try:
-        found = json.loads(read_file(record, "calibration record", 2**20).decode("utf-8"))
+        found = read_json(record, "calibration record", 2**20)
         data_path = Path(found["data_path"])
         lists = [found["gptq_shards"], found.get("fit_shards", [])]
         if not all(isinstance(n, list) and all(isinstance(x, str) for x in n) for n in lists):

@@ -60,6 +60,7 @@ from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.config.features import FEATURES, uses_pergroup, uses_varlen_attention
 from core.config.fields import EVAL_LIMIT_SECONDS, Config
+from core.config.sources import read_run_config
 from core.data.provenance import SAME_DATA
 from core.runs.run_artifact import check_run_artifact
 from core.runs.stats import mean_std
@@ -589,8 +590,8 @@ def _check_seeds(
 def _finished_run(run_dir: Path) -> tuple[Config, RunSummary]:
     """A run's config and its summary (core.runs.summary: its score is the sliding-window one where evaluated so)."""
     try:
-        cfg = Config.from_dict(json.loads((run_dir / "config.json").read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
+        cfg = Config.from_dict(read_run_config(run_dir / "config.json"))
+    except PgolfError as exc:
         raise PgolfError(f"package: {run_dir} has no readable config.json ({exc})") from None
     if cfg.artifact_fit_bytes:
         raise PgolfError(

@@ -602,7 +602,9 @@ def seed_figures(folder: str | Path) -> tuple[list[str], list[float], list[float
     for seed, loss, bpb in zip(seeds, losses, bpbs, strict=True):
         for name, value in (("val_loss", loss), ("val_bpb", bpb)):
             if not 0 < value < MAX_FIGURE:
-                raise PgolfError(f"record {folder}: seed {seed}'s {name} {value} is not {FIGURE.what}")
+                raise PgolfError(
+                    f"record {folder}: seed {seed}'s {name} {value.normalize()} is not {FIGURE.what}"
+                )
     return seeds, [float(v) for v in losses], [float(v) for v in bpbs]
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from core.artifact.export import quant_label
 from core.common.errors import PgolfError
-from core.common.files import file_sha256, read_file
+from core.common.files import file_sha256, read_text
 from core.config.fields import Config
 from core.runs.summary import read_metrics
 
-LOGGED_SIZE = re.compile(r"^Serialized model \S+: (\d+) bytes$", re.M)  # core/train/loop.py's line
+# core/train/loop.py's line; a size of more digits than any file's is no size (and no int() of it)
+LOGGED_SIZE = re.compile(r"^Serialized model \S+: (\d{1,20}) bytes$", re.M)
 MAX_LOG_BYTES = 2**28
 
 
@@ -30,9 +31,7 @@ def check_run_artifact(run_dir: Path, cfg: Config) -> Path:
     claims = [("its final record", int(final["artifact_bytes"]))]
     log = run_dir / "train.log"
     if log.is_file():
-        sizes = LOGGED_SIZE.findall(
-            read_file(log, "run log", MAX_LOG_BYTES).decode("utf-8", errors="replace")
-        )
+        sizes = LOGGED_SIZE.findall(read_text(log, "run log", MAX_LOG_BYTES))
         claims += [("its train.log", int(sizes[-1]))] if sizes else []
     for where, claimed in claims:
         if claimed != size:

@@ -35,12 +35,20 @@ class Welch:
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """The mean and the sample standard deviation (n - 1; nan for fewer than 2 values)."""
+    """The mean and the sample standard deviation (n - 1; nan for fewer than 2 values). Values past
+    float's range in their sum or squares give inf, never an OverflowError."""
     xs = [float(v) for v in values]
-    mean = math.fsum(xs) / len(xs)
+    mean = _sum(xs) / len(xs)
     if len(xs) < 2:
         return mean, math.nan
-    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in xs) / (len(xs) - 1))
+    return mean, math.sqrt(_sum([(v - mean) * (v - mean) for v in xs]) / (len(xs) - 1))
+
+
+def _sum(xs: list[float]) -> float:
+    try:
+        return math.fsum(xs)
+    except (OverflowError, ValueError):  # an intermediate sum past float's range (ValueError: inf - inf)
+        return sum(xs)
 
 
 def _checked(values: Sequence[float], name: str) -> list[float]:
@@ -59,8 +67,11 @@ def welch(a: Sequence[float], b: Sequence[float], margin: float = 0.0) -> Welch:
     if std_a == std_b == 0.0:  # no spread at all (scipy answers nan): the answer is certain either way
         t = math.copysign(math.inf, diff - margin) if diff != margin else 0.0
         return Welch(mean_a, mean_b, 0.0, 0.0, diff, t, math.inf, 0.0 if diff > margin else 1.0, margin)
-    from scipy.stats import ttest_ind
+    from scipy.stats import t as student_t
 
-    result = ttest_ind([x - margin for x in xs], ys, equal_var=False, alternative="greater")
-    t, p, df = float(result.statistic), float(result.pvalue), float(result.df)
-    return Welch(mean_a, mean_b, std_a, std_b, diff, t, df, p, margin)
+    # scipy's ttest_ind(xs - margin, ys, equal_var=False, alternative="greater"), with the margin taken off
+    # the means rather than each value: a margin far larger than the values (1e308) leaves their spread.
+    var_a, var_b = std_a * std_a / len(xs), std_b * std_b / len(ys)
+    t = (diff - margin) / math.sqrt(var_a + var_b)
+    df = (var_a + var_b) * (var_a + var_b) / (var_a * var_a / (len(xs) - 1) + var_b * var_b / (len(ys) - 1))
+    return Welch(mean_a, mean_b, std_a, std_b, diff, t, df, float(student_t.sf(t, df)), margin)

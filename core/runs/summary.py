@@ -5,22 +5,25 @@ that trained the run."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import read_file
+from core.common.files import parse_json, read_file
 from core.config.fields import BUDGET_BYTES
+from core.config.sources import read_run_config
 
+MAX_METRICS_BYTES = 2**30  # a run's metrics log: a record per logged step, ~300 bytes each
 # The fields each kind of record must hold as numbers (other kinds are kept as they are).
 NUMERIC_FIELDS = {
     "train": ("step", "train_time_ms", "train_loss"),
     "val": ("step", "train_time_ms", "val_bpb"),
     "final": ("steps", "train_time_ms", "roundtrip_val_bpb", "artifact_bytes", "code_bytes"),
 }
+# Of those, the counts and times, which must be finite (a diverged run's loss or score may be NaN).
+FINITE_FIELDS = ("step", "steps", "train_time_ms", "artifact_bytes", "code_bytes")
 
 
 def newest_checkpoint(path: str | Path) -> Path:
@@ -59,33 +62,36 @@ def run_of_checkpoint(checkpoint: Path) -> Path | None:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a run's metrics.jsonl (path = the run directory or the file).
 
-    A run killed while writing can leave its last line cut short: that line is
-    skipped. Damage anywhere else is an error naming the line.
+    A run killed while writing can leave its last line cut short (no newline after it, maybe in the
+    middle of a character): that line is skipped. Damage anywhere else is an error naming the line,
+    as is JSON the guarded parser refuses (nesting, huge integers, NaN: core/common/files.py).
     """
     p = Path(path)
     if p.is_dir():
         p = p / "metrics.jsonl"
-    try:  # a regular file only: a FIFO there would block the reader
-        lines = read_file(p, "metrics log").decode("utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise PgolfError(f"{p}: cannot read the metrics log ({exc})") from None
+    pieces = read_file(p, "metrics log", MAX_METRICS_BYTES).split(b"\n")  # a regular file only: never a FIFO
     records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, raw in enumerate(pieces, 1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
+            line = raw.decode("utf-8")
+            if not line.strip():
+                continue
+            record = parse_json(line, f"{p}:{number}", finite=False)  # a diverged run's NaN is a figure
+        except (UnicodeDecodeError, PgolfError) as exc:
+            if number == len(pieces):  # the last line, cut short by a killed writer
                 break
-            raise PgolfError(f"{p}:{number}: not a JSON record") from None
+            if isinstance(exc, PgolfError):
+                raise
+            raise PgolfError(f"{p}:{number}: not UTF-8 text") from None
         if not isinstance(record, dict) or "kind" not in record:
             raise PgolfError(f"{p}:{number}: a record needs a 'kind'")
         for key in NUMERIC_FIELDS.get(record["kind"], ()):
             value = record.get(key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            finite = key not in FINITE_FIELDS or (isinstance(value, float | int) and math.isfinite(value))
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not finite:
+                kind = "a finite number" if key in FINITE_FIELDS else "a number"
                 raise PgolfError(
-                    f"{p}:{number}: a {record['kind']} record needs a number '{key}', got {value!r}"
+                    f"{p}:{number}: a {record['kind']} record needs {kind} '{key}', got {value!r}"
                 )
         records.append(record)
     return records
@@ -127,12 +133,14 @@ class RunSummary:
 def summarize(run_dir: str | Path) -> RunSummary:
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
+    try:  # a summary without the config when it is lost or damaged (the sweep's report says which)
+        cfg = read_run_config(run_dir / "config.json")
+    except PgolfError:
+        cfg = {}
     try:
-        cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
         model = f"{cfg['num_layers']}x{cfg['model_dim']}, vocab {cfg['vocab_size']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        cfg, model = {}, "?"
-    cfg = cfg if isinstance(cfg, dict) else {}
+    except KeyError:
+        model = "?"
     start = next((r for r in reversed(records) if r["kind"] == "start"), {})
     data = next((r for r in reversed(records) if r["kind"] == "data"), None)
     seed = cfg.get("seed")
@@ -225,8 +233,9 @@ def run_groups(summaries: list[RunSummary]) -> dict[str, list[RunSummary]]:
 
 
 def find_runs(root: str | Path) -> list[Path]:
-    """Run directories under `root` (those holding a metrics log), oldest name first."""
+    """Run directories under `root` (those holding a metrics log), oldest name first. A metrics log that is
+    no regular file (a FIFO) counts: its reader refuses it by name rather than the run going unlisted."""
     root = Path(root)
     if not root.is_dir():
         raise PgolfError(f"{root}: no such directory of runs")
-    return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").is_file())
+    return sorted(p for p in root.iterdir() if (p / "metrics.jsonl").exists())

@@ -37,21 +37,19 @@ report; cli.py starts the runs.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.common.errors import PgolfError
-from core.common.files import WriterLock, read_file, write_atomic
+from core.common.files import WriterLock, json_text, open_regular, parse_toml, read_text, write_atomic
 from core.common.spelling import did_you_mean
 from core.config.fields import SEED_MAX, Config, env_names, field_names
 from core.config.presets import PRESETS
-from core.config.sources import resolve
+from core.config.sources import read_run_config, resolve
 from core.model.backend import ALIASES, CHOICES
 from core.runs.record_folder import seed_figures
 from core.runs.stats import mean_std, welch
@@ -65,6 +63,7 @@ SWEEP_FIELDS = ("seed", "run_id", "run_group", "out_dir")
 BASE = "base"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]*")
 MAX_SPEC_BYTES = 2**20
+MAX_FAILURE_BYTES = 2**16  # what is read of a failed run's error line and output
 # The most runs (variants x seeds) one spec may plan: counted before the grid is expanded, so a typo'd
 # grid is one line, not a machine out of memory. Far more than a sweep trains in a week.
 MAX_RUNS = 10_000
@@ -119,13 +118,7 @@ def load_sweep(spec: str | Path, environ: dict[str, str] | None = None) -> Sweep
     """The sweep a spec file describes, every variant's config checked; one-line errors naming the spec."""
     spec = Path(spec)
     where = f"sweep spec {spec}"
-    text = read_file(spec, "sweep spec", MAX_SPEC_BYTES)
-    try:
-        data = tomllib.loads(text.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise PgolfError(f"{where} is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PgolfError(f"{where} is not valid TOML ({exc})") from None
+    data = parse_toml(read_text(spec, "sweep spec", MAX_SPEC_BYTES), where)
     for key in data:
         if key not in SPEC_KEYS:
             raise PgolfError(f"{where}: unknown key {key!r}{did_you_mean(key, SPEC_KEYS)}")
@@ -315,7 +308,6 @@ BEHIND = "behind"  # stopped by itself behind its abort_behind reference: not a 
 UNKNOWN = "unknown"  # in the report: a finished run whose config is not known to be the spec's
 # The files of a run folder the sweep reads or resumes from (besides final_model.* and checkpoints/*).
 RUN_FILES = ("config.json", "metrics.jsonl", "train.log", CONFIG_FILE, LOG_FILE, FAILED_FILE)
-MAX_CONFIG_BYTES = 2**20
 
 
 def run_state(run: PlannedRun) -> str:
@@ -372,11 +364,9 @@ def trained_with(path: Path) -> dict[str, Any] | str:
     digest, in metrics.jsonl beside its scores); else why that is unknown (a config.json lost, damaged
     or edited since)."""
     try:
-        saved = json.loads(read_file(path / "config.json", "run config", MAX_CONFIG_BYTES).decode("utf-8"))
-    except (PgolfError, OSError, ValueError):
-        return "its config.json is missing or unreadable: what it trained with is unknown"
-    if not isinstance(saved, dict):
-        return "its config.json is not a table of settings: what it trained with is unknown"
+        saved = read_run_config(path / "config.json")
+    except PgolfError:
+        return "its config.json is missing, unreadable or not a table of settings: what it trained with is unknown"
     try:
         starts = [r for r in read_metrics(path) if r.get("kind") == "start"]
     except PgolfError:
@@ -412,17 +402,21 @@ def _check_same_settings(run: PlannedRun) -> None:
 
 def failure(path: Path) -> str:
     """The error line a failed run ended with (its sweep_failed.txt), or ''."""
-    try:
-        return (path / FAILED_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
+    if not (path / FAILED_FILE).exists():
         return ""
+    try:
+        return read_text(path / FAILED_FILE, "failure record", MAX_FAILURE_BYTES).strip()
+    except PgolfError as exc:  # a failure record that is no text: what is wrong with it, in its place
+        return str(exc)
 
 
 def last_error_line(log: Path) -> str:
     """The line a failed run's output ended with: its last `error:` line, else its last line."""
-    try:
-        lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
-    except OSError:
+    try:  # its last MAX_FAILURE_BYTES: a failed run's output can be long
+        with open_regular(log, "run output") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - MAX_FAILURE_BYTES))
+            lines = [line.strip() for line in f.read().decode("utf-8", errors="replace").splitlines()]
+    except PgolfError:
         return "no output"
     lines = [line for line in lines if line]
     errors = [line for line in lines if line.startswith(("error:", "[rank"))]
@@ -597,7 +591,7 @@ def write_report(sweep: Sweep, command: str = "") -> tuple[dict[str, Any], list[
     if not result["finished"]:
         raise PgolfError(f"sweep {sweep.name}: no run has finished yet (cli.py sweep {sweep.spec} runs them)")
     paths = [
-        write_atomic(sweep.report_path(".json"), (json.dumps(result, indent=2) + "\n").encode()),
+        write_atomic(sweep.report_path(".json"), (json_text(result, indent=2) + "\n").encode()),
         write_atomic(sweep.report_path(".md"), markdown(result, command).encode()),
     ]
     curves = {run.variant: [] for run in sweep.runs}
