@@ -480,7 +480,7 @@ def _explain_breaks(backend, batch) -> dict:
     import torch
     import torch._dynamo
 
-    x, y = (backend._to_device(a) for a in batch)
+    x, y = (backend.to_device(a) for a in batch)
     try:
         with backend.autocast:
             out = torch._dynamo.explain(backend.model)(x, y, looping=backend.looping)

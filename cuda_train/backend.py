@@ -25,13 +25,13 @@ from core.common.launch import launch
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
+from cuda_train.ttt import TorchTTT
 
 if TYPE_CHECKING:  # names for annotations alone
     from collections.abc import Callable
     from contextlib import AbstractContextManager
 
     from core.config.fields import Config
-    from cuda_train.ttt import TorchTTT
 
 # Dense bf16 tensor-core peaks from NVIDIA's datasheets, by the exact name torch.cuda reports:
 # the PCIe and NVL cards of a generation are slower than its SXM one (a substring would mix them).
@@ -194,7 +194,7 @@ class TorchBackend:
                     opt.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32, device=where)
 
     # --------------------------------------------------------------- compute
-    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+    def to_device(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.torch_device, torch.int64, non_blocking=True)
 
     def train_step(
@@ -212,7 +212,7 @@ class TorchBackend:
             # DDP averages the gradients over the ranks at the last micro-batch only.
             context = self.runner.no_sync() if self.world_size > 1 and i < n - 1 else nullcontext()
             with context, self.autocast:
-                loss = self.runner(self._to_device(x), self._to_device(y), looping=self.looping)
+                loss = self.runner(self.to_device(x), self.to_device(y), looping=self.looping)
             (loss / n).backward()
             total += loss.detach()
         if self.cfg.grad_clip_norm > 0:
@@ -239,9 +239,7 @@ class TorchBackend:
     def eval_nll(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         self.model.eval()
         with self.autocast:
-            loss = self.compiled(
-                self._to_device(x), self._to_device(y), reduction="sum", looping=self.looping
-            )
+            loss = self.compiled(self.to_device(x), self.to_device(y), reduction="sum", looping=self.looping)
         return loss.double()  # queued, not waited for: the caller sums on the device
 
     def segments_every(self, length: int) -> AbstractContextManager[None]:
@@ -251,7 +249,7 @@ class TorchBackend:
     def token_losses(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         self.model.eval()
         with self.autocast:
-            nll = self._token_losses(self._to_device(x), self._to_device(y), looping=self.looping)
+            nll = self._token_losses(self.to_device(x), self.to_device(y), looping=self.looping)
         return nll.float().cpu().numpy()
 
     @torch.inference_mode()
@@ -275,7 +273,7 @@ class TorchBackend:
         try:
             for x, _ in batches:
                 with self.autocast:
-                    add(head_weight_name(self.cfg), self.model.hidden(self._to_device(x), self.looping))
+                    add(head_weight_name(self.cfg), self.model.hidden(self.to_device(x), self.looping))
         finally:
             for hook in hooks:
                 hook.remove()
@@ -286,7 +284,7 @@ class TorchBackend:
         """float32 logits (B, T, V) of token ids `x` (B, T), after the softcap (parity checks: `verify`)."""
         self.model.eval()
         with self.autocast:
-            return self.model.logits(self._to_device(x), self.looping).float().cpu().numpy()
+            return self.model.logits(self.to_device(x), self.looping).float().cpu().numpy()
 
     def decoder(self) -> Callable[[np.ndarray], np.ndarray]:
         """A new generation (`sample`): the next ids in, the logits after the last of them out; the keys and
@@ -297,14 +295,12 @@ class TorchBackend:
         def next_logits(ids: np.ndarray) -> np.ndarray:
             model.eval()
             with self.autocast:
-                out = model.logits(self._to_device(ids[None]), self.looping, cache)
+                out = model.logits(self.to_device(ids[None]), self.looping, cache)
             return out[0, -1].float().cpu().numpy()
 
         return next_logits
 
     def ttt(self) -> TorchTTT:
-        from cuda_train.ttt import TorchTTT  # (test-time training's runs only)
-
         return TorchTTT(self)
 
     def counter_add(self, key: str, amount: int) -> int:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from core.model.params import make_modules
 from core.model.walk import Walk
+from cuda_train.varlen import flash_varlen, varlen_attention
 
 if TYPE_CHECKING:  # names for annotations alone
     from collections.abc import Callable
@@ -48,11 +49,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, expand_kv: bool, lower: Te
     t, s = q.size(2), k.size(2)
     if lower is not None:
         fits = q.is_cuda and t == s and q.dtype == torch.bfloat16  # (the compute dtypes: fp32, bf16)
-        if fits and not torch.compiler.is_compiling():
-            from cuda_train.varlen import flash_varlen, varlen_attention  # only document masking's runs
-
-            if flash_varlen() is not None:
-                return varlen_attention(q, k, v, lower)
+        if fits and not torch.compiler.is_compiling() and flash_varlen() is not None:
+            return varlen_attention(q, k, v, lower)
     if lower is not None or t < s:  # a document mask, or decoding after cached tokens
         keys = torch.arange(s, device=q.device)
         visible = keys <= torch.arange(s - t, s, device=q.device)[:, None]  # (T, S)

@@ -1,28 +1,42 @@
 """Test-time training's device side on PyTorch (core/eval/ttt.py runs it): LoRA adapters
-scored then trained chunk by chunk, and SGD on the model's own weights. Packaged only for the runs that
-use test-time training: `TorchBackend.ttt` imports it.
+scored then trained chunk by chunk, and SGD on the model's own weights, on the model of the backend
+that makes it (`TorchBackend.ttt`), through what `TTTHost` names of it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
 
 from core.model.lora import adapter_shapes
-from cuda_train.model import maybe_compile
+from cuda_train.model import GPT, maybe_compile
 
 if TYPE_CHECKING:  # names for annotations alone
     import numpy as np
 
-    from cuda_train.backend import TorchBackend
+    from core.config.fields import Config
+
+
+class TTTHost(Protocol):
+    """What test-time training uses of the backend that makes it."""
+
+    cfg: Config
+    model: GPT
+    torch_device: torch.device
+    autocast: AbstractContextManager
+    looping: bool
+    world_size: int
+
+    def to_device(self, a: np.ndarray) -> torch.Tensor: ...
 
 
 class TorchTTT:
-    """The operations of core.model.backend's `TTT` on a TorchBackend's model, for one evaluation."""
+    """The operations of core.model.backend's `TTT` on a backend's model, for one evaluation."""
 
-    def __init__(self, backend: TorchBackend):
+    def __init__(self, backend: TTTHost):
         self.backend, self.cfg, self.model = backend, backend.cfg, backend.model
         # The LoRA forward, adapters in and their gradients out: each batch of documents has its own window
         # length, so its shapes are dynamic.
@@ -81,7 +95,7 @@ class TorchTTT:
         backend, model = self.backend, self.model
         model.eval()
         pairs, optimizer = adapters
-        xt, yt = backend._to_device(x), backend._to_device(y)
+        xt, yt = backend.to_device(x), backend.to_device(y)
         rows = torch.tensor(train_rows, dtype=torch.float32, device=backend.torch_device)
         steps = self.cfg.ttt_grad_steps if train_rows.any() else 0
         model.requires_grad_(False)  # the model's own weights out of autograd: only adapters learn
@@ -116,7 +130,7 @@ class TorchTTT:
         if x.shape[0]:
             with backend.autocast, model.walk.plain_causal(not doc_mask):
                 loss = model(
-                    backend._to_device(x), backend._to_device(y), reduction="sum", looping=backend.looping
+                    backend.to_device(x), backend.to_device(y), reduction="sum", looping=backend.looping
                 )
             (loss / total_tokens).backward()
         for p in params:

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,9 +32,7 @@ from core.model.backend import text_by_sum
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from mlx_train.model import GPT, CastedLinear
 from mlx_train.optim import Optimizers
-
-if TYPE_CHECKING:  # only annotations name it
-    from mlx_train.ttt import MLXTTT
+from mlx_train.ttt import MLXTTT
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 
@@ -236,8 +233,6 @@ class MLXBackend:
         return next_logits
 
     def ttt(self) -> MLXTTT:
-        from mlx_train.ttt import MLXTTT
-
         return MLXTTT(self)
 
     def counter_add(self, key: str, amount: int) -> int:

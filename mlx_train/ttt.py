@@ -1,12 +1,12 @@
 """Test-time training's device side on MLX (core/eval/ttt.py runs it): LoRA adapters
-scored then trained chunk by chunk, and SGD on the model's own weights; `MLXBackend.ttt` makes it,
-as cuda_train/ttt.py is PyTorch's.
+scored then trained chunk by chunk, and SGD on the model's own weights, on the model of the backend
+that makes it (`MLXBackend.ttt`), through what `TTTHost` names of it; cuda_train/ttt.py is PyTorch's.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,15 +15,23 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from core.config.fields import Config
 from core.model.lora import adapter_shapes
+from mlx_train.model import GPT
 
-if TYPE_CHECKING:  # only annotations name it
-    from mlx_train.backend import MLXBackend
+
+class TTTHost(Protocol):
+    """What test-time training uses of the backend that makes it."""
+
+    cfg: Config
+    model: GPT
+    looping: bool
+    world_size: int
+    group: Any  # the distributed group of its collectives
 
 
 class MLXTTT:
-    """The operations of core.model.backend's `TTT` on an MLXBackend's model, for one evaluation."""
+    """The operations of core.model.backend's `TTT` on a backend's model, for one evaluation."""
 
-    def __init__(self, backend: MLXBackend):
+    def __init__(self, backend: TTTHost):
         self.backend, self.cfg, self.model = backend, backend.cfg, backend.model
 
     def new_adapters(self, a: dict[str, np.ndarray]) -> MLXAdapters:

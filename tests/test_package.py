@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import math
 import os
@@ -17,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.common.errors import PgolfError
-from core.config.features import FEATURES
+from core.config.features import FEATURES, TRAINING_PATH
 from core.config.fields import Config
 from core.config.presets import preset
 from core.runs import package
 from core.runs.package import (
-    ENTRY,
+    MAIN_IMPORTS,
     _imports,
     bundled_modules,
     code_bytes,
@@ -53,24 +54,19 @@ LEFT_OUT = (
 )  # fmt: skip
 
 
-def test_the_bundle_is_the_training_path():
+def test_the_bundle_is_the_declared_list():
     names = set(bundled_modules(preset("record_0427")))
     assert "core.eval.sliding" in bundled_modules(preset("record_0401"))
     assert "core.eval.sliding" not in names  # record 2026-04-27 scores no sliding windows
-    assert (
-        set(ENTRY)
-        | {
-            "core.train.rundir",
-            "core.artifact.export",
-            "core.artifact.gptq",
-            "core.data.shards",
-            "cuda_train.model",
-            "cuda_train.optim",
-        }
-        <= names
-    )
+    assert {module for module, _ in MAIN_IMPORTS} | {"core.config.features"} <= set(TRAINING_PATH)
+    packages = {"core", "cuda_train", *(m.rsplit(".", 1)[0] for m in TRAINING_PATH)}
+    optional = {m for _, modules, _, _ in FEATURES for m in modules}
+    assert set(TRAINING_PATH) | packages <= names <= set(TRAINING_PATH) | packages | optional
     assert names & set(LEFT_OUT) == set()
-    for name in LEFT_OUT:  # each exists: a renamed module would make this test pass vacuously
+    for name in (
+        *LEFT_OUT,
+        *TRAINING_PATH,
+    ):  # each exists: a renamed module would make this test pass vacuously
         assert (ROOT / (name.replace(".", "/") + ".py")).is_file() or (ROOT / name / "__init__.py").is_file()
 
 
@@ -115,15 +111,28 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         assert set(bundled_modules(tiny.replace(**changes).validate())) & optional == expected, changes
 
 
-def test_a_top_level_import_of_a_left_out_module_is_refused_at_package_time(monkeypatch):
-    """core.eval.bpb made optional: the modules always bundled import it at their top level."""
-    monkeypatch.setattr(
-        package, "FEATURES", (*FEATURES, ("bytes", ("core.eval.bpb",), lambda cfg: False, "eval_stride"))
-    )
-    with pytest.raises(
-        PgolfError, match=r"imports core\.eval\.bpb at its top level, but only runs with bytes"
-    ):
+def test_a_top_level_import_of_a_module_on_no_list_is_refused_with_its_chain(monkeypatch, tmp_path):
+    """A CLI-only module imported at the top of the run directory's module would ship in every script."""
+    rundir = tmp_path / "rundir.py"
+    rundir.write_text((ROOT / "core/train/rundir.py").read_text() + "\nimport core.runs.plots\n")
+    real = package._file
+    monkeypatch.setattr(package, "_file", lambda name: rundir if name == "core.train.rundir" else real(name))
+    with pytest.raises(PgolfError, match=r"core\.runs\.plots <- core\.train\.rundir: .* on neither its list"):
         bundled_modules(preset("tiny"))
+
+
+def test_a_left_out_module_is_a_stand_in_that_refuses_to_be_used():
+    text = script(preset("tiny"), compressed=False)
+    namespace: dict = {"SOURCES": {}, "__file__": "train_gpt.py"}
+    exec(text[text.index("\nimport importlib.abc") : text.index("\ndef main():")], namespace)
+    assert "core.artifact.gptq" in namespace["LEFT_OUT"] and "core.train.loop" not in namespace["LEFT_OUT"]
+    spec = namespace["BundledModules"]().find_spec("core.artifact.gptq")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(PgolfError, match="^this train_gpt.py was packaged without core.artifact.gptq$"):
+        module.gptq_quantize(None)
+    with pytest.raises(PgolfError, match="packaged without core.artifact.gptq"):
+        module.GPTQ_SETTINGS.anything  # noqa: B018 (an attribute read is a use)
 
 
 def test_only_the_imports_that_run_when_a_module_is_imported_are_followed():

@@ -37,7 +37,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from core.common import compress
+from core.common import compress, pergroup
 from core.common.errors import PgolfError, first_line
 from core.common.files import read_file, write_atomic
 
@@ -96,19 +96,15 @@ def container_bytes(
 
 def pack_body(payload: bytes, compressor: str, level: int | None = None, shuffle: int = 0) -> bytes:
     """The container's body: the id byte and the compressed payload (core/common/compress.py: `pack`), or the
-    pergroup compressor's streams (core/common/pergroup.py, imported for the runs that use it alone)."""
+    pergroup compressor's streams (core/common/pergroup.py)."""
     if compressor != compress.PERGROUP:
         return compress.pack(payload, compressor, level, shuffle)
-    from core.common import pergroup
-
     return compress.id_byte(payload, compressor, shuffle) + pergroup.pack(payload, shuffle)
 
 
 def unpack_body(body: bytes) -> tuple[bytes, str, int]:
     """(payload, compressor name, shuffle stride) of `pack_body`'s bytes; ValueError when damaged."""
     if body and compress.compressor_by_id(body[0] & ~compress.SHUFFLE_FLAG).name == compress.PERGROUP:
-        from core.common import pergroup
-
         payload, stride = pergroup.unpack(body[1:], bool(body[0] & compress.SHUFFLE_FLAG))
         return payload, compress.PERGROUP, stride
     return compress.unpack(body)

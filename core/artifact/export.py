@@ -24,22 +24,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from core.artifact import container, int8
 from core.artifact.int8 import Int8Model
+from core.artifact.int8_format import artifact_bytes, dequantize_int8, int8_from_container, quantize_int8
+from core.artifact.lqer import LqerSettings
+from core.artifact.mixed import (
+    MixedModel,
+    dequantize_mixed,
+    mixed_artifact_bytes,
+    mixed_from_container,
+    quantize_mixed,
+)
+from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError, first_line
 from core.common.files import file_sha256, read_file
 from core.config.features import uses_gptq, uses_int8_format, uses_lqer
 from core.config.fields import SCORING_FIELDS, Config
 from core.model.params import artifact_classes
-
-if TYPE_CHECKING:  # each format's modules: imported where used, by the runs that use it
-    from core.artifact.lqer import LqerSettings
-    from core.artifact.mixed import MixedModel
-    from core.artifact.rowquant import Clip
 
 __all__ = [
     "ExportReport",
@@ -90,8 +95,6 @@ def class_clips(cfg: Config) -> dict[str, Clip]:
     """Each class's clip rule: SDClip at k std where its `*_clip_sigmas` is set; else, at 8 bits,
     the int8 format's percentile (as the records keep their int8 embedding), and below 8 bits
     the search over five percentiles (GPTQ-lite)."""
-    from core.artifact.rowquant import Clip
-
     sigmas = {
         "embedding": cfg.embed_clip_sigmas,
         "attention": cfg.attn_clip_sigmas or cfg.matrix_clip_sigmas,
@@ -125,8 +128,6 @@ def lqer_settings(cfg: Config) -> LqerSettings | None:
     """The LQER corrections `cfg` asks for (mixed format), or None."""
     if not uses_lqer(cfg):
         return None
-    from core.artifact.lqer import LqerSettings
-
     return LqerSettings(
         cfg.lqer_rank, cfg.lqer_top_k, cfg.lqer_factor_bits, cfg.lqer_asym_enabled, cfg.lqer_asym_group
     )
@@ -140,9 +141,7 @@ def quantize_mixed_for(
 ) -> MixedModel:
     """The mixed-precision model `cfg`'s artifact settings make of `params` (GPTQ where `cfg` turns it
     on and `hessians` are given)."""
-    from core.artifact import mixed
-
-    return mixed.quantize_mixed(
+    return quantize_mixed(
         params,
         artifact_classes(cfg),
         class_bits(cfg),
@@ -165,12 +164,8 @@ def tokenizer_digest(cfg: Config) -> str | None:
 def artifact_blob(model: Int8Model | MixedModel, cfg: Config) -> bytes:
     """The artifact file's bytes for `model` (either format) with `cfg`'s compressor, byte shuffle,
     scoring settings and tokenizer."""
-    if isinstance(model, Int8Model):
-        from core.artifact.int8_format import artifact_bytes
-    else:
-        from core.artifact.mixed import mixed_artifact_bytes as artifact_bytes
-
-    return artifact_bytes(
+    write = artifact_bytes if isinstance(model, Int8Model) else mixed_artifact_bytes
+    return write(
         model,
         cfg.compressor,
         shuffle=cfg.byte_shuffle,
@@ -201,8 +196,6 @@ def export_artifact(
     `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
     if uses_int8_format(cfg):
-        from core.artifact.int8_format import quantize_int8
-
         model, gptq = quantize_int8(params, dtypes, artifact_classes(cfg)), 0
     else:
         model = quantized or quantize_mixed_for(params, cfg, dtypes, hessians)
@@ -223,11 +216,7 @@ def from_container(box: container.Container) -> Int8Model | MixedModel:
     """The model of an opened pgolf container, in the format its metadata names, as pgolf wrote it (the
     readers of other files than a run's own check the container first: core/artifact/load.py)."""
     if box.meta["format"] == int8.CONTAINER_FORMAT:
-        from core.artifact.int8_format import int8_from_container
-
         return int8_from_container(box)
-    from core.artifact.mixed import mixed_from_container
-
     return mixed_from_container(box)
 
 
@@ -246,10 +235,4 @@ def read_pgolf_artifact(path: str | Path) -> Int8Model | MixedModel:
 
 def dequantize(model: Int8Model | MixedModel) -> dict[str, np.ndarray]:
     """float32 weights of either quantized model."""
-    if isinstance(model, Int8Model):
-        from core.artifact.int8_format import dequantize_int8
-
-        return dequantize_int8(model)
-    from core.artifact.mixed import dequantize_mixed
-
-    return dequantize_mixed(model)
+    return dequantize_int8(model) if isinstance(model, Int8Model) else dequantize_mixed(model)

@@ -68,9 +68,10 @@ from core.artifact.export import (
     quantize_mixed_for,
 )
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
-from core.artifact.lqer import LqerSettings, add_lqer, correction, factors, ranked_errors
-from core.artifact.mixed import MixedModel, dequantize_mixed, quantize_mixed
+from core.artifact.lqer import LqerSettings, correction, factors, ranked_errors
+from core.artifact.mixed import MixedModel, add_lqer, dequantize_mixed, quantize_mixed
 from core.common import compress
+from core.common.compress import lrzip_installed
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.model.params import artifact_classes
@@ -475,7 +476,8 @@ class _Search:
         """Each LQER setting (top_k, rank) on `t`'s rounding ((0, 0): off): the bytes its factors add
         and the calibration loss they take off, by the size and loss models."""
         cfg = self.base.replace(**t.changes)
-        errors = ranked_errors(self.params, model)
+        dtypes = {name: info["dtype"] for name, info in model.info.items()}
+        errors = ranked_errors(self.params, model.quantized, model.scales, dtypes)
         n = len(errors)
         top_ks = {*(2**i for i in range(n.bit_length()) if 2**i < n), n, min(cfg.lqer_top_k, n)}
         ranks = sorted({*LQER_RANKS, cfg.lqer_rank})
@@ -623,8 +625,6 @@ class _Search:
 def default_compression(cfg: Config) -> tuple[tuple[str, int], ...]:
     """The (compressor, byte shuffle) pairs a fit of `cfg` tries besides its own: COMPRESSION, and
     PERGROUP where lrzip is installed; none with `artifact_fit_keep_compressor`."""
-    from core.common.compress import lrzip_installed
-
     if cfg.artifact_fit_keep_compressor:
         return ()
     return COMPRESSION + ((PERGROUP,) if lrzip_installed() else ())

@@ -9,22 +9,19 @@ A_q @ B_q to W_q. Two packings (the 2026-04-27 record's):
   scale per `group` consecutive values of B flattened (absmax / 7.5). Used when B's size is a
   multiple of the group, else "sym".
 Values are float32 until the fp16 scales, rounding half to even, as the record computes them.
-`add_lqer` gives a mixed-precision model (core/artifact/mixed.py) its corrections: only runs with
-LQER import this module.
+`corrections` works on the quantized arrays; core/artifact/mixed.py's `add_lqer` gives a mixed-precision
+model its corrections with it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.artifact.int8 import _in_dtype, dequantize_rows
 from core.artifact.rowquant import absmax_rows
-
-if TYPE_CHECKING:  # only annotations name it: the mixed format imports this module
-    from core.artifact.mixed import MixedModel
 
 
 @dataclass(frozen=True)
@@ -57,15 +54,20 @@ def correction(packed: dict[str, np.ndarray]) -> np.ndarray:
     return dequantize_rows(q_a, s_a) @ dequantize_rows(q_b.reshape(s_b.size, -1), s_b).reshape(q_b.shape)
 
 
-def ranked_errors(state: dict[str, np.ndarray], model: MixedModel) -> list[tuple[str, np.ndarray]]:
-    """The quantization errors W - W_q of the matrices `model` (made of `state`, without corrections)
-    quantized, largest Frobenius norm first: the order LQER corrects them in. W is each as it was given,
-    in its model dtype's precision."""
+def ranked_errors(
+    state: Mapping[str, np.ndarray],
+    quantized: Mapping[str, np.ndarray],
+    scales: Mapping[str, np.ndarray],
+    dtypes: Mapping[str, str],
+) -> list[tuple[str, np.ndarray]]:
+    """The quantization errors W - W_q of the `quantized` matrices (rows of `scales`) made of `state`,
+    largest Frobenius norm first: the order LQER corrects them in. W is each as it was given, in the
+    precision of its model dtype (`dtypes`)."""
     errors = {}
-    for name, q in model.quantized.items():
+    for name, q in quantized.items():
         if q.ndim == 2:
-            w = _in_dtype(np.asarray(state[name], dtype=np.float32), model.info[name]["dtype"])
-            errors[name] = w - dequantize_rows(q, model.scales[name])
+            w = _in_dtype(np.asarray(state[name], dtype=np.float32), dtypes[name])
+            errors[name] = w - dequantize_rows(q, scales[name])
     norms = {n: float(np.linalg.norm(e)) for n, e in errors.items()}
     return [(n, errors[n]) for n in sorted(norms, key=lambda n: (-norms[n], n))]
 
@@ -84,11 +86,11 @@ def factors(
     return "sym", pack_sym(a, b, settings.factor_bits)
 
 
-def add_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings) -> MixedModel:
-    """`model` (core/artifact/mixed.py, made of `state`, without corrections) given the LQER corrections
-    `lqer` asks for: of its `lqer.top_k` matrices whose quantization error has the largest Frobenius norm."""
-    for name, error in ranked_errors(state, model)[: lqer.top_k]:
-        kind, packed = factors(np.linalg.svd(error, full_matrices=False), lqer)
-        model.lqer[name] = packed
-        model.info[name]["lqer"] = kind
-    return model
+def corrections(
+    errors: list[tuple[str, np.ndarray]], lqer: LqerSettings
+) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
+    """Name -> (kind, packed factors): the corrections `lqer` asks for, of its `lqer.top_k` first errors
+    of `ranked_errors`."""
+    return {
+        name: factors(np.linalg.svd(error, full_matrices=False), lqer) for name, error in errors[: lqer.top_k]
+    }

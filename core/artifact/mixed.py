@@ -29,11 +29,12 @@ same weights and settings give the same bytes; numpy alone reads it back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from core.artifact.container import TOKENIZER_KEY, Container, container_bytes
+from core.artifact.gptq import gptq_quantize
 from core.artifact.int8 import (
     KEEP_FLOAT_MAX_NUMEL,
     QuantizedModel,
@@ -45,14 +46,12 @@ from core.artifact.int8 import (
     float_weight,
     to_float16,
 )
+from core.artifact.lqer import LqerSettings, correction, corrections, ranked_errors
 from core.artifact.rowquant import BITS, Clip, absmax_rows, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError
 from core.config.fields import ATTENTION_GATES
 from core.model.params import KINDS
-
-if TYPE_CHECKING:
-    from core.artifact.lqer import LqerSettings
 
 __all__ = [
     "CLASSES",
@@ -160,19 +159,24 @@ def quantize_mixed(
                 c = (clip or {}).get(cls, Clip())
             with np.errstate(over="ignore", invalid="ignore"):  # a scale past fp16 is refused below
                 if name in hessians and w.ndim == 2:
-                    from core.artifact.gptq import gptq_quantize
-
                     (q, s), method = gptq_quantize(w, np.asarray(hessians[name]), b, c), "gptq"
                 else:
                     (q, s), method = quantize_tensor(w, b, c), "rows"
             _check_float16_range(name, w, s)
         out.quantized[name], out.scales[name] = q, s
         info |= {"store": "int", "bits": b, "clip": c.to_json(), "method": method}
-    if lqer:
-        from core.artifact.lqer import add_lqer
+    return add_lqer(out, state, lqer) if lqer else out
 
-        add_lqer(out, state, lqer)
-    return out
+
+def add_lqer(model: MixedModel, state: dict[str, np.ndarray], lqer: LqerSettings) -> MixedModel:
+    """`model` (made of `state`, without corrections) given the LQER corrections `lqer` asks for: of its
+    `lqer.top_k` matrices whose quantization error has the largest Frobenius norm."""
+    dtypes = {name: info["dtype"] for name, info in model.info.items()}
+    errors = ranked_errors(state, model.quantized, model.scales, dtypes)
+    for name, (kind, packed) in corrections(errors, lqer).items():
+        model.lqer[name] = packed
+        model.info[name]["lqer"] = kind
+    return model
 
 
 def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
@@ -187,8 +191,6 @@ def dequantize_mixed(model: MixedModel) -> dict[str, np.ndarray]:
         else:
             w = model.passthrough[name].astype(np.float32)
         if "lqer" in info:
-            from core.artifact.lqer import correction
-
             w = w + correction(model.lqer[name])
         out[name] = _in_dtype(w, info["dtype"])
     return out

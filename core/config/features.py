@@ -1,10 +1,11 @@
-"""The features only some training runs use, and for each the one test of a config that says whether a run
-uses it.
+"""What a packaged training run holds: the modules of the training path, and the features only some runs
+use, each with the one test of a config that says whether a run uses it.
 
-The code that picks an implementation calls these predicates (importing the feature's modules inside the
-function that uses them), and core/runs/package.py bundles a feature's modules into a run's
-`train_gpt.py` by the same predicate, which the packaged script checks again after the environment's
-overrides: what a run imports and what its script holds cannot disagree.
+The code that picks an implementation calls these predicates, and core/runs/package.py bundles exactly
+the training path's modules and those of the features a run's config uses into its `train_gpt.py`, by
+the same predicates, which the packaged script checks again after the environment's overrides: what a
+run uses and what its script holds cannot disagree. A module a bundled one imports must be on one of
+these lists: the packager refuses any other, naming the imports that reach it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,20 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from core.config.fields import Config
+
+
+# The modules every packaged run holds: the config, the training loop, the data it reads, the model, the
+# optimizers, the run's artifact and its scoring, and the PyTorch backend (with their packages).
+TRAINING_PATH = (
+    "core.common.compress", "core.common.errors", "core.common.files", "core.common.launch",
+    "core.config.features", "core.config.fields",
+    "core.data.shards", "core.data.tokenizer",
+    "core.model.optim", "core.model.params", "core.model.schedule", "core.model.walk",
+    "core.artifact.container", "core.artifact.export", "core.artifact.int8",
+    "core.eval.bpb", "core.eval.plain", "core.eval.score",
+    "core.train.loop", "core.train.rundir",
+    "cuda_train.backend", "cuda_train.model", "cuda_train.optim",
+)  # fmt: skip
 
 
 def uses_ttt(cfg: Config) -> bool:
@@ -67,7 +82,7 @@ def uses_varlen_attention(cfg: Config) -> bool:
 
 
 # (feature, its modules, the predicate, the field that asks for it). A run's bundle holds the modules of
-# those its config uses; every other module imports them inside the functions that use them.
+# those its config uses; a left-out one is a stand-in there that refuses to be used.
 FEATURES = (
     ("test-time training", ("core.eval.ttt", "core.model.lora", "cuda_train.ttt"), uses_ttt, "ttt_enabled"),
     ("sliding windows", ("core.eval.sliding",), uses_sliding_windows, "eval_stride"),

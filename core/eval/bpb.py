@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.data.tables import stream_bytes
+
 if TYPE_CHECKING:  # only annotations name it
     from core.data.tables import ByteTables
 
@@ -35,8 +37,6 @@ class EvalData:
         data has one, else from the tables. Every evaluation adds these up for the tokens it scores,
         in whatever order it scores them."""
         if self.sidecar is None:
-            from core.data.tables import stream_bytes
-
             return stream_bytes(self.tokens, self.tables)
         out = np.asarray(self.sidecar, dtype=np.int64).copy()
         out[:1] = 0

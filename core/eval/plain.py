@@ -11,6 +11,7 @@ import numpy as np
 from core.common.errors import PgolfError, memory_hint
 from core.data.shards import val_spans
 from core.eval.bpb import BPBMeter
+from core.eval.sliding import SlidingEval, evaluate_windows
 
 if TYPE_CHECKING:  # only annotations name these
     from core.eval.bpb import EvalData, Progress
@@ -27,8 +28,6 @@ def evaluate(
     seq = cfg.eval_window
     with memory_hint("validation", "--val-batch-size"):
         if sink is not None:  # the same windows, scored token by token
-            from core.eval.sliding import SlidingEval, evaluate_windows
-
             ev = SlidingEval(seq, seq, max(cfg.val_batch_size // seq, 1))
             return evaluate_windows(backend, data, ev, progress, sink)
         batch_seqs = max(cfg.val_batch_size // cfg.grad_accum_steps // seq, 1)

@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING
 from core.common.errors import PgolfError, hint, setting
 from core.config.features import uses_byte_tables, uses_sliding_windows, uses_ttt
 from core.data.shards import find_shards, load_val_bytes, load_val_tokens
+from core.data.tables import byte_tables
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.bpb import BPBMeter, EvalData
 from core.eval.plain import evaluate, evaluate_flat
+from core.eval.sliding import evaluate_sliding
+from core.eval.ttt import evaluate_ttt
 
 if TYPE_CHECKING:  # only annotations name these
     from core.config.fields import Config
@@ -49,7 +52,6 @@ def load_eval_data(cfg: Config) -> EvalData:
         )
     if not uses_byte_tables(cfg):  # (the sidecar's there, as checked above)
         return EvalData(tokens, None, load_val_bytes(files, len(tokens)))
-    from core.data.tables import byte_tables
 
     return EvalData(tokens, byte_tables(sp, cfg.vocab_size))
 
@@ -76,11 +78,7 @@ def evaluators(cfg: Config) -> dict[str, Evaluator]:
     plain = evaluate_flat if cfg.eval_protocol == "flat" else evaluate
     out: dict[str, Evaluator] = {"plain": plain}
     if uses_sliding_windows(cfg):
-        from core.eval.sliding import evaluate_sliding
-
         out["sliding_window"] = evaluate_sliding
     if uses_ttt(cfg):
-        from core.eval.ttt import evaluate_ttt
-
         out["ttt"] = evaluate_ttt
     return out

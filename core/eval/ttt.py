@@ -36,6 +36,7 @@ import numpy as np
 from core.common.errors import PgolfError, memory_hint, setting
 from core.config.features import uses_full_ttt
 from core.eval.bpb import BPBMeter
+from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows
 from core.model.lora import initial_a
 
 if TYPE_CHECKING:  # only annotations name these
@@ -267,7 +268,6 @@ def score_full(
     every weight (but the first `ttt_freeze_blocks` blocks') trains on chunk c by SGD with momentum, its
     learning rate cosine over the chunks. This rank's sums."""
     # Sliding windows are packaged only for the runs that use them (core/config/features.py: uses_full_ttt).
-    from core.eval.sliding import SlidingEval, plan_windows, rank_windows, score_windows
 
     cfg = backend.cfg
     tokens = np.asarray(data.tokens)

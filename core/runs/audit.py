@@ -31,9 +31,11 @@ import numpy as np
 from core.common.errors import PgolfError
 from core.common.files import file_sha256, read_json
 from core.config.fields import Config
-from core.data.shards import find_shards
 from core.eval.bpb import EvalData
 from core.eval.score import evaluators
+from core.runs.package import code_bytes
+from core.runs.setup import scoring_config, weights_and_data
+from core.runs.summary import weights_in
 
 if TYPE_CHECKING:
     from core.model.backend import Backend
@@ -334,14 +336,22 @@ class Audit:
             ("artifact", f"{self.artifact} ({self.artifact_bytes:,} B)"),
             ("code (train_gpt.py)", f"{self.code_bytes:,} B"),
             ("total", f"{self.artifact_bytes + self.code_bytes:,} B"),
-            ("evaluation", f"{self.evaluation}, {self.tokens:,} tokens, val_bpb {self.val_bpb:.8f}, "
-                           f"{self.eval_seconds:.1f} s ({self.backend} on {self.device}, fp32)"),  # fmt: skip
-            ("changed", f"document {self.document}: tokens {self.document_tokens[0]}..{self.document_tokens[1] - 1} "
-                        "permuted"),  # fmt: skip
+            (
+                "evaluation",
+                f"{self.evaluation}, {self.tokens:,} tokens, val_bpb {self.val_bpb:.8f}, "
+                f"{self.eval_seconds:.1f} s ({self.backend} on {self.device}, fp32)",
+            ),
+            (
+                "changed",
+                f"document {self.document}: tokens {self.document_tokens[0]}..{self.document_tokens[1] - 1} "
+                "permuted",
+            ),
             ("tokens checked", f"{c.checked:,}"),
             ("largest loss change", f"{c.max_change:.3g} nats (must be <= {TOLERANCE:g})"),
-            ("scored after the change", f"{c.later:,} tokens outside it, not checked: moved up to "
-                                        f"{c.later_max_change:.3g} nats"),  # fmt: skip
+            (
+                "scored after the change",
+                f"{c.later:,} tokens outside it, not checked: moved up to {c.later_max_change:.3g} nats",
+            ),
             ("scoring order", "changed" if c.order_changed else "the same"),
             ("calibration", f"{cal.status}" + (f" ({len(cal.shards)}: {shards})" if cal.shards else "")),
             ("verdict", self.verdict()),
@@ -374,10 +384,6 @@ def audit(
 ) -> Audit:
     """Audit the artifact of a run directory (or an artifact): see the module docstring.
     `make_backend` opens the backend that scores (`backend` names it in the rerun command)."""
-    from core.runs.package import code_bytes
-    from core.runs.setup import scoring_config, weights_and_data
-    from core.runs.summary import weights_in
-
     overrides = dict(overrides or {})
     artifact = weights_in(path)
     if artifact.suffix == ".safetensors":

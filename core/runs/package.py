@@ -6,20 +6,17 @@ config as its defaults, and a `main` that trains with it. It runs with `torchrun
 file itself. Upstream environment variables (`DATA_PATH`, `TOKENIZER_PATH`, `SEED`,
 `RUN_ID`, `ITERATIONS`, `MATRIX_LR`, ...) override the defaults, as in pgolf.
 
-Which modules: those `main` imports (`ENTRY`: the config, its features, the loop, the PyTorch backend),
-then every module they import at their top level, and so on. An import inside a function is not followed: it marks
-a path a training run never takes (the CLI's commands, resuming, reading other files than
-the run's own, downloads, trackers), so code a run does not need lives in modules that only
-such paths import. A packaged run that took one would stop at that import.
-
-The bundle depends on the run's config: the modules of a feature only some runs use (core/config/features.py's
-`FEATURES`: test-time training, sliding windows (which its full mode scores in), the byte
-tables, the per-group compressor, the int8 format, the mixed format, GPTQ,
-each training loader, LQER, FlashAttention's varlen kernel) are
-packaged only when the feature's predicate says the config uses it, the predicate the code that picks the
-implementation calls too; the others import them inside the functions that use them
-(a top-level import of a left-out one is refused here). The packaged script refuses, in one line
-before any work, a config (after the environment's overrides) that needs a feature it lacks, by the same predicates.
+Which modules: a declared list, core/config/features.py's. Every run's script holds the training path
+(`TRAINING_PATH`: the config, the loop, the data it reads, the model, the run's artifact and its scoring,
+the PyTorch backend), and the modules of each feature only some runs use (`FEATURES`: test-time
+training, sliding windows, the byte tables, each compressor, quant format and training loader, GPTQ,
+LQER, FlashAttention's varlen kernel) when the feature's predicate, which the code that picks the
+implementation calls too, says the config uses it. A left-out feature's module is a stand-in in the
+script that refuses to be used, and the script refuses, in one line before any work, a config (after
+the environment's overrides) that needs it, by the same predicates. A pgolf module that a bundled one
+imports at its top level and that is on neither list is refused here, with the chain of imports that
+reaches it: nothing ships by accident. Within the bundled modules, the top-level functions, classes and
+constants that nothing a run executes can reach are left out (`_pruned`).
 
 Two forms:
 - plain: the modules' sources as they are, readable;
@@ -49,7 +46,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +55,16 @@ import python_minifier
 
 from core.common.errors import PgolfError
 from core.common.files import write_atomic
-from core.config.features import FEATURES, uses_pergroup, uses_varlen_attention
+from core.config.features import FEATURES, TRAINING_PATH, uses_pergroup, uses_varlen_attention
 from core.config.fields import EVAL_LIMIT_SECONDS, Config
 from core.config.sources import read_run_config
 from core.data.provenance import SAME_DATA
+from core.datasets.byte_proof import dataset_of, verify_bytes
 from core.runs.run_artifact import check_run_artifact
 from core.runs.stats import mean_std
 from core.runs.summary import RunSummary, summarize
 
-__all__ = ["ENTRY", "bundled_modules", "code_bytes", "minify", "script", "write_record"]
+__all__ = ["bundled_modules", "code_bytes", "minify", "script", "write_record"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the script's main() imports, (module, names): where the bundle starts.
@@ -75,8 +73,6 @@ MAIN_IMPORTS = (
     ("core.train.loop", "check_budget, train"),
     ("cuda_train.backend", "check_config, create_backend"),
 )
-# And the features' predicates, which the script checks its config against (its left-out features').
-ENTRY = (*(module for module, _ in MAIN_IMPORTS), "core.config.features")
 PACKAGES = ("core", "cuda_train")
 
 
@@ -121,30 +117,36 @@ def _imports(tree: ast.AST) -> set[str]:
     return {m for m in found if m.split(".")[0] in PACKAGES and _file(m) is not None}
 
 
+def _with_packages(modules: Iterable[str]) -> set[str]:
+    return {m.rsplit(".", n)[0] for m in modules for n in range(m.count(".") + 1)}
+
+
 def bundled_modules(cfg: Config) -> dict[str, str]:
-    """Module name -> source, for every module a training run of `cfg` imports: ENTRY's, those of the
-    FEATURES `cfg` uses, and what they import at their top level. A module bundled for every run
-    that imports a left-out optional one at its top level is refused: the packaged run would stop there."""
+    """Module name -> source: exactly the training path's modules and those of the FEATURES `cfg` uses
+    (core/config/features.py), with their packages. Every pgolf module their top-level imports name must
+    be on those lists: a left-out feature's module is served as a stand-in (`RUNNER`), any other is refused
+    with the chain of imports that reaches it (it would ship in no script, or stop the run at its import)."""
     used = [m for _, modules, uses, _ in FEATURES if uses(cfg) for m in modules]
-    feature = {m: (name, field) for name, modules, _, field in FEATURES for m in modules}
+    declared = _with_packages([*TRAINING_PATH, *(m for _, modules, _, _ in FEATURES for m in modules)])
     sources: dict[str, str] = {}
-    todo = [(name, "") for name in (*ENTRY, *used)]
-    while todo:
-        name, importer = todo.pop()
-        # Checked before `sources`: whichever importer comes first, every one is checked.
-        if name in feature and name not in used and importer not in feature:
-            what, field = feature[name]
-            raise PgolfError(
-                f"package: {importer} imports {name} at its top level, but only runs with {what} ({field}) use "
-                "it: import it inside the function that needs it"
-            )
-        if name in sources:
-            continue
+    for name in sorted(_with_packages([*TRAINING_PATH, *used])):
         path = _file(name)
         if path is None:
             raise PgolfError(f"package: module {name} not found under {ROOT}")
         sources[name] = path.read_text(encoding="utf-8")
-        todo += [(m, name) for m in sorted(_imports(ast.parse(sources[name])))]
+    importer: dict[str, str] = {}
+    for name in sorted(sources):
+        for module in sorted(_imports(ast.parse(sources[name])) - declared - set(importer)):
+            importer[module] = name
+    if importer:
+        module = min(importer, key=lambda m: (-m.count("."), m))  # the module, not its package
+        chain = [module]
+        while chain[-1] in importer:
+            chain.append(importer[chain[-1]])
+        raise PgolfError(
+            f"package: {' <- '.join(chain)}: {module} is imported by the training path, but is on neither its "
+            "list nor a feature's (core/config/features.py): declare it there, or import it elsewhere"
+        )
     return dict(sorted(sources.items()))
 
 
@@ -156,6 +158,11 @@ def left_out(modules: dict[str, str]) -> tuple[tuple[str, str, Callable[[Config]
         if missing:
             out.append((what, missing[0], uses, field))
     return tuple(out)
+
+
+def left_out_modules(modules: dict[str, str]) -> tuple[str, ...]:
+    """The FEATURES' modules not in `modules`."""
+    return tuple(sorted({name for _, names, _, _ in FEATURES for name in names} - set(modules)))
 
 
 class _HelpTexts(ast.NodeTransformer):
@@ -231,23 +238,45 @@ PURE_DECORATORS = (
 )
 
 
+# What a value may be built of for its assignment to go when nothing reads the name: nothing that calls.
+PURE_VALUES = (ast.Constant, ast.Name, ast.Attribute, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.Load,
+               ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop, ast.Starred, ast.keyword)  # fmt: skip
+
+
+def _defined(node: ast.stmt) -> set[str]:
+    """The names a top-level statement defines, where it may go when nothing reaches them: a function or
+    a class (under no decorator that may act), a plain assignment of a pure value; else none."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        pure = all(ast.unparse(d).split("(")[0] in PURE_DECORATORS for d in node.decorator_list)
+        return {node.name} if pure else set()
+    if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names = [t for target in targets for t in ast.walk(target)]
+        if all(isinstance(t, ast.Name | ast.Tuple | ast.Store) for t in names) and all(
+            isinstance(n, PURE_VALUES) for n in ast.walk(node.value)
+        ):
+            return {t.id for t in names if isinstance(t, ast.Name)}
+    return set()
+
+
 def _pruned(tree: ast.Module, keep: frozenset[str]) -> ast.Module:
-    """The module without its top-level functions and classes that nothing reaches: neither a name in
-    `keep` (what the other bundled code may reach: `reached_names`) nor one the module's other
-    statements read. So a module shared with the CLI ships only what a training run can call."""
+    """The module without its top-level functions, classes and constants that nothing reaches: neither a
+    name in `keep` (what the other bundled code may reach: `reached_names`) nor one the module's other
+    statements read. So a module shared with the CLI ships only what a training run can use."""
     while True:
         loaded = [
             {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             for node in tree.body
         ]
-        dead = {
-            i
-            for i, node in enumerate(tree.body)
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            and all(ast.unparse(d).split("(")[0] in PURE_DECORATORS for d in node.decorator_list)
-            and node.name not in keep
-            and not any(node.name in names for j, names in enumerate(loaded) if j != i)
-        }
+        dead = set()
+        for i, node in enumerate(tree.body):
+            names = _defined(node)
+            if (
+                names
+                and not names & keep
+                and not any(names & other for j, other in enumerate(loaded) if j != i)
+            ):
+                dead.add(i)
         if not dead:
             return tree
         tree.body = [node for i, node in enumerate(tree.body) if i not in dead]
@@ -316,11 +345,31 @@ PACKAGES = {packages!r}
 RUN_CONFIG = json.loads({config!r})
 
 
+# The modules of the features this script was packaged without.
+LEFT_OUT = {left_out_modules!r}
+
+
+class LeftOut:
+    """Stands for a name of a module of LEFT_OUT: any use is refused in one line (run() refuses a config
+    that needs one before it starts)."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self, *args, **kwargs):
+        from core.common.errors import PgolfError
+
+        raise PgolfError(f"this train_gpt.py was packaged without {{self.module}}")
+
+    def __getattr__(self, name):
+        self()
+
+
 class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves the modules above to `import`."""
+    """Serves the modules above to `import`, and a stand-in for each module of LEFT_OUT."""
 
     def find_spec(self, name, path=None, target=None):
-        if name not in SOURCES:
+        if name not in SOURCES and name not in LEFT_OUT:
             return None
         return importlib.util.spec_from_loader(name, self, is_package=name in PACKAGES)
 
@@ -331,6 +380,15 @@ class BundledModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         name = module.__name__
         here = os.path.dirname(os.path.abspath(__file__))
         module.__file__ = os.path.join(here, *name.split(".")) + (os.sep + "__init__.py" if name in PACKAGES else ".py")
+        if name in LEFT_OUT:
+
+            def stand_in(attr):
+                if attr.startswith("__"):  # what Python itself looks up on any module (inspect, pickle)
+                    raise AttributeError(attr)
+                return LeftOut(name)
+
+            module.__getattr__ = stand_in
+            return
         exec(compile(SOURCES[name], module.__file__, "exec"), module.__dict__)
 
 
@@ -431,6 +489,7 @@ def script(cfg: Config, compressed: bool = True) -> str:
     )
     runner = RUNNER.format(
         packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
+        left_out_modules=left_out_modules(modules),
         config=json.dumps(_run_config(cfg), sort_keys=True),
         left_out=f"({missing}\n    )",
         config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
@@ -653,8 +712,6 @@ def _byte_proof(cfg: Config) -> str:
     """For data pgolf made (its manifest entry names its documents), `data verify NAME --bytes`'s lines
     for the Compliance section; refused when scoring's bytes are not the text's. "" for other data (the
     challenge's published datasets count with the challenge's tables, which define its figures)."""
-    from core.datasets.byte_proof import dataset_of, verify_bytes
-
     found = dataset_of(cfg.data_path)
     if found is None:
         return ""

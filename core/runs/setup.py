@@ -19,29 +19,34 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact.load import checkpoint_config, load_checkpoint
 from core.artifact.export import quant_label
 from core.artifact.fit import fit_cap
-from core.artifact.load import SHAPE_FIELDS, artifact_compressor, is_checkpoint, saved_config
+from core.artifact.load import (
+    SHAPE_FIELDS,
+    artifact_compressor,
+    checkpoint_config,
+    is_checkpoint,
+    load_checkpoint,
+    load_weights,
+    saved_config,
+)
 from core.common.compress import check_available
 from core.common.errors import PgolfError
 from core.common.launch import launch
 from core.config.fields import Config, from_env
 from core.config.presets import CHALLENGE_DATA_PRESETS, record_preset_of_env
-from core.config.sources import EXPORT_FIELDS, WRITING_FIELDS, resolve_sources, resumed_config
+from core.config.sources import EXPORT_FIELDS, WRITING_FIELDS, load_file, resolve_sources, resumed_config
 from core.data.manifest import check_tokenizer, dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.bpb import EvalData
 from core.eval.score import load_eval_data
-from core.artifact.load import load_weights
-from core.model.memory import check_config
 from core.model.backend import create, installed
+from core.model.memory import check_config
 from core.runs.summary import newest_checkpoint, run_of_checkpoint, weights_in
 
 DEFAULT_DATA = Config().data_path
 DEFAULT_DATA_ROOT = Path("data")  # where the default dataset is prepared on first use
 DATA_WAIT_S = 1800.0  # how long torchrun's other ranks wait for local rank 0 to prepare the default data
-
 
 
 # ------------------------------------------------------------------------ train
@@ -229,6 +234,7 @@ def installed_backends() -> dict[str, Callable[[Config], Any]]:
 
 # ----------------------------------------------------------------------- export
 
+
 def check_writable(path: str | Path, what: str) -> Path:
     """Refuse, before any work, a file `write_atomic` could not write: a folder, or a file in a folder
     that is missing or takes no new file (no permission, read-only, /proc). Tried the way `write_atomic`
@@ -272,8 +278,6 @@ def export_setup(
     checkpoint), with only the EXPORT_FIELDS of the checkpoint's config changed by `overrides`, and
     under them by those of the `config` file (its other fields are the checkpoint's own: a fitted
     config, `.fit.toml`, names them all)."""
-    from core.config.sources import load_file
-
     if out is not None:  # refused now, not after a fit of minutes
         check_writable(out, "--out")
     given = load_file(config) if config is not None else {}

@@ -51,6 +51,7 @@ from core.config.fields import SEED_MAX, Config, env_names, field_names
 from core.config.presets import PRESETS
 from core.config.sources import read_run_config, resolve
 from core.model.backend import ALIASES, CHOICES
+from core.runs.plots import plot_sweep
 from core.runs.record_folder import seed_figures
 from core.runs.stats import mean_std, welch
 from core.runs.summary import read_metrics, summarize
@@ -496,7 +497,9 @@ def report(sweep: Sweep) -> dict[str, Any]:
     against = base.variant
     if sweep.record is not None:  # every variant, the base config's too, against the record's seeds
         record_seeds, loss, bpb = seed_figures(sweep.record)
-        base = Row(f"record {sweep.record.name}", {}, [int(s) if s.isdigit() else s for s in record_seeds], bpb, loss)
+        base = Row(
+            f"record {sweep.record.name}", {}, [int(s) if s.isdigit() else s for s in record_seeds], bpb, loss
+        )
         against = f"the record {sweep.record} (seeds {', '.join(record_seeds)})"
     for row in rows.values():
         if not row.val_bpb:
@@ -585,8 +588,6 @@ def markdown(result: dict[str, Any], command: str = "") -> str:
 def write_report(sweep: Sweep, command: str = "") -> tuple[dict[str, Any], list[Path], str]:
     """Write <spec>.report.json, .md and .png beside the spec; return the report, the files, and why
     the plot was not drawn ('' when it was: it needs matplotlib, the table does not)."""
-    from core.runs.plots import plot_sweep
-
     result = report(sweep)
     if not result["finished"]:
         raise PgolfError(f"sweep {sweep.name}: no run has finished yet (cli.py sweep {sweep.spec} runs them)")

@@ -29,8 +29,9 @@ from core.artifact.load import check_resumable, load_checkpoint, load_init_weigh
 from core.common.errors import PgolfError, hint, setting
 from core.config.fields import Config
 from core.data.provenance import data_record
+from core.train.fitting import fit_in_run, write_fit_in_run
 from core.train.loop import WEIGHT_RMS_LIMIT, RunResult, Training, rank_mean, run_to_end, weights_rms
-from core.train.report import report_targets
+from core.train.report import open_reporters, report_targets
 from core.train.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -118,7 +119,8 @@ class InteractiveTraining(Training):
         trackers = report_targets(self.cfg.report_to)
         own_run = self.resume is not None and resumes_in(self.resume, Path(self.cfg.out_dir) / run_id)
         run = RunDir(self.cfg.out_dir, run_id, enabled=self.main, reuse=own_run)
-        run.report_to(trackers, self.cfg.to_dict())
+        if run.enabled and trackers:  # rank 0 mirrors the metrics to them from now on
+            run.reporters = open_reporters(trackers, run.path, run.run_id, self.cfg.to_dict())
         return run
 
     def warm_up(self) -> None:
@@ -139,8 +141,6 @@ class InteractiveTraining(Training):
         the shards its calibration read. A `code_bytes` function is measured here, on that config."""
         cfg, quantized, shards = super().artifact_settings(params, hessians)
         if cfg.artifact_fit_bytes > 0:
-            from core.train.fitting import fit_in_run, write_fit_in_run
-
             cfg, fit = fit_in_run(self, params, hessians)
             self.stop_if_asked()
             if fit is not None:  # rank 0

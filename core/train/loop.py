@@ -43,17 +43,18 @@ from core.common.errors import OverBudget, PgolfError, memory_hint, setting
 from core.common.files import file_sha256
 from core.config.features import uses_coprime_loader, uses_gptq
 from core.config.fields import Config
+from core.data.coprime import CoprimeLoader
+from core.data.sequential import BatchLoader
 from core.data.shards import find_shards
 from core.eval.bpb import BPBMeter
 from core.eval.score import evaluators, figure_protocol, load_eval_data
 from core.model.params import count_params, flops_per_token, init_params, storage_dtypes
 from core.model.schedule import looping_active, lr_multiplier, muon_momentum, muon_wd_multiplier
+from core.train.calibration import calibrate_gptq, write_calibration
 from core.train.rundir import RunDir, config_digest
 
 if TYPE_CHECKING:  # only annotations name these
     from core.artifact.mixed import MixedModel
-    from core.data.coprime import CoprimeLoader
-    from core.data.sequential import BatchLoader
     from core.model.backend import Backend
 
     Log = Callable[[str], None]
@@ -103,13 +104,9 @@ RESULT_FIGURES = {"plain": "roundtrip", "sliding_window": "sliding", "ttt": "ttt
 def make_train_loader(
     cfg: Config, files: list[Path], rank: int = 0, world_size: int = 1
 ) -> BatchLoader | CoprimeLoader:
-    """The training loader `cfg.train_loader` names (core.data.shards.TRAIN_LOADERS) over `files`, its module
-    imported only for the runs that use it."""
-    if uses_coprime_loader(cfg):
-        from core.data.coprime import CoprimeLoader as Loader
-    else:
-        from core.data.sequential import BatchLoader as Loader
-    return Loader(files, rank, world_size, cfg.vocab_size)
+    """The training loader `cfg.train_loader` names (core.data.shards.TRAIN_LOADERS) over `files`."""
+    loader = CoprimeLoader if uses_coprime_loader(cfg) else BatchLoader
+    return loader(files, rank, world_size, cfg.vocab_size)
 
 
 def train_loader(cfg: Config, backend: Backend) -> BatchLoader | CoprimeLoader:
@@ -311,8 +308,6 @@ class Training:
         self.stop_if_asked()
         hessians = None
         if uses_gptq(cfg) or cfg.artifact_fit_bytes > 0:
-            from core.train.calibration import calibrate_gptq, write_calibration
-
             hessians = calibrate_gptq(backend, train_loader(cfg, backend), self.say)
             self.stop_if_asked()
         params = backend.params()

@@ -80,13 +80,6 @@ class RunDir:
             for reporter in self.reporters:
                 reporter.record(record)
 
-    def report_to(self, targets: list[str], config: dict[str, Any]) -> None:
-        """Mirror the metrics to these trackers from now on (rank 0 only; core/train/report.py)."""
-        if self.enabled and targets:
-            from core.train.report import open_reporters
-
-            self.reporters = open_reporters(targets, self.path, self.run_id, config)
-
     def close(self) -> None:
         """Close the trackers and let another writer in (the files need no closing)."""
         for reporter in self.reporters:
