@@ -866,6 +866,87 @@ def bench(
         write_atomic(json_out, (json.dumps(result.as_dict(), indent=2) + "\n").encode())
 
 
+@app.command()
+@config_flags
+def plan(
+    preset: str = PRESET,
+    config: Path | None = CONFIG_FILE,
+    hardware: str = typer.Option("8xH100", help="The machine to plan for: 8xH100, 1xH100 or 8xH200."),
+    json_out: bool = typer.Option(False, "--json", help="The plan as one JSON object."),
+    implementation: str = typer.Option(
+        "records",
+        help="Whose training code: records (the challenge's records') or pgolf (needs its measured ratio).",
+    ),
+    calibrate: Path | None = typer.Option(
+        None,
+        metavar="RECORDS_DIR",
+        help="Fit the table on a checkout of the challenge's records, and write it.",
+    ),
+    backtest: Path | None = typer.Option(
+        None,
+        metavar="RECORDS_DIR",
+        help="Each record predicted by a fit on the others: its line, then the summary.",
+    ),
+    without: str = typer.Option(
+        "",
+        help="Plan with the table refitted on its records whose name does not contain this (e.g. 2026-04-27).",
+    ),
+    table: Path | None = typer.Option(None, help="The fitted table to read or write (default: pgolf's own)."),
+    overrides: dict | None = None,
+) -> None:
+    """What a config costs on the challenge's machines, before renting them: ms a step and tokens/s in each
+    training phase, the steps and tokens that fit in the wallclock cap, peak memory a GPU, the artifact's bytes
+    with the exact code bytes against the cap, each evaluation phase's seconds, and a verdict. The config is
+    given as train takes it (--preset, --config, environment, flags). The factors are fitted on the records'
+    logs (--calibrate); each figure carries the band of the leave-one-out backtest (--backtest)."""
+    import json
+
+    from core.runs import calibrate as cal
+    from core.runs.plan import TABLE_PATH, load_table, make_plan, plan_lines
+    from core.runs.record_logs import read_records
+
+    path = table or TABLE_PATH
+    if calibrate is not None or backtest is not None:
+        samples, left_out = cal.samples_of(read_records(calibrate or backtest))
+        if not samples:
+            raise PgolfError(f"plan: no record in {calibrate or backtest} that pgolf can express")
+        for item in left_out:
+            console.print(f"left out {item['record']}: {item['reason']}", markup=False)
+        if backtest is not None:
+            lines = cal.backtest(
+                samples, cal.synthetic_ratios(), log=lambda line: console.print(line, markup=False)
+            )
+            console.print(cal.summary_line(lines), markup=False)
+            return
+        from core.common.files import write_atomic
+
+        fitted = cal.make_table(samples, left_out, f"{len(samples) + len(left_out)} records folders")
+        write_atomic(path, (json.dumps(fitted, indent=1) + "\n").encode())
+        console.print(f"{cal.summary_line_of(fitted)}; wrote {path}", markup=False)
+        return
+    cfg = _plan_config(preset, config, overrides or {}, hardware)
+    fitted = load_table(path)
+    if without:
+        fitted = cal.refit_without(fitted, without)
+    from core.runs.package import code_bytes
+
+    result = make_plan(cfg, hardware, fitted, code_bytes(cfg), implementation)
+    if json_out:
+        console.print(json.dumps(result.to_json()), markup=False, soft_wrap=True)
+        return
+    for line in plan_lines(result, fitted):
+        console.print(line, markup=False)
+
+
+def _plan_config(preset: str, config: Path | None, overrides: dict, hardware: str) -> Config:
+    """The config `train` would run, checked as `train` checks it (the backend's own checks aside)."""
+    from core.config.sources import resolve
+    from core.runs.plan import hardware as machine
+
+    cfg = resolve(preset, config, overrides)
+    return cfg.validate(machine(hardware).count)
+
+
 RUNS_DIR = typer.Option(Path(Config().out_dir), "--out-dir", help="Where the run directories are.")
 
 
