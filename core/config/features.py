@@ -30,6 +30,11 @@ TRAINING_PATH = (
 )  # fmt: skip
 
 
+# Settings only pgolf's `train` acts on (starting from other weights, the artifact fit, trackers, the stop
+# behind a reference run: core/train/interactive.py): a packaged script refuses them before it starts.
+PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to", "abort_behind")
+
+
 def uses_ttt(cfg: Config) -> bool:
     return cfg.ttt_enabled
 

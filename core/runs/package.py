@@ -428,9 +428,7 @@ def run():
                 f"this train_gpt.py was packaged without {{module}}: "
                 f"{{setting(field, getattr(cfg, field))}} needs a package of a run that uses it"
             )
-    from core.train.loop import PGOLF_ONLY
-
-    for field in PGOLF_ONLY:
+    for field in features.PGOLF_ONLY:
         if getattr(cfg, field):
             raise PgolfError(
                 f"{{setting(field, getattr(cfg, field))}}: only pgolf's train does that, not a packaged train_gpt.py"

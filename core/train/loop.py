@@ -559,11 +559,6 @@ def weights_rms(params: dict[str, np.ndarray]) -> float:
     return math.sqrt(total / max(sum(w.size for w in weights), 1))
 
 
-# Settings only pgolf's `train` acts on (starting from other weights, the artifact fit, trackers), in
-# InteractiveTraining: a packaged train_gpt.py refuses them (core/runs/package.py).
-PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to", "abort_behind")
-
-
 def check_budget(result: RunResult, cap: int) -> None:
     """A finished run over the byte cap (budget_bytes) ends so, exit status 3, once its backend is closed:
     its figures and artifact stay, it cannot be submitted."""
@@ -589,5 +584,5 @@ def train(backend: Backend, log: Log = print, code_bytes: int = 0) -> RunResult:
     checkpoints, no resuming); return the final figures. `log` takes each log line; `code_bytes` is what
     counts as the run's code (a packaged script passes its own size). pgolf's `train` runs an
     `InteractiveTraining` instead (core/train/interactive.py: `train_interactive`), which alone acts on
-    PGOLF_ONLY's settings (a packaged script refuses them before it starts)."""
+    core/config/features.py's PGOLF_ONLY settings (a packaged script refuses them before it starts)."""
     return run_to_end(Training(backend, log=log, code_bytes=code_bytes))
