@@ -15,7 +15,7 @@ A backend is the module `<package>.backend` of its entry in BACKENDS, with a
 function `create_backend(cfg)` and `check_config(cfg)` (the config options that only it reads); its
 module `<package>.memory` says how much memory its device has (`device_memory(cfg)`:
 core/model/memory.py checks a run against it); its module `<package>.ttt` holds test-time training's
-device side (`Backend.ttt`), apart so that a packaged run without test-time training leaves it out.
+device side (`Backend.ttt`), which reaches the backend through the few things it names (`TTTHost`).
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class Backend(Protocol):
 
     def ttt(self) -> TTT:
         """Test-time training's device side (`TTT` below), made afresh for each evaluation that trains at
-        test time (core/eval/ttt.py). Its class lives in `<package>.ttt`, which only this method imports."""
+        test time (core/eval/ttt.py). Its class lives in `<package>.ttt`."""
 
     def counter_add(self, key: str, amount: int) -> int:
         """Add `amount` to the counter `key` shared by the ranks (from 0) and return its new value: how the
