@@ -45,7 +45,7 @@ FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S
 LEFT_OUT = (
     "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.sweep", "core.runs.package",
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
-    "core.model.memory", "core.model.backend", "core.model.opt_state", "core.common.spelling",
+    "core.model.memory", "core.model.backend",
     "core.artifact.checkpoint", "core.artifact.load", "core.artifact.upstream", "core.artifact.records",
     "core.artifact.checks", "core.artifact.budget",
     "core.train.report", "core.train.bench", "core.train.interactive", "core.eval.verify", "core.eval.sample",

@@ -8,8 +8,7 @@ import pytest
 from core.artifact.load import config_for_params
 from core.common.errors import PgolfError
 from core.config.presets import preset
-from core.model.opt_state import optimizer_state_shapes
-from core.model.optim import GROUPS
+from core.model.optim import GROUPS, optimizer_state_shapes
 from core.model.params import (
     KINDS,
     artifact_classes,

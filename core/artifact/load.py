@@ -50,7 +50,7 @@ from core.config.sources import read_run_config
 from core.data.coprime import CoprimeLoader
 from core.data.sequential import BatchLoader, TokenStream
 from core.data.shards import read_shard
-from core.model.opt_state import optimizer_state_shapes
+from core.model.optim import optimizer_state_shapes
 from core.model.params import check_layout
 
 MAX_CHECKPOINT_BYTES = 2**36  # 64 GiB: a checkpoint is read whole into memory

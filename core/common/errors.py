@@ -7,6 +7,7 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,3 +90,9 @@ def memory_hint(doing: str, lower: str) -> Iterator[None]:
         if not out_of_memory(exc):
             raise
         raise PgolfError(f"out of memory during {doing} ({first_line(exc)}): lower {lower}") from None
+
+
+def did_you_mean(name: str, choices: Any) -> str:
+    """' (did you mean X?)' for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

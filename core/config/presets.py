@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core.common.errors import PgolfError
-from core.common.spelling import did_you_mean
+from core.common.errors import PgolfError, did_you_mean
 from core.config.fields import Config
 
 # Presets made for the challenge's FineWeb data (a warning when they run on the embedded corpus).

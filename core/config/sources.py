@@ -13,9 +13,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, did_you_mean
 from core.common.files import parse_json, parse_toml, read_json, read_text
-from core.common.spelling import did_you_mean
 from core.config.fields import Config, env_names, field_names, from_env
 from core.config.presets import preset_values
 from core.data.manifest import dataset_settings

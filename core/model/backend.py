@@ -31,8 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from core.common.errors import PgolfError
-from core.common.spelling import did_you_mean
+from core.common.errors import PgolfError, did_you_mean
 from core.config.fields import Config
 
 

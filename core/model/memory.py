@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.model.backend import backend_module, pick
-from core.model.opt_state import optimizer_state_shapes
+from core.model.optim import optimizer_state_shapes
 from core.model.params import count_params, mlp_hidden
 
 

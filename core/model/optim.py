@@ -1,4 +1,5 @@
-"""Optimizer facts both backends implement: the groups, Muon's orthogonalisation, its coefficients.
+"""Optimizer facts both backends implement: the groups, Muon's orthogonalisation, its coefficients, and the
+canonical optimizer state a checkpoint holds.
 
 Muon (for the 2-D block matrices): b = mu*b + g; u = g + mu*b (Nesterov);
 optionally each row of u scaled to unit norm (MuonEq-R); X = u / (||u||_F + NS_EPS),
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.config.fields import Config
+from core.model.params import param_specs
 
 NS_EPS = 1e-7  # added to the Frobenius norm before normalising
 ROW_EPS = 1e-7  # the least row norm MuonEq-R divides by
@@ -92,3 +94,15 @@ def newton_schulz(
         gram = x @ x.T
         x = a * x + (b * gram + c * (gram @ gram)) @ x
     return x.T if transposed else x
+
+
+def optimizer_state_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """The canonical optimizer state of `core.model.backend`: a step counter, then Muon
+    momentum for matrices and Adam moments for everything else, and the moving
+    average of the weights when `ema_decay` > 0, each shaped like its parameter."""
+    shapes: dict[str, tuple[int, ...]] = {"step": ()}
+    for name, spec in param_specs(cfg).items():
+        keys = ("momentum_buffer",) if spec.group == "matrix" else ("exp_avg", "exp_avg_sq")
+        keys += ("ema",) if cfg.ema_decay > 0 else ()
+        shapes.update({f"{key}/{name}": spec.shape for key in keys})
+    return shapes

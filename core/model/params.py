@@ -4,7 +4,7 @@ group, storage dtype and artifact class.
 `param_specs(cfg)` is the one table. Everything else is derived from it:
 - the initial weights (`init_params`, numpy, so one seed gives the same weights in both backends);
 - the optimizer groups: Muon or Adam, base learning rate and weight decay (`core.model.optim.GROUPS`);
-- the canonical optimizer state and checkpoint layout (core/model/opt_state.py);
+- the canonical optimizer state and checkpoint layout (core/model/optim.py: `optimizer_state_shapes`);
 - the dtype each parameter is kept in (`storage_dtypes`);
 - the class the quantizer treats it as (`artifact_classes`);
 - the memory a training run needs (core/model/memory.py).

@@ -46,7 +46,7 @@ from typing import Any
 
 from core.common.errors import PgolfError
 from core.common.files import WriterLock, json_text, open_regular, parse_toml, read_text, write_atomic
-from core.common.spelling import did_you_mean
+from core.common.errors import did_you_mean
 from core.config.fields import SEED_MAX, Config, env_names, field_names
 from core.config.presets import PRESETS
 from core.config.sources import read_run_config, resolve

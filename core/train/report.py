@@ -17,8 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from core.common.errors import PgolfError
-from core.common.spelling import did_you_mean
+from core.common.errors import PgolfError, did_you_mean
 
 # Each tracker: the module it needs, and how to install it.
 TRACKERS = {
