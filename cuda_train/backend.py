@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from core.common.errors import PgolfError, first_line
-from core.common.launch import launch
+from core.common.launch import launch, reach_rank_0, rendezvous_failed
 from core.model.params import check_layout, head_weight_name, param_specs, storage_dtypes
 from cuda_train.model import GPT, CastedLinear, maybe_compile
 from cuda_train.optim import Muon, build_optimizers
@@ -81,11 +81,15 @@ class TorchBackend:
         if self.world_size > 1 and not dist.is_initialized():
             # A short timeout: a rank that hangs fails the job in minutes, not torch's 10 (NCCL) or 30 (gloo).
             timeout = cfg.collective_timeout_seconds
-            dist.init_process_group(
-                "nccl" if cuda else "gloo",
-                device_id=self.torch_device if cuda else None,
-                timeout=timedelta(seconds=timeout) if timeout > 0 else None,
-            )
+            reach_rank_0(place, timeout)
+            try:
+                dist.init_process_group(
+                    "nccl" if cuda else "gloo",
+                    device_id=self.torch_device if cuda else None,
+                    timeout=timedelta(seconds=timeout) if timeout > 0 else None,
+                )
+            except RuntimeError as exc:  # the store's DistStoreError or DistNetworkError: a rank never came
+                raise rendezvous_failed(place, timeout, str(exc)) from None
         self.bf16 = cfg.uses_bf16(cuda)
         if cuda:  # TF32 for the fp32 matmuls left outside autocast; float32 asked for means float32
             torch.backends.cuda.matmul.allow_tf32 = self.bf16

@@ -9,6 +9,9 @@ on later, or that would train the wrong share of the data, is one line naming th
 from __future__ import annotations
 
 import os
+import re
+import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -67,3 +70,50 @@ def launch(environ: Mapping[str, str] | None = None) -> Launch:
         f"must be a whole number from 0 to RANK={rank}, below LOCAL_WORLD_SIZE={local_world}",
     )  # fmt: skip
     return Launch(world, rank, local_rank, local_world)
+
+
+DEFAULT_WAIT_SECONDS = 1800.0  # with no collective timeout: gloo's own default
+
+
+def reach_rank_0(place: Launch, timeout_seconds: float, environ: Mapping[str, str] | None = None) -> None:
+    """A rank other than 0 first reaches the rendezvous (MASTER_ADDR:MASTER_PORT), retrying until the
+    timeout: when nothing ever answers there, one line (`rendezvous_failed`) rather than the framework's
+    own connect, which logs a C++ stack at each try."""
+    if place.rank == 0:
+        return
+    env = os.environ if environ is None else environ
+    address = (env.get("MASTER_ADDR", ""), int(env.get("MASTER_PORT", "0")))
+    deadline = time.monotonic() + (timeout_seconds if timeout_seconds > 0 else DEFAULT_WAIT_SECONDS)
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection(address, timeout=max(0.1, min(left, 5.0))).close()
+            return
+        except OSError:  # refused (not listening yet), timed out, or a name that does not resolve
+            if left <= 0:
+                raise rendezvous_failed(place, timeout_seconds, "could not connect", env) from None
+            time.sleep(min(0.2, max(left, 0.0)))
+
+
+def rendezvous_failed(
+    place: Launch, timeout_seconds: float, detail: str, environ: Mapping[str, str] | None = None
+) -> PgolfError:
+    """The one line for ranks that did not all meet: which never came, where, within how long. `detail` is
+    the framework's own message (PyTorch's store: "... 1/2 clients joined.", or a client's "timed out
+    ... while trying to connect"); the ranks it does not name are told by their count."""
+    env = os.environ if environ is None else environ
+    world, where = place.world_size, f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
+    waited = f"{timeout_seconds:g} s (collective_timeout_seconds)" if timeout_seconds > 0 else "the timeout"
+    joined = re.search(r"(\d+)/\d+ clients joined|num_workers_joined=(\d+)", detail)
+    if place.rank != 0 and re.search(r"connect", detail, re.I):
+        missing = "rank 0 never came"
+    elif joined:
+        count = int(joined[1] or joined[2])
+        others = "rank 1" if world == 2 else f"ranks 1 to {world - 1}"
+        missing = f"{others} never came" if count == 1 else f"{world - count} of the {world} ranks never came"
+    else:
+        missing = "the ranks did not all come"
+    return PgolfError(
+        f"rank {place.rank} of WORLD_SIZE={world}: {missing} to the rendezvous at {where} within {waited}: "
+        f"start all {world} (`torchrun --nproc_per_node={world}` starts them together)"
+    )
