@@ -286,9 +286,10 @@ def synthetic_ratios() -> dict[str, float]:
 
 
 def fit_bytes(pairs: list[Pair], synthetic: dict[str, float]) -> dict[str, Any]:
-    """Per compressor the factor over the Gaussian entropy, and per format the clip (in sigmas) the
-    percentile search amounts to, chosen on a grid for the smallest median error. `synthetic`: the
-    compressors' ratios on synthetic values, which price one no record used against brotli."""
+    """Per compressor the factor over the Gaussian entropy (the median of its records'), and per format the
+    clip (in sigmas) the percentile search amounts to, chosen on a grid for the smallest mean error (a median
+    would leave out the few records that search their clips). `synthetic`: the compressors' ratios on
+    synthetic values, which price one no record used against brotli."""
     coef: dict[str, Any] = {"compressor": {}, "percentile_clip": {}, "synthetic": synthetic}
     for fmt in ("int8", "mixed"):
         group = [
@@ -304,7 +305,7 @@ def fit_bytes(pairs: list[Pair], synthetic: dict[str, float]) -> dict[str, Any]:
             for f, size in group:
                 ratios.setdefault(f.compressor, []).append((size - f.raw_bytes) / entropy_bytes(f, clip))
             factors = {k: statistics.median(v) for k, v in ratios.items()}
-            error = statistics.median(
+            error = statistics.mean(
                 abs((factors[f.compressor] * entropy_bytes(f, clip) + f.raw_bytes) / size - 1)
                 for f, size in group
             )
@@ -491,7 +492,7 @@ def make_table(samples: list[dict[str, Any]], left_out: list[dict[str, str]], so
         "coefficients": fit(pairs_of(samples), synthetic),
         "bands": {q: round(v["p80"], 4) for q, v in result["summary"].items() if math.isfinite(v["p80"])},
         "backtest": {
-            q: {k: round(x, 4) if isinstance(x, float) else x for k, x in v.items()}
+            q: {k: round(x, 6) if isinstance(x, float) else x for k, x in v.items()}
             for q, v in result["summary"].items()
         },
         "val_tokens": val_table(samples),

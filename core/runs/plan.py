@@ -18,6 +18,7 @@ The prediction is for the records' own training code: pgolf's ratio to it is one
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from core.common.files import read_json
 from core.config.fields import EVAL_LIMIT_SECONDS, Config
 from core.model.memory import memory_estimate
 from core.model.params import KINDS, param_specs
+from core.runs.package import code_bytes
 
 TABLE_PATH = Path(__file__).with_name("plan_table.json")
 MAX_TABLE_BYTES = 2**22
@@ -52,6 +54,7 @@ HARDWARE = {
 VAL_DOCS = 50_000  # the challenge's validation split: its first 50,000 documents
 DEFAULT_VAL_TOKENS = 62_021_632  # sp1024's validation tokens, for a config whose data no record used
 QUANTITIES = ("ms_per_step", "memory", "bytes", "eval")
+TARGET = "8xH100"  # the challenge's machine
 
 
 def hardware(name: str) -> Hardware:
@@ -291,8 +294,12 @@ def predict_bytes(coef: dict[str, Any], f: Features) -> tuple[float, str | None]
         measured = name in c["synthetic"] and ref.removeprefix("int8+") in c["synthetic"]
         ratio = c["synthetic"][name] / c["synthetic"][ref.removeprefix("int8+")] if measured else 1.0
         factor = c["compressor"][ref] * ratio
-        how = "their ratio on synthetic values" if measured else "(no measure of it: taken as equal)"
-        note = f"no record used {f.compressor}: priced as {ref} x {ratio:.3f}, {how}"
+        how = (
+            f"x {ratio:.3f}, their ratio on synthetic values"
+            if measured
+            else "(no measure of theirs: taken as equal)"
+        )
+        note = f"no record of the table used {f.compressor}: priced as {ref} {how}"
     clip = c["percentile_clip"].get(f.quant_format, 4.0)
     return factor * entropy_bytes(f, clip) + f.raw_bytes, note
 
@@ -533,3 +540,43 @@ def pgolf_factor_text(table: dict[str, Any]) -> str:
     if factor is None:
         return "not measured on a GPU yet, so unknown"
     return f"x{factor:.2f} their step time, measured"
+
+
+# --------------------------------------------------------------------------- in the workflow (sweep, train, runs)
+def on_target(device: str, world_size: int) -> bool:
+    """Whether a run is on the target machine: eight processes, each on an H100."""
+    return world_size == HARDWARE[TARGET].count and HARDWARE[TARGET].gpu in device
+
+
+_SHORT: dict[str, dict[str, Any]] = {}
+
+
+def target_summary(cfg: Config) -> dict[str, Any]:
+    """The plan of `cfg` on the target, short: ms a step per phase, steps, artifact + code bytes, the verdict
+    (or why the target would refuse the config) and whether it breaks a limit there."""
+    key = json.dumps(cfg.to_dict(), sort_keys=True)
+    if key not in _SHORT:
+        try:
+            checked = cfg.validate(HARDWARE[TARGET].count)
+            plan = make_plan(checked, TARGET, load_table(), code_bytes(checked))
+        except PgolfError as exc:
+            _SHORT[key] = {"hardware": TARGET, "ms_per_step": [], "steps": None, "bytes": None,
+                           "verdict": f"refused there: {exc}", "breaks": True}  # fmt: skip
+        else:
+            _SHORT[key] = {
+                "hardware": TARGET,
+                "ms_per_step": [round(p.ms_per_step, 1) for p in plan.phases],
+                "steps": plan.steps,
+                "bytes": plan.artifact_bytes + plan.code_bytes,
+                "verdict": plan.verdict.removeprefix("verdict: "),
+                "breaks": plan.verdict.startswith("verdict: breaks"),
+            }
+    return _SHORT[key]
+
+
+def target_line(cfg: Config) -> str:
+    """One line for a run away from the target: the plan's verdict there, with its step time."""
+    short = target_summary(cfg)
+    ms = "/".join(f"{m:,.1f}" for m in short["ms_per_step"])
+    pace = f" at {ms} ms/step" if ms else ""
+    return f"plan on {TARGET}{pace} (the records' code; cli.py plan for every figure): {short['verdict']}"
