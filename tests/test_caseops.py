@@ -135,7 +135,8 @@ def test_the_sidecar_adds_up_to_the_text_and_the_tokens_give_it_back(caseops_dat
 def test_the_manifest_names_the_sidecar_and_dataset_turns_caseops_on(caseops_data):
     manifest = read_manifest(caseops_data)
     (dataset,), (tokenizer,) = manifest["datasets"], manifest["tokenizers"]
-    assert dataset["val_bytes_glob"] == "datasets/sotu_sp1024_caseops/fineweb_val_bytes_*.bin"
+    assert dataset["val_bytes_glob"] == f"{dataset['path']}/fineweb_val_bytes_*.bin"
+    assert (caseops_data / dataset["path"]) == (caseops_data / "datasets" / "sotu_sp1024_caseops").resolve()
     assert tokenizer["text_transform"] == caseops.TRANSFORM
     assert {n for n in dataset["sha256"] if "val_bytes" in n} == {
         p.name for p in find_shards(caseops_data / dataset["path"], "val_bytes")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -21,69 +23,212 @@ from core.artifact.checkpoint import save_checkpoint
 from core.common.errors import PgolfError
 from core.common.files import (
     MAX_JSON_DEPTH,
+    file_sha256,
     parse_json,
     read_json,
     read_text,
     text_lines,
     write_atomic,
 )
-from core.data.manifest import read_manifest
-from core.data.shards import find_shards, read_shard
+from core.data.manifest import find_entries, read_manifest, shard_digests, verify_dataset
+from core.data.shards import find_shards
 from core.data.tokenizer import load_tokenizer
-from core.datasets.embedded import prepare_sotu
+from core.datasets import prepare
+from core.datasets.embedded import paragraphs, speech_files
+from core.datasets.embedded import read_text as read_speech
+from core.datasets.prepare import prepare_docs
 from core.runs.setup import export_setup
 from core.train.fitting import fit_files
 from core.train.rundir import RunDir
 from tests.helpers import (
     assert_one_line_error,
     cli,
+    cli_after,
     make_checkpoint,
     run_within,
     small_artifact,
 )
 
+# ------------------------------------------------- 8. data prepare, stopped anywhere
+# What a prepare of dataset "d" (over one of vocabulary 400) leaves when stopped after each step: the
+# version the manifest lists and the one the link datasets/d names.
+SWITCH_LEAVES = {
+    "checked": ("old", "old"),
+    "staged": ("old", "old"),
+    "tokenizer linked": ("old", "old"),
+    "moved": ("old", "old"),
+    "manifest written": ("new", "old"),
+    "dataset linked": ("new", "new"),
+    "old removed": ("new", "new"),
+}
+assert tuple(SWITCH_LEAVES) == prepare.SWITCH_STEPS
 
-# ------------------------------------------------- 8. data prepare, interrupted anywhere
-class Interrupt(BaseException):
-    """Stands for a kill at one file operation."""
+
+@pytest.fixture(scope="module")
+def switch(tmp_path_factory):
+    """Documents, a data folder holding dataset d made from them at vocabulary 400, and the fingerprints
+    (shards' digests, tokenizer's) of d at 400 ("old") and at 512 ("new"), made apart."""
+    base = tmp_path_factory.mktemp("switch")
+    docs = base / "docs.jsonl"
+    docs.write_text(
+        "".join(
+            json.dumps({"text": t}) + "\n" for t in paragraphs(read_speech(f) for f in speech_files()[:3])
+        )
+    )
+    old, new = base / "old", base / "new"
+    prepare_docs(docs, old, "d", 400, val_docs=5)
+    prepare_docs(docs, new, "d", 512, val_docs=5)
+    return docs, old, {"old": listed_version(old), "new": listed_version(new)}
 
 
-@pytest.mark.slow  # ~4 s
-def test_an_interrupted_prepare_always_leaves_a_listed_dataset_whole(tmp_path, monkeypatch):
-    """An interruption at each file operation of a second `data prepare` in turn (and of a first
-    one): every dataset the manifest lists is present with its shards, and the next prepare works."""
-    prepare = functools.partial(prepare_sotu, vocab_size=512, limit_docs=20)
-    prepare(tmp_path / "old")
-    counted = {"n": 0, "at": -1}
+def listed_version(root: Path) -> tuple:
+    """(shard digests, tokenizer digest) of dataset d as the manifest lists it, checked whole."""
+    entry, tokenizer = find_entries(read_manifest(root), "d")
+    assert verify_dataset(root, "d")["hashed"] == len(entry["sha256"])
+    assert file_sha256(root / tokenizer["model_path"], "tokenizer") == entry["tokenizer_sha256"]
+    return entry["sha256"], entry["tokenizer_sha256"]
 
-    def interrupting(real):
-        def operation(*args, **kwargs):
-            counted["n"] += 1
-            if counted["n"] == counted["at"]:
-                raise Interrupt
-            return real(*args, **kwargs)
 
-        return operation
+def linked_version(root: Path) -> tuple:
+    """(shard digests, tokenizer digest) of what the fixed paths datasets/d and tokenizers/d.model name."""
+    model, vocab = root / "tokenizers" / "d.model", root / "tokenizers" / "d.vocab"
+    if model.is_symlink():  # else still as an older pgolf left it
+        assert model.resolve().parent == vocab.resolve().parent == (root / "datasets" / "d").resolve()
+    return shard_digests(root / "datasets" / "d"), file_sha256(model, "tokenizer")
 
-    for name in ("replace", "rename", "symlink"):
-        monkeypatch.setattr(os, name, interrupting(getattr(os, name)))
-    for root in (tmp_path / "old", tmp_path / "new"):
-        at = 1
-        while True:
-            counted.update(n=0, at=at)
-            try:
-                prepare(root)
-                break
-            except Interrupt:
-                pass
-            for dataset in read_manifest(root)["datasets"]:
-                folder = root / dataset["path"]
-                assert [len(read_shard(f)) > 0 for s in ("val", "train") for f in find_shards(folder, s)]
-            at += 1
-        assert at > 5  # the tokenizer, the shards, the link and the manifest were each cut short
-        counted["at"] = -1
-        prepare(root)
-        assert len(list((root / "datasets").iterdir())) == 2  # the link and the one folder it names
+
+def assert_stopped_whole(root: Path, versions: dict, step: str, docs: Path) -> None:
+    listed, linked = SWITCH_LEAVES[step]
+    assert listed_version(root) == versions[listed]
+    assert linked_version(root) == versions[linked]
+    result = cli("data", "verify", "d", "--out", str(root))
+    assert result.returncode == 0, result.stderr
+    prepare_docs(docs, root, "d", 512, val_docs=5)  # the next prepare works, and clears what was left
+    assert listed_version(root) == linked_version(root) == versions["new"]
+    assert sorted(p.name for p in root.iterdir()) == ["datasets", "manifest.json", "tokenizers"]
+    assert len(list((root / "datasets").iterdir())) == 2  # the link and the one folder it names
+    assert sorted(p.name for p in (root / "tokenizers").iterdir()) == ["d.model", "d.vocab"]
+
+
+@pytest.mark.slow  # ~2 s a case: a process of its own each
+@pytest.mark.parametrize("step", prepare.SWITCH_STEPS)
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGINT"])
+def test_a_prepare_stopped_at_any_step_leaves_the_old_dataset_or_the_new_one_whole(
+    switch, tmp_path, stop, step
+):
+    """kill -9 or Ctrl-C after each step of a prepare that replaces a dataset (its tokenizer too): the
+    manifest and the link each name a whole dataset with its own tokenizer, and `data verify` passes.
+    Ctrl-C waits for the switch's renames: from the tokenizer's link on, it leaves the new dataset."""
+    docs, old, versions = switch
+    root = tmp_path / "data"
+    shutil.copytree(old, root, symlinks=True)
+    hook = f"""
+import os, signal
+from core.datasets import prepare
+def at_step(step):
+    if step == {step!r}:
+        os.kill(os.getpid(), signal.{stop})
+prepare.at_step = at_step
+"""
+    result = cli_after(hook, "data", "prepare", "--docs", str(docs), "--vocab-size", "512", "--val-docs", "5",
+                       "--name", "d", "--out", str(root))  # fmt: skip
+    if stop == "SIGKILL":
+        assert result.returncode == -signal.SIGKILL, result.stderr
+        assert_stopped_whole(root, versions, step, docs)
+    else:
+        assert result.returncode == 130 and result.stderr.strip() == "interrupted", result.stderr
+        held = prepare.SWITCH_STEPS.index("tokenizer linked") <= prepare.SWITCH_STEPS.index(step)
+        assert_stopped_whole(root, versions, "old removed" if held else "checked", docs)
+
+
+class Failed(Exception):
+    """Stands for a write that fails at one step (a full disk)."""
+
+
+@pytest.mark.parametrize("layout", ["this pgolf's", "an older pgolf's"])
+def test_a_prepare_that_fails_at_any_step_leaves_the_old_dataset_or_the_new_one_whole(
+    switch, tmp_path, monkeypatch, layout
+):
+    """A write that fails after each step, over data this pgolf made and over data an older one made
+    (a plain dataset folder, the tokenizer's files in tokenizers/, the manifest naming both)."""
+    docs, old, versions = switch
+    for step in prepare.SWITCH_STEPS:
+        root = tmp_path / step
+        shutil.copytree(old, root, symlinks=True)
+        if layout == "an older pgolf's":
+            older_layout(root)
+        monkeypatch.setattr(prepare, "at_step", lambda at, step=step: at == step and throw(Failed(at)))
+        with pytest.raises(Failed):
+            prepare_docs(docs, root, "d", 512, val_docs=5)
+        monkeypatch.undo()
+        assert_stopped_whole(root, versions, step, docs)
+
+
+def throw(exc: BaseException):
+    raise exc
+
+
+def older_layout(root: Path) -> None:
+    """Data folder `root` as pgolf wrote it before datasets were versioned: datasets/d a folder, the
+    tokenizer's files in tokenizers/, the manifest naming them there."""
+    folder = (root / "datasets" / "d").resolve()
+    (root / "datasets" / "d").unlink()
+    folder.rename(root / "datasets" / "d")
+    for suffix in (".model", ".vocab"):
+        link = root / "tokenizers" / f"d{suffix}"
+        link.unlink()
+        (root / "datasets" / "d" / f"d{suffix}").rename(link)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["datasets"][0]["path"] = "datasets/d"
+    manifest["tokenizers"][0]["model_path"] = "tokenizers/d.model"
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_what_a_prepare_would_replace_is_checked_before_any_work(switch, tmp_path, monkeypatch):
+    """A damaged manifest, a folder where the tokenizer's .vocab goes, a tokenizer name another dataset
+    uses: refused before the tokenizer is trained, the data folder as it was."""
+    docs, old, _ = switch
+    monkeypatch.setattr(prepare, "export_documents", lambda *a, **k: throw(AssertionError("work began")))
+    cases = {
+        "damaged manifest": (
+            lambda root: (root / "manifest.json").write_text('{"datasets": [[['),
+            "manifest",
+        ),
+        "folder for .vocab": (
+            lambda root: (
+                (root / "tokenizers" / "d.vocab").unlink(),
+                (root / "tokenizers" / "d.vocab").mkdir(),
+            ),
+            "something else is in its place",
+        ),
+        "another's tokenizer": (lambda root: rename_dataset(root, "other"), "lists it as dataset other's"),
+    }
+    for case, (damage, says) in cases.items():
+        root = tmp_path / case.replace(" ", "_").replace("'", "")
+        shutil.copytree(old, root, symlinks=True)
+        damage(root)
+        before = snapshot(root)
+        with pytest.raises(PgolfError, match=says):
+            prepare_docs(docs, root, "d", 512, val_docs=5)
+        assert snapshot(root) == before, case
+
+
+def rename_dataset(root: Path, name: str) -> None:
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["datasets"][0]["name"] = name
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def snapshot(root: Path) -> dict:
+    """Every path under `root` with what it holds: a file's bytes, a link's target, a folder."""
+    return {
+        str(p.relative_to(root)): os.readlink(p)
+        if p.is_symlink()
+        else p.read_bytes()
+        if p.is_file()
+        else "folder"
+        for p in root.rglob("*")
+    }
 
 
 # ------------------------------------------------- 9. temp files, fsync, and naming what failed

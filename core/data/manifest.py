@@ -91,11 +91,20 @@ def dataset_settings(name: str, root: str | Path = DATA_ROOT) -> dict[str, Any]:
             f"manifest entry {name} lacks its vocab_size or its tokenizer's model_path"
         ) from None
     return {
-        "data_path": str(Path(root) / manifest_path(dataset.get("path") or f"datasets/{name}")),
-        "tokenizer_path": str(Path(root) / model),
+        "data_path": str(
+            _stable(Path(root), manifest_path(dataset.get("path") or f"datasets/{name}"), f"datasets/{name}")
+        ),
+        "tokenizer_path": str(_stable(Path(root), model, f"tokenizers/{Path(model).name}")),
         "vocab_size": vocab_size,
         "caseops_enabled": bool(dataset.get("val_bytes_glob")),  # the data has a byte sidecar: BPB counts it
     }
+
+
+def _stable(root: Path, listed: str, link: str) -> Path:
+    """The path a run should keep for the listed path: the link a prepare keeps in place (`datasets/<name>`,
+    `tokenizers/<tok>.model`) where it names the same file, else the listed (versioned) path itself."""
+    stable = root / link
+    return stable if stable.resolve() == (root / listed).resolve() else root / listed
 
 
 def check_tokenizer(data_path: str | Path, tokenizer_path: str | Path) -> None:
@@ -151,7 +160,7 @@ def verify_dataset(
     if found is None:
         raise PgolfError(f"unknown dataset {name!r} in {Path(root) / 'manifest.json'}")
     dataset = found[0]
-    folder = Path(root) / manifest_path(dataset.get("path") or f"datasets/{name}")
+    folder = _stable(Path(root), manifest_path(dataset.get("path") or f"datasets/{name}"), f"datasets/{name}")
     recorded = dataset.get("sha256") or {}
     if not isinstance(recorded, dict):
         raise PgolfError(f"manifest entry {name}: 'sha256' must map shard names to digests")

@@ -16,7 +16,6 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -83,7 +82,7 @@ def making_command(path: str | Path) -> str:
     """The command that makes the dataset folder or tokenizer `path`, by its name: the embedded corpus's
     (`sotu_sp<V>`, `sotu_<V>_bpe`) by `data prepare`, with `--caseops` and `--vocab-size` as it needs; the
     challenge's (`fineweb10B_<variant>`, `fineweb_<V>_bpe`) by `data download`; any other from documents."""
-    name = Path(path).name.removesuffix(".model")
+    name = re.sub(r"^\.(.+)-\d+$", r"\1", Path(path).name.removesuffix(".model"))  # a versioned dataset folder
     if found := re.fullmatch(r"sotu_(?:sp)?(\d+)(?:_bpe)?(_caseops)?", name.replace("_bpe_caseops", "_caseops")):
         vocab, caseops = found.groups()
         return "python cli.py data prepare" + " --caseops" * bool(caseops) + f" --vocab-size {vocab}" * (vocab != "1024")

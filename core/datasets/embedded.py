@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from core.common import files
 from core.common.errors import PgolfError
 from core.data.shards import MAX_VOCAB
 from core.data.tokenizer import load_tokenizer
@@ -49,7 +50,7 @@ def split_documents(files: list[Path]) -> tuple[list[Path], list[Path]]:
 
 
 def read_text(path: Path) -> str:
-    return path.read_text(encoding="utf-8").strip()
+    return files.read_text(path, "speech").strip()
 
 
 def paragraphs(texts: Iterable[str]) -> Iterator[str]:

@@ -9,16 +9,24 @@ are validation, the rest train; the tokenizer is trained on all of them with the
 byte (tests/golden/make_challenge_export.py records them). The embedded corpus
 (core/datasets/embedded.py) is another caller of `build_dataset`, with its own split and tokenizer.
 
-A dataset is built in a staging folder and moved into place whole: `datasets/<name>` is a symbolic
-link to the folder of shards, `datasets/.<name>-<n>`, replaced in one rename, and only then is the
-manifest updated. An interruption at any moment (Ctrl-C, kill -9, power loss) leaves `datasets/<name>`
-the old dataset or the new one, whole, and the manifest never lists a dataset that is absent.
+A dataset is replaced as one unit. Its shards, sidecars and tokenizer are built in a staging folder
+and moved whole to a versioned folder, `datasets/.<name>-<n>`; then the manifest entry, which names
+that folder, is written (one rename), then the link `datasets/<name>` is switched to it (one rename);
+`tokenizers/<tok>.model` and `.vocab` are links through `datasets/<name>`, so they switch with it.
+Only then are the old folders removed. The manifest and every path it will replace are checked
+before any work. A stop at any moment (an error, kill -9, power loss) leaves the manifest, and the
+link, each naming a whole dataset with its own tokenizer, the old one or the new one (between the two
+renames: the manifest the new one, the link the old one); Ctrl-C and SIGTERM wait for the renames.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -36,10 +44,12 @@ from core.common.files import (
     parse_json,
     read_file,
     read_text,
+    remove_stale_temps,
     sync,
     text_lines,
+    write_atomic,
 )
-from core.data.manifest import merge_manifest, shard_digests
+from core.data.manifest import merge_manifest, read_manifest, shard_digests
 from core.data.shards import MAX_VOCAB
 from core.data.tables import byte_tables, token_bytes
 from core.data.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer
@@ -219,27 +229,129 @@ def _progress_line(docs: int, total: int | None, tokens: int, seconds: float) ->
 
 
 # --------------------------------------------------------------------- datasets
-def _move_into_place(stage: Path, root: Path, name: str, tok_name: str) -> Path:
-    """Swap the staged tokenizer, then the staged shards, in for any older ones; return the tokenizer path.
+# The steps of making a dataset, in order: `at_step` is called after each.
+SWITCH_STEPS = (
+    "checked",
+    "staged",
+    "tokenizer linked",
+    "moved",
+    "manifest written",
+    "dataset linked",
+    "old removed",
+)
 
-    The shards' link comes last: once it exists the dataset is whole (torchrun's other ranks wait for it).
-    """
-    tokenizers = make_dir(root / "tokenizers")
+
+def at_step(step: str) -> None:
+    """Called once a prepare has passed `step` (one of SWITCH_STEPS); does nothing. A test replaces it to
+    stop the process there (tests/test_files.py)."""
+
+
+def check_targets(root: Path, name: str, tok_name: str) -> None:
+    """What making dataset `name` will change, checked before any work: the manifest readable, the
+    tokenizer's name no other dataset's, and each path it replaces one it can replace."""
+    manifest = read_manifest(root)
+    for entry in manifest["datasets"]:
+        if entry.get("tokenizer_name") == tok_name and entry.get("name") != name:
+            raise PgolfError(
+                f"tokenizer {tok_name}: {root / 'manifest.json'} lists it as dataset {entry.get('name')}'s "
+                "(a dataset's tokenizer is its own): choose another --name"
+            )
+    datasets, tokenizers = root / "datasets", root / "tokenizers"
+    for folder in (root, datasets, tokenizers):
+        if folder.exists() and not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+            raise PgolfError(f"cannot write dataset {name}: {folder} is not a folder this process may write")
+    targets = [(datasets / name, Path.is_dir, "dataset")]
+    targets += [
+        (tokenizers / f"{tok_name}{suffix}", Path.is_file, "tokenizer") for suffix in (".model", ".vocab")
+    ]
+    for path, kind_ok, what in targets:  # absent, or a link (replaced), or what an older pgolf wrote there
+        if path.exists() and not path.is_symlink() and not kind_ok(path):
+            raise PgolfError(
+                f"cannot write {what} {path}: something else is in its place (a file, folder or FIFO)"
+            )
+
+
+def _place_link(path: Path, target: str) -> None:
+    """Make `path` a symbolic link to `target` in one rename; the temp link is named as write_atomic names
+    its temp files, so that one a killed process left is removed by the next write into the folder."""
+    remove_stale_temps(path.parent)
+    temp = path.parent / f".{path.name}.pgolf-{os.getpid()}-link.tmp"
+    temp.unlink(missing_ok=True)
+    os.symlink(target, temp)
+    os.replace(temp, path)
+
+
+def _link_tokenizer(root: Path, name: str, tok_name: str) -> None:
+    """`tokenizers/<tok>.model` and `.vocab` as links through `datasets/<name>` to the files its folder
+    holds, made once. Data an older pgolf made is brought into this layout first without changing what
+    any reader sees: a plain dataset folder becomes a versioned one behind a link (the one moment
+    without it), and the tokenizer files that were in tokenizers/ are copied into it before their
+    links replace them."""
+    datasets, tokenizers = make_dir(root / "datasets"), make_dir(root / "tokenizers")
+    dataset = datasets / name
+    if dataset.is_dir() and not dataset.is_symlink():
+        adopted = f".{name}-{time.time_ns()}"
+        dataset.rename(datasets / adopted)
+        _place_link(dataset, adopted)
     for suffix in (".model", ".vocab"):
-        os.replace(stage / f"{tok_name}{suffix}", tokenizers / f"{tok_name}{suffix}")
+        path, target = tokenizers / f"{tok_name}{suffix}", f"../datasets/{name}/{tok_name}{suffix}"
+        if path.is_symlink() and os.readlink(path) == target:
+            continue
+        beside = dataset / f"{tok_name}{suffix}"
+        if path.is_file() and dataset.is_dir() and not beside.exists():
+            write_atomic(beside, read_file(path, "tokenizer", MAX_TOKENIZER_BYTES))
+        _place_link(path, target)
     sync(tokenizers)
-    datasets = make_dir(root / "datasets")
-    out_dir, shards = datasets / name, datasets / f".{name}-{time.time_ns()}"
-    (stage / "shards").rename(shards)
-    os.symlink(shards.name, stage / "link")  # relative: the data folder may be moved elsewhere
-    if out_dir.is_dir() and not out_dir.is_symlink():  # a plain folder, from an older pgolf
-        out_dir.rename(stage / "previous")  # the one moment without a dataset, once
-    os.replace(stage / "link", out_dir)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait while the dataset is switched (a few renames): they are kept, and sent
+    again once it is whole (a blocked signal mask would not do: another thread would take them)."""
+    kept: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    previous = {signum: signal.signal(signum, lambda signum, frame: kept.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if kept:
+            signal.raise_signal(kept[0])
+
+
+def _switch(
+    root: Path, staged: Path, version: str, dataset: dict[str, Any], tokenizer: dict[str, Any]
+) -> None:
+    """Put the staged folder (shards, sidecars, tokenizer) in place as `datasets/<version>` and switch to
+    it: first the manifest, whose entry names that folder, then the link `datasets/<name>`, which the
+    tokenizer's links in tokenizers/ go through. Each is one rename, and at every moment between them
+    the manifest and the link each name a whole dataset with its own tokenizer."""
+    name, tok_name = dataset["name"], tokenizer["name"]
+    _link_tokenizer(root, name, tok_name)
+    at_step("tokenizer linked")
+    datasets = root / "datasets"
+    staged.rename(datasets / version)
     sync(datasets)
-    for old in datasets.glob(f".{name}-*"):  # what the link no longer names
-        if old != shards:
+    try:
+        at_step("moved")
+        merge_manifest(root, dataset, tokenizer)
+    except BaseException:
+        shutil.rmtree(datasets / version, ignore_errors=True)  # named by nothing yet
+        raise
+    at_step("manifest written")
+    _place_link(datasets / name, version)  # relative: the data folder may be moved elsewhere
+    sync(datasets)
+    at_step("dataset linked")
+
+
+def _remove_old(root: Path, name: str, version: str) -> None:
+    """The versioned folders of dataset `name` other than `version`: neither the manifest nor the link
+    names them any more."""
+    versions = re.compile(rf"\.{re.escape(name)}-\d+")
+    for old in (root / "datasets").iterdir():
+        if versions.fullmatch(old.name) and old.name != version:
             shutil.rmtree(old, ignore_errors=True)
-    return tokenizers / f"{tok_name}.model"
 
 
 def build_dataset(
@@ -265,69 +377,41 @@ def build_dataset(
     with WriterLock(out_root, "data folder"):  # one writer of a data folder at a time
         say = progress or (lambda message: None)
         root = Path(out_root)
+        check_targets(root, name, tok_name)
+        at_step("checked")
         out_dir = root / "datasets" / name
         # Everything is built in a staging folder and moved into place only when complete: an
         # interrupted or failed run leaves the previous dataset as it was (and its staging folder,
         # when killed, which the next run clears first).
         stage = root / f".staging-{name}"
         shutil.rmtree(stage, ignore_errors=True)
-        make_dir(stage)
+        staged = make_dir(stage) / "dataset"
+        version = f".{name}-{time.time_ns()}"
         try:
-            sp = load_tokenizer(make_tokenizer(stage / tok_name))
+            sp = load_tokenizer(make_tokenizer(staged / tok_name))
             say(f"tokenizing {total_docs or 'the'} documents into {out_dir}")
             counts = export_documents(
-                docs(), sp, stage / "shards", num_val_docs, shard_tokens, sp.bos_id(), case_ops, exact,
+                docs(), sp, staged, num_val_docs, shard_tokens, sp.bos_id(), case_ops, exact,
                 os.cpu_count() or 1, total_docs, progress,
             )  # fmt: skip
             sidecar = case_ops or (exact and not counts["tables_exact"])
             if not sidecar:
-                for extra in (stage / "shards").glob("fineweb_val_bytes_*.bin"):
+                for extra in staged.glob("fineweb_val_bytes_*.bin"):
                     extra.unlink()
-            digests = shard_digests(stage / "shards")
-            model_path = _move_into_place(stage, root, name, tok_name)
+            digests = shard_digests(staged)
+            at_step("staged")
+            dataset, tokenizer = _entries(
+                name, tok_name, version, sp, digests, counts, sidecar, case_ops, source
+            )
+            with _signals_held():
+                _switch(root, staged, version, dataset, tokenizer)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-        vocab_size = sp.vocab_size()
-        dataset = {
-            "name": name,
-            "tokenizer_name": tok_name,
-            "tokenizer_kind": "sentencepiece_bpe",
-            "path": f"datasets/{name}",
-            "train_glob": f"datasets/{name}/fineweb_train_*.bin",
-            "val_glob": f"datasets/{name}/fineweb_val_*.bin",
-            "vocab_size": vocab_size,
-            **({"val_bytes_glob": f"datasets/{name}/fineweb_val_bytes_*.bin"} if sidecar else {}),
-            "sha256": digests,
-            "bos_id": sp.bos_id(),
-            "eos_id": sp.eos_id(),
-            **({"docs": source} if source else {}),
-            "stats": {
-                "docs_total": counts["docs_val"] + counts["docs_train"],
-                "docs_val": counts["docs_val"],
-                "docs_train": counts["docs_train"],
-                "files_total": counts["files_val"] + counts["files_train"],
-                "files_val": counts["files_val"],
-                "files_train": counts["files_train"],
-                "tokens_total": counts["tokens_val"] + counts["tokens_train"],
-                "tokens_val": counts["tokens_val"],
-                "tokens_train": counts["tokens_train"],
-            },
-        }
-        tokenizer = {
-            "name": tok_name,
-            "kind": "sentencepiece_bpe",
-            "vocab_size": vocab_size,
-            "sha256": digests,
-            "bos_id": sp.bos_id(),
-            "eos_id": sp.eos_id(),
-            "model_path": f"tokenizers/{tok_name}.model",
-            "vocab_path": f"tokenizers/{tok_name}.vocab",
-            **({"text_transform": caseops.TRANSFORM} if case_ops else {}),
-        }
-        merge_manifest(root, dataset, tokenizer)
+        _remove_old(root, name, version)
+        at_step("old removed")
         summary = {
             "dataset": str(out_dir),
-            "tokenizer": str(model_path),
+            "tokenizer": str(root / "tokenizers" / f"{tok_name}.model"),
             "documents": f"{counts['docs_val']} validation + {counts['docs_train']} train",
             "tokens": f"{counts['tokens_val']:,} validation + {counts['tokens_train']:,} train",
         }
@@ -338,6 +422,58 @@ def build_dataset(
                 else "validation byte sidecar written: the tokenizer's byte tables would miscount"
             )
         return summary
+
+
+def _entries(
+    name: str,
+    tok_name: str,
+    version: str,
+    sp: spm.SentencePieceProcessor,
+    digests: dict[str, str],
+    counts: dict[str, Any],
+    sidecar: bool,
+    case_ops: bool,
+    source: dict[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest entries of a dataset and its tokenizer, naming the versioned folder that holds both."""
+    folder = f"datasets/{version}"
+    dataset = {
+        "name": name,
+        "tokenizer_name": tok_name,
+        "tokenizer_kind": "sentencepiece_bpe",
+        "path": folder,
+        "train_glob": f"{folder}/fineweb_train_*.bin",
+        "val_glob": f"{folder}/fineweb_val_*.bin",
+        "vocab_size": sp.vocab_size(),
+        **({"val_bytes_glob": f"{folder}/fineweb_val_bytes_*.bin"} if sidecar else {}),
+        "sha256": digests,
+        "bos_id": sp.bos_id(),
+        "eos_id": sp.eos_id(),
+        **({"docs": source} if source else {}),
+        "stats": {
+            "docs_total": counts["docs_val"] + counts["docs_train"],
+            "docs_val": counts["docs_val"],
+            "docs_train": counts["docs_train"],
+            "files_total": counts["files_val"] + counts["files_train"],
+            "files_val": counts["files_val"],
+            "files_train": counts["files_train"],
+            "tokens_total": counts["tokens_val"] + counts["tokens_train"],
+            "tokens_val": counts["tokens_val"],
+            "tokens_train": counts["tokens_train"],
+        },
+    }
+    tokenizer = {
+        "name": tok_name,
+        "kind": "sentencepiece_bpe",
+        "vocab_size": sp.vocab_size(),
+        "sha256": digests,
+        "bos_id": sp.bos_id(),
+        "eos_id": sp.eos_id(),
+        "model_path": f"{folder}/{tok_name}.model",
+        "vocab_path": f"{folder}/{tok_name}.vocab",
+        **({"text_transform": caseops.TRANSFORM} if case_ops else {}),
+    }
+    return dataset, tokenizer
 
 
 def prepare_docs(
@@ -365,15 +501,6 @@ def prepare_docs(
         raise PgolfError(f"--shard-tokens must be at least 1, got {shard_tokens}")
     if vocab_size is not None and not 1 < vocab_size <= MAX_VOCAB:
         raise PgolfError(f"--vocab-size must be in 2..{MAX_VOCAB} (uint16 shards), got {vocab_size}")
-    say = progress or (lambda message: None)
-    say(f"counting the documents of {docs_path}")
-    total = count_documents(docs_path)
-    if not 1 <= val_docs < total:
-        raise PgolfError(
-            f"{docs_path} holds {total:,} documents: --val-docs {val_docs:,} must leave at least one "
-            "for training and be at least 1"
-        )
-    given = None
     if tokenizer is not None:
         given = load_tokenizer(tokenizer)
         if vocab_size is not None and given.vocab_size() != vocab_size:
@@ -382,9 +509,19 @@ def prepare_docs(
             )
         vocab_size = given.vocab_size()
     vocab_size = vocab_size or 1024
-    name = name or f"{docs_path.stem}_sp{vocab_size}{'_caseops' if case_ops else ''}"
-    if not name or "/" in name or name.startswith("."):
-        raise PgolfError(f"--name {name!r}: a dataset name is one plain folder name")
+    if name is None:
+        name = f"{docs_path.stem}_sp{vocab_size}{'_caseops' if case_ops else ''}"
+    if not name or "/" in name or "\0" in name or name.startswith("."):
+        raise PgolfError(f"--name {name!r}: a dataset name is one plain folder name, not empty")
+    check_targets(Path(out_root), name, name)  # again under the data folder's lock, before any change
+    say = progress or (lambda message: None)
+    say(f"counting the documents of {docs_path}")
+    total = count_documents(docs_path)
+    if not 1 <= val_docs < total:
+        raise PgolfError(
+            f"{docs_path} holds {total:,} documents: --val-docs {val_docs:,} must leave at least one "
+            "for training and be at least 1"
+        )
 
     def make_tokenizer(prefix: Path) -> Path:
         if tokenizer is not None:
