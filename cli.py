@@ -401,6 +401,7 @@ def train(
 def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
     """One training run of `cfg` (checked), with its progress display and closing line."""
     from core.runs.package import code_bytes
+    from core.runs.plan import on_target, target_line
     from core.runs.summary import val_curve
     from core.train.interactive import train_interactive as run_training
     from core.train.loop import check_budget
@@ -410,6 +411,8 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
     _ensure_default_data(cfg)
     reference = val_curve(cfg.abort_behind) if cfg.abort_behind else ()
     with opened_backend(backend, cfg) as engine, LiveProgress(engine.rank == 0) as live:
+        if engine.rank == 0 and not on_target(engine.device, engine.world_size):
+            notes = [*notes, target_line(cfg)]  # what the config would cost on the challenge's machine
         # One process stops between steps, after a checkpoint; ranks of a job stop at once (see main).
         held = SIGNALS.held() if engine.world_size == 1 else contextlib.nullcontext()
         with held as stop:
@@ -970,6 +973,9 @@ def runs(
     alpha: float = typer.Option(
         RECORD_P_VALUE, min=0.0, max=1.0, help="With --against: the significance asked."
     ),
+    plan: bool = typer.Option(
+        False, "--plan", help="Also each run's config planned on 8xH100 (cli.py plan): step time, verdict."
+    ),
 ) -> None:
     """List the runs under --out-dir: model, backend, seed, dataset, the digest of its training shards,
     steps, training and evaluation time, val_bpb, score (or why a run stopped by itself: behind its
@@ -1006,6 +1012,7 @@ def runs(
     if json_out:
         for s in summaries:
             row = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(s).items()}
+            row |= {"plan": _run_plan(s.path)} if plan else {}
             console.print(json_text({**row, "path": str(s.path)}), markup=False, soft_wrap=True)
         return
     table = Table(title=f"runs in {out_dir}")
@@ -1053,6 +1060,19 @@ def runs(
         # Piped, a table keeps its natural width rather than wrapping its cells at 80 columns.
         width = Measurement.get(console, console.options.update_width(1000), t).maximum
         Console(highlight=False, width=width).print(t)
+    for s in summaries if plan else ():
+        short = _run_plan(s.path)
+        pace = "/".join(f"{ms:,.1f}" for ms in short["ms_per_step"])
+        console.print(f"{s.name}: plan on {short['hardware']}{f' at {pace} ms/step' if pace else ''}: "
+                      f"{short['verdict']}", markup=False)  # fmt: skip
+
+
+def _run_plan(path: Path) -> dict:
+    """A run's config (its config.json) planned on 8xH100, short (core.runs.plan.target_summary)."""
+    from core.config.sources import read_run_config
+    from core.runs.plan import target_summary
+
+    return target_summary(Config.from_dict(read_run_config(path / "config.json")))
 
 
 def _finished_runs(names: list[str], out_dir: Path) -> list:

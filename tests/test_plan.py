@@ -1,6 +1,6 @@
 """`plan`: the fitted table against its own samples, the plans of record_0427 and baseline against the
 records' logged figures (each fitted without its own record), the backtest, calibration from records folders,
-and the refusals."""
+the refusals, and the plan in the workflow (sweep's report, train's line, runs --plan)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from core.config.presets import preset
+from core.runs import sweep as sw
 from core.runs.calibrate import backtest, fit, pairs_of, refit_without, summary_line
 from core.runs.plan import load_table, make_plan
-from tests.helpers import assert_one_line_error, cli, run_blocked
+from tests.helpers import assert_one_line_error, cli, data_flags, fake_sweep_run, run_blocked, write_spec
 
 LOGS = Path(__file__).parent / "fixtures" / "record_logs"
 RECORD_0427 = "2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611"
@@ -156,3 +157,41 @@ def test_calibrate_and_backtest_from_records_folders(tmp_path):
     tested = cli("plan", "--backtest", str(tmp_path))
     assert tested.stdout.splitlines()[-1].startswith("backtest: 2 records, ms/step median |error| ")
     assert_one_line_error(cli("plan", "--calibrate", str(tmp_path / "none")), "no records folders")
+
+
+def test_the_sweep_report_plans_each_variant(tmp_path):
+    spec = write_spec(
+        tmp_path,
+        'name = "depth"\npreset = "baseline"\nseeds = [1]\n[[variants]]\nname = "deep"\nnum_layers = 12\n',
+    )
+    sweep = sw.load_sweep(spec, environ={})
+    for run in sweep.runs:
+        fake_sweep_run(run, 3.0)
+    result = sw.report(sweep)
+    plans = {row["variant"]: row["plan"] for row in result["variants"]}
+    assert plans["deep"]["breaks"] and plans["deep"]["verdict"].startswith("breaks the byte cap by")
+    assert not plans[sweep.base.name]["breaks"] and plans[sweep.base.name]["verdict"].startswith(
+        "fits 8xH100"
+    )
+    assert plans["deep"]["ms_per_step"][0] > plans[sweep.base.name]["ms_per_step"][0]
+    text = sw.markdown(result)
+    assert "| 8xH100 ms/step | 8xH100 steps | 8xH100 bytes | 8xH100 verdict |" in text
+    assert "| **breaks the byte cap by" in text
+
+
+def test_train_away_from_the_target_says_the_plan_and_runs_shows_it(sotu_dataset, tmp_path):
+    flags = ["--preset", "smoke", "--out-dir", str(tmp_path), *data_flags(sotu_dataset)]
+    refused = cli("train", *flags, "--run-id", "a")
+    assert refused.returncode == 0, refused.stderr
+    assert "plan on 8xH100 (the records' code; cli.py plan for every figure): refused there: config: world size 8 " \
+        "must divide grad_accum_steps=2" in refused.stdout  # fmt: skip
+    planned = cli("train", *flags, "--run-id", "b", "--grad-accum-steps", "8")
+    assert planned.returncode == 0, planned.stderr
+    line = next(x for x in planned.stdout.splitlines() if "plan on 8xH100" in x)
+    assert re.search(
+        r"plan on 8xH100 at [\d.]+ ms/step \(the records' code; .*\): fits 8xH100: [\d,]+ steps", line
+    )
+    listed = cli("runs", "--out-dir", str(tmp_path), "--plan")
+    assert listed.returncode == 0, listed.stderr
+    assert "a: plan on 8xH100: refused there: config: world size 8 must divide" in listed.stdout
+    assert re.search(r"^b: plan on 8xH100 at [\d.]+ ms/step: fits 8xH100", listed.stdout, re.M)

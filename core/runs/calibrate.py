@@ -258,7 +258,7 @@ def fit_memory(pairs: list[Pair]) -> dict[str, float]:
     return dict(zip(("base", "states", "activations"), _nnls(rows, targets), strict=True))
 
 
-SYNTHETIC_VALUES = 2**20
+SYNTHETIC_VALUES = 2**17
 SYNTHETIC_BITS, SYNTHETIC_CLIP = 6, 4.0
 
 

@@ -556,12 +556,16 @@ def target_summary(cfg: Config) -> dict[str, Any]:
     (or why the target would refuse the config) and whether it breaks a limit there."""
     key = json.dumps(cfg.to_dict(), sort_keys=True)
     if key not in _SHORT:
+        nothing = {"hardware": TARGET, "ms_per_step": [], "steps": None, "bytes": None, "breaks": True}
         try:
             checked = cfg.validate(HARDWARE[TARGET].count)
+        except PgolfError as exc:
+            _SHORT[key] = nothing | {"verdict": f"refused there: {exc}"}
+            return _SHORT[key]
+        try:
             plan = make_plan(checked, TARGET, load_table(), code_bytes(checked))
         except PgolfError as exc:
-            _SHORT[key] = {"hardware": TARGET, "ms_per_step": [], "steps": None, "bytes": None,
-                           "verdict": f"refused there: {exc}", "breaks": True}  # fmt: skip
+            _SHORT[key] = nothing | {"verdict": f"no plan: {exc}", "breaks": False}
         else:
             _SHORT[key] = {
                 "hardware": TARGET,

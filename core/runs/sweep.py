@@ -44,13 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.common.errors import PgolfError
+from core.common.errors import PgolfError, did_you_mean
 from core.common.files import WriterLock, json_text, open_regular, parse_toml, read_text, write_atomic
-from core.common.errors import did_you_mean
 from core.config.fields import SEED_MAX, Config, env_names, field_names
 from core.config.presets import PRESETS
 from core.config.sources import read_run_config, resolve
 from core.model.backend import ALIASES, CHOICES
+from core.runs.plan import target_summary
 from core.runs.plots import plot_sweep
 from core.runs.record_folder import seed_figures
 from core.runs.stats import mean_std, welch
@@ -451,6 +451,7 @@ class Row:
     diff_bpb: float = math.nan
     p: float | None = None  # Welch's one-sided p that it is no better than the base
     p_margin: float | None = None  # ... no better by margin_nats
+    plan: dict[str, Any] = field(default_factory=dict)  # its config planned on 8xH100 (core.runs.plan)
 
 
 def report(sweep: Sweep) -> dict[str, Any]:
@@ -459,7 +460,9 @@ def report(sweep: Sweep) -> dict[str, Any]:
 
     The score is a run's final figure: sliding-window where it was evaluated so, else the artifact
     round trip's (core.runs.summary)."""
-    rows: dict[str, Row] = {v.name: Row(v.name, v.settings, [], [], []) for v in sweep.variants}
+    rows: dict[str, Row] = {
+        v.name: Row(v.name, v.settings, [], [], [], plan=target_summary(v.cfg)) for v in sweep.variants
+    }
     missing = []
     for run in sweep.runs:
         try:
@@ -554,7 +557,9 @@ def markdown(result: dict[str, Any], command: str = "") -> str:
         f"(± the standard deviation over seeds); Δ is the variant's mean minus that of "
         f"{result.get('compared_with', result['base'])}, "
         "below 0 is better; p is Welch's one-sided p-value that the variant's val_loss is no lower than the "
-        "reference's" + (f"; p (margin) that it is not lower by {margin} nats" if margin else "") + ".",
+        "reference's" + (f"; p (margin) that it is not lower by {margin} nats" if margin else "") + ". "
+        "The 8xH100 columns are `cli.py plan`'s prediction for the variant's config there, with the records' "
+        "training code: ms a step (per phase), steps in the wallclock cap, artifact + code bytes, the verdict.",
         "",
     ]
     if command:
@@ -562,11 +567,12 @@ def markdown(result: dict[str, Any], command: str = "") -> str:
     header = ["rank", "variant", "settings", "runs", "val_bpb", "val_loss", "Δ val_bpb", "Δ nats", "p"]
     if margin:
         header.append("p (margin)")
+    header += ["8xH100 ms/step", "8xH100 steps", "8xH100 bytes", "8xH100 verdict"]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for rank, row in enumerate(result["variants"], 1):
         settings = ", ".join(f"{k}={_shown(v)}" for k, v in row["settings"].items()) or "(base config)"
         if not row["val_bpb"]:
-            cells = [str(rank), row["variant"], settings, "0"] + ["–"] * (len(header) - 4)
+            cells = [str(rank), row["variant"], settings, "0"] + ["–"] * (len(header) - 8)
         else:
             spread = "" if row["std_bpb"] is None else f" ± {row['std_bpb']:.4f}"
             loss_spread = "" if row["std_loss"] is None else f" ± {row['std_loss']:.4f}"
@@ -575,7 +581,7 @@ def markdown(result: dict[str, Any], command: str = "") -> str:
                      num(row["diff_bpb"], sign=True), num(row["diff_nats"], sign=True), p_value(row["p"])]  # fmt: skip
             if margin:
                 cells.append(p_value(row["p_margin"]))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cells + plan_cells(row.get("plan") or {})) + " |")
     if result["not_finished"]:
         lines += ["", "Runs without a final score:", ""]
         for m in result["not_finished"]:
@@ -583,6 +589,20 @@ def markdown(result: dict[str, Any], command: str = "") -> str:
             error = f": {m['error']}" if m["error"] else ""
             lines.append(f"- {m['run']} ({m['variant']}, seed {m['seed']}): {m['state']}{where}{error}")
     return "\n".join(lines) + "\n"
+
+
+def plan_cells(plan: dict[str, Any]) -> list[str]:
+    """A variant's plan on 8xH100: ms a step (per phase), steps in the cap, artifact + code bytes, the verdict
+    (in bold where it breaks a limit there)."""
+    if not plan:
+        return ["–"] * 4
+    verdict = plan["verdict"].replace("|", "/")
+    return [
+        "/".join(f"{m:.1f}" for m in plan["ms_per_step"]) or "–",
+        "–" if plan["steps"] is None else f"{plan['steps']:,}",
+        "–" if plan["bytes"] is None else f"{plan['bytes']:,}",
+        f"**{verdict}**" if plan["breaks"] else verdict,
+    ]
 
 
 def write_report(sweep: Sweep, command: str = "") -> tuple[dict[str, Any], list[Path], str]:
