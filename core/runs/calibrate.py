@@ -154,7 +154,10 @@ def record_config(folder: RecordFolder) -> tuple[Config, RecordRun]:
         f"{k}={v}" for k, v in run.settings.items() if k in UNKNOWN_FEATURES and v not in ("0", "", "False")
     ]
     why = f"; its settings without a pgolf field: {', '.join(hints)}" if hints else ""
-    raise Unexpressed(f"pgolf counts {counted[0]} parameters where the log has {run.model_params:,}{why}")
+    raise Unexpressed(
+        f"pgolf counts {counted[0]} parameters where the log has {run.model_params:,} (its settings read three ways: "
+        f"the script's defaults, the README's command, the log){why}"
+    )
 
 
 def _median(values: list[float]) -> float | None:

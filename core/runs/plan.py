@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.artifact.export import class_bits, class_clips, class_floors
 from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
 from core.common.errors import PgolfError
 from core.common.files import read_json
@@ -131,34 +132,13 @@ def memory_parts(cfg: Config, hw: Hardware) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- the artifact
-def _class_bits(cfg: Config, kind: str) -> int:
+def class_storage(cfg: Config) -> tuple[dict[str, int | str], dict[str, int], dict[str, float]]:
+    """Per artifact class: its bits ("fp16" for one kept in fp16), the floor of values under which a tensor
+    stays in fp16, and its SDClip k (0: the clip is searched over percentiles); the int8 format's for it."""
     if cfg.quant_format == "int8":
-        return 8
-    return {
-        "embedding": cfg.embed_bits,
-        "attention": cfg.attn_bits or cfg.matrix_bits,
-        "mlp": cfg.mlp_bits or cfg.matrix_bits,
-    }.get(kind, cfg.other_bits)
-
-
-def _class_clip(cfg: Config, kind: str) -> float:
-    if cfg.quant_format == "int8":
-        return 0.0
-    return {
-        "embedding": cfg.embed_clip_sigmas,
-        "attention": cfg.attn_clip_sigmas or cfg.matrix_clip_sigmas,
-        "mlp": cfg.mlp_clip_sigmas or cfg.matrix_clip_sigmas,
-    }.get(kind, 0.0)
-
-
-def _floor(cfg: Config, kind: str) -> int:
-    if cfg.quant_format == "int8":
-        return KEEP_FLOAT_MAX_NUMEL
-    return {
-        "embedding": cfg.embed_passthrough_numel,
-        "attention": cfg.attn_passthrough_numel,
-        "mlp": cfg.mlp_passthrough_numel,
-    }.get(kind, cfg.other_passthrough_numel)
+        return dict.fromkeys(KINDS, 8), dict.fromkeys(KINDS, KEEP_FLOAT_MAX_NUMEL), dict.fromkeys(KINDS, 0.0)
+    clips = {cls: clip.k if clip.kind == "sdclip" else 0.0 for cls, clip in class_clips(cfg).items()}
+    return class_bits(cfg), class_floors(cfg), clips
 
 
 def gaussian_bits(bits: int, clip_sigmas: float) -> float:
@@ -233,16 +213,17 @@ class Features:
 def features(cfg: Config, hw: Hardware, tokens: int) -> Features:
     """What `cfg` computes, keeps and stores on `hw`, with `tokens` of validation text."""
     fixed, percentile, raw = 0.0, Counter[int](), 0.0
+    bits_of, floors, clips = class_storage(cfg)
     for spec in param_specs(cfg).values():
         n = math.prod(spec.shape)
-        bits = _class_bits(cfg, spec.kind)
+        bits = bits_of.get(spec.kind, 8)
         if spec.kind == "control" or len(spec.shape) < 2:
             raw += 4 * n
-        elif bits >= 16 or n <= _floor(cfg, spec.kind):
+        elif not isinstance(bits, int) or n <= floors[spec.kind]:
             raw += 2 * n
         else:
             raw += 2 * spec.shape[0]  # one fp16 scale a row
-            clip = _class_clip(cfg, spec.kind)
+            clip = clips[spec.kind]
             if clip:
                 fixed += n * gaussian_bits(bits, clip)
             else:
