@@ -283,7 +283,7 @@ def data_prepare(
             raise typer.BadParameter(
                 f"{given[0]} goes with --docs FILE (the embedded corpus has its own split)"
             )
-        summary = _prepare(out, vocab_size or 1024, caseops)
+        summary = _prepare(out, 1024 if vocab_size is None else vocab_size, caseops)
     else:
         from core.datasets.prepare import SHARD_TOKENS, VAL_DOCS, prepare_docs
 
@@ -340,9 +340,13 @@ def data_verify(
         None, help="With --bytes and --docs: how many are validation [default: 50000, the challenge's]."
     ),
 ) -> None:
-    """Check every shard of a dataset against the SHA-256 its manifest entry recorded. It reads every
+    """Check a dataset's tokenizer and every shard against the SHA-256 its manifest entry recorded. It reads every
     byte (830 MB/s hashed on a 2-core CPU: 20 s for 16 GB in the page cache, else the disk's pace);
     training itself checks only each shard's header and size. With --bytes, prove its byte counts."""
+    if not bytes_ and (docs is not None or val_docs is not None):
+        raise typer.BadParameter(f"{'--docs' if docs is not None else '--val-docs'} goes with --bytes")
+    if val_docs is not None and val_docs < 1:
+        raise typer.BadParameter(f"--val-docs must be at least 1, got {val_docs}")
     if bytes_:
         from core.datasets.byte_proof import verify_bytes
 

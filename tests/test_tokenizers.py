@@ -18,7 +18,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from core.common.errors import PgolfError
 from core.config.presets import preset
-from core.data.manifest import dataset_settings, read_manifest
+from core.data.manifest import dataset_settings, file_sha256, read_manifest
 from core.data.shards import read_shard
 from core.data.tables import byte_tables, stream_bytes
 from core.data.tokenizer import load_tokenizer
@@ -187,18 +187,24 @@ def test_the_challenge_sp1024_on_text_it_covers_needs_no_sidecar(challenge_dir, 
 def test_verify_names_where_scoring_and_text_part(made):
     folder = Path(dataset_settings("docs_nospace", made)["data_path"])
     sidecar = sorted(folder.glob("fineweb_val_bytes_*.bin"))[0]
-    original = sidecar.read_bytes()
+    original, manifest = sidecar.read_bytes(), (made / "manifest.json").read_text()
     try:
         values = read_shard(sidecar).copy()
         values[5] += 1
         from core.datasets.writers import write_shard
 
-        write_shard(sidecar, values)
+        write_shard(sidecar, values)  # as if made so: the manifest records the miscounting sidecar
+        entry = json.loads(manifest)
+        next(d for d in entry["datasets"] if d["name"] == "docs_nospace")["sha256"][sidecar.name] = (
+            file_sha256(sidecar)
+        )
+        (made / "manifest.json").write_text(json.dumps(entry))
         proof = verify_bytes(made, "docs_nospace")
         assert not proof.exact and proof.scoring == proof.text + 1
         assert proof.difference.startswith("first difference: validation document 0, token 4 (id ")
     finally:
         sidecar.write_bytes(original)
+        (made / "manifest.json").write_text(manifest)
 
 
 # ------------------------------------------------------------------------------- the scorers

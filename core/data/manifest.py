@@ -8,7 +8,10 @@ cut or padded shard fails at once); a flipped token inside a shard only the full
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -119,12 +122,23 @@ def check_tokenizer(data_path: str | Path, tokenizer_path: str | Path) -> None:
     name, recorded = entry.get("name"), entry.get("tokenizer_sha256")
     if not isinstance(recorded, str):
         return
+    _check_digest(
+        tokenizer_path, root, name, recorded,
+        " (set --tokenizer-path to the dataset's, or choose the data with --dataset)",
+    )  # fmt: skip
+
+
+def _check_digest(tokenizer_path: str | Path, root: Path, name: Any, recorded: Any, advice: str) -> None:
+    """Refuse the tokenizer file whose SHA-256 is not the one the manifest recorded for dataset `name`."""
+    if not isinstance(recorded, str):
+        raise PgolfError(
+            f"manifest {root / 'manifest.json'}: dataset {name}'s tokenizer_sha256 is not a digest"
+        )
     given = file_sha256(tokenizer_path, "tokenizer")
     if given != recorded:
         raise PgolfError(
             f"tokenizer {tokenizer_path} did not make dataset {name}: {root / 'manifest.json'} records its "
-            f"tokenizer's SHA-256 as {recorded[:12]}…, this file's is {given[:12]}… (set --tokenizer-path "
-            f"to the dataset's, or choose the data with --dataset)"
+            f"tokenizer's SHA-256 as {recorded[:12]}…, this file's is {given[:12]}…{advice}"
         )
 
 
@@ -151,36 +165,84 @@ def shard_digests(folder: str | Path) -> dict[str, str]:
 
 
 def verify_dataset(
-    root: str | Path, name: str, progress: Callable[[str], None] | None = None
+    root: str | Path,
+    name: str,
+    progress: Callable[[str], None] | None = None,
+    shards: str = "fineweb_*.bin",
 ) -> dict[str, Any]:
-    """Check every shard of a listed dataset: its header and size, and its SHA-256 against the one
-    the manifest recorded. Raises PgolfError naming the first shard that fails; returns counts."""
-    say = progress or (lambda message: None)
+    """Check a listed dataset: its tokenizer file against the SHA-256 the manifest recorded, and each of
+    its shards matching `shards` (every one by default; the validation ones, "fineweb_val_*.bin", for
+    `data verify --bytes`): its header and size, its SHA-256 against the one the manifest recorded, and
+    that the validation shards hold tokens. Raises PgolfError naming the first file that fails;
+    returns counts."""
+    say, root = progress or (lambda message: None), Path(root)
     found = find_entries(read_manifest(root), name)
     if found is None:
-        raise PgolfError(f"unknown dataset {name!r} in {Path(root) / 'manifest.json'}")
-    dataset = found[0]
-    folder = _stable(Path(root), manifest_path(dataset.get("path") or f"datasets/{name}"), f"datasets/{name}")
+        raise PgolfError(f"unknown dataset {name!r} in {root / 'manifest.json'}")
+    dataset, tokenizer = found
+    folder = _stable(root, manifest_path(dataset.get("path") or f"datasets/{name}"), f"datasets/{name}")
+    if "tokenizer_sha256" in dataset:  # not in entries an older pgolf wrote
+        model = manifest_path(tokenizer.get("model_path") or "")
+        path = _stable(root, model, f"tokenizers/{PurePosixPath(model).name}")
+        _check_digest(path, root, name, dataset["tokenizer_sha256"], " (the file changed or was replaced)")
     recorded = dataset.get("sha256") or {}
     if not isinstance(recorded, dict):
         raise PgolfError(f"manifest entry {name}: 'sha256' must map shard names to digests")
-    shards = sorted(folder.glob("fineweb_*.bin"))
-    if not shards:
+    files = sorted(folder.glob(shards))
+    if not files:
         raise PgolfError(f"dataset {name}: no shards in {folder}")
-    missing = sorted(set(recorded) - {p.name for p in shards})
+    missing = sorted(n for n in set(recorded) - {p.name for p in files} if fnmatch.fnmatch(n, shards))
     if missing:
         raise PgolfError(f"dataset {name}: shard {folder / missing[0]} is listed but absent")
-    checked = 0
-    for i, path in enumerate(shards, 1):
-        say(f"[{i}/{len(shards)}] {path.name}")
-        read_shard_header(path)
+    checked = val_tokens = 0
+    for i, path in enumerate(files, 1):
+        say(f"[{i}/{len(files)}] {path.name}")
+        count = read_shard_header(path)
+        val_tokens += count if re.fullmatch(r"fineweb_val_\d+\.bin", path.name) else 0
         if path.name in recorded:
             if file_sha256(path) != recorded[path.name]:
                 raise PgolfError(f"shard {path}: its SHA-256 differs from the manifest's: the file changed")
             checked += 1
+    if not val_tokens:
+        raise PgolfError(f"dataset {name}: its validation shards in {folder} hold no tokens")
     return {
         "dataset": name,
-        "shards": len(shards),
+        "shards": len(files),
         "hashed": checked,
-        "without_checksum": len(shards) - checked,
+        "without_checksum": len(files) - checked,
     }
+
+
+_DOCS_VALUES = {  # what each value of a manifest's "docs" entry must be: (said as, checked by)
+    "sotu": ('"sotu"', lambda v: v == "sotu"),
+    "path": ("a file path", lambda v: isinstance(v, str) and v != "" and "\0" not in v),
+    "digest": (
+        "a SHA-256 hex digest",
+        lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v) is not None,
+    ),
+    "count": ("a whole number of at least 1", lambda v: type(v) is int and 1 <= v <= sys.maxsize),
+}
+
+
+def documents_source(root: str | Path, dataset: dict[str, Any]) -> dict[str, Any] | None:
+    """The "docs" of a dataset's manifest entry, what `data verify --bytes` reads the documents by:
+    `{"embedded": "sotu", "limit_docs": N or null, "val_docs": N}` or `{"path": FILE, "sha256": HEX or
+    null, "documents": N, "val_docs": N}` (core/datasets/prepare.py writes them); None where it has none."""
+    source = dataset.get("docs")
+    if source is None:
+        return None
+    where = f"manifest {Path(root) / 'manifest.json'}: dataset {dataset.get('name')}'s docs"
+    if not isinstance(source, dict):
+        raise PgolfError(f"{where} must be an object")
+    if "embedded" in source:
+        fields = {"embedded": "sotu", "limit_docs": "count?", "val_docs": "count"}
+    else:
+        fields = {"path": "path", "sha256": "digest?", "documents": "count?", "val_docs": "count"}
+    for key, kind in fields.items():
+        value = source.get(key)
+        if value is None and kind.endswith("?"):  # may be null
+            continue
+        meaning, ok = _DOCS_VALUES[kind.rstrip("?")]
+        if not ok(value):
+            raise PgolfError(f"{where}: {key} must be {meaning}, not {str(value)[:40]!r}")
+    return source

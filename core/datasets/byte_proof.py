@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,14 @@ import numpy as np
 
 from core.common.errors import PgolfError
 from core.common.files import file_sha256
-from core.data.manifest import find_entries, listed_entry, manifest_path, read_manifest
+from core.data.manifest import (
+    documents_source,
+    find_entries,
+    listed_entry,
+    manifest_path,
+    read_manifest,
+    verify_dataset,
+)
 from core.data.shards import find_shards, read_shard
 from core.data.tables import byte_tables, stream_bytes
 from core.data.tokenizer import load_tokenizer
@@ -50,8 +58,8 @@ class ByteProof:
 
 def _documents(root: Path, name: str, entry: dict[str, Any], docs: Path | None, val_docs: int | None):
     """(the validation documents, how many) of dataset `name`: from `docs` when given, else as its entry says."""
-    source = entry.get("docs")
-    if docs is None and not isinstance(source, dict):
+    source = documents_source(root, entry)
+    if docs is None and source is None:
         raise PgolfError(
             f"dataset {name}: its manifest entry does not name the documents that made it (the challenge's "
             "published data does not ship them): give them with --docs FILE"
@@ -62,9 +70,9 @@ def _documents(root: Path, name: str, entry: dict[str, Any], docs: Path | None, 
     path = Path(docs) if docs is not None else Path(source.get("path") or "")
     if docs is None and source.get("sha256") and file_sha256(path, "documents") != source["sha256"]:
         raise PgolfError(f"documents {path}: the file changed since dataset {name} was made from it")
-    n = val_docs or int((source if docs is None else {}).get("val_docs") or VAL_DOCS)
-    if n < 1:
-        raise PgolfError(f"--val-docs must be at least 1, got {n}")
+    n = val_docs if val_docs is not None else source["val_docs"] if docs is None else VAL_DOCS
+    if not 1 <= n <= sys.maxsize:
+        raise PgolfError(f"--val-docs must be a whole number from 1 to {sys.maxsize:,}, got {n:,}")
     return itertools.islice(read_documents(path), n), n
 
 
@@ -81,6 +89,7 @@ def verify_bytes(
     if found is None:
         raise PgolfError(f"unknown dataset {name!r} in {root / 'manifest.json'}")
     entry, tok_entry = found
+    verify_dataset(root, name, say, shards="fineweb_val_*.bin")  # the tokenizer, the validation shards
     sp = load_tokenizer(root / manifest_path(tok_entry.get("model_path") or ""))
     folder = root / manifest_path(entry.get("path") or f"datasets/{name}")
     texts, n = _documents(root, name, entry, Path(docs) if docs else None, val_docs)
