@@ -260,7 +260,9 @@ def parse_json(
     except UnicodeDecodeError:
         raise PgolfError(f"{where}: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise PgolfError(f"{where}: not valid JSON ({exc.msg} at character {exc.pos})") from None
+        raise PgolfError(
+            f"{where}: not valid JSON ({exc.msg.removesuffix(' at')} at character {exc.pos})"
+        ) from None
     problem = _json_problem(value)
     if problem:
         raise PgolfError(f"{where}: {problem}")
