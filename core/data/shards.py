@@ -59,7 +59,11 @@ def read_shard_header(path: str | Path) -> int:
 def read_shard(path: str | Path, vocab_size: int | None = None) -> np.ndarray:
     """The token ids of a shard (uint16), checked against the vocabulary when given."""
     count = read_shard_header(path)
-    tokens = np.fromfile(path, dtype="<u2", count=count, offset=HEADER_BYTES)
+    with open_regular(path, "shard") as f:
+        f.seek(HEADER_BYTES)
+        tokens = np.fromfile(f, dtype="<u2", count=count)
+    if len(tokens) != count:  # cut since its header was read
+        raise PgolfError(f"shard {path}: holds {len(tokens)} tokens, its header promises {count}")
     check_ids(tokens, vocab_size, path)
     return tokens
 
