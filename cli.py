@@ -913,6 +913,8 @@ def plan(
     from core.runs.record_logs import read_records
 
     path = table or TABLE_PATH
+    if calibrate is not None and backtest is not None:
+        raise PgolfError("plan: --calibrate and --backtest each read the records: give one")
     if calibrate is not None or backtest is not None:
         samples, left_out = cal.samples_of(read_records(calibrate or backtest))
         if not samples:

@@ -129,6 +129,7 @@ def test_plan_needs_no_framework():
         (["--num-heads", "7"], "num_heads=7 must divide model_dim=512"),
         (["--implementation", "pgolf"], "has not been measured on a GPU yet"),
         (["--without", "no-such-record"], "no record of the table has that in its name"),
+        (["--calibrate", "records", "--backtest", "records"], "give one"),
     ],
 )
 def test_refusals_are_one_line(args, fragment):
@@ -183,7 +184,7 @@ def test_train_away_from_the_target_says_the_plan_and_runs_shows_it(sotu_dataset
     flags = ["--preset", "smoke", "--out-dir", str(tmp_path), *data_flags(sotu_dataset)]
     refused = cli("train", *flags, "--run-id", "a")
     assert refused.returncode == 0, refused.stderr
-    assert "plan on 8xH100 (the records' code; cli.py plan for every figure): refused there: config: world size 8 " \
+    assert "plan on 8xH100 (the records' code; cli.py plan for every figure): cannot run there as set: config: world size 8 " \
         "must divide grad_accum_steps=2" in refused.stdout  # fmt: skip
     planned = cli("train", *flags, "--run-id", "b", "--grad-accum-steps", "8")
     assert planned.returncode == 0, planned.stderr
@@ -193,5 +194,5 @@ def test_train_away_from_the_target_says_the_plan_and_runs_shows_it(sotu_dataset
     )
     listed = cli("runs", "--out-dir", str(tmp_path), "--plan")
     assert listed.returncode == 0, listed.stderr
-    assert "a: plan on 8xH100: refused there: config: world size 8 must divide" in listed.stdout
+    assert "a: plan on 8xH100: cannot run there as set: config: world size 8 must divide" in listed.stdout
     assert re.search(r"^b: plan on 8xH100 at [\d.]+ ms/step: fits 8xH100", listed.stdout, re.M)

@@ -541,7 +541,7 @@ def target_summary(cfg: Config) -> dict[str, Any]:
         try:
             checked = cfg.validate(HARDWARE[TARGET].count)
         except PgolfError as exc:
-            _SHORT[key] = nothing | {"verdict": f"refused there: {exc}"}
+            _SHORT[key] = nothing | {"verdict": f"cannot run there as set: {exc}"}
             return _SHORT[key]
         try:
             plan = make_plan(checked, TARGET, load_table(), code_bytes(checked))
