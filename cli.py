@@ -909,7 +909,7 @@ def plan(
     import json
 
     from core.runs import calibrate as cal
-    from core.runs.plan import TABLE_PATH, load_table, make_plan, plan_lines
+    from core.runs.plan import TABLE_PATH, load_table, make_plan, plan_lines, speed_factor
     from core.runs.record_logs import read_records
 
     path = table or TABLE_PATH
@@ -937,6 +937,7 @@ def plan(
     fitted = load_table(path)
     if without:
         fitted = cal.refit_without(fitted, without)
+    speed_factor(fitted, implementation)  # refused before the script is packaged for its size
     from core.runs.package import code_bytes
 
     result = make_plan(cfg, hardware, fitted, code_bytes(cfg), implementation)
