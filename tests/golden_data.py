@@ -62,6 +62,26 @@ EXPORT_EXTRA = [  # text that takes byte fallback, NFKC and whitespace folding
     "digits 1234567890 and 3.14159, a\x00NUL",
 ]
 
+# What web text holds that the speeches do not (bench/prepare_scale.py writes them into its documents).
+WEB_HAZARDS = [
+    "  ", "   ", "\n", "\n\n", "\t", " \t ",  # whitespace runs
+    "ﬁne", "ﬀ", "½", "①", "™", "Ｆｕｌｌ", "x²", "\u212b", "ｶﾀｶﾅ", "…",  # NFKC changes these
+    "😀", "🇺🇸", "👍🏽", "❤️", "🎉",  # emoji (a flag, a skin tone, a variation selector)
+    "世界", "日本語のテキスト", "한국어", "中文",  # CJK
+    "café", "naïve", "Straße", "Ελληνικά", "русский",  # accents and other scripts
+    "\x00", "\x07", "\x1b[0m", "\x7f", "\u200b", "\u200d", "\u00ad", "\ufeff",  # control and invisible
+    "\u2581", "a\u2581b", " \u2581 ",  # SentencePiece's own space mark, written literally
+]  # fmt: skip
+
+
+def with_hazards(text: str, rng, count: int) -> str:
+    """`text` with `count` of WEB_HAZARDS written in at word boundaries (`rng`: a random.Random)."""
+    words = text.split(" ")
+    for _ in range(count):
+        at = rng.randrange(len(words))
+        words[at] += rng.choice(WEB_HAZARDS)
+    return " ".join(words)
+
 
 def write_export_docs(path: Path) -> Path:
     """The golden's documents as JSON lines: the first EXPORT_SPEECHES speeches' paragraphs, with

@@ -15,6 +15,7 @@ as the validation byte sidecar wherever the tables would count differently (core
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,7 +40,12 @@ class Mismatch:
 
 def normalized_bytes(sp: spm.SentencePieceProcessor, text: str) -> int:
     """UTF-8 bytes of `text` as the tokenizer encodes it: its normalization, each "▁" one space."""
-    return len(sp.normalize(text).replace(SPACE, " ").encode("utf-8"))
+    return spelled_bytes(sp.normalize(text))
+
+
+def spelled_bytes(normalized: str) -> int:
+    """UTF-8 bytes of normalized text, each "▁" one space."""
+    return len(normalized.replace(SPACE, " ").encode("utf-8"))
 
 
 class TokenBytes:
@@ -57,25 +63,47 @@ class TokenBytes:
         byte_ids = [sp.piece_to_id(f"<0x{b:02X}>") for b in _SPACE_BYTES]
         # The byte pieces that spell "▁", when the tokenizer has all three (byte fallback).
         self.space_bytes = byte_ids if all(sp.is_byte(i) for i in byte_ids) else None
+        self.pieces = np.array([sp.id_to_piece(i) for i in range(n)], dtype=object)
+        known = "".join(p for i, p in enumerate(self.pieces) if len(p) == 1 and self.spelled[i])
+        # An unknown token stands for a run of characters the tokenizer has no piece for.
+        self.unknown_runs = re.compile(f"[^{re.escape(known)}]+") if known else None
 
-    def counts(self, text: str, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """int64 bytes each token of `ids` (the tokens of `text`, no BOS) spells."""
+    def counts(self, text: str, ids: Sequence[int] | np.ndarray, normalized: str | None = None) -> np.ndarray:
+        """int64 bytes each token of `ids` (the tokens of `text`, no BOS) spells (`normalized`: the
+        text as the tokenizer normalizes it, when known)."""
         ids = np.asarray(ids, dtype=np.int64)
         out = self.spelled[ids]
-        unknown = ids == self.sp.unk_id()
-        if unknown.any():  # an unknown token's piece is the normalized text it covers
-            pieces = self.sp.encode_as_pieces(text)
-            for j in np.flatnonzero(unknown):
-                out[j] = len(pieces[j].replace(SPACE, " ").encode("utf-8"))
+        unknown = np.flatnonzero(ids == self.sp.unk_id())
+        if unknown.size:  # an unknown token's piece is the normalized text it covers
+            covered = self._unknown_pieces(text, ids, unknown, normalized)
+            out[unknown] = [spelled_bytes(piece) for piece in covered]
         if self.space_bytes is not None and len(ids) >= 3:
             a, b, c = self.space_bytes
             starts = np.flatnonzero((ids[:-2] == a) & (ids[1:-1] == b) & (ids[2:] == c))
             out[starts], out[starts + 1], out[starts + 2] = 1, 0, 0
         return out
 
-    def check(self, text: str, ids: Sequence[int] | np.ndarray, counts: np.ndarray) -> Mismatch | None:
+    def _unknown_pieces(
+        self, text: str, ids: np.ndarray, unknown: np.ndarray, normalized: str | None
+    ) -> list[str]:
+        """The normalized text each unknown token of `ids` covers: the runs of characters with no piece,
+        in order, where the pieces and those runs spell the normalized text; else from encoding it again."""
+        normalized = self.sp.normalize(text) if normalized is None else normalized
+        runs = self.unknown_runs.findall(normalized) if self.unknown_runs is not None else []
+        if len(runs) == unknown.size:
+            pieces = self.pieces[ids]
+            pieces[unknown] = runs
+            if "".join(pieces.tolist()) == normalized:
+                return runs
+        pieces = self.sp.encode_as_pieces(text)
+        return [pieces[j] for j in unknown]
+
+    def check(
+        self, text: str, ids: Sequence[int] | np.ndarray, counts: np.ndarray, normalized: str | None = None
+    ) -> Mismatch | None:
         """None when `counts` add up to the normalized text's bytes; else where they part from it."""
-        truth = normalized_bytes(self.sp, text)
+        normalized = self.sp.normalize(text) if normalized is None else normalized
+        truth = spelled_bytes(normalized)
         total = int(np.sum(counts))
         if total == truth:
             return None
@@ -88,8 +116,9 @@ class TokenBytes:
 
     def document_bytes(self, text: str, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """`counts`, refused with the document's first difference unless they add up to its text."""
-        counts = self.counts(text, ids)
-        wrong = self.check(text, ids, counts)
+        normalized = self.sp.normalize(text)
+        counts = self.counts(text, ids, normalized)
+        wrong = self.check(text, ids, counts, normalized)
         if wrong is not None:
             raise PgolfError(
                 f"the token counts of a document add up to {wrong.counted} bytes, its normalized text holds "

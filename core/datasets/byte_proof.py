@@ -36,7 +36,8 @@ from core.data.tokenizer import load_tokenizer
 from core.datasets import caseops
 from core.datasets.byte_counts import TokenBytes, normalized_bytes
 from core.datasets.embedded import validation_documents
-from core.datasets.prepare import ENCODE_BATCH, VAL_DOCS, batched, read_documents
+from core.datasets.export import ENCODE_BATCH, batched
+from core.datasets.prepare import VAL_DOCS, read_documents
 
 
 @dataclass

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import sentencepiece as spm
 
 from core.common.errors import PgolfError
@@ -51,17 +50,13 @@ from core.common.files import (
 )
 from core.data.manifest import merge_manifest, read_manifest, shard_digests
 from core.data.shards import MAX_VOCAB
-from core.data.tables import byte_tables, token_bytes
 from core.data.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer
 from core.datasets import caseops
-from core.datasets.byte_counts import TokenBytes
-from core.datasets.writers import train_tokenizer, write_shard, write_tokenizer
+from core.datasets.export import Progress, export_documents
+from core.datasets.writers import train_tokenizer, write_tokenizer
 
 SHARD_TOKENS = 10**8  # tokens per shard, as in the challenge export
 VAL_DOCS = 50_000  # the challenge's validation split: its first 50,000 documents
-ENCODE_BATCH = 1024  # documents encoded at once, over all cores
-
-Progress = Callable[[str], None]
 
 
 # --------------------------------------------------------------------- documents
@@ -117,115 +112,6 @@ def training_texts(docs: Iterable[str]) -> Iterator[str]:
         text = text.replace("\x00", " ").strip()
         if text:
             yield text
-
-
-# --------------------------------------------------------------------- shards
-def export_documents(
-    docs: Iterable[str],
-    sp: spm.SentencePieceProcessor,
-    out_dir: Path,
-    num_val_docs: int,
-    shard_tokens: int = SHARD_TOKENS,
-    bos_id: int | None = None,
-    case_ops: bool = False,
-    exact: bool = False,
-    threads: int = 1,
-    total_docs: int | None = None,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Tokenize documents into challenge shards: the first num_val_docs are validation.
-
-    Each document is `[bos_id] + ids` (the tokenizer's BOS unless given), no EOS; shards hold
-    `shard_tokens` each, documents spanning them. The validation shards `fineweb_val_N.bin` get their
-    byte sidecar `fineweb_val_bytes_N.bin` (as many uint16 as tokens, each the bytes of text its token
-    stands for, 0 for BOS) with `case_ops`, where tokens are those of the CaseOps-transformed text
-    (core/datasets/caseops.py) and count the original bytes; and with `exact`, where they count the
-    normalized text's bytes (core/datasets/byte_counts.py), each document's counts checked against its
-    text. Returns the counts of documents, tokens and files per split, and "tables_exact": whether the
-    tokenizer's byte tables count every validation token as its sidecar does (then `exact` needs none).
-    """
-    if sp.vocab_size() > MAX_VOCAB:
-        raise PgolfError(f"shards in {out_dir}: {sp.vocab_size()} pieces do not fit uint16 token ids")
-    bos = sp.bos_id() if bos_id is None else bos_id
-    if not 0 <= bos < sp.vocab_size() or shard_tokens < 1:
-        raise PgolfError(f"shards in {out_dir}: need a BOS id in the vocabulary and shard_tokens >= 1")
-    counts: dict[str, Any] = {
-        f"{what}_{split}": 0 for what in ("docs", "tokens", "files") for split in ("val", "train")
-    }
-    streams = ("val", "train", "val_bytes") if case_ops or exact else ("val", "train")
-    buffers: dict[str, list[np.ndarray]] = {name: [] for name in streams}
-    files, filled = dict.fromkeys(streams, 0), dict.fromkeys(streams, 0)
-    fragments = caseops.piece_fragments(sp) if case_ops else []
-    counter = TokenBytes(sp) if exact and not case_ops else None
-    tables = byte_tables(sp, sp.vocab_size()) if counter is not None else None
-    tables_exact = counter is not None
-    say = progress or (lambda message: None)
-    started = last_said = time.monotonic()
-
-    def flush(name: str, final: bool) -> None:
-        # A sidecar's buffer always holds as many entries as the validation tokens' buffer, so
-        # flushing both at the same moments gives both the same shard layout.
-        data = np.concatenate(buffers[name]) if buffers[name] else np.zeros(0, dtype=np.uint16)
-        while len(data) >= shard_tokens or (final and len(data)):
-            write_shard(out_dir / f"fineweb_{name}_{files[name]:06d}.bin", data[:shard_tokens])
-            files[name] += 1
-            data = data[shard_tokens:]
-        buffers[name], filled[name] = ([data] if len(data) else []), len(data)
-
-    i = 0
-    for batch in batched(docs, ENCODE_BATCH):
-        inputs = [caseops.encode(text) for text in batch] if case_ops else batch
-        for text, encoded in zip(batch, sp.encode(inputs, num_threads=threads), strict=True):
-            split = "val" if i < num_val_docs else "train"
-            ids = np.array([bos, *encoded], dtype=np.uint16)
-            buffers[split].append(ids)
-            filled[split] += len(ids)
-            if split == "val" and case_ops:
-                sidecar = caseops.token_bytes(fragments, encoded, text)
-                buffers["val_bytes"].append(np.concatenate([np.zeros(1, np.uint16), sidecar]))
-            elif split == "val" and counter is not None:
-                try:
-                    spelled = counter.document_bytes(text, encoded)
-                except PgolfError as exc:
-                    raise PgolfError(f"validation document {i}: {exc}") from None
-                if tables_exact and len(encoded):
-                    tables_exact = bool(np.array_equal(spelled, token_bytes(ids[:-1], ids[1:], tables)))
-                buffers["val_bytes"].append(np.concatenate([[0], spelled]).astype(np.uint16))
-            counts[f"docs_{split}"] += 1
-            counts[f"tokens_{split}"] += len(ids)
-            if filled[split] >= shard_tokens:
-                for name in streams:
-                    if name.startswith(split):
-                        flush(name, final=False)
-            i += 1
-        now = time.monotonic()
-        if now - last_said >= 1:
-            last_said = now
-            say(_progress_line(i, total_docs, counts["tokens_val"] + counts["tokens_train"], now - started))
-    for name in streams:
-        flush(name, final=True)
-    counts["files_val"], counts["files_train"] = files["val"], files["train"]
-    counts["tables_exact"] = tables_exact
-    return counts
-
-
-def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _progress_line(docs: int, total: int | None, tokens: int, seconds: float) -> str:
-    line = f"tokenizing: {docs:,}{f'/{total:,}' if total else ''} documents, {tokens:,} tokens"
-    if total and docs:
-        left = seconds * (total - docs) / docs
-        line += f", {int(left) // 60}:{int(left) % 60:02d} left"
-    return line
 
 
 # --------------------------------------------------------------------- datasets

@@ -5,6 +5,8 @@ them) and a SentencePiece model trained on the dataset's text (core/data/tokeniz
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import numpy as np
 import sentencepiece as spm
 
 from core.common.errors import PgolfError, first_line
-from core.common.files import write_atomic
-from core.data.shards import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION
+from core.common.files import remove_stale_temps, sync, write_atomic
+from core.data.shards import HEADER_BYTES, HEADER_INTS, SHARD_MAGIC, SHARD_VERSION
 
 
 def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
@@ -24,9 +26,85 @@ def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
     if tokens.size and (tokens.min() < 0 or tokens.max() > 65_535):
         bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
         raise PgolfError(f"shard {path}: token ids must be integers in [0, 65535], got {bad}")
+    return write_atomic(path, _header(tokens.size) + tokens.astype("<u2").tobytes())
+
+
+def _header(count: int) -> bytes:
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = (SHARD_MAGIC, SHARD_VERSION, tokens.size)
-    return write_atomic(path, header.tobytes() + tokens.astype("<u2").tobytes())
+    header[:3] = (SHARD_MAGIC, SHARD_VERSION, count)
+    return header.tobytes()
+
+
+class ShardWriter:
+    """The shards of one stream (`fineweb_<stream>_NNNNNN.bin`) written as its tokens come, `shard_tokens`
+    to a shard, the last one shorter. A shard fills a temp file beside its name (named as write_atomic
+    names its own), gets its header, which holds the count, once whole, and is then renamed into place:
+    memory holds no shard, and no reader ever sees half of one."""
+
+    def __init__(self, folder: str | Path, stream: str, shard_tokens: int):
+        self.folder, self.stream, self.shard_tokens = Path(folder), stream, shard_tokens
+        self.files = 0  # shards completed
+        self._file: io.BufferedWriter | None = None
+        self._temp: Path | None = None
+        self._filled = 0
+
+    @property
+    def path(self) -> Path:
+        """The shard being filled (or the next one)."""
+        return self.folder / f"fineweb_{self.stream}_{self.files:06d}.bin"
+
+    def write(self, tokens: np.ndarray) -> None:
+        """Append uint16 token ids, spilling into new shards as each fills."""
+        tokens = np.ascontiguousarray(tokens, dtype="<u2")
+        done = 0
+        try:
+            while done < tokens.size:
+                if self._file is None:
+                    self._open()
+                take = min(self.shard_tokens - self._filled, tokens.size - done)
+                self._file.write(memoryview(tokens[done : done + take]))
+                self._filled += take
+                done += take
+                if self._filled == self.shard_tokens:
+                    self._finish()
+        except OSError as exc:
+            raise PgolfError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        """Finish the last, partial shard (none when the stream ended on a shard's edge)."""
+        try:
+            if self._file is not None:
+                self._finish()
+        except OSError as exc:
+            raise PgolfError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+
+    def discard(self) -> None:
+        """Drop the shard being filled (after an error): the completed ones stay."""
+        if self._file is not None:
+            self._file.close()
+            self._temp.unlink(missing_ok=True)
+            self._file = None
+
+    def _open(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.folder)
+        fd, temp = tempfile.mkstemp(
+            dir=self.folder, prefix=f".{self.path.name}.pgolf-{os.getpid()}-", suffix=".tmp"
+        )
+        self._file, self._temp, self._filled = os.fdopen(fd, "wb"), Path(temp), 0
+        self._file.write(bytes(HEADER_BYTES))  # the count is known once the shard is whole
+
+    def _finish(self) -> None:
+        self._file.seek(0)
+        self._file.write(_header(self._filled))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.chmod(self._temp, 0o644)  # mkstemp makes files private; shards are ordinary files
+        os.replace(self._temp, self.path)
+        sync(self.folder)
+        self._file = None
+        self.files += 1
 
 
 def train_tokenizer(
