@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from core.common.errors import PgolfError
-from core.data.manifest import file_sha256, read_manifest, verify_dataset
+from core.data.manifest import dataset_settings, file_sha256, read_manifest, verify_dataset
 from core.datasets.embedded import prepare_sotu
 from core.datasets.writers import write_shard
 from tests.helpers import assert_one_line_error, cli
@@ -175,3 +175,10 @@ def test_prepare_refuses_an_empty_name_and_a_vocabulary_of_zero(tmp_path):
         "vocab_size must be in 2..65536 (uint16 shards), got 0",
     )
     assert not (tmp_path / "data" / "datasets").exists()
+
+
+@pytest.mark.parametrize("vocab_size", [1024.5, "1024", True, 10**30])
+def test_dataset_settings_refuse_a_vocab_size_that_is_not_a_whole_number_in_range(small_data, vocab_size):
+    edit_entry(small_data, lambda entry: entry.update(vocab_size=vocab_size))
+    with pytest.raises(PgolfError, match="lacks its vocab_size"):
+        dataset_settings("sotu_sp1024", small_data)

@@ -188,6 +188,25 @@ def test_bad_manifest_paths_are_refused(tmp_path, remote):
 
 
 @pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda m: m["datasets"][0]["stats"].update(files_train=1e300), "has no shard counts"),
+        (lambda m: m["datasets"][0]["stats"].update(files_val=1.5), "has no shard counts"),
+        (lambda m: m["datasets"][0].update(stats="many"), "has no shard counts"),
+        (lambda m: m["datasets"][0].update(path="datasets/a\u0000b"), "must be relative and stay inside"),
+        (lambda m: m.update(deep=json.loads("[" * 70 + "]" * 70)), "nested deeper than 64"),
+    ],
+)
+def test_a_published_manifest_that_is_not_one_is_refused_in_one_line(tmp_path, remote, change, says):
+    manifest = fake_manifest()
+    change(manifest)
+    (remote / "datasets" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PgolfError, match=says) as refused:
+        download_fineweb(tmp_path / "data", train_shards=1, fetch=CopyFetch(remote))
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
     "error",
     [
         ConnectionResetError("connection reset by peer"),

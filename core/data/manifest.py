@@ -18,7 +18,7 @@ from typing import Any
 
 from core.common.errors import PgolfError
 from core.common.files import file_sha256, read_json, write_atomic
-from core.data.shards import read_shard_header
+from core.data.shards import MAX_VOCAB, read_shard_header
 
 DATA_ROOT = "data"  # datasets/, tokenizers/ and manifest.json, relative to the working folder
 MAX_MANIFEST_BYTES = 1 << 26  # the challenge's, with a digest per shard, is a few KB
@@ -69,7 +69,7 @@ def find_entries(manifest: dict[str, Any], name: str) -> tuple[dict[str, Any], d
 def manifest_path(path: Any) -> str:
     """A manifest path, refused if it could point outside the data folder."""
     p = PurePosixPath(str(path))
-    if p.is_absolute() or ".." in p.parts or not p.parts:
+    if p.is_absolute() or ".." in p.parts or not p.parts or "\0" in str(path):
         raise PgolfError(f"manifest path {path!r} must be relative and stay inside the data folder")
     return p.as_posix()
 
@@ -86,13 +86,13 @@ def dataset_settings(name: str, root: str | Path = DATA_ROOT) -> dict[str, Any]:
             "(cli.py data prepare / data download add entries)"
         )
     dataset, tokenizer = found
-    try:
-        vocab_size = int(dataset["vocab_size"])
-        model = manifest_path(tokenizer["model_path"])
-    except (KeyError, TypeError, ValueError):
+    vocab_size = dataset.get("vocab_size")
+    if type(vocab_size) is not int or not 1 < vocab_size <= MAX_VOCAB or not tokenizer.get("model_path"):
         raise PgolfError(
-            f"manifest entry {name} lacks its vocab_size or its tokenizer's model_path"
-        ) from None
+            f"manifest entry {name} lacks its vocab_size (a whole number in 2..{MAX_VOCAB}) or its "
+            "tokenizer's model_path"
+        )
+    model = manifest_path(tokenizer["model_path"])
     return {
         "data_path": str(
             _stable(Path(root), manifest_path(dataset.get("path") or f"datasets/{name}"), f"datasets/{name}")

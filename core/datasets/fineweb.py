@@ -33,6 +33,7 @@ from core.data.manifest import (
 )
 from core.data.shards import read_shard_header
 
+MAX_SHARDS = 100_000  # shards of one split: the published data has a few hundred
 REPO_ID = "willdepueoai/parameter-golf"
 REMOTE_PREFIX = "datasets"  # the dataset repo keeps the challenge tree under this folder
 
@@ -97,11 +98,13 @@ def download_fineweb(
         root = Path(out_root)
 
         dataset, tokenizer = _entries(root, variant, repo_id, fetch, say)
-        stats = dataset.get("stats") or {}
-        try:
-            files_val, files_train = int(stats["files_val"]), int(stats["files_train"])
-        except (KeyError, TypeError, ValueError):
-            raise PgolfError(f"manifest entry {dataset.get('name')} has no shard counts (stats)") from None
+        stats = dataset.get("stats") if isinstance(dataset.get("stats"), dict) else {}
+        files_val, files_train = stats.get("files_val"), stats.get("files_train")
+        if not all(type(n) is int and 0 <= n <= MAX_SHARDS for n in (files_val, files_train)):
+            raise PgolfError(
+                f"manifest entry {dataset.get('name')} has no shard counts (stats: files_val and files_train, "
+                f"whole numbers up to {MAX_SHARDS:,})"
+            )
         if train_shards > files_train:
             raise PgolfError(
                 f"{variant} has only {files_train} training shards on {repo_id}, {train_shards} were asked for"
