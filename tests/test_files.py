@@ -202,6 +202,10 @@ def test_what_a_prepare_would_replace_is_checked_before_any_work(switch, tmp_pat
             "something else is in its place",
         ),
         "another's tokenizer": (lambda root: rename_dataset(root, "other"), "lists it as dataset other's"),
+        "another's tokenizer file": (
+            lambda root: downloaded_tokenizer(root, "d"),
+            "as tokenizer sp_bpe_1024's file",
+        ),
     }
     for case, (damage, says) in cases.items():
         root = tmp_path / case.replace(" ", "_").replace("'", "")
@@ -216,6 +220,14 @@ def test_what_a_prepare_would_replace_is_checked_before_any_work(switch, tmp_pat
 def rename_dataset(root: Path, name: str) -> None:
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["datasets"][0]["name"] = name
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def downloaded_tokenizer(root: Path, name: str) -> None:
+    """The manifest also lists a downloaded tokenizer whose file is tokenizers/<name>.model (the challenge's
+    tokenizer entries are named otherwise than their files)."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["tokenizers"].append({"name": "sp_bpe_1024", "model_path": f"tokenizers/{name}.model"})
     (root / "manifest.json").write_text(json.dumps(manifest))
 
 

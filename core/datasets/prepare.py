@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import sentencepiece as spm
@@ -134,13 +134,21 @@ def at_step(step: str) -> None:
 
 def check_targets(root: Path, name: str, tok_name: str) -> None:
     """What making dataset `name` will change, checked before any work: the manifest readable, the
-    tokenizer's name no other dataset's, and each path it replaces one it can replace."""
+    tokenizer's name and files no other dataset's, and each path it replaces one it can replace."""
     manifest = read_manifest(root)
+    files = {PurePosixPath(f"tokenizers/{tok_name}{suffix}") for suffix in (".model", ".vocab")}
     for entry in manifest["datasets"]:
         if entry.get("tokenizer_name") == tok_name and entry.get("name") != name:
             raise PgolfError(
                 f"tokenizer {tok_name}: {root / 'manifest.json'} lists it as dataset {entry.get('name')}'s "
                 "(a dataset's tokenizer is its own): choose another --name"
+            )
+    for entry in manifest["tokenizers"]:
+        taken = [str(entry.get(key)) for key in ("model_path", "vocab_path") if entry.get("name") != tok_name]
+        if files & {PurePosixPath(path) for path in taken}:
+            raise PgolfError(
+                f"tokenizer {tok_name}: {root / 'manifest.json'} lists tokenizers/{tok_name}.model or .vocab "
+                f"as tokenizer {entry.get('name')}'s file: choose another --name"
             )
     datasets, tokenizers = root / "datasets", root / "tokenizers"
     for folder in (root, datasets, tokenizers):
