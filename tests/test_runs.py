@@ -107,10 +107,10 @@ def test_records_reach_a_tracker_with_wandbs_api(tmp_path, monkeypatch):
     fake.log = lambda values, step: calls.append(("log", values, step))
     fake.finish = lambda: calls.append(("finish",))
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    from core.train.report import report_targets
+    from core.train.report import open_reporters, report_targets
 
     run = RunDir(tmp_path, "r")
-    run.report_to(report_targets("wandb"), {"seed": 7})
+    run.reporters = open_reporters(report_targets("wandb"), run.path, run.run_id, {"seed": 7})
     run.metric({"kind": "start", "step": 0, "backend": "cuda"})  # nothing to plot: not sent
     run.metric({"kind": "train", "step": 3, "train_loss": 4.5, "train_time_ms": 10.0, "mfu": None})
     run.metric({"kind": "final", "steps": 3, "train_time_ms": 10.0, "roundtrip_val_bpb": 2.25, "artifact_bytes": 9,
