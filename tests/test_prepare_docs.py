@@ -209,3 +209,13 @@ prepare.training_texts = stopped
     }
     assert after == before
     assert not list(out.glob(".staging-*"))
+
+
+def test_the_trainers_own_refusal_is_one_line_without_its_source_location(tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    many = "".join(chr(0x4E00 + i) for i in range(400))  # more distinct characters than pieces
+    docs.write_text("".join(json.dumps({"text": f"{many} {i}"}) + "\n" for i in range(10)), encoding="utf-8")
+    args = ["--docs", str(docs), "--vocab-size", "300", "--val-docs", "2", "--out", str(tmp_path / "data")]
+    result = cli("data", "prepare", *args)
+    assert_one_line_error(result, "error: cannot train a 300-piece tokenizer", "Vocabulary size is smaller")
+    assert "trainer_interface" not in result.stderr and ".staging" not in result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -169,7 +170,9 @@ def train_tokenizer(
     except RuntimeError as exc:
         if raised:
             raise raised[0] from None
-        raise PgolfError(f"tokenizer {prefix}.model: training failed ({first_line(exc)})") from None
+        # "INTERNAL: src/trainer_interface.cc(638) [condition] what": the staging file and the check are no news
+        reason = re.sub(r"^\w+: \S+\(\d+\) \[.*?\] ", "", first_line(exc))
+        raise PgolfError(f"cannot train a {vocab_size}-piece tokenizer on these documents: {reason}") from None  # fmt: skip
     if raised:
         raise raised[0]
     return write_tokenizer(model.getvalue(), prefix)
