@@ -1,4 +1,4 @@
-"""Every reader of a run's, a config's or a record's files against hostile input (a property test): brackets
+"""Every reader of a run's, a config's, a record's or a data folder's files against hostile input (a property test): brackets
 nested 200,000 deep, an integer of thousands of digits, NaN and Infinity, bytes that are not UTF-8, a FIFO,
 a link to /dev/zero. Each reader ends with one PgolfError line naming the file (check-record: a finding
 naming it), never another exception, and never a hang."""
@@ -21,6 +21,8 @@ from core.common.errors import PgolfError
 from core.common.files import MAX_INT_DIGITS, MAX_JSON_DEPTH
 from core.config.fields import Config
 from core.config.sources import read_run_config, resolve
+from core.data.manifest import dataset_settings, read_manifest
+from core.datasets.prepare import read_documents
 from core.runs.audit import check_calibration
 from core.runs.record_folder import check_record
 from core.runs.summary import read_metrics, val_curve
@@ -73,6 +75,12 @@ READERS = {
                               check_record),
     "record's log": Reader("train_seed42.log", "seed: 42\nTotal submission size int6+brotli: 15915268 bytes\n"
                            "final_int6_sliding_window val_loss:HAZARD val_bpb:1.09743840\n", "log", check_record),
+    "data manifest": Reader("manifest.json", '{"datasets": [], "tokenizers": [], "version": HAZARD}', "json",
+                            lambda d: read_manifest(d)),
+    "data manifest by --dataset": Reader("manifest.json", '{"datasets": [{"name": "x", "vocab_size": HAZARD}]}',
+                                         "json", lambda d: dataset_settings("x", d)),
+    "documents (JSON lines)": Reader("docs.jsonl", '{"text": "a"}\n{"text": "b", "n": HAZARD}\n', "json",
+                                     lambda d: list(read_documents(d / "docs.jsonl"))),
 }  # fmt: skip
 HAZARDS = ("deep", "digits", "nan", "infinity", "utf-8", "fifo", "dev-zero")
 
