@@ -120,7 +120,7 @@ def resolve_sources(
         if name and not {"data_path", "tokenizer_path", "vocab_size"} <= set(layer):
             found = dataset_settings(str(name))
             layer = {**{k: (v, f"dataset {name}") for k, v in found.items()}, **layer}
-        cfg = _applied(cfg, layer)
+        cfg = apply_layer(cfg, layer)
         sources.update({k: source for k, (_, source) in layer.items()})
     if not cfg.dataset:
         cfg = cfg.replace(dataset=Path(cfg.data_path).name)
@@ -128,8 +128,9 @@ def resolve_sources(
     return cfg, sources
 
 
-def _applied(cfg: Config, layer: dict[str, tuple[Any, str]]) -> Config:
-    """`cfg` with a layer's values; a value of the wrong type is refused naming where it came from."""
+def apply_layer(cfg: Config, layer: dict[str, tuple[Any, str]]) -> Config:
+    """`cfg` with a layer's values, {field: (value, where it came from)}; a value of the wrong type is
+    refused naming where it came from (`file F`, `env VAR`, `flag`)."""
     try:
         return cfg.replace(**{k: value for k, (value, _) in layer.items()})
     except PgolfError as exc:

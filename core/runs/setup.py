@@ -33,9 +33,16 @@ from core.artifact.load import (
 from core.common.compress import check_available
 from core.common.errors import PgolfError
 from core.common.launch import launch
-from core.config.fields import Config, from_env
+from core.config.fields import Config, env_names, from_env
 from core.config.presets import CHALLENGE_DATA_PRESETS, record_preset_of_env
-from core.config.sources import EXPORT_FIELDS, WRITING_FIELDS, load_file, resolve_sources, resumed_config
+from core.config.sources import (
+    EXPORT_FIELDS,
+    WRITING_FIELDS,
+    apply_layer,
+    load_file,
+    resolve_sources,
+    resumed_config,
+)
 from core.data.manifest import check_tokenizer, dataset_settings
 from core.data.tokenizer import check_vocab, load_tokenizer
 from core.eval.bpb import EvalData
@@ -281,9 +288,11 @@ def export_setup(
     if out is not None:  # refused now, not after a fit of minutes
         check_writable(out, "--out")
     given = load_file(config) if config is not None else {}
-    env = from_env()
-    for source in (given, env):  # every value checked as every command checks it, those export ignores too
-        Config().replace(**source).check_fields(source)
+    env, env_vars = from_env(), env_names()
+    # every value checked as every command checks it (a wrong type named by its source), those export ignores too
+    for layer in ({k: (v, f"file {config}") for k, v in given.items()},
+                  {k: (v, f"env {env_vars[k]}") for k, v in env.items()}):  # fmt: skip
+        apply_layer(Config(), layer).check_fields(layer)
     # the checkpoint's config, under a file's, the environment's, then the flags' artifact settings
     overrides = {k: v for k, v in (given | env).items() if k in EXPORT_FIELDS} | dict(overrides or {})
     if format not in ("pgolf", "upstream"):
