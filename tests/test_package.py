@@ -259,10 +259,20 @@ def test_functions_and_classes_nothing_reaches_are_not_shipped():
         "    return value * 3\n"
         "def exported(value):\n"
         "    return used_by_exported(value)\n"
+        "class Model:\n"
+        "    def __init__(self):\n"
+        "        self.width = 3\n"
+        "    def forward(self, x):\n"
+        "        return x\n"
+        "    def used_method(self):\n"
+        "        return self.width\n"
+        "    def sample_for_the_cli(self):\n"
+        "        return 'generated text'\n"
     )
-    user = "from lib import REGISTRY, exported\nRESULT = exported(1) + len(REGISTRY)\n"
+    user = "from lib import REGISTRY, Model, exported\nRESULT = exported(1) + len(REGISTRY) + Model().used_method()\n"
     small = minify(lib, package.reached_names([lib, user]))
     assert "exported" in small and "cli_only" not in small and "CliReport" not in small
+    assert "used_method" in small and "def forward" in small and "generated text" not in small
     assert "cached_but_unused" not in small and "value*3" in small  # a decorator that acts keeps its function
     module = types.ModuleType("lib")
     exec(compile(small, "lib", "exec"), module.__dict__)

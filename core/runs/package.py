@@ -196,7 +196,7 @@ def minify(source: str, keep: frozenset[str] | None = None) -> str:
     local names shortened, and with `keep` its module-level names too, but for those in `keep` (what other
     code may reach them by: `reached_names`); from the disk cache above when it holds it."""
     # Only the module's own names in `keep` change its text: bundles of other features share the entry.
-    return _minify(source, None if keep is None else keep & _module_names(source))
+    return _minify(source, None if keep is None else keep & (_module_names(source) | _method_names(source)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -213,6 +213,18 @@ def _module_names(source: str) -> frozenset[str]:
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
     return frozenset(names)
+
+
+@functools.lru_cache(maxsize=256)
+def _method_names(source: str) -> frozenset[str]:
+    """The names of the methods of a module's top-level classes."""
+    return frozenset(
+        item.name
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+    )
 
 
 @functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
@@ -259,10 +271,26 @@ def _defined(node: ast.stmt) -> set[str]:
     return set()
 
 
+# Methods a framework calls by name, which no bundled code need name: PyTorch's module and autograd hooks.
+FRAMEWORK_HOOKS = frozenset({"forward", "backward", "setup_context", "extra_repr", "reset_parameters"})
+
+
 def _pruned(tree: ast.Module, keep: frozenset[str]) -> ast.Module:
-    """The module without its top-level functions, classes and constants that nothing reaches: neither a
-    name in `keep` (what the other bundled code may reach: `reached_names`) nor one the module's other
-    statements read. So a module shared with the CLI ships only what a training run can use."""
+    """The module without what nothing reaches: its top-level functions, classes and constants that are
+    neither in `keep` (what the other bundled code may reach: `reached_names`) nor read by the module's
+    other statements, and its classes' methods whose names no bundled code reads as an attribute (but a
+    dunder or a framework's hook). So a module shared with the CLI ships only what a training run can use."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            node.body = [
+                item
+                for item in node.body
+                if not _defined(item)
+                or not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                or item.name in keep
+                or item.name in FRAMEWORK_HOOKS
+                or (item.name.startswith("__") and item.name.endswith("__"))
+            ] or [ast.Pass()]
     while True:
         loaded = [
             {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
@@ -292,7 +320,7 @@ def _minified(source: str, keep: frozenset[str] | None = None) -> str:
             ast.unparse(tree),
             rename_locals=True,
             rename_globals=keep is not None,
-            preserve_globals=sorted(keep or ()),
+            preserve_globals=sorted((keep or frozenset()) & _module_names(source)),
             hoist_literals=False,
             remove_literal_statements=True,
             # A class's annotations go but for dataclasses', which make their fields of them.
