@@ -21,13 +21,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from core.artifact import container, int8_format
-from core.artifact import int8 as quant
+from core.artifact import quantized as quant
 from core.artifact.checkpoint import Checkpoint, checkpoint_digest
 from core.artifact.export import export_artifact
-from core.artifact.int8 import FLOAT_BYTES, Int8Model, model_parts
 from core.artifact.load import (
     load_checkpoint,
 )
+from core.artifact.quantized import FLOAT_BYTES, Int8Model, model_parts
 from core.config.fields import Config
 from core.config.presets import preset
 from core.data.tables import ByteTables

@@ -12,7 +12,7 @@ import pytest
 
 from core.artifact import container, int8_format, mixed, upstream
 from core.artifact import export as artifact
-from core.artifact import int8 as quant
+from core.artifact import quantized as quant
 from core.artifact.budget import export_budget, from_int8
 from core.artifact.export import class_bits, class_clips, export_artifact, quant_label
 from core.artifact.load import load_mixed_artifact, read_artifact

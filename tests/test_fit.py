@@ -13,9 +13,9 @@ import pytest
 
 from core.artifact.export import artifact_blob, export_artifact, quantize_mixed_for
 from core.artifact.fit import SEARCH_BITS, SEARCH_FLOORS, entropy_bytes, fit_artifact
-from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
 from core.artifact.load import load_checkpoint
 from core.artifact.mixed import dequantize_mixed
+from core.artifact.quantized import KEEP_FLOAT_MAX_NUMEL
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.runs.package import code_bytes

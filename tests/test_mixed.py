@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import load as st_load
 
 from core.artifact import container, int8_format, upstream
-from core.artifact import int8 as quant
+from core.artifact import quantized as quant
 from core.artifact.budget import budget_table
 from core.artifact.load import load_mixed_artifact
 from core.artifact.mixed import dequantize_mixed, mixed_artifact_bytes, quantize_mixed

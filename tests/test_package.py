@@ -87,7 +87,7 @@ def test_the_bundle_holds_the_optional_modules_the_config_uses():
         ({"ttt_enabled": True}, {*ttt, *int8}),
         ({"ttt_enabled": True, "ttt_mode": "full"}, {*ttt, "core.eval.sliding", *int8}),  # (it scores in windows)
         ({"eval_stride": 64}, {"core.eval.sliding", *int8}),
-        ({"quant_format": "mixed"}, mixed),  # percentile clips: core/artifact/int8.py
+        ({"quant_format": "mixed"}, mixed),  # percentile clips: core/artifact/quantized.py
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0, "matrix_clip_sigmas": 11.0}, mixed),  # SDClip alone
         ({"quant_format": "mixed", "embed_clip_sigmas": 12.0}, mixed),
         ({"quant_format": "mixed", "gptq_enabled": True}, {*mixed, "core.artifact.gptq",

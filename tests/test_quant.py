@@ -19,7 +19,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from core.artifact import container, int8_format, upstream
-from core.artifact import int8 as quant
+from core.artifact import quantized as quant
 from core.common import compress
 from core.common.errors import PgolfError
 from core.config.presets import preset

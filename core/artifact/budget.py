@@ -14,8 +14,8 @@ import numpy as np
 from core.artifact.checks import check_mixed
 from core.artifact.container import pack_body, payload_bytes
 from core.artifact.export import ExportReport
-from core.artifact.int8 import Int8Model
 from core.artifact.mixed import CLASSES, MixedModel, dequantize_mixed, mixed_artifact_bytes
+from core.artifact.quantized import Int8Model
 from core.common import compress
 from core.config.fields import BUDGET_BYTES, Config
 from core.model.params import artifact_classes

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from core.artifact.container import MAGIC, MAGIC_V1, TOKENIZER_KEY, Container
-from core.artifact.int8 import CONTAINER_FORMAT, FLOAT_BYTES, Int8Model
 from core.artifact.int8_format import CONTAINER_VERSION, QUANT_FORMAT
 from core.artifact.mixed import CLASSES, MIXED_FORMAT, MIXED_VERSION, MixedModel
+from core.artifact.quantized import CONTAINER_FORMAT, FLOAT_BYTES, Int8Model
 from core.artifact.rowquant import BITS, Clip, clip_range
 from core.common.errors import PgolfError
 

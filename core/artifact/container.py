@@ -7,7 +7,7 @@ pgolf's container holds no pickle. Layout:
 set when the payload was byte-shuffled first; the checksum is the 32 raw bytes of the
 digest of the payload before compression, so any change to what the container holds
 is refused) where the payload is a safetensors file (readable with numpy alone) with
-tensors named `role/name` (core/artifact/int8.py: `model_parts`), and one metadata entry "pgolf"
+tensors named `role/name` (core/artifact/quantized.py: `model_parts`), and one metadata entry "pgolf"
 holding canonical JSON, its "format" naming the format (int8's or the mixed one) and the rest
 the format's own. The same weights always give the same bytes, whatever order they come in.
 A file may be at most MAX_ARTIFACT_BYTES, and its payload at most compress.MAX_OUTPUT_BYTES.

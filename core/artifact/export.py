@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact import container, int8
-from core.artifact.int8 import Int8Model
+from core.artifact import container
 from core.artifact.int8_format import artifact_bytes, dequantize_int8, int8_from_container, quantize_int8
 from core.artifact.lqer import LqerSettings
 from core.artifact.mixed import (
@@ -39,6 +38,7 @@ from core.artifact.mixed import (
     mixed_from_container,
     quantize_mixed,
 )
+from core.artifact.quantized import CLIP_QUANTILE, CONTAINER_FORMAT, Int8Model, size_report
 from core.artifact.rowquant import Clip
 from core.common.errors import PgolfError, first_line
 from core.common.files import file_sha256, read_file
@@ -104,7 +104,7 @@ def class_clips(cfg: Config) -> dict[str, Clip]:
     bits = class_bits(cfg)
 
     return {
-        cls: Clip.sdclip(k) if k > 0 else Clip.percentile(int8.CLIP_QUANTILE) if bits[cls] == 8 else Clip()
+        cls: Clip.sdclip(k) if k > 0 else Clip.percentile(CLIP_QUANTILE) if bits[cls] == 8 else Clip()
         for cls, k in sigmas.items()
     }
 
@@ -119,7 +119,7 @@ def quant_label(cfg: Config) -> str:
 
 @dataclass
 class ExportReport:
-    sizes: dict[str, int]  # int8.size_report: payload, model, code, total, budget, headroom bytes
+    sizes: dict[str, int]  # size_report: payload, model, code, total, budget, headroom bytes
     gptq_tensors: int  # matrices rounded by GPTQ
     model: Int8Model | MixedModel  # what was written (its budget table: core/artifact/budget.py)
 
@@ -207,7 +207,7 @@ def export_artifact(
     # The payload: the bytes of every array it holds, LQER's factors (mixed format) included.
     parts = [model.quantized, model.scales, model.passthrough, *getattr(model, "lqer", {}).values()]
     payload = sum(a.nbytes for part in parts for a in part.values())
-    sizes = int8.size_report(payload, info.file_bytes, code_bytes, cfg.budget_bytes)
+    sizes = size_report(payload, info.file_bytes, code_bytes, cfg.budget_bytes)
     return ExportReport(sizes, gptq, model)
 
 
@@ -215,7 +215,7 @@ def export_artifact(
 def from_container(box: container.Container) -> Int8Model | MixedModel:
     """The model of an opened pgolf container, in the format its metadata names, as pgolf wrote it (the
     readers of other files than a run's own check the container first: core/artifact/load.py)."""
-    if box.meta["format"] == int8.CONTAINER_FORMAT:
+    if box.meta["format"] == CONTAINER_FORMAT:
         return int8_from_container(box)
     return mixed_from_container(box)
 

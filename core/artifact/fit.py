@@ -67,9 +67,9 @@ from core.artifact.export import (
     lqer_settings,
     quantize_mixed_for,
 )
-from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
 from core.artifact.lqer import LqerSettings, correction, factors, ranked_errors
 from core.artifact.mixed import MixedModel, add_lqer, dequantize_mixed, quantize_mixed
+from core.artifact.quantized import KEEP_FLOAT_MAX_NUMEL
 from core.common import compress
 from core.common.compress import lrzip_installed
 from core.common.errors import PgolfError

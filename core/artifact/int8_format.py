@@ -1,5 +1,5 @@
 """The int8 format (the challenge's, "int8_clean_per_row_v1"): quantization, dequantization, and its
-model in pgolf's container (core/artifact/container.py; what both formats share: core/artifact/int8.py).
+model in pgolf's container (core/artifact/container.py; what both formats share: core/artifact/quantized.py).
 
 Only the runs of this format (`quant_format = "int8"`) and the readers of its files import this
 module; a run of the mixed format is packaged without it (core/config/features.py: `FEATURES`).
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from core.artifact.container import TOKENIZER_KEY, Container, container_bytes
-from core.artifact.int8 import (
+from core.artifact.quantized import (
     CONTAINER_FORMAT,
     KEEP_FLOAT_MAX_NUMEL,
     Int8Model,

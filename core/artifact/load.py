@@ -39,8 +39,8 @@ from core.artifact.checkpoint import (
 from core.artifact.checks import check_container, check_finite, check_mixed, check_model, is_container
 from core.artifact.container import open_any
 from core.artifact.export import dequantize, from_container
-from core.artifact.int8 import Int8Model
 from core.artifact.mixed import MIXED_FORMAT, MixedModel, mixed_from_container
+from core.artifact.quantized import Int8Model
 from core.artifact.records import load_record_artifact, record_compressor
 from core.artifact.upstream import load_artifact
 from core.common.errors import PgolfError, first_line

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.artifact.int8 import _in_dtype, dequantize_rows
+from core.artifact.quantized import _in_dtype, dequantize_rows
 from core.artifact.rowquant import absmax_rows
 
 

@@ -35,7 +35,8 @@ import numpy as np
 
 from core.artifact.container import TOKENIZER_KEY, Container, container_bytes
 from core.artifact.gptq import gptq_quantize
-from core.artifact.int8 import (
+from core.artifact.lqer import LqerSettings, correction, corrections, ranked_errors
+from core.artifact.quantized import (
     KEEP_FLOAT_MAX_NUMEL,
     QuantizedModel,
     _check_float16_range,
@@ -46,7 +47,6 @@ from core.artifact.int8 import (
     float_weight,
     to_float16,
 )
-from core.artifact.lqer import LqerSettings, correction, corrections, ranked_errors
 from core.artifact.rowquant import BITS, Clip, absmax_rows, quantize_tensor
 from core.common import compress
 from core.common.errors import PgolfError

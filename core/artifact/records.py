@@ -40,8 +40,8 @@ import numpy as np
 
 from core.artifact.checks import check_mixed
 from core.artifact.container import MAX_ARTIFACT_BYTES
-from core.artifact.int8 import CLIP_QUANTILE, FLOAT_BYTES
 from core.artifact.mixed import CLASSES, MixedModel
+from core.artifact.quantized import CLIP_QUANTILE, FLOAT_BYTES
 from core.artifact.rowquant import Clip
 from core.common import compress, pergroup
 from core.common.errors import PgolfError, first_line

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact.int8 import abs_quantile, dequantize_rows
+from core.artifact.quantized import abs_quantile, dequantize_rows
 from core.common.errors import PgolfError
 
 __all__ = [

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from core.artifact import container, int8
+from core.artifact import container, quantized
 from core.artifact.checks import check_container, check_int8, is_container, names_to
 from core.artifact.container import ArtifactInfo, open_any, write_artifact
-from core.artifact.int8 import Int8Model
 from core.artifact.int8_format import QUANT_FORMAT, int8_from_container
+from core.artifact.quantized import Int8Model
 from core.common import compress
 from core.common.errors import PgolfError, first_line
 from core.common.files import read_file
@@ -79,7 +79,7 @@ def load_artifact(path: str | Path, allow_pickle: bool = False) -> Int8Model:
     try:
         if is_container(blob):
             return check_int8(
-                int8_from_container(check_container(open_any(blob, path), int8.CONTAINER_FORMAT))
+                int8_from_container(check_container(open_any(blob, path), quantized.CONTAINER_FORMAT))
             )
         raw = compress.decompress(blob, "zlib")
         if raw.startswith(b"PK"):  # a zip: what torch.save writes

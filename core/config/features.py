@@ -23,7 +23,7 @@ TRAINING_PATH = (
     "core.config.features", "core.config.fields",
     "core.data.shards", "core.data.tokenizer",
     "core.model.optim", "core.model.params", "core.model.schedule", "core.model.walk",
-    "core.artifact.container", "core.artifact.export", "core.artifact.int8",
+    "core.artifact.container", "core.artifact.export", "core.artifact.quantized",
     "core.eval.bpb", "core.eval.plain", "core.eval.score",
     "core.train.loop", "core.train.rundir",
     "cuda_train.backend", "cuda_train.model", "cuda_train.optim",

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from core.artifact.export import class_bits, class_clips, class_floors
-from core.artifact.int8 import KEEP_FLOAT_MAX_NUMEL
+from core.artifact.quantized import KEEP_FLOAT_MAX_NUMEL
 from core.common.errors import PgolfError
 from core.common.files import read_json
 from core.config.fields import EVAL_LIMIT_SECONDS, Config
