@@ -267,6 +267,11 @@ def data_prepare(
     tokenizer: Path | None = typer.Option(
         None, help="With --docs: encode with this SentencePiece .model instead of training one."
     ),
+    tokenizer_train_docs: int | None = typer.Option(
+        None,
+        help="With --docs: train the tokenizer on the first N documents only, as the challenge's exporter's "
+        "option (its published tokenizers: 5000000) [default: all].",
+    ),
     caseops: bool = typer.Option(
         False,
         "--caseops",
@@ -277,8 +282,9 @@ def data_prepare(
     """Build a dataset and its tokenizer offline: the embedded default (State of the Union speeches),
     or with --docs from any documents, as the challenge's exporter makes its own."""
     if docs is None:
-        given = [flag for flag, value in (("--val-docs", val_docs), ("--shard-tokens", shard_tokens),
-                 ("--name", name), ("--tokenizer", tokenizer)) if value is not None]  # fmt: skip
+        flags = (("--val-docs", val_docs), ("--shard-tokens", shard_tokens), ("--name", name),
+                 ("--tokenizer", tokenizer), ("--tokenizer-train-docs", tokenizer_train_docs))  # fmt: skip
+        given = [flag for flag, value in flags if value is not None]
         if given:
             raise typer.BadParameter(
                 f"{given[0]} goes with --docs FILE (the embedded corpus has its own split)"
@@ -291,7 +297,7 @@ def data_prepare(
             summary = prepare_docs(
                 docs, out, name, vocab_size, VAL_DOCS if val_docs is None else val_docs,
                 SHARD_TOKENS if shard_tokens is None else shard_tokens, tokenizer, caseops,
-                progress=lambda msg: status.update(msg),
+                progress=lambda msg: status.update(msg), tokenizer_train_docs=tokenizer_train_docs,
             )  # fmt: skip
     for key, value in summary.items():
         console.print(f"{key}: {value}")
@@ -404,9 +410,9 @@ def train(
 
 def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str]) -> None:
     """One training run of `cfg` (checked), with its progress display and closing line."""
-    from core.runs.package import code_bytes
     from core.runs.plan import on_target, target_line
     from core.runs.summary import val_curve
+    from core.runs.train_script import code_bytes
     from core.train.interactive import train_interactive as run_training
     from core.train.loop import check_budget
     from core.train.report import report_targets
@@ -680,8 +686,8 @@ def export_command(
     from core.artifact.budget import export_budget, format_budget
     from core.artifact.export import export_artifact, quant_label
     from core.config.features import uses_gptq
-    from core.runs.package import code_bytes
     from core.runs.setup import export_setup
+    from core.runs.train_script import code_bytes
     from core.train.calibration import calibrate_gptq
     from core.train.loop import train_loader
 
@@ -938,7 +944,7 @@ def plan(
     if without:
         fitted = cal.refit_without(fitted, without)
     speed_factor(fitted, implementation)  # refused before the script is packaged for its size
-    from core.runs.package import code_bytes
+    from core.runs.train_script import code_bytes
 
     result = make_plan(cfg, hardware, fitted, code_bytes(cfg), implementation)
     if json_out:

@@ -10,7 +10,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.common.launch import Launch, launch, reach_rank_0, rendezvous_failed
 from core.config.presets import preset
-from core.runs.package import script
+from core.runs.train_script import script
 from tests.helpers import assert_one_line, assert_one_line_error, cli, data_flags, free_port, needs, run_alone
 
 TORCHRUN_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -14,8 +14,8 @@ from core.data.coprime import CoprimeLoader
 from core.datasets.writers import write_shard
 from core.eval import score
 from core.model import walk
-from core.runs import package
-from core.runs.package import bundled_modules, script
+from core.runs import train_script
+from core.runs.train_script import bundled_modules, script
 from core.train import loop
 
 # Each feature's changes to `tiny` that turn it on, and that turn it off.
@@ -52,7 +52,7 @@ def test_each_features_predicate_decides_its_bundle(feature, monkeypatch):
     # The table's predicate decides, not the config's fields: forced, it brings or drops the modules.
     for forced, cfg in ((True, off), (False, on)):
         table = tuple((n, m, (lambda cfg, f=forced: f) if n == name else u, fl) for n, m, u, fl in FEATURES)
-        monkeypatch.setattr(package, "FEATURES", table)
+        monkeypatch.setattr(train_script, "FEATURES", table)
         bundle = set(bundled_modules(cfg))
         assert set(modules) <= bundle if forced else not set(modules) & bundle
 

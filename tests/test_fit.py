@@ -18,7 +18,7 @@ from core.artifact.mixed import dequantize_mixed
 from core.artifact.quantized import KEEP_FLOAT_MAX_NUMEL
 from core.common.errors import PgolfError
 from core.config.fields import Config
-from core.runs.package import code_bytes
+from core.runs.train_script import code_bytes
 from core.train.calibration import calibrate_gptq
 from core.train.fitting import calibration_loss, calibration_tokens
 from core.train.loop import train_loader

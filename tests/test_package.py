@@ -21,17 +21,10 @@ from core.common.errors import PgolfError
 from core.config.features import FEATURES, TRAINING_PATH
 from core.config.fields import Config
 from core.config.presets import preset
-from core.runs import package
-from core.runs.package import (
-    MAIN_IMPORTS,
-    _imports,
-    bundled_modules,
-    code_bytes,
-    minify,
-    script,
-    write_record,
-)
+from core.runs import train_script
+from core.runs.package import write_record
 from core.runs.record_folder import check_record
+from core.runs.train_script import MAIN_IMPORTS, _imports, bundled_modules, code_bytes, minify, script
 from tests.helpers import ISOLATED, NEEDS_LRZIP, ROOT, assert_one_line, cli, data_flags, needs, run_alone
 
 FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
@@ -43,7 +36,7 @@ FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S
 # records' own files, the checks of files read, the budget table, the trackers, the benchmark, sampling and
 # the PyTorch backend's decoding, MLX.
 LEFT_OUT = (
-    "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.sweep", "core.runs.package",
+    "cli", "core.runs.summary", "core.runs.plots", "core.runs.stats", "core.runs.sweep", "core.runs.package", "core.runs.train_script",
     "core.datasets.embedded", "core.datasets.fineweb", "core.datasets.writers", "core.data.manifest",
     "core.model.memory", "core.model.backend",
     "core.artifact.checkpoint", "core.artifact.load", "core.artifact.upstream", "core.artifact.records",
@@ -115,8 +108,10 @@ def test_a_top_level_import_of_a_module_on_no_list_is_refused_with_its_chain(mon
     """A CLI-only module imported at the top of the run directory's module would ship in every script."""
     rundir = tmp_path / "rundir.py"
     rundir.write_text((ROOT / "core/train/rundir.py").read_text() + "\nimport core.runs.plots\n")
-    real = package._file
-    monkeypatch.setattr(package, "_file", lambda name: rundir if name == "core.train.rundir" else real(name))
+    real = train_script._file
+    monkeypatch.setattr(
+        train_script, "_file", lambda name: rundir if name == "core.train.rundir" else real(name)
+    )
     with pytest.raises(PgolfError, match=r"core\.runs\.plots <- core\.train\.rundir: .* on neither its list"):
         bundled_modules(preset("tiny"))
 
@@ -224,7 +219,7 @@ def test_module_level_names_are_shortened_but_those_other_code_reaches():
         "    return helper_only_used_here(value)\n"
     )
     user = "from lib import exported\nimport lib\nlib.FLAG = True\nRESULT = exported(20)\n"
-    keep = package.reached_names([lib, user])
+    keep = train_script.reached_names([lib, user])
     assert {"exported", "FLAG"} <= keep and not {"clamp", "helper_only_used_here", "LIMIT"} & keep
     small = minify(lib, keep)
     assert "helper_only_used_here" not in small and "LIMIT" not in small and "def exported(" in small
@@ -270,7 +265,7 @@ def test_functions_and_classes_nothing_reaches_are_not_shipped():
         "        return 'generated text'\n"
     )
     user = "from lib import REGISTRY, Model, exported\nRESULT = exported(1) + len(REGISTRY) + Model().used_method()\n"
-    small = minify(lib, package.reached_names([lib, user]))
+    small = minify(lib, train_script.reached_names([lib, user]))
     assert "exported" in small and "cli_only" not in small and "CliReport" not in small
     assert "used_method" in small and "def forward" in small and "generated text" not in small
     assert "cached_but_unused" not in small and "value*3" in small  # a decorator that acts keeps its function
@@ -294,14 +289,14 @@ def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is
 ):
     source = 'def twice(x):\n    """Doubled."""\n    return x * 2  # doubled\n'
     monkeypatch.setenv("PGOLF_CACHE_DIR", str(tmp_path / "cache"))
-    small = package._minify.__wrapped__(source, None)  # past the in-process cache
+    small = train_script._minify.__wrapped__(source, None)  # past the in-process cache
     (kept,) = (tmp_path / "cache" / "minified").iterdir()
     assert kept.read_text() == small and "Doubled" not in small
     kept.write_text("def twice(x):return x+x\n")  # what a later process finds there is what it uses
-    assert package._minify.__wrapped__(source, None) == "def twice(x):return x+x\n"
+    assert train_script._minify.__wrapped__(source, None) == "def twice(x):return x+x\n"
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("PGOLF_CACHE_DIR", str(tmp_path / "file"))  # a file where the folder would go
-    assert package._minify.__wrapped__(source, None) == small
+    assert train_script._minify.__wrapped__(source, None) == small
 
 
 def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():
@@ -325,13 +320,13 @@ def test_the_packed_script_gives_back_any_bytes_from_a_file_the_challenge_reads_
     cannot hold and those a terminal acts on, anywhere, last too): its literal holds none of those, the
     file three lines and no character past U+057F, is UTF-8 as long as its text's, and runs to exactly
     the bytes packed."""
-    text = package._packed(f"RESULT = {data!r}")
+    text = train_script._packed(f"RESULT = {data!r}")
     path = tmp_path_factory.mktemp("packed") / "train_gpt.py"
     path.write_text(text, encoding="utf-8")
     raw = path.read_bytes()
     assert len(raw) == len(text.encode("utf-8")) and max(map(ord, text)) <= 0x57F
     literal = text.split('map(ord,"', 1)[1].split('"))\nexec', 1)[0]
-    assert not set(literal) & set(package.ESCAPED.decode()) and text.count("\n") == 3
+    assert not set(literal) & set(train_script.ESCAPED.decode()) and text.count("\n") == 3
     namespace: dict = {}
     exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
     assert namespace["RESULT"] == data
@@ -340,7 +335,10 @@ def test_the_packed_script_gives_back_any_bytes_from_a_file_the_challenge_reads_
 def test_seven_bits_a_character_is_8_7_of_the_size():
     """A byte of UTF-8 for each seven bits (one more where the last seven are escaped: their pair is padding)."""
     data = bytes(range(256)) * 40
-    assert len(package.seven_bits_a_character(data).encode("utf-8")) - math.ceil(len(data) * 8 / 7) in (0, 1)
+    assert len(train_script.seven_bits_a_character(data).encode("utf-8")) - math.ceil(len(data) * 8 / 7) in (
+        0,
+        1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -605,9 +603,9 @@ def test_a_packaged_script_refuses_what_only_pgolfs_train_does(env, tmp_path):
 
 
 def test_a_runs_tracker_is_not_packaged_and_a_run_from_other_weights_is_refused(tmp_path):
-    assert "report_to" not in package._run_config(preset("smoke").replace(report_to="tensorboard"))
-    assert package._run_config(preset("smoke").replace(abort_behind="runs/ref", abort_margin=0.5)) == (
-        package._run_config(preset("smoke"))
+    assert "report_to" not in train_script._run_config(preset("smoke").replace(report_to="tensorboard"))
+    assert train_script._run_config(preset("smoke").replace(abort_behind="runs/ref", abort_margin=0.5)) == (
+        train_script._run_config(preset("smoke"))
     )  # a run stopped behind a reference is not one to package; one that was not packages without it
     run = tmp_path / "run"
     run.mkdir()
@@ -648,7 +646,7 @@ def test_messages_name_a_flag_for_the_cli_and_a_variable_for_a_packaged_script(m
 
 
 def test_a_bug_in_a_packaged_script_shows_its_traceback_without_the_encoded_line(tmp_path):
-    from core.runs.package import _packed
+    from core.runs.train_script import _packed
 
     plain = script(preset("tiny"), compressed=False)
     buggy = plain.replace("def run():\n", "def run():\n    raise RuntimeError('a bug')\n", 1)

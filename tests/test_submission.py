@@ -16,8 +16,9 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.fields import BUDGET_BYTES, Config
 from core.config.presets import preset
-from core.runs.package import requirements, write_record
+from core.runs.package import write_record
 from core.runs.summary import hardware, summarize
+from core.runs.train_script import requirements
 from tests.helpers import ISOLATED, ROOT, assert_one_line_error, cli, data_flags, needs
 
 SMALL_CAP = 10_000  # a smoke model's artifact alone is ~230 KB: over it
@@ -102,7 +103,7 @@ def test_export_refuses_a_fit_margin_that_leaves_no_cap(over_cap):
 def test_a_packaged_script_over_the_cap_says_so_last_and_exits_3(over_cap, sotu_dataset, tmp_path):
     run, _ = over_cap
     cfg = Config.from_dict(json.loads((run / "config.json").read_text()))
-    from core.runs.package import script
+    from core.runs.train_script import script
 
     (tmp_path / "train_gpt.py").write_text(script(cfg))
     (tmp_path / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))

@@ -192,7 +192,7 @@ def export_artifact(
     weights in the mixed format; `write` puts the model at `path` in another container than
     pgolf's (the CLI's upstream format: core/artifact/upstream.py's `save_upstream_torch`, int8
     only: core/runs/setup.py's `export_setup` refuses another format); `code_bytes` are the
-    bytes counted as code (core.runs.package.code_bytes);
+    bytes counted as code (core.runs.train_script.code_bytes);
     `quantized`: the mixed model `quantize_mixed_for` already made of `params` with `cfg`.
     """
     if uses_int8_format(cfg):

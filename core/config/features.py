@@ -1,7 +1,7 @@
 """What a packaged training run holds: the modules of the training path, and the features only some runs
 use, each with the one test of a config that says whether a run uses it.
 
-The code that picks an implementation calls these predicates, and core/runs/package.py bundles exactly
+The code that picks an implementation calls these predicates, and core/runs/train_script.py bundles exactly
 the training path's modules and those of the features a run's config uses into its `train_gpt.py`, by
 the same predicates, which the packaged script checks again after the environment's overrides: what a
 run uses and what its script holds cannot disagree. A module a bundled one imports must be on one of

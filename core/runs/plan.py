@@ -32,7 +32,7 @@ from core.common.files import read_json
 from core.config.fields import EVAL_LIMIT_SECONDS, Config
 from core.model.memory import memory_estimate
 from core.model.params import KINDS, param_specs
-from core.runs.package import code_bytes
+from core.runs.train_script import code_bytes
 
 TABLE_PATH = Path(__file__).with_name("plan_table.json")
 MAX_TABLE_BYTES = 2**22

@@ -2,7 +2,7 @@
 `init_from`'s weights, to fit the artifact under `artifact_fit_bytes`, to mirror its metrics to the
 trackers of `report_to`, to stop it on a signal, to show its progress, to log notes and to record the
 digests of its data (a packaged
-train_gpt.py does none of these, so this code stays out of its bundle, core/runs/package.py):
+train_gpt.py does none of these, so this code stays out of its bundle, core/runs/train_script.py):
 `InteractiveTraining`, through the hooks of core.train.loop's `Training`.
 
 `resume`: the checkpoint `InteractiveTraining.resume` names, checked and loaded into the run; `resumes_in`:
@@ -50,7 +50,7 @@ def train_interactive(backend: Backend, **options) -> RunResult:
     """Train, validate and export one model with `backend.cfg` as pgolf's `train` does (checkpoints,
     resuming, stopping, progress, notes, init_from, the artifact fit, trackers); return the final figures.
     `options` are InteractiveTraining's; `code_bytes` may be a function of the config the artifact is
-    written with (the CLI passes core.runs.package.code_bytes)."""
+    written with (the CLI passes core.runs.train_script.code_bytes)."""
     return run_to_end(InteractiveTraining(backend, **options))
 
 
