@@ -413,8 +413,8 @@ def _train_one(backend: str, cfg: Config, resume: Path | None, notes: list[str])
     from core.runs.plan import on_target, target_line
     from core.runs.summary import val_curve
     from core.runs.train_script import code_bytes
-    from core.train.interactive import train_interactive as run_training
     from core.train.loop import check_budget
+    from core.train.managed import train_managed as run_training
     from core.train.report import report_targets
 
     report_targets(cfg.report_to)
@@ -1251,7 +1251,7 @@ def _run_sweep(plan: Any, parallel: int, retry_failed: bool) -> None:
     from core.model.memory import check_config
     from core.runs import sweep as sw
     from core.runs.summary import summarize
-    from core.train.interactive import BehindReference
+    from core.train.managed import BehindReference
 
     states = {run.run_id: sw.run_state(run) for run in plan.runs}
     todo = [run for run in plan.runs

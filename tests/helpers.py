@@ -40,7 +40,7 @@ from core.runs.audit import (
     Check,
 )
 from core.train import loop
-from core.train.interactive import train_interactive
+from core.train.managed import train_managed
 from core.train.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
@@ -228,7 +228,7 @@ def run(
     cfg = dataset.config(preset, out_dir=str(tmp_path), run_id=run_id, **changes)
     backend = make_backend(backend_name, cfg)
     try:
-        return train_interactive(backend, resume=resume, log=lambda line: None, step_progress=step_progress)
+        return train_managed(backend, resume=resume, log=lambda line: None, step_progress=step_progress)
     finally:
         backend.close()
 
@@ -569,7 +569,7 @@ def train_quietly(cfg, **kwargs):
     backend = make_backend("cuda", cfg)
     try:
         # pgolf's train where an option asks for it (resume, stop), else a packaged script's
-        run = train_interactive if kwargs else loop.train
+        run = train_managed if kwargs else loop.train
         return run(backend, log=lines.append, **kwargs), lines
     finally:
         backend.close()

@@ -11,7 +11,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.model import backend as backends
 from core.runs.summary import read_metrics, summarize, val_curve
-from core.train.interactive import BehindReference, reference_bpb, train_interactive
+from core.train.managed import BehindReference, reference_bpb, train_managed
 from tests.helpers import cli, data_flags, make_backend, needs
 
 STEPS = 2
@@ -25,7 +25,7 @@ def run(dataset, backend_name, out, run_id, **changes):
     reference = val_curve(cfg.abort_behind) if cfg.abort_behind else ()
     backend = make_backend(backend_name, cfg)
     try:
-        return train_interactive(backend, log=lambda line: None, reference=reference)
+        return train_managed(backend, log=lambda line: None, reference=reference)
     finally:
         backend.close()
 

@@ -41,7 +41,7 @@ LEFT_OUT = (
     "core.model.memory", "core.model.backend",
     "core.artifact.checkpoint", "core.artifact.load", "core.artifact.upstream", "core.artifact.records",
     "core.artifact.checks", "core.artifact.budget",
-    "core.train.report", "core.train.bench", "core.train.interactive", "core.eval.verify", "core.eval.sample",
+    "core.train.report", "core.train.bench", "core.train.managed", "core.eval.verify", "core.eval.sample",
     "core.eval.token_losses", "cuda_train.memory", "mlx_train", "mlx_train.backend",
     "mlx_train.model", "mlx_train.memory", "mlx_train.ttt",
 )  # fmt: skip
@@ -595,7 +595,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     [{"INIT_FROM": "/nonexistent.pt"}, {"REPORT_TO": "tensorboard"}, {"ARTIFACT_FIT_BYTES": "15000000"}],
 )
 def test_a_packaged_script_refuses_what_only_pgolfs_train_does(env, tmp_path):
-    """Starting from other weights, trackers and the artifact fit are InteractiveTraining's, which no
+    """Starting from other weights, trackers and the artifact fit are ManagedTraining's, which no
     train_gpt.py holds: refused in one line, before torch is imported."""
     ((name, value),) = env.items()
     result = run_alone(script(preset("smoke")), tmp_path, **env)

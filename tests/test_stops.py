@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from core.artifact.load import load_checkpoint
-from core.train.interactive import train_interactive
+from core.train.managed import train_managed
 from tests.helpers import (
     ROOT,
     data_flags,
@@ -41,7 +41,7 @@ def test_a_stop_after_the_last_step_skips_validation_and_export(sotu_dataset, tm
 
     try:
         with pytest.raises(Stop):
-            train_interactive(backend, log=seen.append, stop=stop)
+            train_managed(backend, log=seen.append, stop=stop)
     finally:
         backend.close()
     run = tmp_path / "r"

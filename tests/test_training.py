@@ -463,13 +463,13 @@ def test_an_unknown_or_missing_tracker_is_refused_by_name(monkeypatch):
 
 @needs("cuda")
 def test_timed_checkpoints_replace_each_other(sotu_dataset, tmp_path, monkeypatch):
-    from core.train import interactive, loop
+    from core.train import loop, managed
 
     clock = iter(range(0, 10**9, 61))  # perf_counter in seconds: each reading a minute after the one before
     monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))
     written = []
     monkeypatch.setattr(
-        interactive, "save_checkpoint", lambda path, ckpt: written.append(path) or path.write_bytes(b"x")
+        managed, "save_checkpoint", lambda path, ckpt: written.append(path) or path.write_bytes(b"x")
     )
     result = run(sotu_dataset, "cuda", tmp_path, iterations=8, checkpoint_minutes=1.0, checkpoint_every=5)
     steps = [int(p.stem.removeprefix("step_")) for p in written]

@@ -21,7 +21,7 @@ from core.config.fields import from_env
 from core.config.presets import preset
 from core.datasets.writers import write_shard
 from core.runs.summary import read_metrics
-from core.train.interactive import train_interactive
+from core.train.managed import train_managed
 from tests.golden_data import GOLDEN, read_golden
 from tests.helpers import BACKENDS, final_params, make_backend
 
@@ -49,7 +49,7 @@ def trajectory(name: str, preset_name: str, dataset, backend_name: str, tmp_path
     cfg = preset(preset_name).replace(**from_env(env)).replace(**pgolf_only).validate()
     backend = make_backend(backend_name, cfg)
     try:
-        result = train_interactive(backend, log=lambda line: None)  # the CLI's run: it checkpoints
+        result = train_managed(backend, log=lambda line: None)  # the CLI's run: it checkpoints
     finally:
         backend.close()
     losses = [r["train_loss"] for r in read_metrics(result.run_dir) if r["kind"] == "train"]

@@ -31,7 +31,7 @@ TRAINING_PATH = (
 
 
 # Settings only pgolf's `train` acts on (starting from other weights, the artifact fit, trackers, the stop
-# behind a reference run: core/train/interactive.py): a packaged script refuses them before it starts.
+# behind a reference run: core/train/managed.py): a packaged script refuses them before it starts.
 PGOLF_ONLY = ("init_from", "artifact_fit_bytes", "report_to", "abort_behind")
 
 

@@ -11,7 +11,7 @@ pgolf's `train`'s `init_from` with a fresh optimizer at step 0; then the run dir
 `warm_up` (compile-warmup steps, then undone; not when resuming), the loop of `train_step`s with
 `validate` at step 0, every `val_loss_every` steps and at the end, and
 `save_checkpoint` after the last step (the weights checked; pgolf's `train` writes them there, and
-periodically: core/train/interactive.py; a packaged run writes no checkpoint); validation and
+periodically: core/train/managed.py; a packaged run writes no checkpoint); validation and
 checkpoints are off the training clock (`Clock.paused`). A wallclock cap stops all ranks at the same step. Depth
 recurrence switches on at the top of the first `train_step` past
 `enable_looping_at` (`core.model.schedule.looping_active`, recomputed on resume).
@@ -165,8 +165,8 @@ class Clock:
 
 class Training:
     """One training run, as the named steps the module docstring lists; `run` strings them together.
-    A packaged train_gpt.py runs this; pgolf's `train` runs `InteractiveTraining`
-    (core/train/interactive.py), which adds checkpoints, resuming, `init_from`, the artifact fit, trackers,
+    A packaged train_gpt.py runs this; pgolf's `train` runs `ManagedTraining`
+    (core/train/managed.py), which adds checkpoints, resuming, `init_from`, the artifact fit, trackers,
     stopping on a signal, progress displays, notes and the data's digests by overriding `start`,
     `load_weights`, `open_run_dir`,
     `warm_up`, `train_step`, `agreed_ms`, `save_checkpoint`, `artifact_settings` and `_log_header`, and
@@ -206,7 +206,7 @@ class Training:
         self.say(f"run_dir:{self.run_dir.path}")
 
     def load_weights(self) -> float:
-        """The initial weights, seeded (InteractiveTraining's: `init_from`'s, or a checkpoint's); returns
+        """The initial weights, seeded (ManagedTraining's: `init_from`'s, or a checkpoint's); returns
         the training clock the run starts from."""
         self.backend.load_params(init_params(self.cfg, bf16=self.backend.bf16))
         return 0.0
@@ -269,7 +269,7 @@ class Training:
             self._log_train(loss, lr_mult, momentum)
 
     def save_checkpoint(self) -> None:
-        """After the last step (and for each of InteractiveTraining's checkpoints): rank 0 stops a run whose
+        """After the last step (and for each of ManagedTraining's checkpoints): rank 0 stops a run whose
         weights have diverged (see WEIGHT_RMS_LIMIT), else hands them to `write_checkpoint`; every rank's
         clock stops until it is done."""
         with self.clock.paused():
@@ -382,7 +382,7 @@ class Training:
         self, params: dict[str, np.ndarray], hessians: dict[str, np.ndarray] | None
     ) -> tuple[Config, MixedModel | None, Sequence[Path]]:
         """The config the artifact is written with, its quantized model when already made, and the
-        training shards that chose them: the run's config (InteractiveTraining's: the artifact fit's
+        training shards that chose them: the run's config (ManagedTraining's: the artifact fit's
         choice, `artifact_fit_bytes`, its files already beside the artifact)."""
         return self.cfg, None, ()
 
@@ -461,7 +461,7 @@ class Training:
     def agreed_ms(self) -> float:
         """The training clock every rank agrees on (their mean), so that the schedules and the cap match
         across ranks; one small all-reduce per step, only when several ranks run under a cap (without
-        one, only steps are read, not the clock; InteractiveTraining's timed checkpoints read it too)."""
+        one, only steps are read, not the clock; ManagedTraining's timed checkpoints read it too)."""
         if self.cfg.train_cap_seconds > 0:
             return rank_mean(self.backend, self.clock.ms())
         return self.clock.ms()
@@ -583,6 +583,6 @@ def train(backend: Backend, log: Log = print, code_bytes: int = 0) -> RunResult:
     """Train, validate and export one model with `backend.cfg`, as a packaged train_gpt.py does (no
     checkpoints, no resuming); return the final figures. `log` takes each log line; `code_bytes` is what
     counts as the run's code (a packaged script passes its own size). pgolf's `train` runs an
-    `InteractiveTraining` instead (core/train/interactive.py: `train_interactive`), which alone acts on
+    `ManagedTraining` instead (core/train/managed.py: `train_managed`), which alone acts on
     core/config/features.py's PGOLF_ONLY settings (a packaged script refuses them before it starts)."""
     return run_to_end(Training(backend, log=log, code_bytes=code_bytes))

@@ -1,11 +1,9 @@
-"""What only pgolf's `train` asks of a training run: to write checkpoints, to resume it, to start from
-`init_from`'s weights, to fit the artifact under `artifact_fit_bytes`, to mirror its metrics to the
-trackers of `report_to`, to stop it on a signal, to show its progress, to log notes and to record the
-digests of its data (a packaged
-train_gpt.py does none of these, so this code stays out of its bundle, core/runs/train_script.py):
-`InteractiveTraining`, through the hooks of core.train.loop's `Training`.
+"""A training run as pgolf's `train` manages it (`ManagedTraining`, through the hooks of core.train.loop's
+`Training`): checkpoints written and resumed from, `init_from`'s weights, the artifact fitted under
+`artifact_fit_bytes`, metrics mirrored to the trackers of `report_to`, a stop on a signal, progress,
+notes, and the digests of its data. A packaged train_gpt.py runs the bare `Training`.
 
-`resume`: the checkpoint `InteractiveTraining.resume` names, checked and loaded into the run; `resumes_in`:
+`resume`: the checkpoint `ManagedTraining.resume` names, checked and loaded into the run; `resumes_in`:
 whether that checkpoint is the run directory's own.
 `stopped_note`, `release_note`: what a stopped run tells its user to do next.
 `expected_steps`: the total of the training steps' progress display.
@@ -46,12 +44,12 @@ if TYPE_CHECKING:
 StopPoll = Callable[[], BaseException | None]
 
 
-def train_interactive(backend: Backend, **options) -> RunResult:
+def train_managed(backend: Backend, **options) -> RunResult:
     """Train, validate and export one model with `backend.cfg` as pgolf's `train` does (checkpoints,
     resuming, stopping, progress, notes, init_from, the artifact fit, trackers); return the final figures.
-    `options` are InteractiveTraining's; `code_bytes` may be a function of the config the artifact is
+    `options` are ManagedTraining's; `code_bytes` may be a function of the config the artifact is
     written with (the CLI passes core.runs.train_script.code_bytes)."""
-    return run_to_end(InteractiveTraining(backend, **options))
+    return run_to_end(ManagedTraining(backend, **options))
 
 
 class BehindReference(PgolfError):
@@ -60,7 +58,7 @@ class BehindReference(PgolfError):
     status = 4  # the exit status it ends `train` with (docs/commands.md)
 
 
-class InteractiveTraining(Training):
+class ManagedTraining(Training):
     """A training run as pgolf's `train` drives it: it writes a checkpoint after the last step, every
     checkpoint_every steps, every checkpoint_minutes and when stopped. Besides `Training`'s options
     (`code_bytes` may be a function of the config, see `artifact_settings`): `resume` (a checkpoint,
