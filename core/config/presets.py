@@ -178,8 +178,7 @@ RECORD_0401_TINY_CHANGES: dict[str, Any] = {
     "ve_layers": "2,3",
     "ve_dim": 32,
     "muon_momentum_warmup_steps": 100,
-    # 0.997 averages over ~330 steps: the whole of a 300-step run (measured: val_bpb 1.91 for the
-    # average against 1.40 for the final weights). 0.95 averages over the last ~20.
+    # 0.997 averages over ~330 steps, the whole of a 300-step run (docs/records.md); 0.95 over the last ~20.
     "ema_decay": 0.95,
 }
 # record_0427 scaled to the tiny model: the embedded corpus's CaseOps version, 4 layers; layers 1..2 loop,

@@ -23,11 +23,11 @@ Two forms:
 - compressed (the default, and the size every report calls the run's code bytes): each module
   minified by python-minifier as the records minify theirs (`pyminify --no-hoist-literals
   --remove-literal-statements --remove-asserts`), local names shortened too (the records keep theirs:
-  `--no-rename-locals`; 1,300 to 1,700 bytes less here), and module-level names but those other
-  code reaches (`reached_names`: 200 to 600 bytes less), after dropping what only the CLI
-  reads (the config fields' help texts, sections and resume flags), and the runner after them
-  (`RUNNER`) minified alike; the whole script compressed by brotli (quality 11,
-  smaller than lzma's or bz2's best here), its bytes seven bits a character of a string literal in a
+  `--no-rename-locals`), and module-level names but those other code reaches (`reached_names`), after
+  dropping what only the CLI reads (the config fields' help texts, sections and resume flags) and what
+  nothing reaches (`_pruned`), and the runner after them (`RUNNER`) minified alike; the whole script
+  compressed by brotli (quality 11: docs/runs.md#code-bytes has what each step saves), its bytes seven
+  bits a character of a string literal in a
   three-line script that runs it (`seven_bits_a_character`: 8/7 of the compressed size, base85's 5/4).
 
 Its errors are one line (`error: ...`, as the CLI's) naming its own environment variables, never a
