@@ -27,7 +27,9 @@ def data_record(data_path: str | Path, tokenizer_path: str | Path) -> dict[str, 
     """The `data` record of a run reading `data_path` and `tokenizer_path` (found and checked already)."""
     train = find_shards(data_path, "train")
     val = find_shards(data_path, "val")
-    sidecars = sorted(Path(data_path).glob("fineweb_val_bytes_[0-9]*.bin"))  # optional: find_shards refuses none
+    sidecars = sorted(
+        Path(data_path).glob("fineweb_val_bytes_[0-9]*.bin")
+    )  # optional: find_shards refuses none
     return {
         "kind": "data",
         "train_shards": len(train),

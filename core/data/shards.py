@@ -86,10 +86,18 @@ def making_command(path: str | Path) -> str:
     """The command that makes the dataset folder or tokenizer `path`, by its name: the embedded corpus's
     (`sotu_sp<V>`, `sotu_<V>_bpe`) by `data prepare`, with `--caseops` and `--vocab-size` as it needs; the
     challenge's (`fineweb10B_<variant>`, `fineweb_<V>_bpe`) by `data download`; any other from documents."""
-    name = re.sub(r"^\.(.+)-\d+$", r"\1", Path(path).name.removesuffix(".model"))  # a versioned dataset folder
-    if found := re.fullmatch(r"sotu_(?:sp)?(\d+)(?:_bpe)?(_caseops)?", name.replace("_bpe_caseops", "_caseops")):
+    name = re.sub(
+        r"^\.(.+)-\d+$", r"\1", Path(path).name.removesuffix(".model")
+    )  # a versioned dataset folder
+    if found := re.fullmatch(
+        r"sotu_(?:sp)?(\d+)(?:_bpe)?(_caseops)?", name.replace("_bpe_caseops", "_caseops")
+    ):
         vocab, caseops = found.groups()
-        return "python cli.py data prepare" + " --caseops" * bool(caseops) + f" --vocab-size {vocab}" * (vocab != "1024")
+        return (
+            "python cli.py data prepare"
+            + " --caseops" * bool(caseops)
+            + f" --vocab-size {vocab}" * (vocab != "1024")
+        )
     if found := re.fullmatch(r"fineweb10B_(\w+)|fineweb_(\d+)_bpe", name):
         return "python cli.py data download --variant " + (found[1] or f"sp{found[2]}")
     return f"python cli.py data prepare --docs FILE --name {name}, FILE your documents"
@@ -165,6 +173,4 @@ def val_spans(
     first, last = total * rank // world_size, total * (rank + 1) // world_size
     if whole:
         last = first + (last - first) // batch_seqs * batch_seqs
-    return [
-        (s * seq_len, min(s + batch_seqs, last) * seq_len + 1) for s in range(first, last, batch_seqs)
-    ]
+    return [(s * seq_len, min(s + batch_seqs, last) * seq_len + 1) for s in range(first, last, batch_seqs)]

@@ -33,9 +33,9 @@ from core.common.files import file_sha256, read_json
 from core.config.fields import Config
 from core.eval.bpb import EvalData
 from core.eval.score import evaluators
-from core.runs.train_script import code_bytes
 from core.runs.setup import scoring_config, weights_and_data
 from core.runs.summary import weights_in
+from core.runs.train_script import code_bytes
 
 if TYPE_CHECKING:
     from core.model.backend import Backend

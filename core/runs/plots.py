@@ -10,7 +10,6 @@ from core.common.errors import PgolfError
 from core.common.files import write_atomic
 from core.runs.summary import read_metrics
 
-
 PLOT_FORMATS = ("png", "svg", "pdf")
 SMOOTHING = 0.9  # the weight of the past in the smoothed training loss (about the last 10 records)
 
