@@ -5,15 +5,19 @@
 
 It writes `docs.jsonl` of about `--size` bytes under `--work` (kept, and reused when it is already
 there at that size): documents of consecutive paragraphs of the embedded corpus's speeches, their
-lengths drawn around FineWeb's (median 2 KB, mean about 3.3 KB), with web-text hazards written into
-about one in three: runs of spaces, newlines, tabs, characters NFKC changes, emoji, CJK, control
-characters, zero-width and soft-hyphen characters, and a literal "▁". Then it runs the exporter
-(`data/download_hf_docs_and_tokenize.py` of openai/parameter-golf, not part of pgolf: its
-`build_sentencepiece_tokenizer` and `export_shards`, offline) and `cli.py data prepare`, one after the
-other, each in its own process, and prints each one's wall time, CPU time (user and system, all its
-threads) and peak resident memory (from wait4), and whether their shards are identical; with a
-trained tokenizer (`--vocab-size`, no `--tokenizer`), whether its pieces, scores and types are too.
-`--verify` also times `data verify --bytes` on pgolf's dataset.
+lengths drawn from a log-normal (median 2 KB, mean about 3.3 KB: the challenge's documents average
+about 1,270 sp1024 tokens, some 3 KB), with web-text hazards (tests/golden_data.py's WEB_HAZARDS)
+written into about one in three: runs of spaces, newlines, tabs, characters NFKC changes, emoji, CJK,
+control characters, zero-width and soft-hyphen characters, and a literal "▁". Then it runs the
+exporter (`data/download_hf_docs_and_tokenize.py` of openai/parameter-golf, not part of pgolf: its
+`build_sentencepiece_tokenizer` and `export_shards`, offline, the model given as its
+`--reuse-sp-model` gives it) and `cli.py data prepare`, one after the other, each in its own process,
+and prints each one's wall time, CPU time (user and system, all its threads and the child processes
+it waited for), peak memory (`measured`), and whether their shards are identical; with a trained
+tokenizer (`--vocab-size`, no `--tokenizer`), whether its pieces, scores and types are too.
+`--verify` also times `data verify --bytes` on pgolf's dataset. With `--train-memory N,N,...` it
+measures instead the peak memory of training the tokenizer as `data prepare` trains it (the
+challenge's settings, `--vocab-size` pieces) on the first N documents, for each N.
 
 Other processes on the machine slow the wall time of both; CPU time is the fair comparison.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import random
@@ -159,6 +164,28 @@ def pieces(model: Path) -> list[tuple]:
     return [(sp.id_to_piece(i), sp.get_score(i), *(k(i) for k in kinds)) for i in range(sp.vocab_size())]
 
 
+TRAIN_CHILD = """
+import itertools, sys, tempfile
+from core.datasets.prepare import read_documents, training_texts
+from core.datasets.writers import train_tokenizer
+with tempfile.TemporaryDirectory() as tmp:
+    texts = itertools.islice(read_documents(sys.argv[1]), int(sys.argv[2]))
+    train_tokenizer(training_texts(texts), int(sys.argv[3]), tmp + "/t", exporter_limits=True)
+"""
+
+
+def train_memory(docs: Path, counts: list[int], vocab_size: int, work: Path) -> None:
+    """Peak memory of training the tokenizer as `data prepare` does on the first N documents, for each N."""
+    print(f"{'documents':>10} {'their bytes':>12} {'wall s':>7} {'peak MB':>8}")
+    for n in counts:
+        with docs.open("rb") as f:
+            size = sum(len(line) for line in itertools.islice(f, n))
+        row = measured(
+            [sys.executable, "-c", TRAIN_CHILD, str(docs), str(n), str(vocab_size)], str(work / f"train_{n}")
+        )
+        print(f"{n:10,} {size:12,} {row['wall_s']:7.1f} {row['peak_mb']:8.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="100M", help="documents file size: bytes, or with K, M, G")
@@ -170,6 +197,11 @@ def main() -> None:
     parser.add_argument("--val-docs", type=int, default=50_000)
     parser.add_argument("--shard-tokens", type=int, default=10**8)
     parser.add_argument("--verify", action="store_true", help="also time data verify --bytes")
+    parser.add_argument(
+        "--train-memory",
+        help="instead: the peak memory of training the tokenizer on the first N documents, for each N of "
+        "this comma-separated list",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -188,6 +220,9 @@ def main() -> None:
     with docs.open("rb") as f:
         count = sum(1 for _ in f)
     print(f"documents: {docs} ({docs.stat().st_size:,} bytes, {count:,} documents, {os.cpu_count()} CPUs)")
+    if args.train_memory:
+        train_memory(docs, [int(n) for n in args.train_memory.split(",")], args.vocab_size, work)
+        return
     settings = ["--val-docs", str(args.val_docs), "--shard-tokens", str(args.shard_tokens)]
     tok_flags = ["--tokenizer", str(Path(args.tokenizer).resolve())] if args.tokenizer else []
     tok_flags += ["--vocab-size", str(args.vocab_size)] if not args.tokenizer else []

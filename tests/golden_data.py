@@ -97,6 +97,24 @@ def write_export_docs(path: Path) -> Path:
     return path
 
 
+TRAIN_DOCS = 400  # the golden's tokenizer_train_docs: its tokenizer is trained on these first documents
+
+
+def write_train_docs_docs(path: Path) -> Path:
+    """Documents whose first TRAIN_DOCS differ from the rest, as JSON lines: paragraphs of the first
+    speeches, then paragraphs of the last twenty with WEB_HAZARDS written in (random.Random(0)), so that
+    a tokenizer trained on all of them is another."""
+    import random
+
+    from core.datasets.embedded import paragraphs, read_text, speech_files
+
+    files, rng = speech_files(), random.Random(0)
+    first = list(paragraphs(read_text(f) for f in files[:8]))[:TRAIN_DOCS]
+    rest = [with_hazards(p, rng, 2) for p in paragraphs(read_text(f) for f in files[-20:])][:1200]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in first + rest), encoding="utf-8")
+    return path
+
+
 def tokenizer_digest(model: Path) -> str:
     """SHA-256 of a SentencePiece model's pieces, scores and types, one "piece<TAB>score<TAB>type" line
     each (the model file itself also records where it was trained, which differs run to run)."""

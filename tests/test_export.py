@@ -1,10 +1,14 @@
 """Documents into shards at scale (core/datasets/export.py): the word-by-word encoding against
 SentencePiece's own on web-text hazards, for every kind of tokenizer pgolf makes or is given; the
-worker processes; the streamed shard writer; the counts of unknown tokens."""
+worker processes; the streamed shard writer; the counts of unknown tokens; and `data verify --bytes`
+reading the shards a piece at a time, naming the <unk> tokens and the bytes the challenge's tables
+drop for them."""
 
 from __future__ import annotations
 
+import json
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +20,12 @@ from sentencepiece import sentencepiece_model_pb2
 from core.common.errors import PgolfError
 from core.data.shards import read_shard
 from core.data.tokenizer import load_tokenizer
-from core.datasets import caseops, export
+from core.datasets import byte_proof, caseops, export
 from core.datasets.byte_counts import SPACE, TokenBytes
+from core.datasets.byte_proof import verify_bytes
 from core.datasets.embedded import paragraphs, read_text, speech_files
 from core.datasets.export import BatchEncoder, export_documents
+from core.datasets.prepare import prepare_docs
 from core.datasets.writers import ShardWriter, train_tokenizer, write_shard
 from tests.golden_data import WEB_HAZARDS, with_hazards
 
@@ -107,6 +113,7 @@ def test_the_guard_catches_a_wrong_cache(tokenizers):
         encode(["the nation", "a nation"])
 
 
+@pytest.mark.filterwarnings("ignore:the tokenizer has no byte fallback")
 def test_workers_give_the_same_shards(tokenizers, tmp_path, monkeypatch):
     sp, texts = load_tokenizer(tokenizers["sp1024"]), hazardous(2500, seed=1)
     monkeypatch.setattr(export, "ENCODE_BATCH", 100)  # 25 batches over 2 workers
@@ -172,3 +179,69 @@ def test_unknown_tokens_counted_from_the_text_as_from_the_pieces(tokenizers):
             for i, p in zip(ids, pieces, strict=True)
         ]
         assert counter.document_bytes(text, ids).tolist() == truth
+
+
+# ----------------------------------------------------- <unk>: prepare's warning, verify's counts
+@pytest.fixture(scope="module")
+def unknown_data(tmp_path_factory, challenge_dir) -> Path:
+    """Hazardous documents made a dataset with the challenge's sp1024 (no byte fallback), small shards."""
+    folder = tmp_path_factory.mktemp("unk")
+    docs = folder / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in hazardous(400, seed=3)), encoding="utf-8")
+    with pytest.warns(
+        UserWarning, match=r"^the tokenizer has no byte fallback: [\d,]+ <unk> tokens in [\d,]+ of 400 "
+    ):
+        prepare_docs(docs, folder / "data", "unk", val_docs=150, shard_tokens=4_000,
+                     tokenizer=challenge_dir / "fineweb_1024_bpe.model")  # fmt: skip
+    return folder / "data"
+
+
+def test_verify_names_the_unknown_tokens_and_the_bytes_the_tables_drop(unknown_data, challenge_dir):
+    sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
+    texts = [
+        json.loads(line)["text"] for line in (unknown_data.parent / "docs.jsonl").read_text().splitlines()
+    ]
+    unknown = docs_with = text = spaces = 0
+    for t in texts[:150]:  # the truth from SentencePiece's pieces
+        pieces = sp.encode_as_pieces(t)
+        runs = [j for j, p in enumerate(pieces) if sp.piece_to_id(p) == sp.unk_id()]
+        unknown, docs_with = unknown + len(runs), docs_with + bool(runs)
+        text += sum(len(pieces[j].encode()) for j in runs)
+        spaces += sum(
+            pieces[j + 1].startswith(SPACE) for j in runs if j + 1 < len(pieces) and j + 1 not in runs
+        )
+    proof = verify_bytes(unknown_data, "unk")
+    assert proof.exact and unknown > 20
+    assert (proof.unknown, proof.unknown_docs, proof.unknown_text, proof.unknown_spaces) == (
+        unknown,
+        docs_with,
+        text,
+        spaces,
+    )
+    assert proof.tables == proof.text - text - spaces  # <unk> is all the tables get wrong here
+    share = -(text + spaces) / proof.text
+    assert proof.lines[3] == (
+        f"<unk>: {unknown} tokens in {docs_with} documents stand for {text} bytes of characters the tokenizer "
+        "has no piece for (no byte fallback); the challenge's tables count them as 0 and drop the space of the "
+        f"token after: {text + spaces} bytes, {share:+.2%} against the documents"
+    )
+
+
+def test_verify_reads_the_shards_a_piece_at_a_time(unknown_data, monkeypatch):
+    whole = verify_bytes(unknown_data, "unk")
+    monkeypatch.setattr(byte_proof, "STORED_PIECE", 7)  # documents across pieces and across shards
+    assert verify_bytes(unknown_data, "unk") == whole
+    monkeypatch.setattr(export, "POOL_MIN_DOCS", 0)  # encoded by worker processes
+    assert verify_bytes(unknown_data, "unk") == whole
+
+
+def test_no_warning_with_byte_fallback(tokenizers, tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in hazardous(60)), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare_docs(
+            docs, tmp_path / "data", "bf", val_docs=20, shard_tokens=4_000, tokenizer=tokenizers["trained"]
+        )
+    proof = verify_bytes(tmp_path / "data", "bf")
+    assert proof.exact and proof.unknown == 0 and len(proof.lines) == 3

@@ -14,7 +14,14 @@ from core.common.errors import PgolfError
 from core.data.manifest import read_manifest
 from core.datasets import prepare
 from core.datasets.prepare import count_documents, prepare_docs, read_documents
-from tests.golden_data import CHALLENGE_EXPORT, shard_sha256, tokenizer_digest, write_export_docs
+from core.datasets.writers import available_memory, check_training_memory, training_memory
+from tests.golden_data import (
+    CHALLENGE_EXPORT,
+    shard_sha256,
+    tokenizer_digest,
+    write_export_docs,
+    write_train_docs_docs,
+)
 from tests.helpers import assert_one_line_error, cli, cli_after
 
 
@@ -45,6 +52,7 @@ def test_the_exporters_tokenizer_and_shards(export_docs, golden, tmp_path):
     assert made(tmp_path, "g") == golden["trained"]
 
 
+@pytest.mark.filterwarnings("ignore:the tokenizer has no byte fallback")  # sp1024: <unk> for what it lacks
 def test_the_exporters_shards_with_a_given_tokenizer(export_docs, golden, challenge_dir, tmp_path):
     s = golden["settings"]
     model = challenge_dir / "fineweb_1024_bpe.model"
@@ -209,6 +217,55 @@ prepare.training_texts = stopped
     }
     assert after == before
     assert not list(out.glob(".staging-*"))
+
+
+# ----------------------------------------------------- the tokenizer trained on the first documents
+def test_the_exporters_tokenizer_trained_on_the_first_documents(golden, tmp_path):
+    import hashlib
+
+    limited, s = golden["train_docs"], golden["settings"]
+    docs = write_train_docs_docs(tmp_path / "docs.jsonl")
+    assert hashlib.sha256(docs.read_bytes()).hexdigest() == limited["docs_sha256"]
+    prepare_docs(docs, tmp_path, "first", s["vocab_size"], s["val_docs"], s["shard_tokens"],
+                 tokenizer_train_docs=limited["tokenizer_train_docs"])  # fmt: skip
+    assert made(tmp_path, "first") == {"tokenizer": limited["tokenizer"], "shards": limited["shards"]}
+    prepare_docs(docs, tmp_path, "all", s["vocab_size"], s["val_docs"], s["shard_tokens"])
+    assert made(tmp_path, "all")["tokenizer"] == limited["tokenizer_on_all_docs"] != limited["tokenizer"]
+
+
+def test_a_training_set_too_big_for_the_memory_is_refused_up_front(export_docs, tmp_path):
+    size = export_docs.stat().st_size
+    limit = training_memory(size // 2)  # room for about half of the documents
+    with pytest.raises(
+        PgolfError, match=r"fewer with --tokenizer-train-docs N \(about [\d,]+ fit\)$"
+    ) as refused:
+        prepare_docs(export_docs, tmp_path / "data", "m", 512, 200, 50_000, memory_limit=limit)
+    total, message = count_documents(export_docs), str(refused.value)
+    assert message.startswith(f"training the tokenizer on {total:,} documents ({size / 1e6:,.0f} MB) needs ")
+    assert f"about {training_memory(size) / 1e6:,.0f} MB of memory" in message
+    assert (
+        f"1.4 bytes per byte of them, docs/tokenizers.md) and {limit / 1e6:,.0f} MB is available" in message
+    )
+    assert not (tmp_path / "data").exists()  # nothing read or written before the refusal
+    fits = int(message.rsplit("about ", 1)[1].split()[0].replace(",", ""))
+    assert total // 3 < fits < 2 * total // 3
+    check_training_memory(fits, prepare._leading_bytes(export_docs, fits), limit)  # the advice fits
+    with pytest.raises(PgolfError):
+        check_training_memory(total, size, limit)
+    assert (available_memory() or 0) > 0
+
+
+def test_tokenizer_train_docs_refusals(export_docs, tmp_path, challenge_dir):
+    out = str(tmp_path / "data")
+    refused = cli("data", "prepare", "--tokenizer-train-docs", "5", "--out", out)
+    assert_one_line_error(refused, "--tokenizer-train-docs goes with --docs")
+    assert refused.returncode == 2
+    model = str(challenge_dir / "fineweb_1024_bpe.model")
+    for flags in (["--tokenizer", model], []):
+        refused = cli("data", "prepare", "--docs", str(export_docs), "--tokenizer-train-docs",
+                      "0" if not flags else "5", *flags, "--out", out)  # fmt: skip
+        assert_one_line_error(refused, "--tokenizer-train-docs", "at least 1", "not with --tokenizer")
+    assert not (tmp_path / "data").exists()
 
 
 def test_the_trainers_own_refusal_is_one_line_without_its_source_location(tmp_path):

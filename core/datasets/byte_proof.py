@@ -10,10 +10,11 @@ also says what the challenge's own byte tables would count for this tokenizer, t
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from core.common.errors import PgolfError
-from core.common.files import file_sha256
+from core.common.files import file_sha256, open_regular
 from core.data.manifest import (
     documents_source,
     find_entries,
@@ -30,14 +31,16 @@ from core.data.manifest import (
     read_manifest,
     verify_dataset,
 )
-from core.data.shards import find_shards, read_shard
+from core.data.shards import HEADER_BYTES, check_ids, find_shards, read_shard_header
 from core.data.tables import byte_tables, stream_bytes
 from core.data.tokenizer import load_tokenizer
 from core.datasets import caseops
-from core.datasets.byte_counts import TokenBytes, normalized_bytes
+from core.datasets.byte_counts import TokenBytes, spelled_bytes
 from core.datasets.embedded import validation_documents
-from core.datasets.export import ENCODE_BATCH, batched
+from core.datasets.export import POOL_MIN_DOCS, encoded_batches
 from core.datasets.prepare import VAL_DOCS, read_documents
+
+STORED_PIECE = 1 << 20  # validation tokens read from a shard at a time
 
 
 @dataclass
@@ -49,6 +52,10 @@ class ByteProof:
     normalized_docs: int = 0  # documents the normalization changed
     tables: int = 0  # what the challenge's byte tables count
     sidecar: bool = False
+    unknown: int = 0  # <unk> tokens (a tokenizer without byte fallback)
+    unknown_docs: int = 0  # documents that hold one
+    unknown_text: int = 0  # bytes of the text they stand for, which the challenge's tables count as 0
+    unknown_spaces: int = 0  # bytes of the spaces of the tokens after them, which those tables drop too
     difference: str = ""  # the first document and token where scoring and text part
     lines: list[str] = field(default_factory=list)
 
@@ -84,7 +91,8 @@ def verify_bytes(
     val_docs: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ByteProof:
-    """Compare dataset `name`'s validation byte counts with its documents' text, document by document."""
+    """Compare dataset `name`'s validation byte counts with its documents' text, document by document
+    (memory holds a few batches of documents and a piece of a shard, whatever the split's size)."""
     root, say = Path(root), progress or (lambda message: None)
     found = find_entries(read_manifest(root), name)
     if found is None:
@@ -95,59 +103,106 @@ def verify_bytes(
     folder = root / manifest_path(entry.get("path") or f"datasets/{name}")
     texts, n = _documents(root, name, entry, Path(docs) if docs else None, val_docs)
     files = find_shards(folder, "val")
-    tokens = np.concatenate([read_shard(f) for f in files]).astype(np.int64)
-    tables = byte_tables(sp, max(sp.vocab_size(), int(tokens.max()) + 1))
-    stock = stream_bytes(tokens, tables)
     proof = ByteProof(sidecar=any(folder.glob("fineweb_val_bytes_*.bin")))
-    if proof.sidecar:
-        scoring = np.concatenate(
-            [read_shard(f.with_name(f.name.replace("_val_", "_val_bytes_"))) for f in files]
-        )
-        scoring = scoring.astype(np.int64)
-    else:
-        scoring = stock
-    if len(scoring) != len(tokens):
-        raise PgolfError(f"dataset {name}: the byte sidecar does not hold one entry per validation token")
+    sidecars = [f.with_name(f.name.replace("_val_", "_val_bytes_")) for f in files] if proof.sidecar else []
+    tables = byte_tables(sp, sp.vocab_size())
     case_ops = tok_entry.get("text_transform") == caseops.TRANSFORM
     fragments = caseops.piece_fragments(sp) if case_ops else []
-    counter = TokenBytes(sp)
-    starts = [*np.flatnonzero(tokens == sp.bos_id()).tolist(), len(tokens)]
-    if len(starts) - 1 != n or starts[0] != 0:
-        raise PgolfError(
-            f"dataset {name}: its validation shards hold {len(starts) - 1} documents (BOS {sp.bos_id()}), "
-            f"the documents' first {n:,} were expected"
-        )
+    counter, unk = TokenBytes(sp), sp.unk_id()
+    stored = _stored_documents(name, files, sidecars, sp.bos_id(), sp.vocab_size())
+    workers = (os.cpu_count() or 1) if n >= POOL_MIN_DOCS else 1
     i = 0
-    for batch in batched(texts, ENCODE_BATCH):
-        inputs = [caseops.encode(t) for t in batch] if case_ops else batch
-        for text, encoded in zip(batch, sp.encode(inputs, num_threads=os.cpu_count() or 1), strict=True):
-            start, end = starts[i] + 1, starts[i + 1]
-            ids = tokens[start:end]
-            if not np.array_equal(ids, encoded):
+    # SentencePiece's own encoding, document by document, not the word cache that made the shards
+    for batch, stream, lengths in encoded_batches(texts, sp, sp.bos_id(), case_ops, workers, by_words=False):
+        encoded = np.frombuffer(stream, dtype="<u2")
+        for text, end, length in zip(batch, np.cumsum(lengths), lengths, strict=True):
+            tokens, sidecar = next(stored, (None, None))
+            if tokens is None:
+                raise _count_error(name, i, sp.bos_id(), n)  # fewer documents stored than given
+            if not np.array_equal(tokens, encoded[end - length : end]):
                 raise PgolfError(
                     f"dataset {name}: validation document {i}'s tokens are not those its text encodes to: "
                     "these documents did not make this dataset"
                 )
+            ids, stock = tokens[1:], stream_bytes(tokens, tables)[1:]
+            scoring = stock if sidecar is None else sidecar[1:].astype(np.int64)
             if case_ops:
                 truth, text_bytes = (
-                    caseops.token_bytes(fragments, encoded, text).astype(np.int64),
+                    caseops.token_bytes(fragments, ids, text).astype(np.int64),
                     len(text.encode()),
                 )
             else:
-                truth, text_bytes = counter.counts(text, ids), normalized_bytes(sp, text)
+                normalized = sp.normalize(text)
+                truth, text_bytes = counter.counts(text, ids, normalized), spelled_bytes(normalized)
             raw = len(text.encode("utf-8"))
             proof.documents += 1
-            proof.scoring += int(scoring[start:end].sum())
+            proof.scoring += int(scoring.sum())
             proof.text += text_bytes
             proof.raw += raw
             proof.normalized_docs += raw != text_bytes
-            proof.tables += int(stock[start:end].sum())
+            proof.tables += int(stock.sum())
+            unknown = np.flatnonzero(ids == unk)
+            if unknown.size:
+                after = np.setdiff1d(unknown[unknown + 1 < len(ids)] + 1, unknown)  # the token after each run
+                proof.unknown += unknown.size
+                proof.unknown_docs += 1
+                proof.unknown_text += int(truth[unknown].sum())
+                proof.unknown_spaces += int((truth[after] - stock[after]).sum())
             if not proof.difference:
-                proof.difference = _first_difference(sp, i, ids, scoring[start:end], truth, text_bytes)
+                proof.difference = _first_difference(sp, i, ids, scoring, truth, text_bytes)
             i += 1
         say(f"checked {i:,}/{n:,} validation documents")
+    held = i + sum(1 for _ in stored)
+    if held != n:
+        raise _count_error(name, held, sp.bos_id(), n)
+    if i != n:
+        raise PgolfError(f"dataset {name}: the documents hold {i:,}, its first {n:,} were validation")
     proof.lines = _lines(proof)
     return proof
+
+
+def _count_error(name: str, held: int, bos: int, expected: int) -> PgolfError:
+    return PgolfError(
+        f"dataset {name}: its validation shards hold {held:,} documents (BOS {bos}), the documents' "
+        f"first {expected:,} were expected"
+    )
+
+
+def _stored_documents(
+    name: str, files: list[Path], sidecars: list[Path], bos: int, vocab_size: int
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """Each document of the validation shards (its tokens, BOS first) and its byte sidecar's entries
+    (None without one), read STORED_PIECE tokens at a time: documents may span shards."""
+    tokens, counts = np.zeros(0, np.uint16), np.zeros(0, np.uint16)
+    for k, path in enumerate(files):
+        size = read_shard_header(path)
+        if sidecars and read_shard_header(sidecars[k]) != size:
+            raise PgolfError(f"dataset {name}: the byte sidecar does not hold one entry per validation token")
+        with contextlib.ExitStack() as stack:
+            shards = [stack.enter_context(open_regular(f, "shard")) for f in [path, *sidecars[k : k + 1]]]
+            for f in shards:
+                f.seek(HEADER_BYTES)
+            for start in range(0, size, STORED_PIECE):
+                pieces = [_read_tokens(f, min(STORED_PIECE, size - start)) for f in shards]
+                check_ids(pieces[0], vocab_size, path)
+                tokens = np.concatenate([tokens, pieces[0]])
+                counts = np.concatenate([counts, pieces[1]]) if sidecars else counts
+                starts = np.flatnonzero(tokens == bos)
+                if k == 0 and start == 0 and (not starts.size or starts[0] != 0):
+                    raise PgolfError(f"dataset {name}: its validation shards do not start with BOS {bos}")
+                for a, b in itertools.pairwise(starts):
+                    yield tokens[a:b], counts[a:b] if sidecars else None
+                last = starts[-1] if starts.size else 0
+                tokens, counts = tokens[last:], counts[last:] if sidecars else counts
+    if tokens.size:
+        yield tokens, counts if sidecars else None
+
+
+def _read_tokens(f, count: int) -> np.ndarray:
+    data = f.read(2 * count)
+    if len(data) != 2 * count:  # cut after its header was checked
+        raise PgolfError(f"shard {f.name}: shorter than its header says")
+    return np.frombuffer(data, dtype="<u2")
 
 
 def _first_difference(sp, doc: int, ids, scoring, truth, text_bytes: int) -> str:
@@ -174,6 +229,14 @@ def _lines(proof: ByteProof) -> list[str]:
         f"challenge tables: {proof.tables} bytes, {error:+.2%} against the documents"
         + ("" if proof.tables == proof.text else " (a stock train_gpt.py would divide by these)")
     )
+    if proof.unknown:
+        dropped = proof.unknown_text + proof.unknown_spaces
+        lines.append(
+            f"<unk>: {proof.unknown} tokens in {proof.unknown_docs} documents stand for {proof.unknown_text} bytes "
+            "of characters the tokenizer has no piece for (no byte fallback); the challenge's tables count them "
+            f"as 0 and drop the space of the token after: {dropped} bytes, "
+            f"{-dropped / proof.text if proof.text else 0.0:+.2%} against the documents"
+        )
     if proof.difference:
         lines.append(proof.difference)
     return lines

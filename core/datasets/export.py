@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -52,7 +53,9 @@ class BatchEncoder:
     """A batch of documents into one token stream, `[bos] + sp.encode(text)` each, and each document's
     length, through a cache of each word's tokens (this module's docstring)."""
 
-    def __init__(self, model: bytes, bos: int, case_ops: bool, cache_words: int = CACHE_WORDS):
+    def __init__(
+        self, model: bytes, bos: int, case_ops: bool, cache_words: int = CACHE_WORDS, by_words: bool = True
+    ):
         self.sp, self.case_ops, self.cache_words = (
             spm.SentencePieceProcessor(model_proto=model),
             case_ops,
@@ -60,7 +63,7 @@ class BatchEncoder:
         )
         self.bos, self.bos_bytes = bos, _uint16([bos])
         # a piece written before "▁" + word to encode a word alone; None: documents are encoded whole
-        self.anchor = _anchor(self.sp) if self.sp.is_control(bos) else None
+        self.anchor = _anchor(self.sp) if by_words and self.sp.is_control(bos) else None
         # HEAD + what comes before a document's first "▁" -> BOS and its tokens; a word (what follows
         # a "▁") -> the tokens of "▁" + word
         self.known: dict[str, bytes] = {}
@@ -153,7 +156,7 @@ class Workers:
     come back in the same order over their stdout, pickled; each worker reads its stdin on a thread of
     its own, so neither side ever waits on a full pipe."""
 
-    def __init__(self, count: int, model: bytes, bos: int, case_ops: bool):
+    def __init__(self, count: int, settings: tuple):
         path = [str(_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.procs = [
@@ -166,8 +169,12 @@ class Workers:
             for _ in range(count)
         ]
         self.sent = self.received = 0
-        for proc in self.procs:
-            self._send(proc, (model, bos, case_ops))
+        try:
+            for proc in self.procs:
+                self._send(proc, settings)  # BatchEncoder's
+        except PgolfError:
+            self.close()
+            raise
 
     def submit(self, texts: list[str]) -> None:
         self._send(self.procs[self.sent % len(self.procs)], texts)
@@ -237,18 +244,24 @@ def serve() -> None:
 
 
 def encoded_batches(
-    docs: Iterable[str], sp: spm.SentencePieceProcessor, bos: int, case_ops: bool, workers: int
+    docs: Iterable[str],
+    sp: spm.SentencePieceProcessor,
+    bos: int,
+    case_ops: bool,
+    workers: int,
+    by_words: bool = True,
 ) -> Iterator[tuple[list[str], bytes, np.ndarray]]:
-    """(documents, their token stream, their lengths) batch by batch, in order; `workers` processes
-    encode while the caller works on the batches before, a few batches ahead at most."""
+    """(documents, their token stream, their lengths) batch by batch, in order (`BatchEncoder`; without
+    `by_words`, each document encoded whole by SentencePiece); `workers` processes encode while the
+    caller works on the batches before, a few batches ahead at most."""
     batches = batched(docs, ENCODE_BATCH)
-    model = sp.serialized_model_proto()
+    settings = (sp.serialized_model_proto(), bos, case_ops, CACHE_WORDS, by_words)
     if workers <= 1:
-        encode = BatchEncoder(model, bos, case_ops)
+        encode = BatchEncoder(*settings)
         for texts in batches:
             yield texts, *encode(texts)
         return
-    pool = Workers(workers, model, bos, case_ops)
+    pool = Workers(workers, settings)
     try:
         pending: deque[list[str]] = deque()
         for texts in batches:
@@ -370,6 +383,13 @@ def export_documents(
             writer.discard()
     counts["files_val"], counts["files_train"] = writers["val"].files, writers["train"].files
     counts["tables_exact"] = tables_exact
+    if counts["unknown"]:
+        warnings.warn(
+            f"the tokenizer has no byte fallback: {counts['unknown']:,} <unk> tokens in "
+            f"{counts['unknown_docs']:,} of {done:,} documents stand for characters it has no piece for, "
+            "which the challenge's byte tables count as 0 bytes (docs/tokenizers.md)",
+            stacklevel=2,
+        )
     return counts
 
 

@@ -22,6 +22,7 @@ renames: the manifest the new one, the link the old one); Ctrl-C and SIGTERM wai
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -53,7 +54,7 @@ from core.data.shards import MAX_VOCAB
 from core.data.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer
 from core.datasets import caseops
 from core.datasets.export import Progress, export_documents
-from core.datasets.writers import train_tokenizer, write_tokenizer
+from core.datasets.writers import available_memory, check_training_memory, train_tokenizer, write_tokenizer
 
 SHARD_TOKENS = 10**8  # tokens per shard, as in the challenge export
 VAL_DOCS = 50_000  # the challenge's validation split: its first 50,000 documents
@@ -96,6 +97,35 @@ def count_documents(path: str | Path) -> int:
         except OSError as exc:
             raise PgolfError(f"documents {path}: cannot read ({exc.strerror or exc})") from None
     return lines + (last != b"\n")
+
+
+def _leading_bytes(path: Path, docs: int) -> int:
+    """The bytes of the first `docs` documents of `path` as stored (.txt files, or JSON lines)."""
+    if path.is_dir():
+        return sum(_size(file) for file in sorted(path.glob("*.txt"))[:docs])
+    size = 0
+    with open_regular(path, "documents") as f:
+        try:
+            while docs > 0 and (piece := f.read(1 << 24)):
+                lines = piece.count(b"\n")
+                if lines < docs:
+                    size, docs = size + len(piece), docs - lines
+                    continue
+                end = -1
+                for _ in range(docs):  # the last piece: up to its docs-th newline
+                    end = piece.index(b"\n", end + 1)
+                return size + end + 1
+        except OSError as exc:
+            raise PgolfError(f"documents {path}: cannot read ({exc.strerror or exc})") from None
+    return size
+
+
+def _size(file: Path) -> int:
+    """Its bytes; 0 where it cannot be read (reading it says why)."""
+    try:
+        return file.stat().st_size
+    except OSError:
+        return 0
 
 
 def _check_docs_path(path: Path) -> None:
@@ -380,12 +410,15 @@ def prepare_docs(
     tokenizer: str | Path | None = None,
     case_ops: bool = False,
     progress: Progress | None = None,
+    tokenizer_train_docs: int | None = None,
+    memory_limit: int | None = None,
 ) -> dict[str, Any]:
     """A dataset and tokenizer from the documents at `docs_path`, as the challenge's exporter makes them.
 
     The first `val_docs` documents are validation. Without `tokenizer` a BPE tokenizer of `vocab_size`
-    pieces (default 1024) is trained on every document with the challenge's recipe; with it, that
-    SentencePiece model is used as it is. `case_ops` applies the lossless case transform first
+    pieces (default 1024) is trained on every document, or on the first `tokenizer_train_docs`, with the
+    challenge's recipe, once the memory that needs is found to fit `memory_limit` bytes (default: what
+    the machine has available); with `tokenizer`, that SentencePiece model is used as it is. `case_ops` applies the lossless case transform first
     (core/datasets/caseops.py): its tokenizer keeps the text as it is, and the validation shards get
     their byte sidecar. The dataset is `name` (default `<docs file stem>_sp<V>`), its tokenizer
     `tokenizers/<name>.model`.
@@ -395,6 +428,11 @@ def prepare_docs(
         raise PgolfError(f"--shard-tokens must be at least 1, got {shard_tokens}")
     if vocab_size is not None and not 1 < vocab_size <= MAX_VOCAB:
         raise PgolfError(f"--vocab-size must be in 2..{MAX_VOCAB} (uint16 shards), got {vocab_size}")
+    if tokenizer_train_docs is not None and (tokenizer is not None or tokenizer_train_docs < 1):
+        raise PgolfError(
+            f"--tokenizer-train-docs {tokenizer_train_docs}: a number of documents, at least 1, to train "
+            "a tokenizer on (not with --tokenizer)"
+        )
     if tokenizer is not None:
         given = load_tokenizer(tokenizer)
         if vocab_size is not None and given.vocab_size() != vocab_size:
@@ -416,12 +454,16 @@ def prepare_docs(
             f"{docs_path} holds {total:,} documents: --val-docs {val_docs:,} must leave at least one "
             "for training and be at least 1"
         )
+    train_docs = total if tokenizer_train_docs is None else min(tokenizer_train_docs, total)
+    if tokenizer is None:
+        limit = available_memory() if memory_limit is None else memory_limit
+        check_training_memory(train_docs, _leading_bytes(docs_path, train_docs), limit)
 
     def make_tokenizer(prefix: Path) -> Path:
         if tokenizer is not None:
             return write_tokenizer(read_file(tokenizer, "tokenizer", MAX_TOKENIZER_BYTES), prefix)
-        say(f"training a {vocab_size}-piece BPE tokenizer on {total:,} documents")
-        texts = read_documents(docs_path)
+        say(f"training a {vocab_size}-piece BPE tokenizer on {train_docs:,} documents")
+        texts = itertools.islice(read_documents(docs_path), train_docs)
         model = train_tokenizer(
             training_texts(caseops.encode(t) for t in texts) if case_ops else training_texts(texts),
             vocab_size, prefix, user_symbols=caseops.OPERATORS if case_ops else (), lossless=case_ops,

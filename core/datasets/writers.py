@@ -15,8 +15,13 @@ import numpy as np
 import sentencepiece as spm
 
 from core.common.errors import PgolfError, first_line
-from core.common.files import remove_stale_temps, sync, write_atomic
+from core.common.files import read_text, remove_stale_temps, sync, write_atomic
 from core.data.shards import HEADER_BYTES, HEADER_INTS, SHARD_MAGIC, SHARD_VERSION
+
+# SentencePiece's BPE trainer keeps its training text in memory: its peak resident memory, measured
+# with the challenge's settings (docs/tokenizers.md), against the bytes of the training documents.
+TRAIN_MEMORY_BASE = 100 * 2**20
+TRAIN_MEMORY_PER_BYTE = 1.4
 
 
 def write_shard(path: str | Path, tokens: np.ndarray) -> Path:
@@ -172,10 +177,50 @@ def train_tokenizer(
             raise raised[0] from None
         # "INTERNAL: src/trainer_interface.cc(638) [condition] what": the staging file and the check are no news
         reason = re.sub(r"^\w+: \S+\(\d+\) \[.*?\] ", "", first_line(exc))
-        raise PgolfError(f"cannot train a {vocab_size}-piece tokenizer on these documents: {reason}") from None  # fmt: skip
+        raise PgolfError(
+            f"cannot train a {vocab_size}-piece tokenizer on these documents: {reason}"
+        ) from None
     if raised:
         raise raised[0]
     return write_tokenizer(model.getvalue(), prefix)
+
+
+def training_memory(doc_bytes: int) -> int:
+    """Bytes of memory training a tokenizer on documents of `doc_bytes` bytes needs (an estimate)."""
+    return int(TRAIN_MEMORY_BASE + TRAIN_MEMORY_PER_BYTE * doc_bytes)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give a process now without swapping (Linux's MemAvailable, else
+    the free pages the system reports), or None where it does not say."""
+    try:
+        for line in read_text("/proc/meminfo", "memory information", 1 << 20).splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (PgolfError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_training_memory(docs: int, doc_bytes: int, available: int | None) -> None:
+    """Refuse, before any document is read, to train a tokenizer on `docs` documents of `doc_bytes` bytes
+    when it needs more than `available` bytes of memory (None: no limit known)."""
+    need = training_memory(doc_bytes)
+    if available is None or need <= available:
+        return
+    fits = int(docs * max(available - TRAIN_MEMORY_BASE, 0) / max(need - TRAIN_MEMORY_BASE, 1))
+
+    def gb(n: int) -> str:
+        return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.0f} MB"
+
+    raise PgolfError(
+        f"training the tokenizer on {docs:,} documents ({gb(doc_bytes)}) needs about {gb(need)} of memory "
+        f"(SentencePiece keeps about {TRAIN_MEMORY_PER_BYTE} bytes per byte of them, docs/tokenizers.md) "
+        f"and {gb(available)} is available: train it on fewer with --tokenizer-train-docs N (about {fits:,} fit)"
+    )
 
 
 def write_tokenizer(proto: bytes, model_prefix: str | Path) -> Path:

@@ -14,7 +14,10 @@ It writes ``tests/golden/challenge_export.json``: the documents (tests/golden_da
 ``write_export_docs``: paragraphs of the embedded corpus, and lines with accents, CJK, emoji, runs of
 spaces and a NUL) and their SHA-256, the export's settings, the SHA-256 of its tokenizer's pieces,
 scores and types (``tokenizer_digest``) and of each shard, once trained and once reusing the
-challenge's sp1024 model (its ``--reuse_sp_model``), and what made them: SentencePiece's version and the threads. The
+challenge's sp1024 model (its ``--reuse_sp_model``); under "train_docs", the same for documents whose
+first ``TRAIN_DOCS`` differ from the rest (``write_train_docs_docs``) with the tokenizer trained on
+those only (its ``--tokenizer-train-docs``), and the digest of the tokenizer trained on all of them;
+and what made them: SentencePiece's version and the threads. The
 tokenizer's trainer runs on SentencePiece's default threads (16); BPE merges are counted exactly,
 so the pieces do not depend on them, which the test's agreement on another machine confirms.
 
@@ -40,7 +43,14 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.golden_data import CHALLENGE_EXPORT, shard_sha256, tokenizer_digest, write_export_docs  # noqa: E402
+from tests.golden_data import (  # noqa: E402
+    CHALLENGE_EXPORT,
+    TRAIN_DOCS,
+    shard_sha256,
+    tokenizer_digest,
+    write_export_docs,
+    write_train_docs_docs,
+)
 
 MIRROR_COMMIT = "4908dc46f21ed3fdd08d2fdca285deb2194b9599"
 EXPORTER_BLOB = "dcabd40b75e1befaacd503d072b049aa09b2923a"
@@ -65,13 +75,21 @@ def exporter():
 
 
 def export(
-    module, docs: Path, vocab_size: int, val_docs: int, shard_tokens: int, reuse: Path | None = None
+    module,
+    docs: Path,
+    vocab_size: int,
+    val_docs: int,
+    shard_tokens: int,
+    reuse: Path | None = None,
+    train_docs: int | None = None,
 ) -> dict:
     """Digests of the exporter's tokenizer and shards for `docs`, in a temporary folder."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"name": f"sp_bpe_{vocab_size}", "vocab_size": vocab_size}
         if reuse is not None:
             spec["reuse_model_path"] = str(reuse)
+        if train_docs is not None:  # as its --tokenizer-train-docs sets it
+            spec["tokenizer_train_docs"] = train_docs
         tok = module.build_sentencepiece_tokenizer(
             spec=spec, docs_jsonl=docs, tokenizers_dir=Path(tmp) / "tokenizers"
         )
@@ -107,6 +125,10 @@ def main() -> None:
         trained = export(module, docs, **SETTINGS)
         # Reusing another model: the challenge's own sp1024 (no byte fallback: <unk> for what it lacks).
         reused = export(module, docs, **{**SETTINGS, "vocab_size": 1024}, reuse=REUSED)
+        # The tokenizer trained on the first TRAIN_DOCS documents only, which differ from the rest.
+        limited_docs = write_train_docs_docs(Path(tmp) / "limited.jsonl")
+        limited = export(module, limited_docs, **SETTINGS, train_docs=TRAIN_DOCS)
+        on_all = export(module, limited_docs, **SETTINGS)
         golden = {
             "made_with": {
                 "exporter": f"openai/parameter-golf {MIRROR_COMMIT} data/download_hf_docs_and_tokenize.py",
@@ -119,6 +141,12 @@ def main() -> None:
             "settings": SETTINGS,
             "trained": trained,
             "reused": reused,
+            "train_docs": {
+                "docs_sha256": hashlib.sha256(limited_docs.read_bytes()).hexdigest(),
+                "tokenizer_train_docs": TRAIN_DOCS,
+                **limited,
+                "tokenizer_on_all_docs": on_all["tokenizer"],
+            },
         }
     CHALLENGE_EXPORT.write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {CHALLENGE_EXPORT}: {len(trained['shards'])} shards")
