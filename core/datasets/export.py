@@ -2,11 +2,11 @@
 
 `export_documents` gives the tokens the challenge's exporter gives (`sp.encode` of each document, BOS
 first), with less work: a document's tokens are those of its words, so each word is encoded once and
-looked up after that (`WordEncoder`). SentencePiece normalizes a text (NFKC, whitespace folded, each
+looked up after that (`BatchEncoder`). SentencePiece normalizes a text (NFKC, whitespace folded, each
 space "▁") and then merges pieces; no piece holds a "▁" past its first character, so no merge crosses
 the start of a word, and the tokens of a text are the tokens of each of its words ("▁" and what
 follows, up to the next "▁") in turn. A tokenizer for which that cannot be checked from its pieces is
-used as it is. One document in SPOT_CHECK is also encoded whole and compared, as a guard.
+used as it is. One document a batch is also encoded whole and compared, as a guard.
 
 Worker processes (one a core) encode batches of documents while this one reads the next and writes
 the shards (core/datasets/writers.py's ShardWriter): memory holds a few batches, never a shard.
@@ -68,6 +68,7 @@ class BatchEncoder:
         # a "▁") -> the tokens of "▁" + word
         self.known: dict[str, bytes] = {}
         self.batches = 0
+        self.chunks_whole = 0  # chunks of documents encoded whole, though the tokenizer allows words
 
     def __call__(self, texts: list[str]) -> tuple[bytes, np.ndarray]:
         if self.case_ops:
@@ -75,6 +76,7 @@ class BatchEncoder:
         streams, lengths = [], []
         for chunk in batched(texts, WORD_CHUNK):  # a few MB of words at a time
             done = self._by_words(chunk) if self.anchor is not None else None
+            self.chunks_whole += done is None and self.anchor is not None
             stream, counts = done or self._whole(chunk)
             streams.append(stream)
             lengths.append(counts)
@@ -104,16 +106,19 @@ class BatchEncoder:
         try:
             stream = b"".join(map(self.known.__getitem__, parts))
         except KeyError:
-            if not self._learn(set(parts).difference(self.known)):
+            if not self._learn(parts):
                 return None
             stream = b"".join(map(self.known.__getitem__, parts))
         tokens = np.frombuffer(stream, dtype="<u2")
         return stream, np.diff(np.append(np.flatnonzero(tokens == self.bos), len(tokens)))
 
-    def _learn(self, new: set[str]) -> bool:
-        """Encode the words and heads in `new` alone; False where one does not encode alone as in a text."""
+    def _learn(self, parts: list[str]) -> bool:
+        """Encode alone the words and heads of `parts` not known yet; False where one does not encode alone
+        as it does in a text."""
+        new = set(parts).difference(self.known)
         if len(self.known) + len(new) > self.cache_words:
-            self.known.clear()  # the next batch learns again what it needs
+            self.known.clear()  # full: start over with what these parts need
+            new = set(parts)
         new_words = [part for part in new if not part.startswith(HEAD)]
         heads = [part[1:] for part in new if part.startswith(HEAD)]
         alone = [self.anchor + SPACE + word for word in new_words]
