@@ -115,10 +115,10 @@ class BatchEncoder:
     def _learn(self, parts: list[str]) -> bool:
         """Encode alone the words and heads of `parts` not known yet; False where one does not encode alone
         as it does in a text."""
-        new = set(parts).difference(self.known)
-        if len(self.known) + len(new) > self.cache_words:
-            self.known.clear()  # full: start over with what these parts need
-            new = set(parts)
+        needed = set(parts)
+        new = needed.difference(self.known)
+        if len(self.known) + len(new) > self.cache_words:  # full: keep only what these parts need
+            self.known = {part: self.known[part] for part in needed if part in self.known}
         new_words = [part for part in new if not part.startswith(HEAD)]
         heads = [part[1:] for part in new if part.startswith(HEAD)]
         alone = [self.anchor + SPACE + word for word in new_words]
