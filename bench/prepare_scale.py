@@ -120,6 +120,7 @@ def measured(command: list[str], label: str) -> dict:
         "sys_s": usage.ru_stime,
         "peak_mb": sum(peaks.values()) / 1024,
         "processes": len(peaks),
+        "each_mb": [peaks[child.pid] / 1024] + [kib / 1024 for pid, kib in peaks.items() if pid != child.pid],
     }
 
 
@@ -263,6 +264,12 @@ def main() -> None:
             f"{label:22} {row['wall_s']:8.1f} {row['user_s']:8.1f} {row['sys_s']:7.1f} {row['peak_mb']:8.0f} "
             f"{row['processes']:9} {1e9 * cpu / tokens:13.1f}"
         )
+    for label, row in rows.items():
+        if row["processes"] > 1:
+            print(
+                f"{label}: peak MB of each process, the first its own: "
+                + ", ".join(f"{mb:.0f}" for mb in row["each_mb"])
+            )
     if args.exporter:
         theirs = shard_digests(work / "exporter" / "datasets" / "bench")
         print(f"shards identical: {ours == theirs} ({len(theirs)} from the exporter, {len(ours)} from pgolf)")

@@ -272,7 +272,7 @@ def encoded_batches(
         for texts in batches:
             pool.submit(texts)
             pending.append(texts)
-            if len(pending) > 2 * workers:
+            if len(pending) > workers:  # each worker a batch in hand, and the next one waiting
                 yield pending.popleft(), *pool.result()
         while pending:
             yield pending.popleft(), *pool.result()
