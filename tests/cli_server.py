@@ -1,5 +1,5 @@
 """`python cli.py ARGS` for the tests, without paying for the heavy imports each time: a test helper, not
-part of pgolf (tests/helpers.py's `cli` starts it, one per test worker).
+part of pgolf (tests/support/cli.py's `cli` starts it, one per test worker).
 
 It imports the libraries every command needs and that take seconds (PyTorch, its compiler stack that
 an optimizer loads, numpy, typer, rich), nothing of pgolf's, then reads one request per line on its
@@ -13,7 +13,7 @@ ended it, as subprocess gives it). Only those two lines come back: the command's
 The server starts no thread (checked before each fork: a forked process gets a copy of a lock another
 thread held, and no thread to release it), so a command begins as in a fresh process, the imports done.
 The BLAS libraries start their threads when they load, so the server runs with one BLAS thread
-(tests/helpers.py sets it), as the test workers do.
+(tests/support/cli.py sets it), as the test workers do.
 """
 
 from __future__ import annotations

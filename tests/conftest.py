@@ -1,11 +1,11 @@
 """Shared fixtures: a small real dataset built from the embedded corpus, the challenge files, a mixed-format
-model; and the suite made hermetic (`hermetic` below)."""
+model, a checkpoint; and the suite made hermetic (`hermetic` below). What they are built from, and what the
+tests share besides, is in tests/support/ by subject."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +14,10 @@ import pytest
 from core.artifact.checkpoint import Checkpoint, save_checkpoint
 from core.artifact.mixed import quantize_mixed
 from core.artifact.rowquant import Clip
-from core.config.fields import ENV_ALIASES, Config, field_names
+from core.config.fields import ENV_ALIASES, field_names
 from core.config.presets import PRESETS, RECORD_ENV_MARKS, preset
-from tests.helpers import CHALLENGE, hessian, model_state, ramp
+from tests.support.artifacts import hessian, model_state, ramp
+from tests.support.data import CHALLENGE, Dataset
 
 # Hermetic: no setting of the user's environment reaches a test or what it starts (config fields' upstream
 # names, a record's marks, torchrun's ranks, pgolf's cache folder).
@@ -36,23 +37,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers: one thread 
 SYSTEM_OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0")
 if not os.environ.get("PYTEST_XDIST_WORKER") and "LD_PRELOAD" not in os.environ and SYSTEM_OPENBLAS.is_file():
     os.environ.update(LD_PRELOAD=str(SYSTEM_OPENBLAS), OPENBLAS_NUM_THREADS="1")
-
-
-@dataclass(frozen=True)
-class Dataset:
-    root: Path
-    data_path: Path
-    tokenizer_path: Path
-    vocab_size: int
-
-    def config(self, name: str = "smoke", **changes) -> Config:
-        """A preset pointed at this dataset."""
-        return preset(name).replace(
-            data_path=str(self.data_path),
-            tokenizer_path=str(self.tokenizer_path),
-            vocab_size=self.vocab_size,
-            **changes,
-        )
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,9 @@ from core.common.errors import PgolfError
 from core.model import backend as backends
 from core.runs.summary import read_metrics, summarize, val_curve
 from core.train.managed import BehindReference, reference_bpb, train_managed
-from tests.helpers import cli, data_flags, make_backend, needs
+from tests.support.backends import make_backend, needs
+from tests.support.cli import cli, data_flags
+from tests.support.runs import VARIANTS, fake_run, write_spec
 
 STEPS = 2
 TOO_HOT = {"tied_embed_lr": 1.0, "matrix_lr": 0.2}  # learning rates far too high: a run deliberately worse
@@ -117,17 +119,18 @@ def test_the_cli_stops_with_status_4_one_line_and_runs_says_why(sotu_dataset, re
 def test_a_sweep_counts_a_run_stopped_behind_apart_from_failures(tmp_path):
     from core.runs import sweep as sw
     from core.train.rundir import RunDir
-    from tests.helpers import VARIANTS, fake_sweep_run, write_spec
 
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
     behind, failed = plan.runs[0], plan.runs[1]
-    fake_sweep_run(behind, None, checkpoint=True)  # a checkpoint, as a stopped run has: it would be resumed
+    fake_run(
+        behind.path, behind.cfg, sweep=True, curve=3, finished=False, checkpoint=True
+    )  # a checkpoint, as a stopped run has: it would be resumed
     folder = RunDir(behind.path.parent, behind.run_id, reuse=True)
     folder.metric(
         {"kind": "stopped", "why": "behind runs/ref", "step": 2, "val_bpb": 5.0, "reference_val_bpb": 3.0}
     )
     folder.close()
-    fake_sweep_run(failed, None, failed="error: no such shard")
+    fake_run(failed.path, failed.cfg, sweep=True, curve=3, finished=False, failed="error: no such shard")
     assert (sw.run_state(behind), sw.run_state(failed)) == (sw.BEHIND, sw.FAILED)
     states = {m["run"]: (m["state"], m["error"]) for m in sw.report(plan)["not_finished"]}
     assert states[behind.run_id] == ("behind", "stopped behind runs/ref")

@@ -31,7 +31,9 @@ from core.model.params import artifact_classes, head_weight_name, param_shapes, 
 from core.train.calibration import calibrate_gptq
 from core.train.loop import train_loader
 from tests.golden_data import GOLDEN, RECORD_PTZ, goldens
-from tests.helpers import BACKENDS, LOOPS_LANES, busy_params, cli, int8_stats, make_backend, needs
+from tests.support.artifacts import int8_stats
+from tests.support.backends import BACKENDS, LOOPS_LANES, busy_params, make_backend, needs
+from tests.support.cli import cli
 
 # A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor and are quantized.
 WIDE = {"mlp_mult": 20.0}

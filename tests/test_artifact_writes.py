@@ -19,13 +19,8 @@ from core.common import pergroup
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.params import init_params
-from tests.helpers import (
-    FAKE_LRZIP,
-    assert_one_line_error,
-    cli,
-    export_smoke,
-    make_checkpoint,
-)
+from tests.support.artifacts import FAKE_LRZIP, export_smoke, make_checkpoint
+from tests.support.cli import assert_one_line_error, cli
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.config.fields import Config
 from core.config.presets import preset
 from core.eval.bpb import EvalData
 from core.eval.plain import evaluate
@@ -21,20 +22,10 @@ from core.runs.audit import (
     perturbed_scores,
     swap_document,
 )
-from tests.helpers import (
-    BACKENDS,
-    LEGAL_CFG,
-    AdaptsFirst,
-    busy_params,
-    cli,
-    data_flags,
-    fake_run,
-    made_audit,
-    make_backend,
-    needs,
-    stream,
-    unit_tables,
-)
+from tests.support.backends import BACKENDS, busy_params, make_backend, needs
+from tests.support.cli import assert_one_line_error, cli, data_flags
+from tests.support.runs import fake_run, made_audit
+from tests.support.ttt import LEGAL_CFG, AdaptsFirst, stream, unit_tables
 
 PLAIN_CFG = preset("smoke").replace(eval_seq_len=16)
 SLIDING_CFG = PLAIN_CFG.replace(eval_stride=4, eval_batch_seqs=4)
@@ -235,8 +226,6 @@ def test_audit_passes_a_ttt_run_and_package_writes_the_compliance_section(ttt_ru
 
 @needs("mlx")
 def test_audit_refuses_a_checkpoint_and_an_unknown_evaluation(ttt_run):
-    from tests.helpers import assert_one_line_error
-
     checkpoints = sorted((ttt_run / "checkpoints").glob("*.safetensors"))
     if checkpoints:
         assert_one_line_error(cli("audit", str(checkpoints[-1]), "--backend", "mlx"), "no artifact")
@@ -249,7 +238,10 @@ def test_package_writes_the_audits_and_refuses_a_run_that_fails_one(tmp_path):
     from core.common.errors import PgolfError
     from core.runs.package import write_record
 
-    runs = [fake_run(tmp_path / "a", 1), fake_run(tmp_path / "b", 2)]
+    runs = [
+        fake_run(tmp_path / name, Config(seed=seed), artifact=10, log="log")
+        for name, seed in (("a", 1), ("b", 2))
+    ]
     with pytest.raises(PgolfError, match=r"b fails the audit: LEAK: the loss of token 77 \(document 4\)"):
         write_record(
             runs, tmp_path / "bad", "x", audit=lambda p: made_audit(p, 77 if p.name == "b" else None)

@@ -12,19 +12,19 @@ import pytest
 
 from core.config.presets import preset
 from core.runs.audit import check_calibration
-from tests.helpers import made_audit
+from tests.support.runs import fake_run, made_audit
 
 
 @pytest.fixture
 def run(tmp_path):
-    """A GPTQ run's data folder (two training shards, one validation shard, each its own bytes), its
-    artifact's path and config."""
+    """A GPTQ run's artifact path and config, and its data folder (two training shards, one validation
+    shard, each its own bytes)."""
     data = tmp_path / "data"
     data.mkdir()
     for name in ("fineweb_train_000000.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin"):
         (data / name).write_bytes(name.encode() * 10)
     cfg = preset("smoke").replace(data_path=str(data), quant_format="mixed", gptq_enabled=True)
-    return tmp_path / "final_model.mixed.pgolf", cfg
+    return fake_run(tmp_path / "run", cfg) / "final_model.mixed.pgolf", cfg
 
 
 def record(artifact, data_path, gptq, fit=()):

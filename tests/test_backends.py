@@ -18,16 +18,16 @@ from core.model import backend as backends
 from core.model import memory
 from core.model.optim import GROUPS, base_lr, weight_decay
 from core.model.params import param_shapes, param_specs
-from tests.helpers import (
+from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
+from tests.support.backends import (
     BACKENDS,
-    FEATURES,
     LOOPS_LANES,
+    MODEL_SWITCHES,
     SMALL_LOOPS_LANES,
     batch,
     busy_params,
     make_backend,
 )
-from tests.reference import reference_adam_update, reference_logits, reference_loss, reference_muon_update
 
 
 def fresh_compile_cache(name: str) -> None:
@@ -74,11 +74,11 @@ def test_parameters_are_the_canonical_ones_and_round_trip(backend_name, features
     [
         dict(tie_embeddings=True, num_layers=3),  # odd depth: one unpaired block
         dict(tie_embeddings=False, num_layers=3),
-        dict(FEATURES, num_layers=3),
+        dict(MODEL_SWITCHES, num_layers=3),
         dict(LOOPS_LANES, mlp_activation="leaky_relu2"),
         # Layer 1 looped alone: 7 visits [0, 1, 1, 1, 2, 3, 4], a shorter encoder; the head reads lane 0.
         dict(LOOPS_LANES, loop_end=1, parallel_final_lane="attn", tie_embeddings=False),
-        dict(FEATURES, **LOOPS_LANES, ve_layers="2,4"),  # everything at once
+        dict(MODEL_SWITCHES, **LOOPS_LANES, ve_layers="2,4"),  # everything at once
     ],
     ids=["tied", "untied", "features", "loops_lanes", "loop1_attn_lane", "all"],
 )

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.runs.record_folder import agree, check_record, read_log, seed_figures
-from tests.helpers import SEEDS, cli, log_text, write_folder
+from tests.support.cli import cli
+from tests.support.runs import SEEDS, log_text, write_folder
 
 
 def edit_submission(folder: Path, change) -> None:

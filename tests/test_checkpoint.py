@@ -15,7 +15,7 @@ from core.config.fields import Config
 from core.runs.summary import read_metrics
 from core.train.loop import _shared_run_id
 from core.train.rundir import RunDir
-from tests.helpers import make_checkpoint, rewrite_metadata
+from tests.support.artifacts import make_checkpoint, rewrite_metadata
 
 
 def test_round_trip_is_exact(tmp_path):

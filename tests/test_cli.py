@@ -17,7 +17,10 @@ from core.common.files import file_sha256
 from core.config.fields import Config
 from core.data.shards import find_shards
 from core.runs.summary import read_metrics
-from tests.helpers import BACKENDS, ROOT, assert_one_line_error, cli, data_flags, needs, read_until
+from tests.support import ROOT
+from tests.support.backends import BACKENDS, busy_params, make_backend, needs
+from tests.support.cli import assert_one_line_error, cli, data_flags, read_until
+from tests.support.runs import fake_run
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +169,6 @@ def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
     from core.common import compress
     from core.eval.plain import evaluate
     from core.eval.score import load_eval_data
-    from tests.helpers import busy_params, make_backend
 
     cfg = sotu_dataset.config(mlp_mult=20.0)
     w, m = {}, {}
@@ -380,11 +382,10 @@ def test_runs_on_a_terminal_shows_the_groups_too(tmp_path, monkeypatch):
     from rich.console import Console
 
     import cli as cli_module
-    from tests.helpers import make_run
 
     for seed in (1, 2):
-        make_run(tmp_path, f"lr-seed{seed}", seed=seed, run_group="lr")
-    make_run(tmp_path, "alone")
+        fake_run(tmp_path / f"lr-seed{seed}", {"seed": seed, "run_group": "lr"}, curve=4)
+    fake_run(tmp_path / "alone", curve=4)
     screen = io.StringIO()
     monkeypatch.setattr(cli_module, "console", Console(file=screen, force_terminal=True, width=160))
     cli_module.runs(out_dir=tmp_path, json_out=False, compare=None, more=None, against=None)

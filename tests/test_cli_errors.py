@@ -7,11 +7,7 @@ import pytest
 from core.artifact import container, int8_format
 from core.config.presets import preset
 from core.model.params import init_params
-from tests.helpers import (
-    assert_one_line_error,
-    cli,
-    data_flags,
-)
+from tests.support.cli import assert_one_line_error, cli, data_flags
 
 
 # ------------------------------------------------- 1, 2 and 3 through the command line

@@ -4,29 +4,16 @@ on run directories and records folders written here (no training)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
 from core.common.errors import PgolfError
-from tests.helpers import SEEDS, write_folder
+from tests.support.runs import SEEDS, VARIANTS, fake_run, write_folder, write_spec
 
 RECORD_LOSS = [v[0] for v in SEEDS.values()]  # the folder's seeds 42, 1337, 2025, from their logs
 RECORD_BPB = [v[1] for v in SEEDS.values()]
-
-
-def finished_run(root: Path, name: str, seed: int, loss: float, bpb: float, group: str = "") -> Path:
-    path = root / name
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(
-        json.dumps({"seed": seed, "run_group": group, "num_layers": 2, "model_dim": 64, "vocab_size": 1024})
-    )
-    final = {"kind": "final", "steps": 10, "train_time_ms": 1.0, "roundtrip_val_loss": loss,
-             "roundtrip_val_bpb": bpb, "artifact_bytes": 100, "code_bytes": 10}  # fmt: skip
-    (path / "metrics.jsonl").write_text(json.dumps(final) + "\n")
-    return path
 
 
 def cli(*args: str):
@@ -45,9 +32,24 @@ def setup(tmp_path):
     runs = tmp_path / "runs"
     mine = [(1, 2.50, 1.0866), (2, 2.503, 1.0879), (3, 2.498, 1.0857)]  # ~0.025 nats better
     for seed, loss, bpb in mine:
-        finished_run(runs, f"mine-seed{seed}", seed, loss, bpb, group="mine")
-    finished_run(runs, "same-seed1", 1, 2.5252, 1.0974, group="same")
-    finished_run(runs, "same-seed2", 2, 2.5268, 1.0981, group="same")
+        fake_run(
+            runs / f"mine-seed{seed}",
+            {"seed": seed, "run_group": "mine"},
+            roundtrip_val_loss=loss,
+            roundtrip_val_bpb=bpb,
+        )
+    fake_run(
+        runs / "same-seed1",
+        {"seed": 1, "run_group": "same"},
+        roundtrip_val_loss=2.5252,
+        roundtrip_val_bpb=1.0974,
+    )
+    fake_run(
+        runs / "same-seed2",
+        {"seed": 2, "run_group": "same"},
+        roundtrip_val_loss=2.5268,
+        roundtrip_val_bpb=1.0981,
+    )
     return record, runs, mine
 
 
@@ -129,7 +131,6 @@ def test_compare_of_two_groups_still_takes_them_after_one_flag(setup):
 
 def test_a_sweep_whose_spec_names_a_record_compares_every_variant_with_its_seeds(tmp_path):
     from core.runs import sweep as sw
-    from tests.helpers import VARIANTS, fake_sweep_run, write_spec
 
     write_folder(tmp_path / "the_record")
     spec = write_spec(tmp_path, 'record = "the_record"\nmargin_nats = 0.005\n' + VARIANTS)
@@ -137,7 +138,9 @@ def test_a_sweep_whose_spec_names_a_record_compares_every_variant_with_its_seeds
     losses = {"base": [2.53, 2.531], "lr_low": [2.49, 2.495], "wide": [2.52, 2.54]}
     for run in plan.runs:
         if run.seed <= 2:
-            fake_sweep_run(run, losses[run.variant][run.seed - 1])
+            fake_run(
+                run.path, run.cfg, sweep=True, curve=3, roundtrip_val_loss=losses[run.variant][run.seed - 1]
+            )
     result = sw.report(plan)
     assert result["compared_with"] == f"the record {tmp_path / 'the_record'} (seeds 42, 1337, 2025)"
     for row in result["variants"]:  # the base config's runs too
@@ -206,7 +209,12 @@ def test_a_margin_past_any_loss_is_not_met_and_the_json_stays_json(setup):
 
 def test_a_diverged_run_is_named_and_every_json_figure_that_does_not_exist_is_null(setup):
     record, runs, _ = setup
-    finished_run(runs, "diverged-seed4", 4, float("nan"), float("inf"), group="mine")
+    fake_run(
+        runs / "diverged-seed4",
+        {"seed": 4, "run_group": "mine"},
+        roundtrip_val_loss=float("nan"),
+        roundtrip_val_bpb=float("inf"),
+    )
     result = cli("runs", "--out-dir", str(runs), "--compare", "mine", "--against", str(record))
     assert isinstance(result.exception, PgolfError)
     assert str(result.exception).startswith(

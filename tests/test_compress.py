@@ -17,6 +17,7 @@ from core.artifact import container, int8_format, upstream
 from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import goldens
+from tests.support.artifacts import equal_weights, golden_state
 
 SAMPLE = np.random.default_rng(0).normal(0, 0.02, 5000).astype(np.float16).tobytes() + b"tail"
 
@@ -147,8 +148,6 @@ def test_missing_packages_are_named(monkeypatch):
 
 @pytest.mark.parametrize(("name", "shuffle"), [("brotli", 2), ("zstd", 0), ("lzma", 2), ("zlib", 4)])
 def test_the_int8_container_takes_every_compressor(tmp_path, name, shuffle):
-    from tests.helpers import equal_weights, golden_state
-
     model = int8_format.quantize_int8(*golden_state())
     info = container.write_artifact(
         tmp_path / "m.pgolf", int8_format.artifact_bytes(model, name, shuffle=shuffle), name

@@ -33,8 +33,9 @@ from core.config.sources import (
     resolve_sources,
 )
 from core.model.params import artifact_classes, param_shapes, storage_dtypes
-from tests.helpers import FEATURES, LOOPS_LANES, busy_params, run_within
 from tests.reference import reference_logits
+from tests.support.backends import LOOPS_LANES, MODEL_SWITCHES, busy_params
+from tests.support.fuzz import run_within
 
 
 def test_baseline_defaults_match_the_upstream_scripts():
@@ -338,7 +339,7 @@ def changed_config(base: Config, name: str) -> Config:
 
 # Every model feature on at once (looping, parallel lanes, value embeddings, XSA, ...), so that each
 # model setting has something to change.
-ALL_FEATURES = dict(FEATURES, **LOOPS_LANES, ve_layers="2,4")
+ALL_SWITCHES = dict(MODEL_SWITCHES, **LOOPS_LANES, ve_layers="2,4")
 
 
 # The attention gates exclude one another: each declared one is on in a base of its own (the sparse
@@ -378,7 +379,7 @@ def test_a_model_setting_the_shapes_do_not_tell_is_kept_for_scoring():
     gate in turn."""
     # Trained on 4-token rows: the 8-token input is longer, where rope_yarn acts.
     bases = [
-        preset("smoke").replace(**{**ALL_FEATURES, **gate}, train_seq_len=4).validate() for gate in GATE_BASES
+        preset("smoke").replace(**{**ALL_SWITCHES, **gate}, train_seq_len=4).validate() for gate in GATE_BASES
     ]
     for f in fields(Config):
         if f.metadata["section"] != "model":

@@ -9,10 +9,7 @@ from core.common.errors import PgolfError
 from core.config.fields import SEED_MAX
 from core.config.presets import preset
 from core.config.sources import load_file, resolve
-from tests.helpers import (
-    assert_one_line_error,
-    cli,
-)
+from tests.support.cli import assert_one_line_error, cli
 
 
 # ------------------------------------------------- 1. seeds outside what the frameworks take

@@ -9,7 +9,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.sources import resolve
 from core.runs import setup
-from tests.helpers import assert_one_line_error, cli
+from tests.support.cli import assert_one_line_error, cli
 
 BAD = [("abc", "expects int, got 'abc'"), ("-3", "must be >= 0, got -3"), ("1.5", "expects int, got '1.5'"),
        ("", "expects int, got ''")]  # fmt: skip

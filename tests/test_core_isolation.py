@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tests.helpers import ROOT, run_blocked
+from tests.support import ROOT
+from tests.support.backends import run_blocked
 
 
 def test_every_core_module_imports_without_frameworks():

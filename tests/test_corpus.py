@@ -14,7 +14,7 @@ from core.data.shards import find_shards, read_shard
 from core.data.tokenizer import load_tokenizer
 from core.datasets import prepare
 from core.datasets.embedded import VAL_EVERY, prepare_sotu, speech_files, split_documents
-from tests.helpers import digest
+from tests.support.data import digest
 
 
 def test_layout_and_manifest(sotu_dataset):

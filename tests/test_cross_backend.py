@@ -21,17 +21,9 @@ from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.model.params import init_params, storage_dtypes
 from core.runs.summary import read_metrics
-from tests.helpers import (
-    FEATURES,
-    LOOPS_LANES,
-    NEEDS,
-    NEEDS_LRZIP,
-    batch,
-    busy_params,
-    final_params,
-    make_backend,
-    run,
-)
+from tests.support.artifacts import NEEDS_LRZIP
+from tests.support.backends import LOOPS_LANES, MODEL_SWITCHES, NEEDS, batch, busy_params, make_backend
+from tests.support.runs import final_params, run
 
 pytestmark = [*NEEDS["cuda"], *NEEDS["mlx"]]
 DIRECTIONS = [("cuda", "mlx"), ("mlx", "cuda")]
@@ -39,7 +31,7 @@ DIRECTIONS = [("cuda", "mlx"), ("mlx", "cuda")]
 MODELS = {
     "baseline": {},
     "features": {
-        **FEATURES,
+        **MODEL_SWITCHES,
         "num_layers": 3,
         "muon_wd": 0.05,
         "embed_wd": 0.05,

@@ -12,6 +12,7 @@ from core.config.presets import preset  # noqa: E402
 from cuda_train import model as torch_model  # noqa: E402
 from cuda_train.backend import peak_bf16_flops  # noqa: E402
 from cuda_train.optim import orthogonaliser  # noqa: E402
+from tests.support.backends import batch  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.cuda]
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -92,7 +93,6 @@ def test_a_bf16_step_on_the_gpu_learns_and_reports_its_memory():
     """On a GPU the backend picks it, computes in bf16 and reports the peak memory the bench prints."""
     from core.model.params import init_params
     from cuda_train.backend import create_backend
-    from tests.helpers import batch
 
     cfg = preset("smoke").replace(compute_dtype="bfloat16")
     backend = create_backend(cfg)

@@ -7,7 +7,7 @@ import pytest
 from core.common.errors import PgolfError
 from core.data.shards import find_shards, making_command
 from core.data.tokenizer import load_tokenizer
-from tests.helpers import assert_one_line_error, cli
+from tests.support.cli import assert_one_line_error, cli
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from core.common.errors import PgolfError
 from core.data.manifest import dataset_settings, file_sha256, read_manifest, verify_dataset
 from core.datasets.embedded import prepare_sotu
 from core.datasets.writers import write_shard
-from tests.helpers import assert_one_line_error, cli
+from tests.support.cli import assert_one_line_error, cli
 
 
 @pytest.fixture

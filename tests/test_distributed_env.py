@@ -11,7 +11,9 @@ from core.common.errors import PgolfError
 from core.common.launch import Launch, launch, reach_rank_0, rendezvous_failed
 from core.config.presets import preset
 from core.runs.train_script import script
-from tests.helpers import assert_one_line, assert_one_line_error, cli, data_flags, free_port, needs, run_alone
+from tests.support.backends import free_port, needs
+from tests.support.cli import assert_one_line_error, cli, data_flags
+from tests.support.runs import run_alone
 
 TORCHRUN_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 RENDEZVOUS = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -72,7 +74,7 @@ def test_a_packaged_script_refuses_a_bad_setting_before_any_work(env, named, tmp
     for name in TORCHRUN_VARS:
         monkeypatch.delenv(name, raising=False)
     result = run_alone(script(preset("smoke")), tmp_path, **env)
-    assert_one_line(result, named, "torchrun")
+    assert_one_line_error(result, named, "torchrun", packaged=True)
 
 
 # ------------------------------------------------- a rank that never comes

@@ -11,12 +11,9 @@ from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.train import loop
 from core.train.loop import DIVERGENCE_AFTER_STEPS, WEIGHT_RMS_LIMIT, divergence
-from tests.helpers import (
-    make_backend,
-    make_checkpoint,
-    needs,
-    train_quietly,
-)
+from tests.support.artifacts import make_checkpoint
+from tests.support.backends import make_backend, needs
+from tests.support.runs import train_quietly
 
 
 # ------------------------------------------------- 7. divergence the softcap hides

@@ -12,7 +12,7 @@ import pytest
 import typer
 
 import cli
-from tests.helpers import ROOT
+from tests.support import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -18,7 +18,7 @@ from core.data.manifest import file_sha256, read_manifest
 from core.data.shards import read_shard
 from core.datasets.fineweb import download_fineweb, hub_fetcher
 from core.datasets.writers import write_shard
-from tests.helpers import IMPORTABLE
+from tests.support.cli import IMPORTABLE
 
 DATASET = "datasets/fineweb10B_sp1024"
 TRAIN_SHARDS = 3

@@ -40,14 +40,9 @@ from core.datasets.prepare import prepare_docs
 from core.runs.setup import export_setup
 from core.train.fitting import fit_files
 from core.train.rundir import RunDir
-from tests.helpers import (
-    assert_one_line_error,
-    cli,
-    cli_after,
-    make_checkpoint,
-    run_within,
-    small_artifact,
-)
+from tests.support.artifacts import make_checkpoint, small_artifact
+from tests.support.cli import assert_one_line_error, cli, cli_after
+from tests.support.fuzz import run_within
 
 # ------------------------------------------------- 8. data prepare, stopped anywhere
 # What a prepare of dataset "d" (over one of vocabulary 400) leaves when stopped after each step: the

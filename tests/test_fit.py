@@ -22,17 +22,9 @@ from core.runs.train_script import code_bytes
 from core.train.calibration import calibrate_gptq
 from core.train.fitting import calibration_loss, calibration_tokens
 from core.train.loop import train_loader
-from tests.helpers import (
-    ARTIFACT,
-    NUMPY_CODE_BYTES,
-    SHAPE,
-    assert_one_line_error,
-    cli,
-    data_flags,
-    make_backend,
-    needs,
-    stand_in_loss,
-)
+from tests.support.artifacts import ARTIFACT, NUMPY_CODE_BYTES, SHAPE, stand_in_loss
+from tests.support.backends import busy_params, make_backend, needs
+from tests.support.cli import assert_one_line_error, cli, data_flags
 
 LZMA = ()  # in-process fits try the run's compressor alone (lzma: brotli-11 takes seconds here)
 
@@ -170,7 +162,6 @@ def numpy_fit():
     records' 65,536 (the tests below are of the classes' bits and of LQER; the floors have theirs)."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(model_dim=96, mlp_mult=8.0, tie_embeddings=False, compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
@@ -232,7 +223,6 @@ def test_a_small_model_is_fitted_by_quantizing_tensors_under_the_records_floor()
     and beats every uniform setting (every class at one bits and one floor) that fits."""
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)
@@ -264,7 +254,6 @@ def test_a_records_shaped_model_keeps_its_floor_unless_the_fit_finds_better(monk
     import core.artifact.fit as fit_module
     from core.config.presets import preset
     from core.model.params import storage_dtypes
-    from tests.helpers import busy_params
 
     cfg = preset("smoke").replace(vocab_size=2048, compressor="zlib")
     params, dtypes = busy_params(cfg), storage_dtypes(cfg, False)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from core.artifact.fit import fit_artifact
 from core.config.presets import preset
 from core.model.params import storage_dtypes
-from tests.helpers import NUMPY_CODE_BYTES, busy_params, stand_in_loss
+from tests.support.artifacts import NUMPY_CODE_BYTES, stand_in_loss
+from tests.support.backends import busy_params
 
 
 def test_a_candidate_making_an_artifact_already_made_is_not_made_again():

@@ -16,7 +16,10 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.train.fitting import shared_fit
-from tests.helpers import ARTIFACT, BACKENDS, ROOT, SHAPE, cli, data_flags, launcher, needs, torchrun_env
+from tests.support import ROOT
+from tests.support.artifacts import ARTIFACT, SHAPE
+from tests.support.backends import BACKENDS, launcher, needs, torchrun_env
+from tests.support.cli import cli, data_flags
 from tests.torchrun_fit import CHOSEN
 
 

@@ -33,7 +33,9 @@ from core.artifact.load import load_checkpoint, load_mixed_artifact
 from core.common.errors import PgolfError
 from core.data.shards import read_shard
 from core.datasets.writers import write_shard
-from tests.helpers import FUZZ, HANG_SECONDS, golden_state, quantize, requires_torch, run_within
+from tests.support.artifacts import FAKE_LRZIP, golden_state, quantize
+from tests.support.backends import requires_torch
+from tests.support.fuzz import FUZZ, HANG_SECONDS, run_within
 
 
 def fuzz(data, blob: bytes, header_end: int) -> bytes:
@@ -124,11 +126,10 @@ MIXED_KINDS = {"none": ("none", 0), "zlib+shuffle": ("zlib", 2), "zstd": ("zstd"
 @pytest.fixture(scope="module")
 def lrzip_on_path(tmp_path_factory):
     """The lrzip program for pergroup's groups: the installed one, else a stand-in that only frames the
-    bytes (tests/helpers.py: FAKE_LRZIP), so that damage reaches pgolf's own checks."""
+    bytes (tests/support/artifacts.py: FAKE_LRZIP), so that damage reaches pgolf's own checks."""
     if shutil.which("lrzip") is not None:
         yield
         return
-    from tests.helpers import FAKE_LRZIP
 
     folder = tmp_path_factory.mktemp("bin")
     (folder / "lrzip").write_text(FAKE_LRZIP.format(python=sys.executable))

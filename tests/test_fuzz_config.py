@@ -19,7 +19,7 @@ from core.common.errors import PgolfError
 from core.config.fields import field_names
 from core.config.sources import resolve_sources
 from core.eval.sample import generate
-from tests.helpers import FUZZ, HANG_SECONDS, run_within
+from tests.support.fuzz import FUZZ, HANG_SECONDS, run_within
 
 FIELDS = sorted(field_names())
 SCALARS = (

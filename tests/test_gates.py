@@ -13,8 +13,8 @@ from core.config.presets import preset
 from core.eval.score import load_eval_data
 from core.model.params import init_params
 from core.model.walk import GATE_MATH
-from tests.helpers import BACKENDS, busy_params, make_backend, needs
 from tests.reference import reference_logits, smear
+from tests.support.backends import BACKENDS, busy_params, make_backend, needs
 
 CFG = preset("smoke").replace(smear_gate_enabled=True, gate_window=8)
 # Documents start with BOS (id 1): at positions 0, 3, 4 (an empty document) and 9.

@@ -6,7 +6,6 @@ naming it), never another exception, and never a hang."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,9 @@ from core.runs.audit import check_calibration
 from core.runs.record_folder import check_record
 from core.runs.summary import read_metrics, val_curve
 from core.runs.sweep import load_sweep
-from tests.helpers import HANG_SECONDS, run_within, write_folder
+from tests.support.cli import assert_one_line_error, cli
+from tests.support.fuzz import HANG_SECONDS, run_within
+from tests.support.runs import fake_run, write_folder
 
 
 @dataclass(frozen=True)
@@ -157,19 +158,13 @@ def test_every_reader_refuses_a_hazard_in_one_line_naming_the_file(
 def test_the_commands_say_it_in_one_error_line(tmp_path, kind):
     """Through the CLI: runs --compare --against a record whose submission.json and logs are hostile, and a run
     whose metrics are: each one `error:` line (the record's figures then come from nowhere)."""
-    from tests.helpers import assert_one_line_error, cli
-
     record = tmp_path / "record"
     write_hazard(record, READERS["submission.json"], kind, 200_000 if kind == "deep" else 5_000)
     for log in record.glob("*.log"):
         log.write_bytes(b"\xff\n")
     runs = tmp_path / "runs"
     for seed in (1, 2):
-        run = runs / f"r{seed}"
-        run.mkdir(parents=True)
-        final = {"kind": "final", "steps": 1, "train_time_ms": 1, "roundtrip_val_loss": 2.5, "roundtrip_val_bpb": 1.0,
-                 "artifact_bytes": 1, "code_bytes": 1}  # fmt: skip
-        (run / "metrics.jsonl").write_text(json.dumps(final) + "\n")
+        fake_run(runs / f"r{seed}", {"seed": seed})
     result = cli("runs", "--out-dir", str(runs), "--compare", "r1", "r2", "--against", str(record))
     assert_one_line_error(result, str(record), "no per-seed val_loss and val_bpb")
     write_hazard(runs / "r2", READERS["metrics"], kind, 200_000 if kind == "deep" else 5_000)

@@ -13,7 +13,9 @@ from core.artifact.load import RECORD_BANKS, load_checkpoint, load_init_weights
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.params import init_params
-from tests.helpers import BACKENDS, assert_one_line_error, cli, data_flags, final_params, run
+from tests.support.backends import BACKENDS
+from tests.support.cli import assert_one_line_error, cli, data_flags
+from tests.support.runs import final_params, run
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

@@ -19,16 +19,10 @@ from core.eval.ttt import evaluate_ttt
 from core.model import backend as backends
 from core.model.memory import DeviceMemory, check_config, check_memory, memory_estimate
 from core.model.params import count_params, init_params, storage_dtypes
-from tests.helpers import (
-    BACKENDS,
-    LEGAL_CFG,
-    ROOT,
-    assert_one_line_error,
-    data_flags,
-    make_backend,
-    needs,
-    unit_tables,
-)
+from tests.support import ROOT
+from tests.support.backends import BACKENDS, make_backend, needs
+from tests.support.cli import assert_one_line_error, data_flags
+from tests.support.ttt import LEGAL_CFG, unit_tables
 
 H100 = DeviceMemory(80 * 2**30, "free memory of a test GPU", gpu=True)
 

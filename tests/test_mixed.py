@@ -24,13 +24,14 @@ from core.artifact.rowquant import Clip, dequantize_rows, quantize_rows
 from core.common import compress
 from core.common.errors import PgolfError
 from tests.golden_data import RECORD_PTZ, goldens
-from tests.helpers import run_blocked
+from tests.support.artifacts import RunsCode, model_state, ramp
+from tests.support.backends import requires_torch, run_blocked
+from tests.support.cli import IMPORTABLE
 
 try:
     import torch
 except ImportError:
     torch = None
-from tests.helpers import IMPORTABLE, model_state, ramp, requires_torch
 
 
 def test_each_tensor_is_stored_by_its_class(mixed_model):
@@ -174,8 +175,8 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
         "import hashlib, numpy as np\n"
         "from core.artifact import mixed\n"
         "from core.artifact.rowquant import Clip\n"
-        "from tests.helpers import model_state, ramp\n"
-        "from tests.helpers import hessian\n"
+        "from tests.support.artifacts import model_state, ramp\n"
+        "from tests.support.artifacts import hessian\n"
         "state, classes, dtypes = model_state()\n"
         "m = mixed.quantize_mixed(state, classes, bits={'embedding': 8, 'attention': 6, 'mlp': 5, 'other': 7},\n"
         "    clip={'embedding': Clip.percentile(0.9999), 'mlp': Clip.sdclip(4.0)},\n"
@@ -358,8 +359,6 @@ def test_a_damaged_records_artifact_is_one_clear_error(tmp_path, case, reason):
 def test_a_record_artifact_holding_code_is_refused(tmp_path):
     """weights_only: a pickle that would run code is refused, and does not run."""
     import io
-
-    from tests.helpers import RunsCode
 
     buf = io.BytesIO()
     torch.save({"w": {}, "m": {}, "x": RunsCode(tmp_path / "pwned")}, buf)

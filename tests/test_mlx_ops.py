@@ -19,7 +19,7 @@ from core.config.presets import preset  # noqa: E402
 from core.model.params import round_to_bfloat16  # noqa: E402
 from mlx_train import ops  # noqa: E402
 from mlx_train.model import GPT  # noqa: E402
-from tests.helpers import batch, busy_params  # noqa: E402
+from tests.support.backends import batch, busy_params  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

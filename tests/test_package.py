@@ -25,7 +25,11 @@ from core.runs import train_script
 from core.runs.package import write_record
 from core.runs.record_folder import check_record
 from core.runs.train_script import MAIN_IMPORTS, _imports, bundled_modules, code_bytes, minify, script
-from tests.helpers import ISOLATED, NEEDS_LRZIP, ROOT, assert_one_line, cli, data_flags, needs, run_alone
+from tests.support import ROOT
+from tests.support.artifacts import NEEDS_LRZIP
+from tests.support.backends import needs
+from tests.support.cli import assert_one_line_error, cli, data_flags
+from tests.support.runs import ISOLATED, fake_run, run_alone
 
 FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
 
@@ -439,7 +443,7 @@ def test_a_packaged_run_writes_and_reads_a_pergroup_artifact(sotu_dataset, pgolf
     env.pop("PYTHONPATH", None)
     command = [sys.executable, "isolated.py", "train_gpt.py"]
     result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)
-    assert_one_line(result, "packaged without core.common.pergroup: COMPRESSOR=pergroup")
+    assert_one_line_error(result, "packaged without core.common.pergroup: COMPRESSOR=pergroup", packaged=True)
     run_cfg = Config.from_dict(json.loads((pgolf_run[0] / "config.json").read_text()))
     (here / "train_gpt.py").write_text(script(run_cfg.replace(compressor="pergroup", byte_shuffle=2)))
     result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)
@@ -525,12 +529,7 @@ def test_every_folder_package_writes_passes_check_record(three_seeds, tmp_path, 
 def test_runs_of_different_configs_or_unfinished_runs_are_refused(tmp_path):
     for name, cfg, final in (("a", Config(seed=1), True), ("b", Config(seed=2, matrix_lr=0.01), True),
                              ("c", Config(seed=3), False)):  # fmt: skip
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.json").write_text(json.dumps(cfg.to_dict()))
-        record = {"kind": "final", "steps": 1, "train_time_ms": 1.0, "roundtrip_val_loss": 2.0,
-                  "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
-        (tmp_path / name / "metrics.jsonl").write_text(json.dumps(record) + "\n" if final else "")
-        (tmp_path / name / "train.log").write_text("log\n")
+        fake_run(tmp_path / name, cfg, finished=final, log="log")
     with pytest.raises(PgolfError, match="differs from .* in matrix_lr"):
         write_record([tmp_path / "a", tmp_path / "b"], tmp_path / "out", "x")
     with pytest.raises(PgolfError, match="did not finish"):
@@ -542,11 +541,15 @@ def test_runs_of_different_configs_or_unfinished_runs_are_refused(tmp_path):
 @needs("cuda")
 def test_a_packaged_script_alone_without_data_or_tokenizer_says_so_in_one_line(sotu_dataset, tmp_path):
     text = script(preset("tiny"))
-    assert_one_line(run_alone(text, tmp_path / "a", DATA_PATH="/nonexistent"), "TOKENIZER_PATH")
+    assert_one_line_error(
+        run_alone(text, tmp_path / "a", DATA_PATH="/nonexistent"), "TOKENIZER_PATH", packaged=True
+    )
     result = run_alone(text, tmp_path / "b", DATA_PATH="/nonexistent",
                        TOKENIZER_PATH=str(sotu_dataset.tokenizer_path))  # fmt: skip
-    assert_one_line(result, "/nonexistent", "DATA_PATH")
-    assert_one_line(run_alone(text, tmp_path / "c", ITERATIONS="many"), "iterations", "'many'")
+    assert_one_line_error(result, "/nonexistent", "DATA_PATH", packaged=True)
+    assert_one_line_error(
+        run_alone(text, tmp_path / "c", ITERATIONS="many"), "iterations", "'many'", packaged=True
+    )
     assert not (tmp_path / "c" / "alone" / "runs").exists()  # nothing written
 
 
@@ -580,14 +583,22 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
     ):
         result = run_alone(script(cfg), tmp_path / "_".join(f"{k}={v}" for k, v in env.items()), **env)
         module, setting = names
-        assert_one_line(result, f"packaged without {module}: {setting} needs a package of a run that uses it")
+        assert_one_line_error(
+            result,
+            f"packaged without {module}: {setting} needs a package of a run that uses it",
+            packaged=True,
+        )
     sdclip = script(
         preset("tiny").replace(quant_format="mixed", embed_clip_sigmas=12.0, matrix_clip_sigmas=11.0)
     )
     for env, names in (({"QUANT_FORMAT": "int8"}, ("core.artifact.int8_format", "QUANT_FORMAT=int8")),):
         result = run_alone(sdclip, tmp_path / "sdclip" / next(iter(env)), **env)
         module, setting = names
-        assert_one_line(result, f"packaged without {module}: {setting} needs a package of a run that uses it")
+        assert_one_line_error(
+            result,
+            f"packaged without {module}: {setting} needs a package of a run that uses it",
+            packaged=True,
+        )
 
 
 @pytest.mark.parametrize(
@@ -599,7 +610,7 @@ def test_a_packaged_script_refuses_what_only_pgolfs_train_does(env, tmp_path):
     train_gpt.py holds: refused in one line, before torch is imported."""
     ((name, value),) = env.items()
     result = run_alone(script(preset("smoke")), tmp_path, **env)
-    assert_one_line(result, f"{name}={value}", "only pgolf's train does that")
+    assert_one_line_error(result, f"{name}={value}", "only pgolf's train does that", packaged=True)
 
 
 def test_a_runs_tracker_is_not_packaged_and_a_run_from_other_weights_is_refused(tmp_path):
@@ -623,7 +634,7 @@ def test_a_packaged_pergroup_script_without_lrzip_says_so_in_one_line(sotu_datas
     text = script(preset("tiny").replace(compressor="pergroup", byte_shuffle=2))
     result = run_alone(text, tmp_path, PATH=str(empty), DATA_PATH=str(sotu_dataset.data_path),
                        TOKENIZER_PATH=str(sotu_dataset.tokenizer_path))  # fmt: skip
-    assert_one_line(result, "lrzip", "COMPRESSOR=brotli")
+    assert_one_line_error(result, "lrzip", "COMPRESSOR=brotli", packaged=True)
     assert "--compressor" not in result.stderr
 
 

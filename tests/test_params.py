@@ -21,8 +21,8 @@ from core.model.params import (
     storage_dtypes,
 )
 
-# Every feature that adds or changes parameters, on at once.
-ALL_FEATURES = dict(
+# Every model switch that adds or changes parameters, on at once.
+ALL_SWITCHES = dict(
     num_layers=5, skip_gates_enabled=True, ve_enabled=True, ve_dim=24, ve_layers="3,4", mlp_mult=2.5,
     tie_embeddings=False, ema_decay=0.9, num_loops=1, loop_start=1, loop_end=2, parallel_start_layer=3,
     smear_gate_enabled=True, gate_window=8,
@@ -47,7 +47,7 @@ def test_names_are_the_upstream_state_dict_keys():
 
 
 def test_every_row_names_a_known_group_kind_and_init():
-    cfg = preset("smoke").replace(**ALL_FEATURES)
+    cfg = preset("smoke").replace(**ALL_SWITCHES)
     assert {
         "skip_gates", "ve_shared.embed.weight", "ve_shared.proj.weight", "ve_layer_scales.1",
         "parallel_post_lambdas", "parallel_resid_lambdas",

@@ -24,7 +24,9 @@ from core.common.errors import PgolfError
 from core.config.fields import Config
 from core.config.presets import preset
 from tests.golden_data import GOLDEN
-from tests.helpers import NEEDS_LRZIP, assert_one_line_error, cli, make_backend, needs, requires_torch
+from tests.support.artifacts import NEEDS_LRZIP
+from tests.support.backends import make_backend, needs, requires_torch
+from tests.support.cli import assert_one_line_error, cli
 
 PERGROUP_GOLDEN = GOLDEN / "record_pergroup.safetensors"
 LAYERS = 3

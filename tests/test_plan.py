@@ -15,7 +15,9 @@ from core.config.presets import preset
 from core.runs import sweep as sw
 from core.runs.calibrate import backtest, fit, pairs_of, refit_without, summary_line
 from core.runs.plan import load_table, make_plan, target_line
-from tests.helpers import assert_one_line_error, cli, data_flags, fake_sweep_run, run_blocked, write_spec
+from tests.support.backends import run_blocked
+from tests.support.cli import assert_one_line_error, cli, data_flags
+from tests.support.runs import fake_run, write_spec
 
 LOGS = Path(__file__).parent / "fixtures" / "record_logs"
 RECORD_0427 = "2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611"
@@ -167,7 +169,7 @@ def test_the_sweep_report_plans_each_variant(tmp_path):
     )
     sweep = sw.load_sweep(spec, environ={})
     for run in sweep.runs:
-        fake_sweep_run(run, 3.0)
+        fake_run(run.path, run.cfg, sweep=True, curve=3, roundtrip_val_loss=3.0)
     result = sw.report(sweep)
     plans = {row["variant"]: row["plan"] for row in result["variants"]}
     assert plans["deep"]["breaks"] and plans["deep"]["verdict"].startswith("breaks the byte cap by")

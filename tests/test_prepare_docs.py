@@ -22,7 +22,7 @@ from tests.golden_data import (
     write_export_docs,
     write_train_docs_docs,
 )
-from tests.helpers import assert_one_line_error, cli, cli_after
+from tests.support.cli import assert_one_line_error, cli, cli_after
 
 
 @pytest.fixture(scope="module")

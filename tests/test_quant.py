@@ -24,22 +24,22 @@ from core.common import compress
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.model.params import artifact_classes, init_params, storage_dtypes
-from tests.helpers import int8_stats
+from tests.support.artifacts import (
+    CONTROL_PATTERNS,
+    RunsCode,
+    equal_weights,
+    golden_state,
+    int8_stats,
+    quantize,
+    same,
+)
+from tests.support.backends import requires_torch
+from tests.support.cli import IMPORTABLE
 
 try:
     import torch
 except ImportError:
     torch = None
-from tests.helpers import (
-    CONTROL_PATTERNS,
-    IMPORTABLE,
-    RunsCode,
-    equal_weights,
-    golden_state,
-    quantize,
-    requires_torch,
-    same,
-)
 
 CLIP_Q = 99.99984 / 100
 
@@ -336,7 +336,7 @@ def test_same_bytes_in_other_processes_and_any_order(tmp_path):
     np.savez(tmp_path / "state.npz", **state)
     code = (
         "import hashlib, sys, numpy as np\n"
-        "from tests.helpers import quantize\n"
+        "from tests.support.artifacts import quantize\n"
         "from core.artifact import int8_format\n"
         f"state = dict(np.load({str(tmp_path / 'state.npz')!r}))\n"
         f"print(hashlib.sha256(int8_format.artifact_bytes(quantize(state, {dtypes!r}))).hexdigest())"

@@ -29,12 +29,8 @@ from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.eval.verify import require_finite, verify
 from core.model.params import init_params
-from tests.helpers import (
-    make_checkpoint,
-    rewrite_metadata,
-    run_within,
-    small_artifact,
-)
+from tests.support.artifacts import make_checkpoint, rewrite_metadata, small_artifact
+from tests.support.fuzz import run_within
 
 # ------------------------------------------------- 3. readers that trust nothing
 

@@ -27,7 +27,8 @@ from core.eval.bpb import BPBMeter, EvalData
 from core.eval.plain import evaluate, evaluate_flat
 from core.runs.setup import scoring_config
 from tests.golden_data import GOLDEN
-from tests.helpers import BACKENDS, cli, make_backend, needs
+from tests.support.backends import BACKENDS, make_backend, needs
+from tests.support.cli import cli
 
 PROTOCOL = GOLDEN / "record_eval_protocol.json"
 ARTIFACT_0427 = GOLDEN / "record_eval_0427.ptz"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.support import ROOT
 
 ROOMS = ("common", "data", "config", "model", "artifact", "eval", "train", "datasets", "runs")
 

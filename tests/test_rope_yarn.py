@@ -16,8 +16,8 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from tests.golden_data import GOLDEN, read_golden, record_config
-from tests.helpers import BACKENDS, busy_params, make_backend, needs
 from tests.reference import reference_logits
+from tests.support.backends import BACKENDS, busy_params, make_backend, needs
 
 RECORD_YARN = GOLDEN / "record_yarn.safetensors"
 # The smoke model with partial RoPE, trained on 16-token rows: a 40-token input is longer.

@@ -23,7 +23,8 @@ try:
     import torch
 except ImportError:
     torch = None
-from tests.helpers import hessian, requires_torch
+from tests.support.artifacts import hessian
+from tests.support.backends import requires_torch
 
 BITS_OF_RANGE = {31: 6, 15: 5, 63: 7, 127: 8}
 

@@ -12,7 +12,7 @@ from core.common.files import file_sha256
 from core.config.fields import Config
 from core.runs.package import write_record
 from core.runs.run_artifact import check_run_artifact
-from tests.helpers import fake_run
+from tests.support.runs import fake_run
 
 
 def logged(folder, **final):
@@ -22,7 +22,7 @@ def logged(folder, **final):
 
 
 def test_the_runs_own_artifact_passes(tmp_path):
-    run = fake_run(tmp_path / "a", 1)
+    run = fake_run(tmp_path / "a", Config(seed=1), artifact=10, log="log")
     artifact = run / "final_model.int8.pgolf"
     assert check_run_artifact(run, Config(seed=1)) == artifact
     logged(run, artifact_sha256=file_sha256(artifact))
@@ -32,7 +32,8 @@ def test_the_runs_own_artifact_passes(tmp_path):
 
 def test_an_artifact_swapped_for_another_runs_is_refused_by_package(tmp_path):
     """Its README gave two byte counts for that seed: the final record's and the audit's (the file's)."""
-    a, b = fake_run(tmp_path / "a", 1), fake_run(tmp_path / "b", 2)
+    a = fake_run(tmp_path / "a", Config(seed=1), artifact=10, log="log")
+    b = fake_run(tmp_path / "b", Config(seed=2), artifact=10, log="log")
     (b / "final_model.int8.pgolf").write_bytes(b"another run's artifact")
     with pytest.raises(
         PgolfError, match=r"holds 22 bytes but its final record says the run wrote 10: not this"
@@ -42,7 +43,7 @@ def test_an_artifact_swapped_for_another_runs_is_refused_by_package(tmp_path):
 
 
 def test_an_artifact_of_the_same_size_but_other_bytes_is_refused_by_its_hash(tmp_path):
-    run = fake_run(tmp_path / "a", 1)
+    run = fake_run(tmp_path / "a", Config(seed=1), artifact=10, log="log")
     logged(run, artifact_sha256=file_sha256(run / "final_model.int8.pgolf"))
     (run / "final_model.int8.pgolf").write_bytes(b"9876543210")
     with pytest.raises(PgolfError, match="is not the file the run wrote: SHA-256"):
@@ -50,7 +51,7 @@ def test_an_artifact_of_the_same_size_but_other_bytes_is_refused_by_its_hash(tmp
 
 
 def test_a_log_that_gives_another_size_or_no_artifact_is_refused(tmp_path):
-    run = fake_run(tmp_path / "a", 1)
+    run = fake_run(tmp_path / "a", Config(seed=1), artifact=10, log="log")
     (run / "train.log").write_text("Serialized model int8+zlib: 11 bytes\n")
     with pytest.raises(PgolfError, match="but its train.log says the run wrote 11"):
         check_run_artifact(run, Config(seed=1))

@@ -10,15 +10,17 @@ from core.common.errors import PgolfError
 from core.runs.plots import draw_runs, plot_runs, smooth
 from core.runs.summary import find_runs, read_metrics, summarize
 from core.train.rundir import RunDir
-from tests.helpers import make_run
+from tests.support.runs import fake_run
 
 
 def test_a_finished_and_an_unfinished_run_are_summarized(tmp_path):
-    done = summarize(make_run(tmp_path, "done", steps=4))
+    done = summarize(
+        fake_run(tmp_path / "done", curve=4, roundtrip_val_bpb=2.5, artifact_bytes=1000, code_bytes=234)
+    )
     assert (done.steps, done.train_time_ms, done.finished) == (4, 400.0, True)
     assert done.val_bpb == pytest.approx(2.6) and done.roundtrip_val_bpb == 2.5
     assert done.total_bytes == 1234 and done.model == "2x64, vocab 1024"
-    partial = summarize(make_run(tmp_path, "partial", steps=3, finished=False))
+    partial = summarize(fake_run(tmp_path / "partial", curve=3, finished=False))
     assert (partial.steps, partial.train_time_ms, partial.finished) == (3, 300.0, False)
     assert partial.val_bpb == pytest.approx(2.8)
     assert math.isnan(partial.roundtrip_val_bpb) and partial.total_bytes is None
@@ -27,7 +29,7 @@ def test_a_finished_and_an_unfinished_run_are_summarized(tmp_path):
 
 
 def test_a_cut_off_last_line_is_skipped_but_damage_elsewhere_is_named(tmp_path):
-    path = make_run(tmp_path, "r", steps=2, finished=False)
+    path = fake_run(tmp_path / "r", curve=2, finished=False)
     log = path / "metrics.jsonl"
     good = log.read_text()
     log.write_text(good + '{"kind": "train", "st')
@@ -49,7 +51,7 @@ def test_the_plot_is_a_png_of_the_expected_size(tmp_path):
     pytest.importorskip("matplotlib")
     from PIL import Image
 
-    runs = [make_run(tmp_path, "a"), make_run(tmp_path, "b", steps=6, finished=False)]
+    runs = [fake_run(tmp_path / "a", curve=4), fake_run(tmp_path / "b", curve=6, finished=False)]
     out = plot_runs(runs, tmp_path / "curves.png", x="time")
     with Image.open(out) as image:
         assert image.format == "PNG" and image.size == (1440, 540)
@@ -60,20 +62,17 @@ def test_the_plot_is_a_png_of_the_expected_size(tmp_path):
 
 
 def test_the_summary_names_backend_seed_and_dataset(tmp_path):
-    run = RunDir(tmp_path, "r")
-    run.write_config(
-        {"num_layers": 2, "model_dim": 64, "vocab_size": 1024, "seed": 7, "dataset": "sotu_sp1024"}
-    )
-    run.metric({"kind": "start", "step": 0, "backend": "mlx", "device": "cpu", "world_size": 1})
-    s = summarize(run.path)
+    start = {"kind": "start", "step": 0, "backend": "mlx", "device": "cpu", "world_size": 1}
+    run = fake_run(tmp_path / "r", {"seed": 7, "dataset": "sotu_sp1024"}, records=[start], finished=False)
+    s = summarize(run)
     assert (s.backend, s.seed, s.dataset) == ("mlx", 7, "sotu_sp1024")
-    old = summarize(make_run(tmp_path, "old"))  # written before these were recorded
+    old = summarize(fake_run(tmp_path / "old", curve=4))  # written before these were recorded
     assert (old.backend, old.seed, old.dataset) == ("?", None, "?")
 
 
 def test_the_plot_leaves_out_step_0_and_smooths_the_training_loss(tmp_path):
     pytest.importorskip("matplotlib")
-    run = make_run(tmp_path, "a", steps=40)
+    run = fake_run(tmp_path / "a", curve=40)
     with open(run / "metrics.jsonl", "a") as f:  # the untrained model's validation, far above the rest
         f.write('{"kind": "val", "step": 0, "val_bpb": 9.5, "train_time_ms": 0}\n')
     fig = draw_runs([run])
@@ -86,7 +85,7 @@ def test_the_plot_leaves_out_step_0_and_smooths_the_training_loss(tmp_path):
 
 def test_the_plot_format_follows_the_file_name(tmp_path):
     pytest.importorskip("matplotlib")
-    runs = [make_run(tmp_path, "a")]
+    runs = [fake_run(tmp_path / "a", curve=4)]
     assert b"<svg" in plot_runs(runs, tmp_path / "c.svg").read_bytes()[:500]
     assert plot_runs(runs, tmp_path / "c.PDF").read_bytes()[:5] == b"%PDF-"
     with pytest.raises(PgolfError, match=r"must end in \.png, \.svg, \.pdf"):

@@ -8,9 +8,9 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.eval.sample import generate, pick_token
-from tests.helpers import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
+from tests.support.backends import BACKENDS, LOOPS_LANES, MODEL_SWITCHES, busy_params, make_backend, needs
 
-MODELS = {"plain": {}, "features": dict(FEATURES, num_layers=3), "loops_lanes": LOOPS_LANES}
+MODELS = {"plain": {}, "features": dict(MODEL_SWITCHES, num_layers=3), "loops_lanes": LOOPS_LANES}
 
 
 def test_the_sampling_rule():

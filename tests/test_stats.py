@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from core.common.errors import PgolfError
 from core.runs.stats import RECORD_MARGIN_NATS, welch
+from tests.support.cli import cli, data_flags
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -57,7 +58,6 @@ def test_seeds_make_groups_and_compare_agrees_with_scipy(sotu_dataset, tmp_path)
     """Two groups of two smoke runs (2 steps) at different learning rates: runs --compare's p-value
     is scipy's Welch test on the runs' val_loss, to 1e-9."""
     from core.runs.summary import find_runs, summarize
-    from tests.helpers import cli, data_flags
 
     pytest.importorskip("torch")
     common = ["--backend", "cuda", "--preset", "smoke", "--iterations", "2", "--val-loss-every", "0",

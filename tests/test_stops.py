@@ -13,14 +13,10 @@ import pytest
 
 from core.artifact.load import load_checkpoint
 from core.train.managed import train_managed
-from tests.helpers import (
-    ROOT,
-    data_flags,
-    make_backend,
-    needs,
-    read_until,
-    train_quietly,
-)
+from tests.support import ROOT
+from tests.support.backends import make_backend, needs
+from tests.support.cli import data_flags, read_until
+from tests.support.runs import train_quietly
 
 
 class Stop(Exception):

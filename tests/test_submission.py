@@ -19,7 +19,10 @@ from core.config.presets import preset
 from core.runs.package import write_record
 from core.runs.summary import hardware, summarize
 from core.runs.train_script import requirements
-from tests.helpers import ISOLATED, ROOT, assert_one_line_error, cli, data_flags, needs
+from tests.support import ROOT
+from tests.support.backends import needs
+from tests.support.cli import assert_one_line_error, cli, data_flags
+from tests.support.runs import ISOLATED, fake_run
 
 SMALL_CAP = 10_000  # a smoke model's artifact alone is ~230 KB: over it
 
@@ -117,30 +120,28 @@ def test_a_packaged_script_over_the_cap_says_so_last_and_exits_3(over_cap, sotu_
 
 
 # ---------------------------------------------------------------- package, over runs written by hand
-def fake_run(root: Path, name: str, seed: int, artifact: int = 900_000, code: int = 33_000, eval_s: float = 12.5,
-             device: str = "cpu", world: int = 1, data: dict | None = None, **config) -> Path:  # fmt: skip
-    """A finished run directory as `train` writes it, figures given."""
-    run = root / name
-    run.mkdir(parents=True)
-    cfg = preset("smoke").replace(seed=seed, data_path=str(root / "no_data"), **config)  # no data pgolf made
-    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
-    records = [
-        {"kind": "start", "step": 0, "backend": "cuda", "device": device, "world_size": world},
-        {"kind": "data", "train_shards": 2, "train_shards_sha256": "a" * 64, "val_shards": 1,
-         "val_sha256": "b" * 64, "tokenizer_sha256": "c" * 64, **(data or {})},
-        {"kind": "final", "steps": 4, "train_time_ms": 1500.0, "roundtrip_val_loss": 5.0, "roundtrip_val_bpb": 2.9,
-         "artifact_bytes": artifact, "code_bytes": code,
-         "roundtrip_eval_s": eval_s - 0.5, "eval_time_s": eval_s},
-    ]  # fmt: skip
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (run / "train.log").write_text("log\n")
-    with open(run / "final_model.int8.pgolf", "wb") as f:  # as many bytes as its final record says (sparse)
-        f.truncate(artifact)
-    return run
+# A seed's run as `train` writes it (fake_run's arguments): where it trained, on what data, its figures.
+STARTED = {"kind": "start", "step": 0, "backend": "cuda", "device": "cpu", "world_size": 1}
+DATA = {"kind": "data", "train_shards": 2, "train_shards_sha256": "a" * 64, "val_shards": 1, "val_sha256": "b" * 64,
+        "tokenizer_sha256": "c" * 64}  # fmt: skip
+SEED_RUN = dict(records=[STARTED, DATA], artifact=900_000, log="log", steps=4, train_time_ms=1500.0,
+                roundtrip_val_loss=5.0, roundtrip_val_bpb=2.9, code_bytes=33_000, roundtrip_eval_s=12.0,
+                eval_time_s=12.5)  # fmt: skip
+
+
+def smoke(root: Path, seed: int) -> Config:
+    return preset("smoke").replace(seed=seed, data_path=str(root / "no_data"))  # no data pgolf made
 
 
 def test_the_records_folder_has_the_records_fields_and_requirements(tmp_path):
-    runs = [fake_run(tmp_path, "a", 1), fake_run(tmp_path, "b", 2, artifact=905_000, eval_s=14.0)]
+    runs = [
+        fake_run(tmp_path / "a", smoke(tmp_path, 1), **SEED_RUN),
+        fake_run(
+            tmp_path / "b",
+            smoke(tmp_path, 2),
+            **(SEED_RUN | dict(artifact=905_000, roundtrip_eval_s=13.5, eval_time_s=14.0)),
+        ),
+    ]
     said: list[str] = []
     out, size = write_record(runs, tmp_path / "rec", "Two", "A. Golfer", "ag", "Blurb.", log=said.append)
     assert sorted(p.name for p in out.iterdir()) == [
@@ -191,7 +192,14 @@ def test_requirements_pin_what_the_bundle_imports_and_nothing_else():
 
 
 def test_package_refuses_a_seed_over_the_cap_before_its_audit(tmp_path):
-    runs = [fake_run(tmp_path, "a", 1), fake_run(tmp_path, "b", 2, artifact=BUDGET_BYTES - 100, code=40_000)]
+    runs = [
+        fake_run(tmp_path / "a", smoke(tmp_path, 1), **SEED_RUN),
+        fake_run(
+            tmp_path / "b",
+            smoke(tmp_path, 2),
+            **(SEED_RUN | dict(artifact=BUDGET_BYTES - 100, code_bytes=40_000)),
+        ),
+    ]
 
     def audit(run):
         raise AssertionError("audited")
@@ -204,8 +212,9 @@ def test_package_refuses_a_seed_over_the_cap_before_its_audit(tmp_path):
 
 
 def test_package_refuses_a_slow_evaluation_on_the_tracks_hardware_only(tmp_path):
-    h100 = {"device": "cuda:0 (NVIDIA H100 80GB HBM3)", "world": 8}
-    slow = fake_run(tmp_path, "slow", 1, eval_s=640.0, **h100)
+    h100 = STARTED | {"device": "cuda:0 (NVIDIA H100 80GB HBM3)", "world_size": 8}
+    took = dict(roundtrip_eval_s=639.5, eval_time_s=640.0)
+    slow = fake_run(tmp_path / "slow", smoke(tmp_path, 1), **(SEED_RUN | took | dict(records=[h100, DATA])))
     with pytest.raises(
         PgolfError,
         match=r"seed 1 .* took 640.0 s to evaluate on 8xNVIDIA H100 80GB HBM3, past the track's 600 s",
@@ -213,14 +222,20 @@ def test_package_refuses_a_slow_evaluation_on_the_tracks_hardware_only(tmp_path)
         write_record([slow], tmp_path / "rec", "x")
     out, _ = write_record([slow], tmp_path / "rec2", "x", track="non_record_16mb")  # no time limit there
     assert json.loads((out / "submission.json").read_text())["track"] == "non_record_16mb"
-    elsewhere = fake_run(tmp_path, "cpu", 1, eval_s=640.0)  # a CPU's time says nothing of an H100's
+    elsewhere = fake_run(
+        tmp_path / "cpu", smoke(tmp_path, 1), **(SEED_RUN | took)
+    )  # a CPU's time says nothing of an H100's
     write_record([elsewhere], tmp_path / "rec3", "x")
     with pytest.raises(PgolfError, match=r"unknown track 'short' \(choose 10min_16mb or non_record_16mb\)"):
         write_record([elsewhere], tmp_path / "rec4", "x", track="short")
 
 
 def test_package_refuses_seeds_trained_on_different_data(tmp_path):
-    runs = [fake_run(tmp_path, "a", 1), fake_run(tmp_path, "b", 2, data={"train_shards_sha256": "d" * 64})]
+    other_data = DATA | {"train_shards_sha256": "d" * 64}
+    runs = [
+        fake_run(tmp_path / "a", smoke(tmp_path, 1), **SEED_RUN),
+        fake_run(tmp_path / "b", smoke(tmp_path, 2), **(SEED_RUN | dict(records=[STARTED, other_data]))),
+    ]
     with pytest.raises(
         PgolfError,
         match=r"seed 2 \(.*\) trained on other data than seed 1: train_shards_sha256 d{16} vs a{16}$",

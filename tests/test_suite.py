@@ -1,4 +1,4 @@
-"""The suite's own rules: a test module imports no other (what they share is in tests/helpers.py,
+"""The suite's own rules: a test module imports no other (what they share is in tests/support/,
 tests/golden_data.py and tests/conftest.py), and no test reads the checkout's data/ or runs/."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from core.config.presets import PRESETS, preset
-from tests.helpers import ROOT
+from tests.support import ROOT
 
 
 def imported_test_modules(path: Path) -> set[str]:
@@ -56,7 +56,7 @@ def test_no_test_starts_a_process_in_the_checkout():
     """A process started with cwd=ROOT would read the checkout's data/ and runs/ (relative paths)."""
     found = [
         f"{path.name}:{node.lineno}"
-        for path in sorted((ROOT / "tests").glob("*.py"))
+        for path in sorted([*(ROOT / "tests").glob("*.py"), *(ROOT / "tests" / "support").glob("*.py")])
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.keyword) and node.arg == "cwd" and "ROOT" in ast.unparse(node.value)
     ]

@@ -17,7 +17,9 @@ import pytest
 from core.common.errors import PgolfError
 from core.runs import sweep as sw
 from core.train.rundir import RunDir
-from tests.helpers import ROOT, VARIANTS, assert_one_line_error, cli, fake_sweep_run, write_spec
+from tests.support import ROOT
+from tests.support.cli import assert_one_line_error, cli
+from tests.support.runs import VARIANTS, fake_run, write_spec
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -112,9 +114,16 @@ def test_the_report_ranks_the_variants_with_scipys_p_values(tmp_path):
     for run in plan.runs:
         losses = LOSSES[run.variant]
         if run.seed <= len(losses):
-            fake_sweep_run(run, losses[run.seed - 1])
+            fake_run(run.path, run.cfg, sweep=True, curve=3, roundtrip_val_loss=losses[run.seed - 1])
         else:
-            fake_sweep_run(run, None, failed="error: training diverged: val_loss nan at step 2")
+            fake_run(
+                run.path,
+                run.cfg,
+                sweep=True,
+                curve=3,
+                finished=False,
+                failed="error: training diverged: val_loss nan at step 2",
+            )
     result, paths, no_plot = sw.write_report(plan, "python cli.py sweep s.toml")
     plots = importlib.util.find_spec("matplotlib") is not None  # the `plot` extra, or where it is missing
     assert no_plot == ("" if plots else "no plot: plotting needs matplotlib: pip install 'pgolf[plot]'")
@@ -149,10 +158,12 @@ def test_the_report_ranks_the_variants_with_scipys_p_values(tmp_path):
 def test_where_each_run_stands(tmp_path):
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
     done, failed, resumable, fresh, empty = plan.runs[:5]
-    fake_sweep_run(done, 3.0)
-    fake_sweep_run(failed, None, failed="error: boom")
-    fake_sweep_run(resumable, None, checkpoint=True)
-    fake_sweep_run(fresh, None)  # stopped before its first checkpoint: started again
+    fake_run(done.path, done.cfg, sweep=True, curve=3, roundtrip_val_loss=3.0)
+    fake_run(failed.path, failed.cfg, sweep=True, curve=3, finished=False, failed="error: boom")
+    fake_run(resumable.path, resumable.cfg, sweep=True, curve=3, finished=False, checkpoint=True)
+    fake_run(
+        fresh.path, fresh.cfg, sweep=True, curve=3, finished=False
+    )  # stopped before its first checkpoint: started again
     assert [sw.run_state(r) for r in plan.runs[:5]] == [sw.DONE, sw.FAILED, sw.RESUME, sw.NEW, sw.NEW]
     assert sw.failure(failed.path) == "error: boom"
     # a spec edited after a run finished: refused rather than mixed into one table
@@ -271,7 +282,7 @@ def test_without_matplotlib_the_table_is_written_and_the_plot_named_missing(tmp_
 
     monkeypatch.setattr(plots, "_pyplot", no_matplotlib)
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
-    fake_sweep_run(plan.runs[0], 3.0)
+    fake_run(plan.runs[0].path, plan.runs[0].cfg, sweep=True, curve=3, roundtrip_val_loss=3.0)
     result, paths, no_plot = sw.write_report(plan)
     assert [p.name for p in paths] == ["s.report.json", "s.report.md"] and result["finished"] == 1
     assert no_plot == "no plot: plotting needs matplotlib: pip install 'pgolf[plot]'"

@@ -14,7 +14,8 @@ import pytest
 from core.common.errors import PgolfError
 from core.runs import sweep as sw
 from core.train.rundir import RunDir, config_digest
-from tests.helpers import VARIANTS, assert_one_line_error, cli, fake_sweep_run, write_spec
+from tests.support.cli import assert_one_line_error, cli
+from tests.support.runs import VARIANTS, fake_run, write_spec
 
 
 def started_run(run: sw.PlannedRun, loss: float) -> None:
@@ -24,7 +25,7 @@ def started_run(run: sw.PlannedRun, loss: float) -> None:
         {"kind": "start", "step": 0, "backend": "cuda", "config_sha256": config_digest(run.cfg.to_dict())}
     )
     folder.close()
-    fake_sweep_run(run, loss)
+    fake_run(run.path, run.cfg, sweep=True, curve=3, roundtrip_val_loss=loss)
 
 
 @pytest.mark.parametrize(
@@ -130,7 +131,7 @@ def test_many_variants_are_checked_for_twins_in_linear_time(tmp_path):
 def test_a_final_score_that_is_not_finite_is_diverged(tmp_path, score):
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
     for run in plan.runs:
-        fake_sweep_run(run, 3.0 + run.seed / 100)
+        fake_run(run.path, run.cfg, sweep=True, curve=3, roundtrip_val_loss=3.0 + run.seed / 100)
     lines = (plan.runs[0].path / "metrics.jsonl").read_text().splitlines()
     final = json.loads(lines[-1]) | {"roundtrip_val_bpb": score}
     (plan.runs[0].path / "metrics.jsonl").write_text("\n".join([*lines[:-1], json.dumps(final)]) + "\n")
@@ -146,7 +147,7 @@ def test_a_final_score_that_is_not_finite_is_diverged(tmp_path, score):
 def test_a_fifo_where_a_runs_file_should_be_is_an_error_never_a_resume(tmp_path, name):
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
     run = plan.runs[0]
-    fake_sweep_run(run, None, checkpoint=True)
+    fake_run(run.path, run.cfg, sweep=True, curve=3, finished=False, checkpoint=True)
     (run.path / name).unlink()
     os.mkfifo(run.path / name)
     with pytest.raises(

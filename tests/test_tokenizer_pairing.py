@@ -13,12 +13,9 @@ from core.artifact.load import load_weights
 from core.common.errors import PgolfError
 from core.common.files import file_sha256
 from core.data.manifest import check_tokenizer, read_manifest
-from tests.helpers import (
-    CHALLENGE,
-    assert_one_line_error,
-    cli,
-    export_smoke,
-)
+from tests.support.artifacts import export_smoke
+from tests.support.cli import assert_one_line_error, cli
+from tests.support.data import CHALLENGE
 
 OTHER_TOKENIZER = CHALLENGE / "fineweb_1024_bpe.model"  # vocab 1024 too, but not the one of sotu_sp1024
 

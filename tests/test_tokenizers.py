@@ -28,7 +28,8 @@ from core.datasets.embedded import paragraphs, read_text, speech_files
 from core.datasets.prepare import prepare_docs
 from core.datasets.writers import train_tokenizer
 from core.eval.score import evaluators, load_eval_data
-from tests.helpers import BACKENDS, busy_params, make_backend
+from tests.support.backends import BACKENDS, busy_params, make_backend
+from tests.support.runs import fake_run
 
 VOCAB = 400
 MULTIBYTE = [  # accents, CJK, emoji: characters a tiny tokenizer spells with byte-fallback tokens
@@ -256,15 +257,7 @@ def test_package_writes_the_byte_proof_into_the_compliance_section(made, tmp_pat
     from core.config.fields import Config
     from core.runs.package import write_record
 
-    run = tmp_path / "run"
-    run.mkdir()
-    cfg = Config(**dataset_settings("docs_nospace", made))
-    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
-    record = {"kind": "final", "steps": 1, "train_time_ms": 1.0, "roundtrip_val_loss": 2.0,
-              "roundtrip_val_bpb": 1.0, "artifact_bytes": 10, "code_bytes": 5}  # fmt: skip
-    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
-    (run / "train.log").write_text("log\n")
-    (run / "final_model.int8.pgolf").write_bytes(bytes(10))  # the artifact its final record describes
+    run = fake_run(tmp_path / "run", Config(**dataset_settings("docs_nospace", made)), artifact=10, log="log")
     folder, _ = write_record([run], tmp_path / "rec", "x")
     section = (folder / "README.md").read_text().split("## Compliance", 1)[1]
     proof = verify_bytes(made, "docs_nospace")

@@ -21,18 +21,18 @@ from core.eval.plain import evaluate
 from core.eval.score import load_eval_data
 from core.runs.summary import read_metrics
 from core.train.loop import train
-from tests.helpers import (
+from tests.support import ROOT
+from tests.support.backends import (
     BACKENDS,
     NEEDS,
-    ROOT,
     SMALL_LOOPS_LANES,
-    final_params,
     launcher,
     make_backend,
     needs,
-    run,
     torchrun_env,
 )
+from tests.support.data import digest
+from tests.support.runs import final_params, run
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
@@ -403,7 +403,6 @@ def test_sigterm_ends_a_rank_stuck_in_a_collective(sotu_dataset, tmp_path):
 def test_torchrun_without_data_prepares_one_dataset(sotu_dataset, tmp_path):
     """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte."""
     from core.data.manifest import read_manifest
-    from tests.helpers import digest
 
     done = subprocess.run(
         [*launcher("cuda"), str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset",

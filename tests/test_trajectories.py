@@ -23,7 +23,8 @@ from core.datasets.writers import write_shard
 from core.runs.summary import read_metrics
 from core.train.managed import train_managed
 from tests.golden_data import GOLDEN, read_golden
-from tests.helpers import BACKENDS, final_params, make_backend
+from tests.support.backends import BACKENDS, make_backend
+from tests.support.runs import final_params
 
 LOSS_TOL = 1e-4
 WEIGHT_RTOL = 1e-4

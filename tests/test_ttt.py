@@ -15,17 +15,10 @@ from core.eval.bpb import EvalData
 from core.eval.score import evaluators
 from core.eval.ttt import chunk_window, evaluate_ttt, find_documents, global_lr, plan_batches
 from tests.golden_data import GOLDEN, read_golden, record_config
-from tests.helpers import (
-    BACKENDS,
-    LEGAL_CFG,
-    ROOT,
-    AdaptsFirst,
-    busy_params,
-    make_backend,
-    needs,
-    stream,
-    unit_tables,
-)
+from tests.support import ROOT
+from tests.support.backends import BACKENDS, busy_params, launcher, make_backend, needs, torchrun_env
+from tests.support.cli import assert_one_line_error, cli, data_flags
+from tests.support.ttt import LEGAL_CFG, AdaptsFirst, stream, unit_tables
 
 # ----------------------------------------------------------- the record's own TTT (make_record_ttt.py)
 RECORD_TTT = GOLDEN / "record_ttt.safetensors"
@@ -231,8 +224,6 @@ TTT_FLAGS = [
 @pytest.mark.slow
 @needs("mlx")
 def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_dataset, tmp_path):
-    from tests.helpers import assert_one_line_error, cli, data_flags
-
     result = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "20", "--out-dir",
                  str(tmp_path), "--run-id", "r", *data_flags(sotu_dataset), *TTT_FLAGS)  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -262,8 +253,6 @@ def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_data
 @pytest.fixture(scope="module")
 def mlx_artifact(sotu_dataset, tmp_path_factory):
     """A 10-step smoke run's artifact, trained once for both backends' test below."""
-    from tests.helpers import cli, data_flags
-
     out = tmp_path_factory.mktemp("runs")
     trained = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "10", "--out-dir",
                   str(out), "--run-id", "r", *data_flags(sotu_dataset))  # fmt: skip
@@ -279,8 +268,6 @@ def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact)
     and train the global phase together: the same TTT score as one process. The adapters' learning
     rate is 0 here: with it, which A a batch starts from depends on the batches its rank took before."""
     import subprocess
-
-    from tests.helpers import cli, data_flags, launcher, torchrun_env
 
     # Three documents one at a time, longest first; the phase trains on the first two before the third.
     args = ["eval", str(mlx_artifact), "--backend", backend_name, *TTT_FLAGS,

@@ -10,8 +10,8 @@ import pytest
 from core.common.errors import PgolfError
 from core.config.presets import preset
 from core.eval.score import load_eval_data
-from tests.helpers import BACKENDS, FEATURES, LOOPS_LANES, busy_params, make_backend, needs
 from tests.reference import document_mask, reference_logits, reference_loss
+from tests.support.backends import BACKENDS, LOOPS_LANES, MODEL_SWITCHES, busy_params, make_backend, needs
 
 # Rows of 40 tokens, longer than max_doc_len (16): row 0 has documents starting at 5, 6 (one token) and
 # 20 (cut at 36); row 1 has no BOS, so its one document is cut at 16 and 32.
@@ -47,7 +47,7 @@ def test_segments_are_cut_at_bos_and_every_max_doc_len():
 
 
 @pytest.mark.parametrize(
-    "features", [{}, dict(FEATURES, **LOOPS_LANES, ve_layers="2,4")], ids=["plain", "all"]
+    "features", [{}, dict(MODEL_SWITCHES, **LOOPS_LANES, ve_layers="2,4")], ids=["plain", "all"]
 )
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_packed_rows_match_the_reference(backend_name, features):

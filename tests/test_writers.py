@@ -15,15 +15,9 @@ from core.common.files import WriterLock
 from core.datasets.embedded import prepare_sotu
 from core.train import rundir
 from core.train.rundir import RunDir
-from tests.helpers import (
-    IMPORTABLE,
-    ROOT,
-    assert_one_line_error,
-    cli,
-    data_flags,
-    needs,
-    read_until,
-)
+from tests.support import ROOT
+from tests.support.backends import needs
+from tests.support.cli import IMPORTABLE, assert_one_line_error, cli, data_flags, read_until
 
 
 # ------------------------------------------------- one writer per run directory, per data folder

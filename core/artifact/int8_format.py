@@ -77,7 +77,7 @@ def quantize_int8(
 
     Float weights arrive as float32; one recorded as bfloat16 or float16 is first
     rounded to that precision, so the result is what upstream gets from the model.
-    (The challenge's export statistics of the result: tests/helpers.py, int8_stats.)
+    (The challenge's export statistics of the result: tests/support/artifacts.py, int8_stats.)
     """
     orig_dtypes, classes = orig_dtypes or {}, classes or {}
     out = Int8Model()

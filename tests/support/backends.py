@@ -1,0 +1,133 @@
+"""Backends for the tests: which are installed (the `needs(...)` markers), one built, busy weights, a batch,
+the model switches; the frameworks' launchers of two processes; a process where they cannot be imported."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.model import backend as backends
+from core.model.params import init_params
+from tests.support.cli import IMPORTABLE
+
+requires_torch = pytest.mark.skipif(  # found, not imported: conftest sets its threads first
+    importlib.util.find_spec("torch") is None, reason="torch is not installed (an independent reference here)"
+)
+
+# What a test of each backend needs: its framework's marker, and a skip when it is missing.
+NEEDS = {
+    name: [
+        getattr(pytest.mark, info.framework),
+        pytest.mark.skipif(not info.installed, reason=f"{info.framework} not installed"),
+    ]
+    for name, info in backends.BACKENDS.items()
+}
+
+
+BACKENDS = [pytest.param(name, marks=marks, id=name) for name, marks in NEEDS.items()]
+
+
+def needs(name: str):
+    """Decorator: the test needs this backend's framework (marked, and skipped without it)."""
+
+    def mark(test):
+        for m in NEEDS[name]:
+            test = m(test)
+        return test
+
+    return mark
+
+
+def make_backend(name: str, cfg):
+    assert name in backends.BACKENDS, name
+    return backends.create(name, cfg)
+
+
+def busy_params(cfg, seed: int = 0) -> dict[str, np.ndarray]:
+    """Init weights with every zero/one tensor perturbed, so every path of the model matters."""
+    params = init_params(cfg)
+    rng = np.random.default_rng(seed)
+    for name, value in params.items():
+        noise = rng.normal(0, 0.05 if value.ndim == 2 else 0.2, value.shape)
+        params[name] = (value + noise).astype(np.float32)
+    return params
+
+
+def batch(cfg, n: int = 2, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    tokens = (
+        np.random.default_rng(seed).integers(0, cfg.vocab_size, (n, cfg.train_seq_len + 1)).astype(np.int32)
+    )
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+# Depth recurrence and parallel lanes on a 5-layer smoke model: looping visits
+# [0, 1, 2, 1, 2, 1, 2, 3, 4] (encoder [0, 1, 2, 1], decoder [2, 1, 2, 3, 4]), lanes from layer 3.
+LOOPS_LANES = dict(num_layers=5, num_loops=2, loop_start=1, loop_end=2, parallel_start_layer=3)
+
+
+# The smallest model with both, for the compile tests (compiling is slow on a CPU): looping visits
+# [0, 1, 1, 2] (encoder [0, 1], decoder [1, 2]), not looping [0] | [1, 2]; lanes from layer 2.
+SMALL_LOOPS_LANES = dict(num_layers=3, num_loops=1, loop_start=1, loop_end=1, parallel_start_layer=2)
+
+
+# Every model switch of a block on at once (small: the numpy reference loops head by head). Not core's
+# FEATURES (core/config/features.py: the optional modules a packaged script carries).
+MODEL_SWITCHES = dict(
+    mlp_mult=2.5, mlp_activation="leaky_relu2", rope_dims=8, ln_scale=True, xsa_last_n=2, ve_enabled=True,
+    ve_dim=24, ve_layers="1,2", skip_gates_enabled=True, qk_gain_init=4.0, smear_gate_enabled=True,
+    gate_window=8, attn_out_gate_enabled=True, attn_out_gate_src="q", varlen_attn_enabled=True,
+    rope_precision="bfloat16",
+)  # fmt: skip
+
+
+# ---------------------------------------- launchers of two processes
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher(backend_name: str) -> list[str]:
+    """The framework's own launcher for two processes on this machine."""
+    if backend_name == "cuda":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                "--master_addr=127.0.0.1"]  # fmt: skip
+    mlx_launch = Path(sys.executable).parent / "mlx.launch"
+    if not mlx_launch.exists():
+        pytest.skip(f"{mlx_launch} not found")
+    # The ring backend listens on two consecutive ports from --starting-port.
+    return [str(mlx_launch), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
+            sys.executable]  # fmt: skip
+
+
+def torchrun_env(**extra: str) -> dict[str, str]:
+    # Loopback only: gloo otherwise picks an interface from the host name, which can fail.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **extra}
+
+
+# ---------------------------------------- core/ without a framework
+BLOCKER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'mlx'):
+            raise ImportError(f'{name} is blocked in this test')
+sys.meta_path.insert(0, Block())
+"""
+
+
+def run_blocked(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER + code],
+        env=os.environ | IMPORTABLE,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -1,0 +1,127 @@
+"""cli.py for the tests: `cli(...)`, a command in a process of its own (forked from tests/cli_server.py),
+`cli_after` (one with a hook replaced first), and `assert_one_line_error`, the one check of a refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from tests.support import ROOT
+
+# A process started in the folder the suite runs in (conftest.py: hermetic), not the checkout, imports pgolf by this.
+IMPORTABLE = {"PYTHONPATH": str(ROOT)}
+
+
+class CLIServer:
+    """tests/cli_server.py, started on first use: it forks each `cli.py` command from a process that has
+    imported PyTorch and the rest already (one or two seconds less of CPU a command)."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.lines: queue.Queue[str] = queue.Queue()
+
+    def run(
+        self, args: list[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "cli_server.py")], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True,
+                env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+            )  # fmt: skip
+            self.lines = queue.Queue()
+            threading.Thread(target=self._read, args=(self.process.stdout, self.lines), daemon=True).start()
+        folder = Path(os.environ["PGOLF_CACHE_DIR"]).parent / "cli-output" / str(os.getpid())
+        folder.mkdir(parents=True, exist_ok=True)
+        out, err = folder / "stdout", folder / "stderr"
+        request = {"args": args, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        pid = int(self._line("pid", 60))
+        try:
+            code = int(self._line("exit", timeout))
+        except subprocess.TimeoutExpired:
+            os.kill(pid, signal.SIGKILL)
+            self._line("exit", 60)
+            raise
+        return subprocess.CompletedProcess(
+            ["cli.py", *args], code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
+
+    @staticmethod
+    def _read(stream, lines: queue.Queue) -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put("")  # the server ended
+
+    def _line(self, word: str, timeout: float) -> str:
+        """The value of the server's next line, `WORD <value>`; TimeoutExpired after `timeout` s."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise subprocess.TimeoutExpired(f"cli.py ({word})", timeout) from None
+        head, _, value = line.strip().partition(" ")
+        if head != word:
+            raise RuntimeError(f"cli_server ended or said {line!r} instead of {word} <value>")
+        return value
+
+
+CLI_SERVER = CLIServer()
+
+
+def cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python cli.py ARGS` in a process of its own, its output captured: what subprocess.run gives. On Linux
+    forked from CLI_SERVER; elsewhere started afresh (macOS's system frameworks, which PyTorch loads, are not
+    safe to use in a forked process)."""
+    env = {**os.environ, **(env or {})}
+    if sys.platform == "linux":
+        return CLI_SERVER.run(list(args), cwd or Path.cwd(), env, timeout=300)
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
+
+
+def data_flags(dataset) -> list[str]:
+    return ["--data-path", str(dataset.data_path), "--tokenizer-path", str(dataset.tokenizer_path)]
+
+
+def assert_one_line_error(
+    result: subprocess.CompletedProcess, *fragments: str, packaged: bool = False
+) -> None:
+    """The refusal pgolf promises for bad input: a non-zero exit status, no traceback, and exactly one line on
+    stderr, `error: ...`, naming every fragment. `packaged`: a packaged script run alone, which also exits
+    with status 1, names no cli.py (there is none beside it), keeps the line short (a traceback would print
+    its 40 KB encoded source) and stops before its first training step."""
+    assert result.returncode != 0, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    if packaged:
+        assert result.returncode == 1 and "cli.py" not in lines[0] and len(lines[0]) < 400, lines[0]
+        assert "step:" not in result.stdout
+
+
+def cli_after(setup: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python cli.py ARGS` in a fresh process that first runs the Python lines `setup` (which replace a
+    hook, e.g. to stop the process at one step): the command's own signal handling and exit status."""
+    code = f"import sys\n{setup}\nsys.argv = ['cli.py', *{list(args)!r}]\nimport cli\ncli.main()\n"
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=os.environ | IMPORTABLE)  # fmt: skip
+
+
+def read_until(process: subprocess.Popen, prefix: str) -> list[str]:
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(f"no line starting {prefix!r} in {''.join(lines)}{process.stderr.read()}")
