@@ -174,9 +174,8 @@ def test_caseops_documents(docs, tmp_path):
     assert proof.scoring == proof.text == sum(len(t.encode("utf-8")) for t in texts_of(docs))
 
 
-@pytest.mark.filterwarnings(
-    "ignore:the tokenizer has no byte fallback"
-)  # characters it lacks: in training documents
+# prepare warns: some of the training documents hold characters sp1024 has no piece for
+@pytest.mark.filterwarnings("ignore:the tokenizer has no byte fallback")
 def test_the_challenge_sp1024_on_text_it_covers_needs_no_sidecar(challenge_dir, tmp_path):
     texts = speech_paragraphs(30)
     docs = tmp_path / "docs.jsonl"
