@@ -27,7 +27,7 @@ from core.datasets.writers import write_shard
 from core.eval.score import evaluators
 from core.runs.setup import weights_and_data
 from tests.golden_data import GOLDEN
-from tests.helpers import BACKENDS, make_backend
+from tests.support.backends import BACKENDS, make_backend
 
 GRID_0401 = GOLDEN / "record_eval_grid.json"
 GRID_0427 = GOLDEN / "record_eval_grid_0427.json"

@@ -26,8 +26,8 @@ from core.model.optim import base_lr, muon_scale, newton_schulz, ns_coefficients
 from core.model.params import ParamSpec, num_skip_weights, param_shapes, param_specs
 from core.model.schedule import lr_multiplier, muon_wd_multiplier
 from tests.golden_data import GOLDEN, read_golden, record_config
-from tests.helpers import BACKENDS, make_backend
 from tests.reference import document_mask
+from tests.support.backends import BACKENDS, make_backend
 
 RECORD_0401 = GOLDEN / "record_0401.safetensors"
 
