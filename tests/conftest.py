@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,12 @@ for name in [*(n.upper() for n in field_names()), *ENV_ALIASES, *(m for ms in RE
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers: one thread each, and for what it starts
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(name, "1")
+
+# Ctrl-C is Ctrl-C in every test: a shell starts a background job with SIGINT ignored, and the processes a
+# test starts would inherit that and never see the SIGINT a test sends them. A Python handler here becomes
+# the default action in what this process executes (and Python's own handler in a Python child).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A system OpenBLAS (Debian's libopenblas0-pthread) makes MLX's fp32 matmuls on a Linux CPU several times
 # faster when it is preloaded (speed only: the same numbers). A library is preloaded only when a process
