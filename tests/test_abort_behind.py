@@ -72,6 +72,7 @@ def stopped_record(run_dir, reference_run) -> dict:
     return stop
 
 
+@pytest.mark.slow
 @needs("mlx")
 def test_a_run_far_behind_its_reference_is_stopped(sotu_dataset, reference_run, tmp_path):
     with pytest.raises(BehindReference) as stopped:
@@ -97,6 +98,7 @@ def test_a_run_level_with_its_reference_goes_on_to_its_score(sotu_dataset, refer
     assert summarize(result.run_dir).stopped == ""
 
 
+@pytest.mark.slow
 @needs("cuda")
 def test_the_cli_stops_with_status_4_one_line_and_runs_says_why(sotu_dataset, reference_run, tmp_path):
     from typer.testing import CliRunner

@@ -99,6 +99,7 @@ def test_the_mixed_export_follows_the_config(tmp_path):
 
 
 # --------------------------------------------------------------------- reading
+@pytest.mark.slow
 def test_every_format_is_read_back(tmp_path):
     cfg = preset("smoke").replace(**WIDE)
     params, dtypes, classes = busy_params(cfg), storage_dtypes(cfg, False), artifact_classes(cfg)
@@ -142,6 +143,7 @@ def mixed_blob(tmp_path_factory) -> bytes:
     return path.read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", [0, 5, 11, 12, 40, -1])
 def test_damaged_artifacts_are_one_line(tmp_path, mixed_blob, cut):
     (tmp_path / "bad").write_bytes(mixed_blob[:cut])
@@ -215,6 +217,7 @@ def test_both_backends_collect_the_same_hessians_and_token_losses():
         np.testing.assert_allclose(h_m[name], h_t[name], rtol=1e-4, atol=1e-3, err_msg=name)
 
 
+@pytest.mark.slow
 @needs("cuda")
 def test_calibration_reads_training_batches_and_gptq_rounds_the_matrices(sotu_dataset, tmp_path):
     cfg = sotu_dataset.config(**WIDE, quant_format="mixed", gptq_enabled=True, gptq_calibration_batches=3)

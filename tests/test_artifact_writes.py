@@ -36,6 +36,7 @@ def fake_lrzip(tmp_path, monkeypatch) -> Path:
 
 
 # ------------------------------------------------- every artifact written is read back
+@pytest.mark.slow
 def test_an_artifact_whose_compressor_corrupts_it_is_not_written(fake_lrzip, tmp_path, monkeypatch):
     quant_format = "mixed"  # int6 matrices: what pergroup gives lrzip
     out = tmp_path / "out"
@@ -77,6 +78,7 @@ def test_export_through_a_corrupting_lrzip_fails_in_one_line(fake_lrzip, tmp_pat
 
 
 # ------------------------------------------------- lrzip: missing when reading, hung
+@pytest.mark.slow
 def test_reading_a_pergroup_artifact_without_lrzip_says_so_not_damaged(fake_lrzip, tmp_path, monkeypatch):
     path = tmp_path / "a.pgolf"
     export_smoke(path, "pergroup", quant_format="mixed")
@@ -90,6 +92,7 @@ def test_reading_a_pergroup_artifact_without_lrzip_says_so_not_damaged(fake_lrzi
         assert "damaged" not in message and "--compressor" not in message  # no other compressor reads it
 
 
+@pytest.mark.slow
 def test_an_lrzip_that_never_ends_is_stopped(fake_lrzip, tmp_path, monkeypatch):
     path = tmp_path / "a.pgolf"
     export_smoke(path, "pergroup", quant_format="mixed")

@@ -58,6 +58,7 @@ PAIRS = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend_name", "case"), PAIRS)
 def test_pgolfs_evaluations_pass(backend_name, case):
     cfg, evaluator = CASES[case]
@@ -104,6 +105,7 @@ class PeeksAhead:
         return losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend_name", "case"), PAIRS)
 def test_an_evaluation_that_learns_before_it_scores_fails(backend_name, case):
     cfg, evaluator = CASES[case]
@@ -224,6 +226,7 @@ def test_audit_passes_a_ttt_run_and_package_writes_the_compliance_section(ttt_ru
     assert "| 3 | pass |" in section and "training shards only" in section
 
 
+@pytest.mark.slow
 @needs("mlx")
 def test_audit_refuses_a_checkpoint_and_an_unknown_evaluation(ttt_run):
     checkpoints = sorted((ttt_run / "checkpoints").glob("*.safetensors"))
@@ -234,6 +237,7 @@ def test_audit_refuses_a_checkpoint_and_an_unknown_evaluation(ttt_run):
     )
 
 
+@pytest.mark.slow
 def test_package_writes_the_audits_and_refuses_a_run_that_fails_one(tmp_path):
     from core.common.errors import PgolfError
     from core.runs.package import write_record

@@ -97,6 +97,7 @@ def test_forward_matches_the_reference(backend_name, features):
         assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(loss, rel=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.cuda
 @pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("backend_name", BACKENDS)
@@ -366,6 +367,7 @@ def test_torch_compiled_bf16_steady_state_has_no_recompiles():
     assert_steady_state_compiles_nothing(backend, micro)
 
 
+@pytest.mark.slow
 @pytest.mark.cuda
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_bf16_compute_stays_close_to_the_reference_and_learns(backend_name):

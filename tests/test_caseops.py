@@ -37,6 +37,7 @@ TEXTS = st.one_of(
 
 
 # ------------------------------------------------------------------------------- the transform
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(TEXTS)
 def test_decode_inverts_encode_on_any_text(text):

@@ -116,6 +116,7 @@ def test_a_submission_it_cannot_make_sense_of_is_a_finding_never_a_traceback(goo
     assert findings and all(isinstance(f, str) and "\n" not in f for f in findings)
 
 
+@pytest.mark.slow
 def test_the_command_prints_a_line_per_finding_and_exits_1(good, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(good, bad)
@@ -267,6 +268,7 @@ def test_files_that_are_no_regular_files_are_findings_never_a_hang(good):
     )
 
 
+@pytest.mark.slow
 def test_a_batch_reports_every_folder_and_the_count_whatever_one_holds(good, tmp_path):
     deep = tmp_path / "deep"
     shutil.copytree(good, deep)

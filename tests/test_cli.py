@@ -37,6 +37,7 @@ def roundtrip_bpb(stdout: str) -> float:
     return float(re.search(r"final_int8_zlib_roundtrip_exact val_loss:\S+ val_bpb:(\S+)", stdout).group(1))
 
 
+@pytest.mark.slow
 @needs("cuda")
 def test_train_prints_the_score_and_the_budget(trained):
     run_dir, stdout = trained
@@ -138,6 +139,7 @@ def test_a_record_style_run_scores_sliding_and_gptq_and_eval_and_verify_agree(so
     assert "backends agree" in verified.stdout and "sliding" in verified.stdout
 
 
+@pytest.mark.slow
 @needs("cuda")
 def test_export_writes_the_artifact_settings_given_and_reports_json(sotu_dataset, trained, tmp_path):
     run_dir, _ = trained
@@ -195,6 +197,7 @@ def test_eval_and_verify_score_a_records_int6_artifact(sotu_dataset, tmp_path):
     assert verified.returncode == 0 and "backends agree" in verified.stdout, verified.stdout + verified.stderr
 
 
+@pytest.mark.slow
 def test_usage_errors_are_one_line():
     for args, message in [
         (("train", "--matrx-lr", "0.1"), "No such option: --matrx-lr"),
@@ -284,6 +287,7 @@ def test_a_run_directory_is_never_reused(sotu_dataset, trained):
     assert (run_dir / "metrics.jsonl").read_bytes() == before
 
 
+@pytest.mark.slow
 @needs("cuda")
 def test_tampered_and_truncated_artifacts(sotu_dataset, trained, tmp_path):
     run_dir, _ = trained
@@ -376,6 +380,7 @@ def test_config_show_prints_a_config_file_with_the_source_of_each_value(tmp_path
     )
 
 
+@pytest.mark.slow
 def test_runs_on_a_terminal_shows_the_groups_too(tmp_path, monkeypatch):
     import io
 

@@ -372,6 +372,7 @@ def changes_the_model(base: Config, name: str) -> bool | None:
     return bool(np.abs(out - logits).max() > 1e-9)
 
 
+@pytest.mark.slow
 def test_a_model_setting_the_shapes_do_not_tell_is_kept_for_scoring():
     """A model field changes the model (its weights' shapes, or its output on the same weights) and
     the shapes do not tell its value exactly when it is declared scoring=True: otherwise an artifact
@@ -393,6 +394,7 @@ def test_a_model_setting_the_shapes_do_not_tell_is_kept_for_scoring():
         )
 
 
+@pytest.mark.slow
 def test_each_scoring_setting_comes_back_from_an_artifact(tmp_path):
     small = preset("smoke")
     model = int8_format.quantize_int8(

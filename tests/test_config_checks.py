@@ -73,6 +73,7 @@ def test_whole_numbers_written_with_a_fraction_or_an_exponent_still_count(tmp_pa
     assert (cfg.iterations, cfg.budget_bytes, cfg.seed) == (20_000, 15_000_000, 7)
 
 
+@pytest.mark.slow
 def test_a_fit_margin_without_a_fit_or_a_fit_over_the_cap_is_refused_at_once(checkpoint):
     assert_one_line_error(
         cli("export", str(checkpoint), "--fit-margin", "1000"),

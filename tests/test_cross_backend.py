@@ -112,6 +112,7 @@ def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_pa
         assert len(read_artifact(paths[0]).lqer) == cfg.lqer_top_k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("writer", "reader"), DIRECTIONS)
 def test_an_artifact_scores_the_same_in_both(sotu_dataset, tmp_path, writer, reader):
     result = run(sotu_dataset, writer, tmp_path, iterations=3)
@@ -123,6 +124,7 @@ def test_an_artifact_scores_the_same_in_both(sotu_dataset, tmp_path, writer, rea
     assert meter.val_bpb == pytest.approx(result.roundtrip_val_bpb, abs=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize(("writer", "reader"), DIRECTIONS)
 def test_a_checkpoint_resumes_in_the_other_backend(sotu_dataset, tmp_path, writer, reader, model):
@@ -137,6 +139,7 @@ def test_a_checkpoint_resumes_in_the_other_backend(sotu_dataset, tmp_path, write
     assert other.roundtrip_val_bpb == pytest.approx(first.roundtrip_val_bpb, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_training_curves_agree(sotu_dataset, tmp_path):
     curves = {}
     for name in ("cuda", "mlx"):

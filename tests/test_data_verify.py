@@ -56,6 +56,7 @@ def test_a_listed_shard_that_is_gone_or_a_manifest_without_checksums(small_data)
         verify_dataset(small_data, "nope")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("hazard", "says"),
     [
@@ -83,6 +84,7 @@ def edit_entry(root: Path, change) -> None:
     (root / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.slow
 def test_a_swapped_tokenizer_is_named_by_its_sha256_against_the_manifests(small_data, challenge_dir):
     model = small_data / "tokenizers" / "sotu_1024_bpe.model"
     recorded = read_manifest(small_data)["datasets"][0]["tokenizer_sha256"]
@@ -105,6 +107,7 @@ def test_a_flipped_token_in_a_validation_shard_is_blamed_on_the_shard(small_data
     )
 
 
+@pytest.mark.slow
 def test_validation_shards_without_tokens_are_one_line(small_data):
     shard = small_data / "datasets" / "sotu_sp1024" / "fineweb_val_000000.bin"
     write_shard(shard, np.zeros(0, np.uint16))
@@ -115,6 +118,7 @@ def test_validation_shards_without_tokens_are_one_line(small_data):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("docs", "says"),
     [
@@ -146,6 +150,7 @@ def test_a_manifest_docs_entry_that_is_not_one_is_one_line(small_data, docs, say
     )
 
 
+@pytest.mark.slow
 def test_verify_flags_that_would_be_ignored_or_cannot_be_counts_are_refused(small_data, tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"text": "a"}\n')
@@ -163,6 +168,7 @@ def test_verify_flags_that_would_be_ignored_or_cannot_be_counts_are_refused(smal
     assert_one_line_error(result, "--val-docs must be a whole number from 1 to")
 
 
+@pytest.mark.slow
 def test_prepare_refuses_an_empty_name_and_a_vocabulary_of_zero(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"text": "a"}\n{"text": "b"}\n')

@@ -57,6 +57,7 @@ def test_torchruns_own_settings_and_none_at_all_are_accepted():
     assert launch(eight) == Launch(16, 11, 3, 8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("env", "named"), ISSUE_CASES)
 def test_the_cli_refuses_a_bad_setting_before_any_command(env, named, monkeypatch):
     for name in TORCHRUN_VARS:
@@ -67,6 +68,7 @@ def test_the_cli_refuses_a_bad_setting_before_any_command(env, named, monkeypatc
         assert result.returncode == 1 and result.stdout == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("env", "named"), ISSUE_CASES[::2])
 def test_a_packaged_script_refuses_a_bad_setting_before_any_work(env, named, tmp_path, monkeypatch):
     """Refused before the config, torch or data (a second or two a process: no torch import); it was a
@@ -116,6 +118,7 @@ def test_a_rank_reaches_rank_0_or_says_it_never_came_within_the_timeout():
     reach_rank_0(Launch(2, 0, 0, 2), 0.5, env)  # rank 0 waits in the framework's own rendezvous
 
 
+@pytest.mark.slow
 @needs("cuda")
 @pytest.mark.parametrize(("rank", "missing"), [(0, "rank 1 never came"), (1, "rank 0 never came")])
 def test_a_second_rank_that_never_comes_is_one_line_after_the_timeout(sotu_dataset, tmp_path, rank, missing):

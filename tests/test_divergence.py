@@ -45,6 +45,7 @@ def test_a_huge_learning_rate_stops_the_run(sotu_dataset, tmp_path):
 
 
 # ------------------------------------------------- divergence the old rule let through
+@pytest.mark.slow
 @needs("cuda")
 def test_a_run_worse_than_uniform_fails_by_name(sotu_dataset, tmp_path):
     """A huge embedding learning rate, 30 steps and no training log line: the weights stay small, and the

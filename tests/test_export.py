@@ -112,6 +112,7 @@ def test_the_guard_catches_a_wrong_cache(tokenizers):
         encode(["the nation", "a nation"])
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:the tokenizer has no byte fallback")
 def test_workers_give_the_same_shards(tokenizers, tmp_path, monkeypatch):
     sp, texts = load_tokenizer(tokenizers["sp1024"]), hazardous(2500, seed=1)

@@ -39,6 +39,7 @@ def test_every_feature_has_switches():
     assert set(SWITCHES) == {name for name, *_ in FEATURES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature", FEATURES, ids=lambda feature: feature[0])
 def test_each_features_predicate_decides_its_bundle(feature, monkeypatch):
     name, modules, uses, field = feature

@@ -140,6 +140,7 @@ class Failed(Exception):
     """Stands for a write that fails at one step (a full disk)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["this pgolf's", "an older pgolf's"])
 def test_a_prepare_that_fails_at_any_step_leaves_the_old_dataset_or_the_new_one_whole(
     switch, tmp_path, monkeypatch, layout
@@ -362,6 +363,7 @@ def test_parse_json_keeps_ordinary_values_and_exact_decimals():
     assert parse_json(deep, "x") == functools.reduce(lambda inner, _: [inner], range(MAX_JSON_DEPTH - 1), [])
 
 
+@pytest.mark.slow
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(),

@@ -217,6 +217,7 @@ FLOOR_FIELDS = ("embed_passthrough_numel", "attn_passthrough_numel", "mlp_passth
                 "other_passthrough_numel")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_small_model_is_fitted_by_quantizing_tensors_under_the_records_floor():
     """The smoke preset's tensors all hold at most 65,536 values: at the records' floor every one stays
     in fp16, and at 85% of that artifact's bytes nothing at that floor fits. The fit lowers floors, fits,

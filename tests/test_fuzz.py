@@ -111,6 +111,7 @@ def test_int8_artifacts(tmp_path, int8_blobs, data, kind):
     )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data(), kind=st.sampled_from(sorted(INT8_KINDS)))
 def test_int8_artifacts_changed_inside_their_payload(tmp_path, int8_blobs, data, kind):
@@ -162,6 +163,7 @@ def check_mixed(path: Path, blob: bytes, original: bytes, kind: str) -> None:
         assert written == original
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data(), kind=st.sampled_from(sorted(MIXED_KINDS)))
 def test_mixed_artifacts(tmp_path, mixed_blobs, data, kind):
@@ -171,6 +173,7 @@ def test_mixed_artifacts(tmp_path, mixed_blobs, data, kind):
     )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data(), kind=st.sampled_from(sorted(MIXED_KINDS)))
 def test_mixed_artifacts_changed_inside_their_payload(tmp_path, mixed_blobs, data, kind):

@@ -159,6 +159,7 @@ def assert_within(scores: dict, golden: dict, label: str) -> None:
 POINTS_0401 = ("gptq4_ve128", "gptq3_ve16", "gptq4_ve16", "pass4_ve16", "pass3_ve48", "int8_ve72")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @pytest.mark.parametrize("point", POINTS_0401)
 def test_record_0401_grid(point, backend_name, grid_0401, val_dir, challenge_dir, monkeypatch):

@@ -81,6 +81,7 @@ def test_record_0401_forward(backend_name, case):
     assert float(backend.eval_nll(x, y)) / y.size == pytest.approx(float(golden["loss"][0]), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_record_0401_optimizer_step_and_ema(backend_name, case):

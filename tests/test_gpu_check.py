@@ -131,6 +131,7 @@ def test_a_runs_figures_are_read_off_its_log(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_run_past_its_deadline_is_killed_with_what_it_started(tmp_path):
     """Its whole process group goes (a compile's workers, pytest's), and its last line is kept for the
     report: how far it got."""

@@ -18,6 +18,7 @@ from tests.support.cli import assert_one_line_error, cli, data_flags
 from tests.support.runs import final_params, run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_a_run_from_a_checkpoint_starts_with_exactly_its_weights(sotu_dataset, backend_name, tmp_path):
     """Step 0's checkpoint of a run started from another run's last checkpoint holds that checkpoint's
@@ -38,6 +39,7 @@ def test_a_run_from_a_checkpoint_starts_with_exactly_its_weights(sotu_dataset, b
     assert f"init_from:{source}" in (started.run_dir / "train.log").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_a_run_from_its_own_init_is_the_seeded_run(sotu_dataset, backend_name, tmp_path):
     """A run from a safetensors file of seed 1337's initial weights, under another seed, trains exactly

@@ -49,6 +49,7 @@ def test_symmetric_packing_where_groups_do_not_fit():
     assert model.lqer["odd"]["qA"].shape == (300, 3) and model.lqer["odd"]["sB"].shape == (3,)
 
 
+@pytest.mark.slow
 def test_corrections_survive_the_file_and_a_damaged_one_is_refused(tmp_path):
     weights, classes = state()
     model = quantize_mixed(weights, classes, {"mlp": 6, "attention": 6}, lqer=SETTINGS)

@@ -119,6 +119,7 @@ def test_bad_requests_are_refused(case, match):
 
 
 # ------------------------------------------------------------------ container
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("compressor", "shuffle"), [("brotli", 2), ("zstd", 0), ("zstd", 2), ("lzma", 2), ("none", 0)]
 )
@@ -189,6 +190,7 @@ def test_golden_bytes_and_any_order_and_other_processes(mixed_model):
     assert result.stdout.strip() == hashlib.sha256(brotli_blob).hexdigest()
 
 
+@pytest.mark.slow
 def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch):
     path = container.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     code = (
@@ -215,6 +217,7 @@ def test_read_with_numpy_alone_and_no_pickle(tmp_path, mixed_model, monkeypatch)
     assert load_mixed_artifact(path).info == mixed_model.info
 
 
+@pytest.mark.slow
 def test_the_int8_reader_names_a_mixed_file(tmp_path, mixed_model):
     path = container.write_artifact(tmp_path / "m.pgolf", mixed_artifact_bytes(mixed_model), "brotli").path
     with pytest.raises(PgolfError, match="format 'pgolf-mixed', not the int8 format"):
@@ -275,6 +278,7 @@ def test_the_records_artifact_dequantizes_as_the_record_does():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @requires_torch
 def test_a_records_artifact_converts_to_pgolfs_without_loss(tmp_path):

@@ -67,6 +67,7 @@ def test_the_bundle_is_the_declared_list():
         assert (ROOT / (name.replace(".", "/") + ".py")).is_file() or (ROOT / name / "__init__.py").is_file()
 
 
+@pytest.mark.slow
 def test_the_bundle_holds_the_optional_modules_the_config_uses():
     optional = {m for _, modules, _, _ in FEATURES for m in modules}
     int8 = {"core.artifact.int8_format"}
@@ -283,6 +284,7 @@ def test_functions_and_classes_nothing_reaches_are_not_shipped():
 CODE_BYTES_THEN = {"tiny": 33_477, "record_0401": 37_947, "record_0427_tiny": 40_974, "record_0427": 43_395}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CODE_BYTES_THEN)
 def test_each_presets_code_bytes_stay_within_one_percent_of_their_figure(name):
     assert code_bytes(preset(name)) <= math.ceil(1.01 * CODE_BYTES_THEN[name])
@@ -303,6 +305,7 @@ def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is
     assert train_script._minify.__wrapped__(source, None) == small
 
 
+@pytest.mark.slow
 def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():
     cfg = preset("baseline")
     assert code_bytes(cfg) == len(script(cfg).encode())
@@ -313,6 +316,7 @@ def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():
     )  # the run's defaults
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.binary(max_size=300) | st.sampled_from([b"", b"\0", b"\x01", b"\xff" * 6 + b"\x80", b'"\\\n\r' * 9])
@@ -508,6 +512,7 @@ def three_seeds(sotu_dataset, tmp_path_factory) -> list[Path]:
     return [out / f"g-seed{seed}" for seed in (1, 22, 333)]
 
 
+@pytest.mark.slow
 @needs("cuda")
 @pytest.mark.parametrize("order", [(1,), (1, 0), (2, 0, 1)], ids=["1 seed", "2 seeds", "3 seeds"])
 def test_every_folder_package_writes_passes_check_record(three_seeds, tmp_path, order):
@@ -553,6 +558,7 @@ def test_a_packaged_script_alone_without_data_or_tokenizer_says_so_in_one_line(s
     assert not (tmp_path / "c" / "alone" / "runs").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged_without(tmp_path):
     """Refused before torch is imported (a few seconds a process)."""
     tiny = preset("tiny")
@@ -601,6 +607,7 @@ def test_a_packaged_script_refuses_a_setting_that_needs_a_module_it_was_packaged
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "env",
     [{"INIT_FROM": "/nonexistent.pt"}, {"REPORT_TO": "tensorboard"}, {"ARTIFACT_FIT_BYTES": "15000000"}],
@@ -656,6 +663,7 @@ def test_messages_name_a_flag_for_the_cli_and_a_variable_for_a_packaged_script(m
     assert errors.setting("run_id") == "RUN_ID" and errors.hint("cli", "env") == "env"
 
 
+@pytest.mark.slow
 def test_a_bug_in_a_packaged_script_shows_its_traceback_without_the_encoded_line(tmp_path):
     from core.runs.train_script import _packed
 

@@ -292,6 +292,7 @@ def test_the_record_0427_preset_names_pergroup():
 
 
 # ---------------------------------------------------------------- the record's own file
+@pytest.mark.slow
 @NEEDS_LRZIP
 @requires_torch
 def test_the_records_pergroup_file_reads_as_its_brotli_one(monkeypatch):

@@ -97,6 +97,7 @@ def test_backtest_leaves_each_record_out(table):
     )
 
 
+@pytest.mark.slow
 def test_json_keys():
     result = cli("plan", "--preset", "baseline", "--json")
     assert result.returncode == 0, result.stderr
@@ -108,6 +109,7 @@ def test_json_keys():
     assert "total" in plan["eval_seconds"] and plan["verdict"].startswith("verdict: fits 8xH100")
 
 
+@pytest.mark.slow
 def test_text_says_whose_code_and_the_verdict():
     result = cli("plan", "--preset", "baseline", "--hardware", "8xH200")
     assert result.returncode == 0, result.stderr
@@ -117,6 +119,7 @@ def test_text_says_whose_code_and_the_verdict():
     assert lines[-1].startswith("verdict: fits 8xH200: ")
 
 
+@pytest.mark.slow
 def test_plan_needs_no_framework():
     code = "import sys\nsys.argv = ['cli.py', 'plan', '--preset', 'record_0401']\nimport cli\ncli.main()\n"
     result = run_blocked(code)
@@ -138,6 +141,7 @@ def test_refusals_are_one_line(args, fragment):
     assert_one_line_error(cli("plan", "--preset", "baseline", *args), "error: ", fragment)
 
 
+@pytest.mark.slow
 def test_calibrate_and_backtest_from_records_folders(tmp_path):
     """`--calibrate` on a records checkout writes a table `plan` reads; a folder it cannot express is named."""
     root = tmp_path / "records" / "track_10min_16mb"
@@ -182,6 +186,7 @@ def test_the_sweep_report_plans_each_variant(tmp_path):
     assert "| **breaks the byte cap by" in text
 
 
+@pytest.mark.slow
 def test_train_away_from_the_target_says_the_plan_and_runs_shows_it(sotu_dataset, tmp_path):
     assert target_line(preset("smoke")) == (
         "plan on 8xH100 (the records' code; cli.py plan for every figure): cannot run there as set: config: world "

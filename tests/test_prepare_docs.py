@@ -93,6 +93,7 @@ def test_a_stopped_prepare_leaves_the_data_folder_as_it_was(export_docs, tmp_pat
     assert not list(tmp_path.glob(".staging-*")) and not list((tmp_path / "tokenizers").glob("*"))
 
 
+@pytest.mark.slow
 def test_the_commands(export_docs, tmp_path):
     out = tmp_path / "data"
     result = cli("data", "prepare", "--docs", str(export_docs), "--vocab-size", "512", "--val-docs", "30",
@@ -158,6 +159,7 @@ def bad_documents(tmp_path: Path, hazard: str) -> tuple[Path, str, str]:
 HAZARDS = [*BAD_LINES, "invalid UTF-8 line", *BAD_FILES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hazard", HAZARDS)
 def test_a_bad_document_met_while_the_tokenizer_trains_is_one_line_naming_its_file_and_line(tmp_path, hazard):
     """The trainer reads the documents through an iterator and would report what it raises as its own
@@ -182,6 +184,7 @@ def test_a_bad_document_met_while_encoding_with_a_given_tokenizer_is_one_line(
     assert_one_line_error(result, f"error: {where}", says)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signal_name", "status", "line"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
 )
@@ -220,6 +223,7 @@ prepare.training_texts = stopped
 
 
 # ----------------------------------------------------- the tokenizer trained on the first documents
+@pytest.mark.slow
 def test_the_exporters_tokenizer_trained_on_the_first_documents(golden, tmp_path):
     import hashlib
 
@@ -255,6 +259,7 @@ def test_a_training_set_too_big_for_the_memory_is_refused_up_front(export_docs, 
     assert (available_memory() or 0) > 0
 
 
+@pytest.mark.slow
 def test_tokenizer_train_docs_refusals(export_docs, tmp_path, challenge_dir):
     out = str(tmp_path / "data")
     refused = cli("data", "prepare", "--tokenizer-train-docs", "5", "--out", out)

@@ -88,6 +88,7 @@ def assert_cases(backend, cfg, data, cases: list[dict]) -> None:
         assert meter.val_bpb == pytest.approx(case["val_bpb"], abs=1e-6), case
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_flat_batches_are_the_records_eval_val(backend_name, challenge_dir):
     """One geometry (batches of 512 tokens cut every 64, two micro-batches) on one and two ranks; pgolf's

@@ -47,6 +47,7 @@ def test_a_cut_off_last_line_is_skipped_but_damage_elsewhere_is_named(tmp_path):
         read_metrics(path)
 
 
+@pytest.mark.slow
 def test_the_plot_is_a_png_of_the_expected_size(tmp_path):
     pytest.importorskip("matplotlib")
     from PIL import Image
@@ -83,6 +84,7 @@ def test_the_plot_leaves_out_step_0_and_smooths_the_training_loss(tmp_path):
     assert smooth([4.0, 2.0]) == pytest.approx([4.0, (0.9 * 4.0 + 2.0) / 1.9])  # weights 0.9 and 1
 
 
+@pytest.mark.slow
 def test_the_plot_format_follows_the_file_name(tmp_path):
     pytest.importorskip("matplotlib")
     runs = [fake_run(tmp_path / "a", curve=4)]

@@ -37,6 +37,7 @@ def over_cap(sotu_dataset, tmp_path_factory):
     return out / "over", result
 
 
+@pytest.mark.slow
 @needs("cuda")
 def test_a_run_over_the_cap_ends_with_exit_status_3_and_one_last_line(over_cap):
     run, result = over_cap
@@ -85,6 +86,7 @@ def test_a_run_records_the_data_it_trained_on(over_cap, sotu_dataset):
     assert f"train_shards_sha256:{data['train_shards_sha256']}" in (run / "train.log").read_text()
 
 
+@pytest.mark.slow
 @needs("cuda")
 def test_package_refuses_a_seed_over_the_cap_in_one_line(over_cap, tmp_path):
     run, _ = over_cap
@@ -133,6 +135,7 @@ def smoke(root: Path, seed: int) -> Config:
     return preset("smoke").replace(seed=seed, data_path=str(root / "no_data"))  # no data pgolf made
 
 
+@pytest.mark.slow
 def test_the_records_folder_has_the_records_fields_and_requirements(tmp_path):
     runs = [
         fake_run(tmp_path / "a", smoke(tmp_path, 1), **SEED_RUN),
@@ -168,6 +171,7 @@ def test_the_records_folder_has_the_records_fields_and_requirements(tmp_path):
     assert (out / "requirements.txt").read_text() == requirements(preset("smoke"))
 
 
+@pytest.mark.slow
 def test_requirements_pin_what_the_bundle_imports_and_nothing_else():
     import importlib.metadata
 
@@ -211,6 +215,7 @@ def test_package_refuses_a_seed_over_the_cap_before_its_audit(tmp_path):
     assert not (tmp_path / "rec").exists()
 
 
+@pytest.mark.slow
 def test_package_refuses_a_slow_evaluation_on_the_tracks_hardware_only(tmp_path):
     h100 = STARTED | {"device": "cuda:0 (NVIDIA H100 80GB HBM3)", "world_size": 8}
     took = dict(roundtrip_eval_s=639.5, eval_time_s=640.0)

@@ -50,6 +50,7 @@ def test_spec_errors_name_the_problem(tmp_path, text, fragment):
     assert fragment in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_bad_spec_is_one_line_from_the_cli(tmp_path):
     spec = write_spec(tmp_path, "[[variants]]\nname = 'a'\nmlp_mul = 3.0\n")
     assert_one_line_error(
@@ -58,6 +59,7 @@ def test_a_bad_spec_is_one_line_from_the_cli(tmp_path):
     assert_one_line_error(cli("sweep", str(tmp_path / "none.toml")), "none.toml")
 
 
+@pytest.mark.slow
 def test_one_sweep_of_a_spec_at_a_time(tmp_path):
     from core.common.files import WriterLock
 
@@ -108,6 +110,7 @@ def test_the_plan_of_variants_adds_the_base(tmp_path):
 LOSSES = {"base": [3.10, 3.12, 3.11], "lr_low": [3.00, 3.05, 3.02], "wide": [3.11, 3.09]}
 
 
+@pytest.mark.slow
 def test_the_report_ranks_the_variants_with_scipys_p_values(tmp_path):
     spec = write_spec(tmp_path, "margin_nats = 0.005\n" + VARIANTS)
     plan = sw.load_sweep(spec, environ={})

@@ -127,6 +127,7 @@ def test_many_variants_are_checked_for_twins_in_linear_time(tmp_path):
         sw.load_sweep(spec, environ={})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("score", [math.nan, math.inf])
 def test_a_final_score_that_is_not_finite_is_diverged(tmp_path, score):
     plan = sw.load_sweep(write_spec(tmp_path, VARIANTS), environ={})
@@ -157,6 +158,7 @@ def test_a_fifo_where_a_runs_file_should_be_is_an_error_never_a_resume(tmp_path,
     assert_one_line_error(cli("sweep", str(plan.spec)), name, "is not a regular file")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("text", "place"),
     [

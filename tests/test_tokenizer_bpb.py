@@ -32,6 +32,7 @@ def counted_bytes(sp, tables, text: str) -> tuple[int, int]:
     return counted, len(sp.decode(ids[1:]).encode("utf-8"))
 
 
+@pytest.mark.slow
 def test_challenge_tokenizer_counts_real_text_exactly(challenge_dir):
     sp = load_tokenizer(challenge_dir / "fineweb_1024_bpe.model")
     tables = byte_tables(sp, 1024)

@@ -255,6 +255,7 @@ def test_every_scorer_counts_the_texts_bytes(made, docs, backend_name):
 
 
 # ------------------------------------------------------------------------------- package
+@pytest.mark.slow
 def test_package_writes_the_byte_proof_into_the_compliance_section(made, tmp_path):
     from core.config.fields import Config
     from core.runs.package import write_record

@@ -35,6 +35,7 @@ from tests.support.data import digest
 from tests.support.runs import final_params, run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_a_run_writes_logs_checkpoint_and_a_scored_artifact(sotu_dataset, backend_name, tmp_path):
     steps = []
@@ -57,6 +58,7 @@ def test_a_run_writes_logs_checkpoint_and_a_scored_artifact(sotu_dataset, backen
     assert artifact.keys() == ckpt.params.keys()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(sotu_dataset, backend_name, tmp_path):
     whole = run(sotu_dataset, backend_name, tmp_path, "whole", iterations=6, checkpoint_every=3)
@@ -70,6 +72,7 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(sotu_datase
     assert resumed.roundtrip_val_bpb == pytest.approx(whole.roundtrip_val_bpb, abs=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS[:1])  # the loader is core's; one backend is enough
 def test_the_coprime_loader_resumes_exactly_after_a_warmup(sotu_dataset, backend_name, tmp_path):
     common = {"iterations": 6, "train_loader": "coprime", "warmup_steps": 2}
@@ -128,6 +131,7 @@ def test_depth_recurrence_switches_on_schedule_resumes_and_is_scored_looped(
         assert matches == looping
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_compile_warmup_steps_are_undone(sotu_dataset, backend_name, tmp_path):
     plain = run(sotu_dataset, backend_name, tmp_path, "plain", iterations=3)
@@ -137,6 +141,7 @@ def test_compile_warmup_steps_are_undone(sotu_dataset, backend_name, tmp_path):
         np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS[:1])  # the driver's clock; one backend is enough
 def test_wallclock_cap_stops_early(sotu_dataset, backend_name, tmp_path):
     steps = []
@@ -219,6 +224,7 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
         np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_the_moving_average_is_what_gets_exported(sotu_dataset, backend_name, tmp_path):
     from core.artifact.int8_format import quantize_int8
@@ -480,6 +486,7 @@ def test_timed_checkpoints_replace_each_other(sotu_dataset, tmp_path, monkeypatc
     assert kept == sorted({5, timed[-1], 8})  # each timed checkpoint replaced the one before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_a_packaged_runs_training_writes_no_checkpoint_and_checks_the_weights_after_the_last_step(
     sotu_dataset, backend_name, tmp_path, monkeypatch

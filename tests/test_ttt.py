@@ -33,6 +33,7 @@ def record_ttt():
     return meta, params, EvalData(tensors["tokens"], tables), tensors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["lora", "sgd_cold", "phased"])
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_ttt_scores_what_the_record_scores(record_ttt, backend_name, case):
@@ -139,6 +140,7 @@ def moved_before(backend, params, tokens: np.ndarray, position: int) -> np.ndarr
     return moved[~allowed[moved]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_no_loss_scored_before_a_token_depends_on_it(backend_name):
     backend = make_backend(backend_name, LEGAL_CFG)
@@ -150,6 +152,7 @@ def test_no_loss_scored_before_a_token_depends_on_it(backend_name):
         assert moved_before(backend, params, tokens, position).size == 0
 
 
+@pytest.mark.slow
 @needs("mlx")
 def test_training_before_scoring_is_caught():
     """The check above has teeth: a backend that learns from a chunk before scoring it breaks it."""
@@ -170,6 +173,7 @@ def test_training_before_scoring_is_caught():
     assert moved_before(backend, busy_params(LEGAL_CFG, seed=3), tokens, long_doc.start + 13).size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_every_target_is_scored_once_and_the_weights_come_back(backend_name):
     backend = make_backend(backend_name, LEGAL_CFG)
@@ -185,6 +189,7 @@ def test_every_target_is_scored_once_and_the_weights_come_back(backend_name):
     assert "ttt" in evaluators(LEGAL_CFG) and "ttt" not in evaluators(preset("smoke"))
 
 
+@pytest.mark.slow
 @needs("cuda")
 @needs("mlx")
 def test_both_backends_give_the_same_ttt_losses():
