@@ -237,14 +237,20 @@ def read_json(path: str | Path, what: str, max_bytes: int, exact: bool = False) 
 
 
 def parse_json(
-    text: str | bytes, where: str, exact: bool = False, unique_keys: bool = False, finite: bool = True
+    text: str | bytes,
+    where: str,
+    exact: bool = False,
+    unique_keys: bool = False,
+    finite: bool = True,
+    error: type[Exception] = PgolfError,
 ) -> Any:
     """`text` parsed as JSON, or a PgolfError starting with `where` (the file, and its line where it has
     lines). Refused: nesting deeper than MAX_JSON_DEPTH, an integer of more than MAX_INT_DIGITS digits,
     NaN, Infinity and numbers out of float range, a string with a lone surrogate (it has no UTF-8), and
     with `unique_keys` an object that gives a key twice. With `exact` the numbers with a fraction or
     exponent are Decimals, as written. With `finite` False, NaN and Infinity are floats (as Python's
-    json.dumps writes a figure that is not finite: a diverged run's metrics)."""
+    json.dumps writes a figure that is not finite: a diverged run's metrics). `error`: the exception raised
+    instead of PgolfError (ValueError for a part of a file whose reader words all its damage itself)."""
     try:
         value = json.loads(
             text,
@@ -254,18 +260,18 @@ def parse_json(
             object_pairs_hook=_unique_keys if unique_keys else None,
         )
     except _Refused as exc:
-        raise PgolfError(f"{where}: {exc}") from None
+        raise error(f"{where}: {exc}") from None
     except RecursionError:
-        raise PgolfError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise error(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels") from None
     except UnicodeDecodeError:
-        raise PgolfError(f"{where}: not UTF-8 text") from None
+        raise error(f"{where}: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise PgolfError(
+        raise error(
             f"{where}: not valid JSON ({exc.msg.removesuffix(' at')} at character {exc.pos})"
         ) from None
     problem = _json_problem(value)
     if problem:
-        raise PgolfError(f"{where}: {problem}")
+        raise error(f"{where}: {problem}")
     return value
 
 
