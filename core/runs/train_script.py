@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import brotli
+import numpy as np
 import python_minifier
 
 from core.common.errors import PgolfError
@@ -108,6 +109,11 @@ def _imports(tree: ast.AST) -> set[str]:
     return {m for m in found if m.split(".")[0] in PACKAGES and _file(m) is not None}
 
 
+@functools.lru_cache(maxsize=256)  # parsed once per process: an artifact fit packages every candidate
+def _source_imports(source: str) -> frozenset[str]:
+    return frozenset(_imports(ast.parse(source)))
+
+
 def _with_packages(modules: Iterable[str]) -> set[str]:
     return {m.rsplit(".", n)[0] for m in modules for n in range(m.count(".") + 1)}
 
@@ -127,7 +133,7 @@ def bundled_modules(cfg: Config) -> dict[str, str]:
         sources[name] = path.read_text(encoding="utf-8")
     importer: dict[str, str] = {}
     for name in sorted(sources):
-        for module in sorted(_imports(ast.parse(sources[name])) - declared - set(importer)):
+        for module in sorted(_source_imports(sources[name]) - declared - set(importer)):
             importer[module] = name
     if importer:
         module = min(importer, key=lambda m: (-m.count("."), m))  # the module, not its package
@@ -540,8 +546,9 @@ def seven_bits_a_character(data: bytes) -> str:
     fourteen bits, from U+0100 to U+057F (Latin, Greek, Cyrillic, Armenian: no right-to-left script, no
     bidirectional control). The text is UTF-8 throughout, as the challenge reads its scripts.
     """
-    bits = "".join(f"{byte:08b}" for byte in data)
-    groups = [int(bits[i : i + 7].ljust(7, "0"), 2) for i in range(0, len(bits), 7)] + [0]
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
+    bits = np.concatenate([bits, np.zeros(-len(bits) % 7, dtype=np.uint8)]).reshape(-1, 7)
+    groups = [*(bits.astype(np.int64) @ (1 << np.arange(6, -1, -1))).tolist(), 0]
     chars, i = [], 0
     while i < len(groups) - 1:
         if groups[i] in ESCAPED:
