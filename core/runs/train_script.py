@@ -308,7 +308,7 @@ def _pruned(tree: ast.Module, keep: frozenset[str]) -> ast.Module:
 
 
 def _minified(source: str, keep: frozenset[str] | None = None) -> str:
-    """`minify` without its caches (the runner, different for each config, takes ~10 ms)."""
+    """`minify` without its caches (for the runner, different for each config)."""
     tree = _HelpTexts().visit(ast.parse(source))
     if keep is not None:
         tree = _pruned(tree, keep)
