@@ -351,10 +351,9 @@ def test_seven_bits_a_character_is_8_7_of_the_size():
 
 @pytest.fixture(scope="module")
 def pgolf_run(sotu_dataset, tmp_path_factory):
-    """A short tiny-preset run through the CLI (4 steps of 2,048 tokens), scored on 4,096 validation tokens:
-    the tiny model itself (its 4 layers, the packaged README's), with less of what each packaged script
-    that repeats the run trains and scores (the preset's 8,192 tokens a step and 65,536 validation tokens
-    would take most of each run's time here)."""
+    """A short run of the tiny preset's model through the CLI: 4 steps of 2,048 tokens, scored on 4,096
+    validation tokens (the preset's 8,192 tokens a step and 65,536 validation tokens would take most of
+    this run's time here, and of each packaged script's that repeats it)."""
     out = tmp_path_factory.mktemp("runs")
     result = cli("train", "--backend", "cuda", "--preset", "tiny", "--iterations", "4", "--val-loss-every", "0",
                  "--train-batch-tokens", "2048", "--val-max-tokens", "4096", "--out-dir", str(out),
