@@ -21,9 +21,11 @@ from core.common.errors import PgolfError
 from core.config.features import FEATURES, TRAINING_PATH
 from core.config.fields import Config
 from core.config.presets import preset
+from core.config.sources import resolve_sources
 from core.runs import train_script
 from core.runs.package import write_record
 from core.runs.record_folder import check_record
+from core.runs.setup import seed_configs
 from core.runs.train_script import MAIN_IMPORTS, _imports, bundled_modules, code_bytes, minify, script
 from tests.support import ROOT
 from tests.support.artifacts import NEEDS_LRZIP
@@ -504,15 +506,29 @@ def test_package_writes_the_records_folder(pgolf_run, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def three_seeds(sotu_dataset, tmp_path_factory) -> list[Path]:
-    """Smoke runs of one config but their seeds (1, 22, 333: the seed is in the packaged config, so each
-    run counts its own code bytes), one step each."""
+def three_seeds(sotu_dataset, tmp_path_factory) -> tuple[list[Path], list[int]]:
+    """Smoke runs of one config but their seeds, one step each, and the code bytes each run should count.
+
+    The seed is in the packaged config, so each run counts its own code bytes, but the compressed size
+    moves by tens of bytes with any small change (the data paths here are temporary): the seeds are
+    chosen so that the three sizes differ, or the test could not tell one run's from another's."""
     out = tmp_path_factory.mktemp("seeds")
-    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--seeds", "1,22,333", "--run-group", "g",
-                 "--iterations", "1", "--val-loss-every", "0", "--val-max-tokens", "4096", "--out-dir", str(out),
-                 *data_flags(sotu_dataset))  # fmt: skip
+    flags = {"iterations": 1, "val_loss_every": 0, "val_max_tokens": 4096, "out_dir": str(out), "run_group": "g",
+             "data_path": str(sotu_dataset.data_path), "tokenizer_path": str(sotu_dataset.tokenizer_path)}  # fmt: skip
+    base, _ = resolve_sources("smoke", None, flags, environ={})  # as `train` resolves the flags below
+    chosen: dict[int, int] = {}  # code bytes -> seed
+    for seed in range(1, 50):
+        (cfg,) = seed_configs(base, str(seed))
+        chosen.setdefault(code_bytes(cfg), seed)
+        if len(chosen) == 3:
+            break
+    seeds = sorted(chosen.values())
+    result = cli("train", "--backend", "cuda", "--preset", "smoke", "--seeds", ",".join(map(str, seeds)),
+                 "--run-group", "g", "--iterations", "1", "--val-loss-every", "0", "--val-max-tokens", "4096",
+                 "--out-dir", str(out), *data_flags(sotu_dataset))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return [out / f"g-seed{seed}" for seed in (1, 22, 333)]
+    by_seed = {seed: size for size, seed in chosen.items()}
+    return [out / f"g-seed{seed}" for seed in seeds], [by_seed[seed] for seed in seeds]
 
 
 @pytest.mark.slow
@@ -523,9 +539,10 @@ def test_every_folder_package_writes_passes_check_record(three_seeds, tmp_path, 
     train_gpt.py is the first run's, whose code size the other seeds' runs did not count."""
     from core.runs.summary import summarize
 
+    three_seeds, expected = three_seeds
     summaries = [summarize(run) for run in three_seeds]
     codes = [s.total_bytes - s.artifact_bytes for s in summaries]
-    assert len(set(codes)) == 3, codes  # the configs give different code sizes
+    assert codes == expected and len(set(codes)) == 3  # each run counted its own config's code
     out, _ = write_record([three_seeds[i] for i in order], tmp_path / "rec", "Seeds", "A. Golfer", "ag")
     assert check_record(out) == []
     rows = json.loads((out / "submission.json").read_text())["seed_results"]
