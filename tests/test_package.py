@@ -307,6 +307,25 @@ def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is
     assert train_script._minify.__wrapped__(source, None) == small
 
 
+def test_what_the_packager_reads_off_a_module_is_kept_on_disk_and_a_damaged_entry_is_read_again(
+    tmp_path, monkeypatch
+):
+    source = "import core.common.errors\nclass A:\n    def go(self):\n        return errors.x\n"
+    monkeypatch.setenv("PGOLF_CACHE_DIR", str(tmp_path / "cache"))
+    facts = train_script._facts.__wrapped__(source)  # past the in-process cache
+    assert facts == {
+        "imported": {"core", "core.common", "core.common.errors"},
+        "reached": {"x"},
+        "module_names": {"A", "core", "go"},  # a class body runs at import: its methods count
+        "method_names": {"go"},
+    }
+    (kept,) = (tmp_path / "cache" / "minified").glob("*.json")
+    kept.write_text('{"imported": ["core"]}')  # not what was written: read off the source again
+    assert train_script._facts.__wrapped__(source) == facts
+    kept.write_text('{"imported": [], "reached": [], "module_names": [], "method_names": ["kept"]}')
+    assert train_script._facts.__wrapped__(source)["method_names"] == {"kept"}  # a later process uses it
+
+
 @pytest.mark.slow
 def test_code_bytes_are_the_compressed_scripts_size_and_the_config_is_inside():
     cfg = preset("baseline")

@@ -97,6 +97,12 @@ def _top_level(tree: ast.AST) -> list[ast.AST]:
 
 def _imports(tree: ast.AST) -> set[str]:
     """pgolf modules named by the imports a module runs when it is imported (not those in functions)."""
+    return _pgolf_modules(_imported(tree))
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    """Every name, with its packages, that the imports a module runs when it is imported name: a module,
+    or a name imported from one, which may be a module too."""
     found: set[str] = set()
     for node in _top_level(tree):
         if isinstance(node, ast.Import):
@@ -104,14 +110,16 @@ def _imports(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    # A module's packages come with it.
-    found |= {m.rsplit(".", n)[0] for m in found for n in range(1, m.count(".") + 1)}
-    return {m for m in found if m.split(".")[0] in PACKAGES and _file(m) is not None}
+    return found | {m.rsplit(".", n)[0] for m in found for n in range(1, m.count(".") + 1)}
 
 
-@functools.lru_cache(maxsize=256)  # parsed once per process: an artifact fit packages every candidate
+def _pgolf_modules(names: Iterable[str]) -> set[str]:
+    return {m for m in names if m.split(".")[0] in PACKAGES and _file(m) is not None}
+
+
+@functools.lru_cache(maxsize=256)
 def _source_imports(source: str) -> frozenset[str]:
-    return frozenset(_imports(ast.parse(source)))
+    return frozenset(_pgolf_modules(_facts(source)["imported"]))
 
 
 def _with_packages(modules: Iterable[str]) -> set[str]:
@@ -173,9 +181,10 @@ class _HelpTexts(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-# Minified sources are kept on disk, keyed by the source, this file and python-minifier's version: each
-# `train` measures its code bytes, and minifying every bundled module takes seconds. PGOLF_CACHE_DIR
-# moves the folder; a file that cannot be read or written is made again, never an error.
+# Minified sources, and what `_facts` reads off each module's syntax, are kept on disk, keyed by the
+# source, this file and python-minifier's version: each `train` measures its code bytes, and minifying
+# and parsing every bundled module takes seconds. PGOLF_CACHE_DIR moves the folder; a file that cannot
+# be read or written is made again, never an error.
 MINIFY_VERSION = hashlib.sha256(
     Path(__file__).read_bytes() + importlib.metadata.version("python-minifier").encode()
 ).hexdigest()
@@ -193,47 +202,73 @@ def minify(source: str, keep: frozenset[str] | None = None) -> str:
     local names shortened, and with `keep` its module-level names too, but for those in `keep` (what other
     code may reach them by: `reached_names`); from the disk cache above when it holds it."""
     # Only the module's own names in `keep` change its text: bundles of other features share the entry.
-    return _minify(source, None if keep is None else keep & (_module_names(source) | _method_names(source)))
-
-
-@functools.lru_cache(maxsize=256)
-def _module_names(source: str) -> frozenset[str]:
-    """The names a module binds at its top level, or a function declares `global` (those
-    `rename_globals` may change)."""
-    tree = ast.parse(source)
-    names = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
-    for node in _top_level(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-    return frozenset(names)
-
-
-@functools.lru_cache(maxsize=256)
-def _method_names(source: str) -> frozenset[str]:
-    """The names of the methods of a module's top-level classes."""
-    return frozenset(
-        item.name
-        for node in ast.parse(source).body
-        if isinstance(node, ast.ClassDef)
-        for item in node.body
-        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
-    )
+    facts = _facts(source)
+    return _minify(source, None if keep is None else keep & (facts["module_names"] | facts["method_names"]))
 
 
 @functools.lru_cache(maxsize=128)  # the same modules, minified once per process (the artifact fit asks often)
 def _minify(source: str, keep: frozenset[str] | None) -> str:
-    key = MINIFY_VERSION + ("" if keep is None else ",".join(sorted(keep))) + "\0" + source
-    cached = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest() + ".py")
+    key = ("" if keep is None else ",".join(sorted(keep))) + "\0" + source
+    return _kept(key, ".py", lambda: _minified(source, keep))
+
+
+def _kept(key: str, suffix: str, make: Callable[[], str]) -> str:
+    """The text `make` returns, from the disk cache when it holds it under `key`."""
+    cached = _cache_dir() / (hashlib.sha256((MINIFY_VERSION + key).encode()).hexdigest() + suffix)
     with contextlib.suppress(OSError, UnicodeDecodeError):
         return cached.read_text(encoding="utf-8")
-    small = _minified(source, keep)
+    text = make()
     with contextlib.suppress(PgolfError):
-        write_atomic(cached, small.encode("utf-8"))
-    return small
+        write_atomic(cached, text.encode("utf-8"))
+    return text
+
+
+@functools.lru_cache(maxsize=256)  # an artifact fit packages every candidate it tries
+def _facts(source: str) -> dict[str, frozenset[str]]:
+    """What the packager reads off a module's syntax tree, parsed once and kept on disk beside its minified
+    forms (a `train` in a new process measures its code bytes): the names its top-level imports name
+    (`_imported`), those by which it may reach other modules' globals (`reached_names`), those it binds
+    at its top level or a function declares `global` (the ones `rename_globals` may change), and the
+    names of its top-level classes' methods."""
+    with contextlib.suppress(ValueError, KeyError, TypeError):  # an entry that is not what was written
+        kept = json.loads(_kept("facts\0" + source, ".json", lambda: json.dumps(_read_facts(source))))
+        return {key: frozenset(kept[key]) for key in FACTS}
+    return {key: frozenset(names) for key, names in _read_facts(source).items()}
+
+
+FACTS = ("imported", "reached", "module_names", "method_names")
+
+
+def _read_facts(source: str) -> dict[str, list[str]]:
+    tree = ast.parse(source)
+    module_names = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+    for node in _top_level(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            module_names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            module_names.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            module_names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    reached: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            reached |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.Attribute):
+            reached.add(node.attr)
+    methods = {
+        item.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    facts = {
+        "imported": _imported(tree),
+        "reached": reached,
+        "module_names": module_names,
+        "method_names": methods,
+    }
+    return {key: sorted(facts[key]) for key in FACTS}
 
 
 # Decorators that only wrap or describe what they decorate: a function or class under them that nothing
@@ -308,7 +343,7 @@ def _pruned(tree: ast.Module, keep: frozenset[str]) -> ast.Module:
 
 
 def _minified(source: str, keep: frozenset[str] | None = None) -> str:
-    """`minify` without its caches (for the runner, different for each config)."""
+    """`minify` without its caches."""
     tree = _HelpTexts().visit(ast.parse(source))
     if keep is not None:
         tree = _pruned(tree, keep)
@@ -317,7 +352,7 @@ def _minified(source: str, keep: frozenset[str] | None = None) -> str:
             ast.unparse(tree),
             rename_locals=True,
             rename_globals=keep is not None,
-            preserve_globals=sorted((keep or frozenset()) & _module_names(source)),
+            preserve_globals=sorted(keep & _facts(source)["module_names"]) if keep else [],
             hoist_literals=False,
             remove_literal_statements=True,
             # A class's annotations go but for dataclasses', which make their fields of them.
@@ -335,18 +370,7 @@ def reached_names(sources: list[str]) -> frozenset[str]:
     `from` a module, and every attribute name it reads or writes (a module reached through an alias or a
     function, `errors.PACKAGED`). A bundled module's other module-level names are its own: renaming them
     changes nothing outside it."""
-    return frozenset().union(*map(_reached_from, sources))
-
-
-@functools.lru_cache(maxsize=256)  # parsed once per process: an artifact fit packages every candidate
-def _reached_from(source: str) -> frozenset[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.Attribute):
-            names.add(node.attr)
-    return frozenset(names)
+    return frozenset().union(*(_facts(source)["reached"] for source in sources))
 
 
 def _literal(source: str) -> str:
@@ -357,7 +381,10 @@ def _literal(source: str) -> str:
 
 
 # What follows the modules' sources in train_gpt.py: serves them to `import` and trains. Its fields are
-# filled by `script`, which minifies the result in the compressed form.
+# filled by `script`, which minifies the result in the compressed form, the run's config last: until then
+# CONFIG_MARK stands for it (the minifier writes a string as repr() does), so that every config of one
+# bundle shares one runner, minified once (an artifact fit packages each candidate it tries).
+CONFIG_MARK = "RUN_CONFIG_JSON"
 RUNNER = '''
 import importlib.abc
 import importlib.util
@@ -513,7 +540,7 @@ def script(cfg: Config, compressed: bool = True) -> str:
     runner = RUNNER.format(
         packages=tuple(n for n in modules if _file(n).name == "__init__.py"),
         left_out_modules=left_out_modules(modules),
-        config=json.dumps(_run_config(cfg), sort_keys=True),
+        config=CONFIG_MARK,
         left_out=f"({missing}\n    )",
         config_import="    from {} import {}".format(*MAIN_IMPORTS[0]),
         imports="\n".join(f"    from {module} import {names}" for module, names in MAIN_IMPORTS[1:]),
@@ -525,7 +552,9 @@ def script(cfg: Config, compressed: bool = True) -> str:
     lines = [] if compressed else [HEADER]
     lines.append("SOURCES = {}")
     lines += [f"SOURCES[{name!r}] = {_literal(src)}" for name, src in modules.items()]
-    text = "\n".join(lines) + "\n" + (_minified(runner) if compressed else runner)
+    runner = _minify(runner, None) if compressed else runner
+    config = json.dumps(_run_config(cfg), sort_keys=True)
+    text = "\n".join(lines) + "\n" + runner.replace(repr(CONFIG_MARK), repr(config))
     if not compressed:
         return text
     return _packed(text)
