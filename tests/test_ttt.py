@@ -276,7 +276,7 @@ def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact)
 
     # Three documents one at a time, longest first; the phase trains on the first two before the third.
     args = ["eval", str(mlx_artifact), "--backend", backend_name, *TTT_FLAGS,
-            "--val-max-tokens", "12000", "--ttt-batch-size", "1", "--phased-ttt-prefix-docs", "2",
+            "--val-max-tokens", "10000", "--ttt-batch-size", "1", "--phased-ttt-prefix-docs", "2",
             "--ttt-chunk-size", "128", "--ttt-eval-seq-len", "256",
             "--ttt-lora-lr", "0", "--global-ttt-lr", "0.01", *data_flags(sotu_dataset)]  # fmt: skip
     one = cli(*args)
