@@ -28,6 +28,7 @@ from tests.support.backends import (
     SMALL_LOOPS_LANES,
     launcher,
     make_backend,
+    mlx_launch,
     needs,
     torchrun_env,
 )
@@ -207,7 +208,9 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     # Loopback only: gloo otherwise picks an interface from the host name, which can fail.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     outputs = {}
-    for run_id, command in (("one", [sys.executable]), ("two", launcher(backend_name))):
+    # MLX's own launcher here, the one a user runs (elsewhere tests/mlx_ranks.py starts MLX's ranks).
+    two = launcher(backend_name) if backend_name == "cuda" else mlx_launch()
+    for run_id, command in (("one", [sys.executable]), ("two", two)):
         done = subprocess.run(
             [*command, *args, "--run-id", run_id],
             env=env,

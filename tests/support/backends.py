@@ -15,6 +15,7 @@ import pytest
 
 from core.model import backend as backends
 from core.model.params import init_params
+from tests.support import ROOT
 from tests.support.cli import IMPORTABLE
 
 requires_torch = pytest.mark.skipif(  # found, not imported: conftest sets its threads first
@@ -95,10 +96,16 @@ def free_port() -> int:
 
 
 def launcher(backend_name: str) -> list[str]:
-    """The framework's own launcher for two processes on this machine."""
+    """Two processes on this machine: PyTorch's torchrun; for MLX, tests/mlx_ranks.py, which starts them as
+    mlx.launch does without spinning cores while they run (`mlx_launch` is MLX's own)."""
     if backend_name == "cuda":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 "--master_addr=127.0.0.1"]  # fmt: skip
+    return [sys.executable, str(ROOT / "tests" / "mlx_ranks.py"), str(free_port()), sys.executable]
+
+
+def mlx_launch() -> list[str]:
+    """MLX's own launcher for two processes on this machine (the one a user runs)."""
     mlx_launch = Path(sys.executable).parent / "mlx.launch"
     if not mlx_launch.exists():
         pytest.skip(f"{mlx_launch} not found")
