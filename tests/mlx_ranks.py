@@ -7,7 +7,7 @@ What a rank reads is what mlx.launch gives it: MLX_RANK, and MLX_HOSTFILE, a fil
 address as JSON. Their output goes to this process's own standard output and error, as mlx.launch merges
 it into its own. The difference is the waiting: mlx.launch keeps a thread per rank that polls the rank's
 standard input, which is always writable, so it spins about one and a half cores for as long as its ranks
-run (docs/tests.md), on a 2-core machine the time its ranks and the other test worker need. Here the
+run (docs/distributed.md), on a 2-core machine the time its ranks and the other test worker need. Here the
 ranks are waited for. As with mlx.launch, a rank that fails stops the other, and the exit status is
 the first failure's.
 """

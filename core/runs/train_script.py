@@ -262,13 +262,12 @@ def _read_facts(source: str) -> dict[str, list[str]]:
         for item in node.body
         if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
     }
-    facts = {
-        "imported": _imported(tree),
-        "reached": reached,
-        "module_names": module_names,
-        "method_names": methods,
+    return {
+        "imported": sorted(_imported(tree)),
+        "reached": sorted(reached),
+        "module_names": sorted(module_names),
+        "method_names": sorted(methods),
     }
-    return {key: sorted(facts[key]) for key in FACTS}
 
 
 # Decorators that only wrap or describe what they decorate: a function or class under them that nothing
