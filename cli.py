@@ -32,6 +32,7 @@ if __name__ == "__main__":  # from the first instant: the imports below take a w
     _catch_signals(_quit_at_once)
 
 # The imports come after the handlers on purpose (ruff's E402 is off for this file).
+import atexit
 import contextlib
 import functools
 import inspect
@@ -1499,7 +1500,33 @@ def _stdout_gone() -> bool:
         return False
 
 
-def main() -> None:
+def main() -> NoReturn:
+    """Run the command; its process ends without tearing its modules down (`exit_now`). A bug's exception
+    goes on up, to its traceback."""
+    try:
+        _run_command()
+    except SystemExit as exc:
+        exit_now(exc.code)
+
+
+def exit_now(code: int | str | None) -> NoReturn:
+    """End the process as the interpreter would, less the teardown of every imported module, which after
+    PyTorch's compiler was imported is 1-2 s of CPU (docs/performance.md): wait for non-daemon threads,
+    run the exit handlers, flush the standard streams, exit with `code` (a text: printed, status 1)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone, or closed: nothing to write to
+            stream.flush()
+    os._exit(code or 0)
+
+
+def _run_command() -> NoReturn:
     _catch_signals(SIGNALS.handle)
     piped_to_null = _stdout_gone()  # `> /dev/null` from the start is no broken pipe
     try:

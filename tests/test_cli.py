@@ -604,3 +604,29 @@ def test_a_second_signal_during_training_is_not_held():
         assert isinstance(stop(), cli_module.Terminated)
         with pytest.raises(KeyboardInterrupt):
             signals.handle(signal.SIGINT, None)  # the second one: at once
+
+
+EXITS = """
+import atexit, sys, threading, time
+sys.path.insert(0, {root!r})
+from cli import exit_now
+def late():
+    time.sleep(0.3)
+    print("the thread's line", flush=True)
+threading.Thread(target=late).start()
+atexit.register(lambda: print("atexit's line"))
+print("buffered", end="")
+exit_now({code!r})
+"""
+
+
+@pytest.mark.slow  # a process importing cli.py each: ~1.4 s
+@pytest.mark.parametrize("code, status", [(None, 0), (3, 3), ("error: a text", 1)])
+def test_exit_now_ends_as_the_interpreter_would(code, status):
+    """Non-daemon threads finish, atexit's functions run, buffered output is written, the status is
+    SystemExit's (a text printed to stderr, status 1)."""
+    done = subprocess.run([sys.executable, "-c", EXITS.format(root=str(ROOT), code=code)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == status
+    assert done.stdout == "buffered" + "the thread's line\n" + "atexit's line\n"
+    assert done.stderr == ("" if status != 1 else "error: a text\n")

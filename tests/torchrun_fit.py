@@ -21,6 +21,7 @@ sys.path[0] = str(ROOT)  # instead of tests/
 
 import numpy as np  # noqa: E402
 
+from cli import exit_now  # noqa: E402
 from core.artifact.fit import FIT_FIELDS  # noqa: E402
 from core.common.errors import PgolfError  # noqa: E402
 from core.config.presets import preset  # noqa: E402
@@ -53,3 +54,4 @@ def main(name: str, mode: str, seconds: float, timeout: float, out: Path) -> Non
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]))
+    exit_now(0)
