@@ -1,12 +1,14 @@
-"""`python cli.py ARGS` for the tests, without paying for the heavy imports each time: a test helper, not
-part of pgolf (tests/support/cli.py's `cli` starts it, one per test worker).
+"""`python cli.py ARGS` (or `python SCRIPT ARGS`: a packaged train_gpt.py) for the tests, without paying for
+the heavy imports each time: a test helper, not part of pgolf (tests/support/cli.py starts it, one per test
+worker).
 
 It imports the libraries every command needs and that take seconds (PyTorch, its compiler stack that
 an optimizer loads, numpy, typer, rich), nothing of pgolf's, then reads one request per line on its
-standard input: JSON {"args", "cwd", "env", "stdout", "stderr"}. For each it forks a process that takes
+standard input: JSON {"script", "args", "cwd", "env", "stdout", "stderr"}. For each it forks a process that takes
 that folder, that environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard
-output and error to those files and its input from /dev/null, and runs cli.py as `python cli.py ARGS`
-does (`__main__`, sys.argv, the interpreter's own ending: atexit, flushing, a traceback for a bug). The
+output and error to those files and its input from /dev/null, and runs the script as `python SCRIPT ARGS`
+does (`__main__`, sys.argv, sys.path's first entry its folder, the interpreter's own ending: atexit,
+flushing, a traceback for a bug). The
 server writes `pid <n>` when the process starts and `exit <code>` when it ends (negative: the signal that
 ended it, as subprocess gives it). Only those two lines come back: the command's output is in its files.
 
@@ -28,10 +30,6 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CLI = ROOT / "cli.py"
-sys.path[0] = str(ROOT)  # as `python cli.py` has it, instead of tests/
-
 # torch._dynamo: what building a torch.optim optimizer imports. PyTorch may be missing (an MLX-only machine).
 for name in ("numpy", "rich.console", "typer", "torch", "torch._dynamo"):
     with contextlib.suppress(ImportError):
@@ -43,7 +41,7 @@ def threads() -> int:
 
 
 def command(request: dict) -> None:
-    """In the forked process: never returns. It ends as the interpreter would after `python cli.py`
+    """In the forked process: never returns. It ends as the interpreter would after `python SCRIPT`
     (atexit's functions, the streams flushed, the exit status of SystemExit or 1 and a traceback for
     another exception) but for the modules' teardown, which in a forked process copies every page the
     server's imports fill (most of a second, to free memory the process is about to give back)."""
@@ -58,9 +56,11 @@ def command(request: dict) -> None:
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
-    sys.argv = [str(CLI), *request["args"]]
+    script = Path(request["script"])
+    sys.argv = [str(script), *request["args"]]
+    sys.path[0] = str(script.parent)
     try:
-        runpy.run_path(str(CLI), run_name="__main__")
+        runpy.run_path(str(script), run_name="__main__")
         code = 0
     except SystemExit as exc:
         code = exc.code

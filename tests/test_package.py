@@ -8,7 +8,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -31,7 +30,7 @@ from tests.support import ROOT
 from tests.support.artifacts import NEEDS_LRZIP
 from tests.support.backends import needs
 from tests.support.cli import assert_one_line_error, cli, data_flags
-from tests.support.runs import ISOLATED, fake_run, run_alone
+from tests.support.runs import fake_run, run_alone, run_isolated
 
 FINAL = re.compile(r"^final_int8_zlib_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$", re.M)
 
@@ -389,7 +388,6 @@ def packaged_script(run_dir: Path, tmp_path: Path, compressed: bool = True) -> t
     here = tmp_path / "elsewhere"
     here.mkdir()
     (here / "train_gpt.py").write_bytes((folder / "train_gpt.py").read_bytes())
-    (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
     return here, size
 
 
@@ -402,9 +400,7 @@ def test_the_packaged_script_trains_alone_to_the_same_score(sotu_dataset, pgolf_
     env = dict(
         os.environ, DATA_PATH=str(sotu_dataset.data_path), TOKENIZER_PATH=str(sotu_dataset.tokenizer_path)
     )
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=env,
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = run_isolated(here, env)
     assert result.returncode == 0, result.stderr[-3000:]
     ours, theirs = FINAL.search(stdout), FINAL.search(result.stdout)
     assert theirs is not None, result.stdout[-2000:]
@@ -443,9 +439,7 @@ def test_a_packaged_record_0427_run_trains_alone_to_the_same_scores(tmp_path_fac
               "--data-path", data["DATA_PATH"], "--tokenizer-path", data["TOKENIZER_PATH"])  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     here, _ = packaged_script(out / "r", tmp_path)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | data
-    alone = subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=env,
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    alone = run_isolated(here, dict(os.environ) | data)
     assert alone.returncode == 0, alone.stderr[-3000:]
     figures = re.compile(
         r"^final_int6_(roundtrip|sliding_window|ttt)_exact val_loss:(\S+) val_bpb:(\S+)$", re.M
@@ -468,13 +462,11 @@ def test_a_packaged_run_writes_and_reads_a_pergroup_artifact(sotu_dataset, pgolf
     here, _ = packaged_script(pgolf_run[0], tmp_path)
     env = dict(os.environ, DATA_PATH=str(sotu_dataset.data_path), TOKENIZER_PATH=str(sotu_dataset.tokenizer_path),
                COMPRESSOR="pergroup", BYTE_SHUFFLE="2", ITERATIONS="2")  # fmt: skip
-    env.pop("PYTHONPATH", None)
-    command = [sys.executable, "isolated.py", "train_gpt.py"]
-    result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    result = run_isolated(here, env)
     assert_one_line_error(result, "packaged without core.common.pergroup: COMPRESSOR=pergroup", packaged=True)
     run_cfg = Config.from_dict(json.loads((pgolf_run[0] / "config.json").read_text()))
     (here / "train_gpt.py").write_text(script(run_cfg.replace(compressor="pergroup", byte_shuffle=2)))
-    result = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    result = run_isolated(here, env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^Serialized model int8\+pergroup: \d+ bytes$", result.stdout, re.M), result.stdout[
         -2000:
@@ -482,8 +474,7 @@ def test_a_packaged_run_writes_and_reads_a_pergroup_artifact(sotu_dataset, pgolf
     assert re.search(r"^final_int8_pergroup_roundtrip_exact val_loss:\S+ val_bpb:\S+$", result.stdout, re.M)
     empty = tmp_path / "bin"
     empty.mkdir()
-    result = subprocess.run(command, cwd=here, env=env | {"PATH": str(empty)}, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    result = run_isolated(here, env | {"PATH": str(empty)})
     assert result.returncode != 0 and "step:" not in result.stdout
     assert "the pergroup compressor needs the lrzip program, which is not installed" in result.stderr
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +17,9 @@ from core.config.presets import preset
 from core.runs.package import write_record
 from core.runs.summary import hardware, summarize
 from core.runs.train_script import requirements
-from tests.support import ROOT
 from tests.support.backends import needs
 from tests.support.cli import assert_one_line_error, cli, data_flags
-from tests.support.runs import ISOLATED, fake_run
+from tests.support.runs import fake_run, run_isolated
 
 SMALL_CAP = 10_000  # a smoke model's artifact alone is ~230 KB: over it
 
@@ -111,11 +108,8 @@ def test_a_packaged_script_over_the_cap_says_so_last_and_exits_3(over_cap, sotu_
     from core.runs.train_script import script
 
     (tmp_path / "train_gpt.py").write_text(script(cfg))
-    (tmp_path / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"DATA_PATH": str(sotu_dataset.data_path), "TOKENIZER_PATH": str(sotu_dataset.tokenizer_path)}
-    alone = subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    data = {"DATA_PATH": str(sotu_dataset.data_path), "TOKENIZER_PATH": str(sotu_dataset.tokenizer_path)}
+    alone = run_isolated(tmp_path, dict(os.environ) | data)
     assert alone.returncode == 3, alone.stderr[-2000:]
     last = alone.stderr.strip().splitlines()[-1]
     assert last.startswith("error: artifact + code are ") and "over the 10,000-byte cap" in last

@@ -1,5 +1,6 @@
 """cli.py for the tests: `cli(...)`, a command in a process of its own (forked from tests/cli_server.py),
-`cli_after` (one with a hook replaced first), and `assert_one_line_error`, the one check of a refusal."""
+`python(...)`, any script so (a packaged train_gpt.py), `cli_after` (a command with a hook replaced first),
+and `assert_one_line_error`, the one check of a refusal."""
 
 from __future__ import annotations
 
@@ -19,15 +20,15 @@ IMPORTABLE = {"PYTHONPATH": str(ROOT)}
 
 
 class CLIServer:
-    """tests/cli_server.py, started on first use: it forks each `cli.py` command from a process that has
-    imported PyTorch and the rest already (one or two seconds less of CPU a command)."""
+    """tests/cli_server.py, started on first use: it forks each `cli.py` command (or other script) from a
+    process that has imported PyTorch and the rest already (two to five seconds less of CPU a command)."""
 
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
         self.lines: queue.Queue[str] = queue.Queue()
 
     def run(
-        self, args: list[str], cwd: Path, env: dict[str, str], timeout: float
+        self, script: Path, args: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess:
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
@@ -40,7 +41,8 @@ class CLIServer:
         folder = Path(os.environ["PGOLF_CACHE_DIR"]).parent / "cli-output" / str(os.getpid())
         folder.mkdir(parents=True, exist_ok=True)
         out, err = folder / "stdout", folder / "stderr"
-        request = {"args": args, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        request = {"script": str(script), "args": args, "cwd": str(cwd), "env": env, "stdout": str(out),
+                   "stderr": str(err)}  # fmt: skip
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         pid = int(self._line("pid", 60))
@@ -51,7 +53,7 @@ class CLIServer:
             self._line("exit", 60)
             raise
         return subprocess.CompletedProcess(
-            ["cli.py", *args], code, out.read_text(errors="replace"), err.read_text(errors="replace")
+            [script.name, *args], code, out.read_text(errors="replace"), err.read_text(errors="replace")
         )
 
     @staticmethod
@@ -78,14 +80,20 @@ CLI_SERVER = CLIServer()
 def cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """`python cli.py ARGS` in a process of its own, its output captured: what subprocess.run gives. On Linux
-    forked from CLI_SERVER; elsewhere started afresh (macOS's system frameworks, which PyTorch loads, are not
-    safe to use in a forked process)."""
-    env = {**os.environ, **(env or {})}
+    """`python cli.py ARGS` in a process of its own, its output captured, `env` set over this one's."""
+    return python(ROOT / "cli.py", *args, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def python(
+    script: Path, *args: str, cwd: Path | None = None, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` in a process of its own with the environment `env`, its output captured: what
+    subprocess.run gives. On Linux forked from CLI_SERVER; elsewhere started afresh (macOS's system
+    frameworks, which PyTorch loads, are not safe to use in a forked process)."""
     if sys.platform == "linux":
-        return CLI_SERVER.run(list(args), cwd or Path.cwd(), env, timeout=300)
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=env)  # fmt: skip
+        return CLI_SERVER.run(Path(script), list(args), Path(cwd or Path.cwd()), dict(env), timeout)
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)  # fmt: skip
 
 
 def data_flags(dataset) -> list[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from core.train.managed import train_managed
 from core.train.rundir import RunDir
 from tests.support import ROOT
 from tests.support.backends import make_backend
+from tests.support.cli import python
 
 # ---------------------------------------- a run folder written without training
 # The least of a config.json that a run's summary reads (its model: "2x64, vocab 1024").
@@ -121,10 +121,16 @@ def run_alone(text: str, tmp_path: Path, **env: str) -> subprocess.CompletedProc
     here = tmp_path / "alone"
     here.mkdir(parents=True)
     (here / "train_gpt.py").write_text(text)
+    environ = {k: v for k, v in os.environ.items() if k not in ("DATA_PATH", "TOKENIZER_PATH")}
+    return run_isolated(here, environ | env, timeout=300)
+
+
+def run_isolated(here: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python train_gpt.py` in the folder `here` with pgolf not importable (ISOLATED), the environment
+    `env` less PYTHONPATH: forked as `cli` is (tests/support/cli.py)."""
     (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DATA_PATH", "TOKENIZER_PATH")}
-    return subprocess.run([sys.executable, "isolated.py", "train_gpt.py"], cwd=here, env=environ | env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    return python(here / "isolated.py", "train_gpt.py", cwd=here, env=env, timeout=timeout)
 
 
 # Runs a script with pgolf not importable: the editable install's finder and the repository dropped. It
