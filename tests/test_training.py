@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from tests.support.backends import (
     needs,
     torchrun_env,
 )
+from tests.support.cli import cli
 from tests.support.data import digest
 from tests.support.runs import final_params, run
 
@@ -201,26 +201,18 @@ def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_na
 @pytest.mark.slow  # ~8 s
 def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     args = [
-        str(ROOT / "cli.py"), "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),
+        "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
         "--iterations", "3", "--num-layers", "1",  # one layer: no skip weights, an empty parameter
     ]  # fmt: skip
-    # Loopback only: gloo otherwise picks an interface from the host name, which can fail.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    outputs = {}
+    one = cli(*args, "--run-id", "one")
     # MLX's own launcher here, the one a user runs (elsewhere tests/mlx_ranks.py starts MLX's ranks).
     two = launcher(backend_name) if backend_name == "cuda" else mlx_launch()
-    for run_id, command in (("one", [sys.executable]), ("two", two)):
-        done = subprocess.run(
-            [*command, *args, "--run-id", run_id],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    two = subprocess.run([*two, str(ROOT / "cli.py"), *args, "--run-id", "two"], env=torchrun_env(),
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    for done in (one, two):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        outputs[run_id] = done.stdout
-    assert "world_size:2 grad_accum_steps:1" in outputs["two"]
+    assert "world_size:2 grad_accum_steps:1" in two.stdout
     one = load_checkpoint(tmp_path / "one" / "checkpoints" / "step_000003.safetensors").params
     two = load_checkpoint(tmp_path / "two" / "checkpoints" / "step_000003.safetensors").params
     for k in one:  # same tokens, gradients averaged in a different order: fp32 round-off only

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -265,28 +267,39 @@ def mlx_artifact(sotu_dataset, tmp_path_factory):
     return out / "r" / "final_model.int8.pgolf"
 
 
+def phased_ttt_args(artifact: Path, dataset, backend_name: str) -> list[str]:
+    """Three documents one at a time, longest first; the phase trains on the first two before the third."""
+    return ["eval", str(artifact), "--backend", backend_name, *TTT_FLAGS,
+            "--val-max-tokens", "10000", "--ttt-batch-size", "1", "--phased-ttt-prefix-docs", "2",
+            "--ttt-chunk-size", "128", "--ttt-eval-seq-len", "256",
+            "--ttt-lora-lr", "0", "--global-ttt-lr", "0.01", *data_flags(dataset)]  # fmt: skip
+
+
+def ttt_bpb(result: subprocess.CompletedProcess) -> float:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return float(
+        next(x for x in result.stdout.splitlines() if "eval:ttt" in x).split("val_bpb:")[1].split()[0]
+    )
+
+
+@pytest.fixture(scope="module")
+def one_process_ttt(mlx_artifact, sotu_dataset) -> float:
+    """The phased TTT score of one MLX process, which both backends' two ranks must give (the backends
+    agree to about 1e-7 here: test_both_backends_give_the_same_ttt_losses)."""
+    args = phased_ttt_args(mlx_artifact, sotu_dataset, "mlx")
+    one, no_phase = ttt_bpb(cli(*args)), ttt_bpb(cli(*args, "--phased-ttt-num-phases", "0"))
+    assert abs(one - no_phase) > 1e-4  # the global phase moved the score
+    return one
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend_name", BACKENDS)
 @needs("mlx")  # the run is trained with MLX
-def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact):
+def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact, one_process_ttt):
     """Two processes share the documents out (PyTorch: a counter in torch.distributed's store; MLX: turns)
     and train the global phase together: the same TTT score as one process. The adapters' learning
     rate is 0 here: with it, which A a batch starts from depends on the batches its rank took before."""
-    import subprocess
-
-    # Three documents one at a time, longest first; the phase trains on the first two before the third.
-    args = ["eval", str(mlx_artifact), "--backend", backend_name, *TTT_FLAGS,
-            "--val-max-tokens", "10000", "--ttt-batch-size", "1", "--phased-ttt-prefix-docs", "2",
-            "--ttt-chunk-size", "128", "--ttt-eval-seq-len", "256",
-            "--ttt-lora-lr", "0", "--global-ttt-lr", "0.01", *data_flags(sotu_dataset)]  # fmt: skip
-    one = cli(*args)
-    no_phase = cli(*args, "--phased-ttt-num-phases", "0")
+    args = phased_ttt_args(mlx_artifact, sotu_dataset, backend_name)
     two = subprocess.run([*launcher(backend_name), str(ROOT / "cli.py"), *args], env=torchrun_env(),
                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr[-3000:]
-
-    def ttt_bpb(out: str) -> float:
-        return float(next(x for x in out.splitlines() if "eval:ttt" in x).split("val_bpb:")[1].split()[0])
-
-    assert abs(ttt_bpb(one.stdout) - ttt_bpb(no_phase.stdout)) > 1e-4  # the global phase moved the score
-    assert ttt_bpb(two.stdout) == pytest.approx(ttt_bpb(one.stdout), abs=1e-6)
+    assert ttt_bpb(two) == pytest.approx(one_process_ttt, abs=1e-6)
