@@ -209,10 +209,12 @@ def test_the_compiled_ttt_forward_scores_what_eager_does():
     """torch.compile of the LoRA forward (dynamic shapes: each batch has its own window length), on a CPU:
     every token's TTT loss within 1e-5 nats of the eager forward's. The graphs dynamo and AOT autograd
     make of it with symbolic shapes are what is tested (`compile_backend="aot_eager"`: no inductor code
-    generation), and one layer: the depth is not what is tested, and both make a cold compile cheaper."""
-    cfg = LEGAL_CFG.replace(num_layers=1, compile_backend="aot_eager")
+    generation), and one layer: the depth is not what is tested, and both make a cold compile cheaper.
+    Two batches of two documents, so that a batch of another size does not compile a graph of its own:
+    one graph scores and one learns (grad mode on), each window length going through them."""
+    cfg = LEGAL_CFG.replace(num_layers=1, compile_backend="aot_eager", ttt_batch_size=2)
     params = busy_params(cfg, seed=5)
-    tokens = stream(3)[:90]  # five documents: two batches of different window lengths
+    tokens = stream(3)[:69]  # four documents, forwards of 8 to 24 tokens
     eager, compiled = (make_backend("cuda", cfg.replace(compile=mode)) for mode in ("off", "on"))
     assert compiled.ttt()._losses is not compiled.model.token_losses
     np.testing.assert_allclose(
