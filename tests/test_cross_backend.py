@@ -83,20 +83,24 @@ MIXED = {
 }
 
 
-# A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor, so they are quantized.
+# A wide MLP: its matrices (1280 x 64) pass the 65,536-element floor, so they are quantized. pergroup
+# compresses what mixed writes (the same quantized tensors, grouped and ordered by numpy): one model.
 @pytest.mark.parametrize(
-    "artifact",
+    ("model", "artifact"),
     [
-        pytest.param({"mlp_mult": 20.0}, id="int8"),
-        pytest.param({**MIXED, "mlp_mult": 20.0}, id="mixed", marks=pytest.mark.slow),  # ~50 s: GPTQ, LQER
-        pytest.param(  # ~30 s: lrzip's ZPAQ on 2 cores
+        *(pytest.param(m, {"mlp_mult": 20.0}, id=f"{m}-int8") for m in MODELS),
+        *(
+            pytest.param(m, {**MIXED, "mlp_mult": 20.0}, id=f"{m}-mixed", marks=pytest.mark.slow)
+            for m in MODELS
+        ),
+        pytest.param(  # ~15 s: lrzip's ZPAQ on 2 cores
+            "features",
             {**MIXED, "mlp_mult": 20.0, "compressor": "pergroup"},
-            id="pergroup",
+            id="features-pergroup",
             marks=[NEEDS_LRZIP, pytest.mark.slow],
         ),
     ],
 )
-@pytest.mark.parametrize("model", MODELS)
 def test_artifacts_from_the_same_weights_are_byte_identical(sotu_dataset, tmp_path, model, artifact):
     cfg = sotu_dataset.config(**{**MODELS[model], **artifact})
     params = busy_params(cfg, seed=13)
