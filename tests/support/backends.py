@@ -3,8 +3,10 @@ the model switches; the frameworks' launchers of two processes; a process where 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -89,10 +91,21 @@ MODEL_SWITCHES = dict(
 
 
 # ---------------------------------------- launchers of two processes
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1 now. They are drawn below Linux's range
+    for outgoing connections (32768 and up), where the kernel hands out a client's port: there an MLX
+    ring's second port was once taken between this check and the ring's bind."""
+    rng = random.Random()  # seeded from the system: two workers do not draw alike
+    while True:
+        first = rng.randrange(20_000, 32_768 - count)
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(first, first + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
 
 
 def launcher(backend_name: str) -> list[str]:
@@ -101,7 +114,7 @@ def launcher(backend_name: str) -> list[str]:
     if backend_name == "cuda":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 "--master_addr=127.0.0.1"]  # fmt: skip
-    return [sys.executable, str(ROOT / "tests" / "mlx_ranks.py"), str(free_port()), sys.executable]
+    return [sys.executable, str(ROOT / "tests" / "mlx_ranks.py"), str(free_port(2)), sys.executable]
 
 
 def mlx_launch() -> list[str]:
@@ -110,7 +123,7 @@ def mlx_launch() -> list[str]:
     if not mlx_launch.exists():
         pytest.skip(f"{mlx_launch} not found")
     # The ring backend listens on two consecutive ports from --starting-port.
-    return [str(mlx_launch), "-n", "2", "--backend", "ring", "--starting-port", str(free_port()), "--",
+    return [str(mlx_launch), "-n", "2", "--backend", "ring", "--starting-port", str(free_port(2)), "--",
             sys.executable]  # fmt: skip
 
 
