@@ -1,14 +1,14 @@
-"""`python cli.py ARGS` (or `python SCRIPT ARGS`: a packaged train_gpt.py) for the tests, without paying for
-the heavy imports each time: a test helper, not part of pgolf (tests/support/cli.py starts it, one per test
-worker).
+"""`python cli.py ARGS` (or any `python SCRIPT ARGS`, `python -m MODULE ARGS`: a packaged train_gpt.py,
+torchrun) for the tests, without paying for the heavy imports each time: a test helper, not part of pgolf
+(tests/support/cli.py starts it, one per test worker).
 
 It imports the libraries every command needs and that take seconds (PyTorch, its compiler stack that
 an optimizer loads, numpy, typer, rich), nothing of pgolf's, then reads one request per line on its
-standard input: JSON {"script", "args", "cwd", "env", "stdout", "stderr"}. For each it forks a process that takes
+standard input: JSON {"argv", "cwd", "env", "stdout", "stderr"}. For each it forks a process that takes
 that folder, that environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard
-output and error to those files and its input from /dev/null, and runs the script as `python SCRIPT ARGS`
-does (`__main__`, sys.argv, sys.path's first entry its folder, the interpreter's own ending: atexit,
-flushing, a traceback for a bug). The
+output and error to those files and its input from /dev/null, and runs `python ARGV` as the interpreter
+does (`__main__`, sys.argv, sys.path's first entry the script's folder or, with -m, the working folder, the
+interpreter's own ending: atexit, flushing, a traceback for a bug). The
 server writes `pid <n>` when the process starts and `exit <code>` when it ends (negative: the signal that
 ended it, as subprocess gives it). Only those two lines come back: the command's output is in its files.
 
@@ -56,11 +56,14 @@ def command(request: dict) -> None:
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
-    script = Path(request["script"])
-    sys.argv = [str(script), *request["args"]]
-    sys.path[0] = str(script.parent)
+    argv = request["argv"]
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        if argv[0] == "-m":
+            sys.argv, sys.path[0] = argv[1:], os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv, sys.path[0] = argv, str(Path(argv[0]).parent)
+            runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as exc:
         code = exc.code

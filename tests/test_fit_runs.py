@@ -18,7 +18,7 @@ from core.config.fields import Config
 from core.train.fitting import shared_fit
 from tests.support import ROOT
 from tests.support.artifacts import ARTIFACT, SHAPE
-from tests.support.backends import NEEDS, launcher, needs, torchrun_env
+from tests.support.backends import NEEDS, needs, run_ranks
 from tests.support.cli import cli, data_flags
 from tests.torchrun_fit import CHOSEN
 
@@ -79,10 +79,8 @@ def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backe
     settings, or for its failure, which it ends with in one line; the job's collectives still work.
     MLX's collectives have no timeout: its fit takes 1 s."""
     seconds = "8" if backend_name == "cuda" else "1"
-    done = subprocess.run(
-        [*launcher(backend_name), str(ROOT / "tests" / "torchrun_fit.py"), backend_name, mode, seconds, "5", str(tmp_path)],
-        env=torchrun_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_ranks(backend_name, str(ROOT / "tests" / "torchrun_fit.py"), backend_name, mode, seconds, "5",
+                     str(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = {path.name: path.read_text() for path in tmp_path.glob("rank*")}
     if mode == "fails":
@@ -102,8 +100,7 @@ def two_ranks_train(sotu_dataset, tmp_path, *flags: str, **env: str) -> subproce
     args = [str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset", "smoke", "--out-dir", str(tmp_path), "--run-id", "a",
             *SHAPE, *ARTIFACT, "--artifact-fit-keep-compressor", "--iterations", "4", "--collective-timeout-seconds", "5",
             *data_flags(sotu_dataset), *flags]  # fmt: skip
-    return subprocess.run([*launcher("cuda"), *args], env=torchrun_env(ARTIFACT_FIT_BYTES="250000", **env),
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return run_ranks("cuda", *args, ARTIFACT_FIT_BYTES="250000", **env)
 
 
 @needs("cuda")

@@ -29,6 +29,7 @@ from tests.support.backends import (
     make_backend,
     mlx_launch,
     needs,
+    run_ranks,
     torchrun_env,
 )
 from tests.support.cli import cli
@@ -207,9 +208,13 @@ def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
     ]  # fmt: skip
     one = cli(*args, "--run-id", "one")
     # MLX's own launcher here, the one a user runs (elsewhere tests/mlx_ranks.py starts MLX's ranks).
-    two = launcher(backend_name) if backend_name == "cuda" else mlx_launch()
-    two = subprocess.run([*two, str(ROOT / "cli.py"), *args, "--run-id", "two"], env=torchrun_env(),
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    two = [str(ROOT / "cli.py"), *args, "--run-id", "two"]
+    if backend_name == "cuda":
+        two = run_ranks("cuda", *two)
+    else:
+        two = subprocess.run(
+            [*mlx_launch(), *two], env=torchrun_env(), capture_output=True, text=True, timeout=300
+        )
     for done in (one, two):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "world_size:2 grad_accum_steps:1" in two.stdout
@@ -302,9 +307,7 @@ def test_two_compiled_processes_with_two_micro_batches_each_under_a_cap(sotu_dat
         "--val-loss-every", "0", "--val-max-tokens", "8192", "--out-dir", str(tmp_path), "--run-id", "r",
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
     ]  # fmt: skip
-    done = subprocess.run(
-        [*launcher("cuda"), *args], env=torchrun_env(), capture_output=True, text=True, timeout=600
-    )
+    done = run_ranks("cuda", *args)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "world_size:2 grad_accum_steps:2" in done.stdout
     assert "stopping_early: wallclock_cap" in done.stdout
@@ -405,11 +408,9 @@ def test_torchrun_without_data_prepares_one_dataset(sotu_dataset, tmp_path):
     """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte."""
     from core.data.manifest import read_manifest
 
-    done = subprocess.run(
-        [*launcher("cuda"), str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset",
-         "smoke", "--iterations", "1", "--out-dir", "runs", "--run-id", "r"],
-        cwd=tmp_path, env=torchrun_env(TEST_CORPUS_DOCS="40"), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = run_ranks("cuda", str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset",
+                     "smoke", "--iterations", "1", "--out-dir", "runs", "--run-id", "r", cwd=tmp_path,
+                     TEST_CORPUS_DOCS="40")  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.count("No dataset yet") == 1
     data = tmp_path / "data"

@@ -18,7 +18,7 @@ from core.eval.score import evaluators
 from core.eval.ttt import chunk_window, evaluate_ttt, find_documents, global_lr, plan_batches
 from tests.golden_data import GOLDEN, read_golden, record_config
 from tests.support import ROOT
-from tests.support.backends import BACKENDS, busy_params, launcher, make_backend, needs, torchrun_env
+from tests.support.backends import BACKENDS, busy_params, make_backend, needs, run_ranks
 from tests.support.cli import assert_one_line_error, cli, data_flags
 from tests.support.ttt import LEGAL_CFG, AdaptsFirst, stream, unit_tables
 
@@ -302,6 +302,5 @@ def test_two_ranks_score_what_one_does(backend_name, sotu_dataset, mlx_artifact,
     and train the global phase together: the same TTT score as one process. The adapters' learning
     rate is 0 here: with it, which A a batch starts from depends on the batches its rank took before."""
     args = phased_ttt_args(mlx_artifact, sotu_dataset, backend_name)
-    two = subprocess.run([*launcher(backend_name), str(ROOT / "cli.py"), *args], env=torchrun_env(),
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    two = run_ranks(backend_name, str(ROOT / "cli.py"), *args)
     assert ttt_bpb(two) == pytest.approx(one_process_ttt, abs=1e-6)

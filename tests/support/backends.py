@@ -18,7 +18,7 @@ import pytest
 from core.model import backend as backends
 from core.model.params import init_params
 from tests.support import ROOT
-from tests.support.cli import IMPORTABLE
+from tests.support.cli import IMPORTABLE, python
 
 requires_torch = pytest.mark.skipif(  # found, not imported: conftest sets its threads first
     importlib.util.find_spec("torch") is None, reason="torch is not installed (an independent reference here)"
@@ -115,6 +115,14 @@ def launcher(backend_name: str) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 "--master_addr=127.0.0.1"]  # fmt: skip
     return [sys.executable, str(ROOT / "tests" / "mlx_ranks.py"), str(free_port(2)), sys.executable]
+
+
+def run_ranks(
+    backend_name: str, *args: str, cwd: Path | None = None, **env: str
+) -> subprocess.CompletedProcess:
+    """`launcher(backend_name) ARGS` run to its end, output captured, `env` set over torchrun_env's: the
+    launcher (torchrun itself, or tests/mlx_ranks.py) forked from the CLI server, its ranks fresh processes."""
+    return python(*launcher(backend_name)[1:], *args, cwd=cwd, env=torchrun_env(**env), timeout=600)
 
 
 def mlx_launch() -> list[str]:

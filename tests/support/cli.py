@@ -1,5 +1,5 @@
 """cli.py for the tests: `cli(...)`, a command in a process of its own (forked from tests/cli_server.py),
-`python(...)`, any script so (a packaged train_gpt.py), `cli_after` (a command with a hook replaced first),
+`python(...)`, any script or module so (a packaged train_gpt.py, torchrun), `cli_after` (a command with a hook replaced first),
 and `assert_one_line_error`, the one check of a refusal."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class CLIServer:
         self.lines: queue.Queue[str] = queue.Queue()
 
     def run(
-        self, script: Path, args: list[str], cwd: Path, env: dict[str, str], timeout: float
+        self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess:
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
@@ -41,8 +41,7 @@ class CLIServer:
         folder = Path(os.environ["PGOLF_CACHE_DIR"]).parent / "cli-output" / str(os.getpid())
         folder.mkdir(parents=True, exist_ok=True)
         out, err = folder / "stdout", folder / "stderr"
-        request = {"script": str(script), "args": args, "cwd": str(cwd), "env": env, "stdout": str(out),
-                   "stderr": str(err)}  # fmt: skip
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         pid = int(self._line("pid", 60))
@@ -53,7 +52,7 @@ class CLIServer:
             self._line("exit", 60)
             raise
         return subprocess.CompletedProcess(
-            [script.name, *args], code, out.read_text(errors="replace"), err.read_text(errors="replace")
+            ["python", *argv], code, out.read_text(errors="replace"), err.read_text(errors="replace")
         )
 
     @staticmethod
@@ -85,15 +84,17 @@ def cli(
 
 
 def python(
-    script: Path, *args: str, cwd: Path | None = None, env: dict[str, str], timeout: float = 300
+    *argv: str | Path, cwd: Path | None = None, env: dict[str, str], timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """`python SCRIPT ARGS` in a process of its own with the environment `env`, its output captured: what
-    subprocess.run gives. On Linux forked from CLI_SERVER; elsewhere started afresh (macOS's system
-    frameworks, which PyTorch loads, are not safe to use in a forked process)."""
+    """`python ARGV` (a script and its arguments, or -m and a module) in a process of its own with the
+    environment `env`, its output captured: what subprocess.run gives. On Linux forked from CLI_SERVER;
+    elsewhere started afresh (macOS's system frameworks, which PyTorch loads, are not safe to use in a
+    forked process)."""
+    argv = [str(a) for a in argv]
     if sys.platform == "linux":
-        return CLI_SERVER.run(Path(script), list(args), Path(cwd or Path.cwd()), dict(env), timeout)
-    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)  # fmt: skip
+        return CLI_SERVER.run(argv, Path(cwd or Path.cwd()), dict(env), timeout)
+    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env)  # fmt: skip
 
 
 def data_flags(dataset) -> list[str]:
