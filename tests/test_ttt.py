@@ -233,8 +233,8 @@ TTT_FLAGS = [
 @pytest.mark.slow
 @needs("mlx")
 def test_a_run_ends_with_its_ttt_score_and_eval_saves_every_token_loss(sotu_dataset, tmp_path):
-    result = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "20", "--out-dir",
-                 str(tmp_path), "--run-id", "r", *data_flags(sotu_dataset), *TTT_FLAGS)  # fmt: skip
+    result = cli("train", "--backend", "mlx", "--preset", "smoke", "--iterations", "20", "--val-max-tokens", "2048",
+                 "--out-dir", str(tmp_path), "--run-id", "r", *data_flags(sotu_dataset), *TTT_FLAGS)  # fmt: skip
     assert result.returncode == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("final_int8_zlib_ttt_exact "))
     trained_bpb = float(line.split("val_bpb:")[1].split()[0])
