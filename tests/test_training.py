@@ -303,7 +303,7 @@ def test_two_compiled_processes_with_two_micro_batches_each_under_a_cap(sotu_dat
     args = [
         str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "tiny", "--num-layers", "1", "--compile", "on",
         "--compile-backend", "aot_eager",
-        "--grad-accum-steps", "4", "--iterations", "1000", "--max-wallclock-seconds", "3", "--warmup-steps", "1",
+        "--grad-accum-steps", "4", "--iterations", "1000", "--max-wallclock-seconds", "1", "--warmup-steps", "1",
         "--val-loss-every", "0", "--val-max-tokens", "8192", "--out-dir", str(tmp_path), "--run-id", "r",
         "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
     ]  # fmt: skip
