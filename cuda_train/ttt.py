@@ -50,10 +50,12 @@ class TorchTTT:
         """LoRA adapters (core/model/lora.py) as fp32 tensors {name: (A, B)}, and their optimizer."""
         cfg, device = self.cfg, self.backend.torch_device
         shapes = adapter_shapes(cfg, next(iter(a.values())).shape[0])
+        # Leaf tensors, not nn.Parameter: torch.compile holds a Parameter's shape fixed, and a batch of
+        # another size (the last, smaller one) would compile the LoRA forward again.
         pairs = {
             name: (
-                torch.nn.Parameter(torch.tensor(a[name], device=device)),
-                torch.nn.Parameter(torch.zeros(b_shape, device=device)),
+                torch.tensor(a[name], device=device, requires_grad=True),
+                torch.zeros(b_shape, device=device, requires_grad=True),
             )
             for name, (_, b_shape) in shapes.items()
         }

@@ -210,8 +210,9 @@ def test_the_compiled_ttt_forward_scores_what_eager_does():
     every token's TTT loss within 1e-5 nats of the eager forward's. The graphs dynamo and AOT autograd
     make of it with symbolic shapes are what is tested (`compile_backend="aot_eager"`: no inductor code
     generation), and one layer: the depth is not what is tested, and both make a cold compile cheaper.
-    Two batches of two documents, so that a batch of another size does not compile a graph of its own:
-    one graph scores and one learns (grad mode on), each window length going through them."""
+    Two batches of two documents (a batch of another size makes its shapes' symbols more general and the
+    trace slower: test_a_batch_of_another_size_compiles_nothing_new): one graph scores and one learns
+    (grad mode on), each window length going through them."""
     cfg = LEGAL_CFG.replace(num_layers=1, compile_backend="aot_eager", ttt_batch_size=2)
     params = busy_params(cfg, seed=5)
     tokens = stream(3)[:69]  # four documents, forwards of 8 to 24 tokens
@@ -220,6 +221,23 @@ def test_the_compiled_ttt_forward_scores_what_eager_does():
     np.testing.assert_allclose(
         per_token(compiled, tokens, params)[0][1:], per_token(eager, tokens, params)[0][1:], rtol=0, atol=1e-5
     )
+
+
+@needs("cuda")
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_a_batch_of_another_size_compiles_nothing_new():
+    """Batches of three documents, then a last one of two: the compiled LoRA forward (dynamo's graphs and
+    guards alone, `compile_backend="eager"`) keeps one graph that scores and one that learns. Adapters
+    held as nn.Parameter had their batch size guarded: on a GPU, the last batch compiled both again."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    cfg = LEGAL_CFG.replace(num_layers=1, compile="on", compile_backend="eager", ttt_batch_size=3)
+    torch._dynamo.reset()
+    counters.clear()
+    per_token(make_backend("cuda", cfg), stream(3)[:90], busy_params(cfg, seed=5))  # five documents
+    assert counters["stats"]["unique_graphs"] == 2
 
 
 # ------------------------------------------------------------------------------ the CLI
