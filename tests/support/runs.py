@@ -133,23 +133,13 @@ def run_isolated(here: Path, env: dict[str, str], timeout: float = 600) -> subpr
     return python(here / "isolated.py", "train_gpt.py", cwd=here, env=env, timeout=timeout)
 
 
-# Runs a script with pgolf not importable: the editable install's finder and the repository dropped. It
-# ends as cli.py's `exit_now` does, not tearing down the modules the script imported (1-2 s of CPU after
-# PyTorch's compiler), which cli.py is not here to do.
+# Runs a script with pgolf not importable: the editable install's finder and the repository dropped.
 ISOLATED = """
-import atexit, importlib.util, os, runpy, sys
+import importlib.util, runpy, sys
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path = [p for p in sys.path if p and p != {root!r}]
 assert importlib.util.find_spec("core") is None, "pgolf is importable"
-try:
-    runpy.run_path(sys.argv[1], run_name="__main__")
-    code = 0
-except SystemExit as exc:
-    code = exc.code
-atexit._run_exitfuncs()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code or 0)
+runpy.run_path(sys.argv[1], run_name="__main__")
 """
 
 
