@@ -306,6 +306,15 @@ def test_minified_sources_are_kept_on_disk_and_a_cache_that_cannot_be_written_is
     assert train_script._minify.__wrapped__(source, None) == small
 
 
+def test_a_packed_script_is_kept_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("PGOLF_CACHE_DIR", str(tmp_path / "cache"))
+    packed = train_script._packed.__wrapped__("RESULT = 1\n")  # past the in-process cache
+    (kept,) = (tmp_path / "cache" / "minified").iterdir()
+    assert kept.read_text(encoding="utf-8") == packed and packed.startswith("import brotli")
+    kept.write_text("RESULT = 2\n")  # what a later process finds there is what it uses
+    assert train_script._packed.__wrapped__("RESULT = 1\n") == "RESULT = 2\n"
+
+
 def test_what_the_packager_reads_off_a_module_is_kept_on_disk_and_a_damaged_entry_is_read_again(
     tmp_path, monkeypatch
 ):

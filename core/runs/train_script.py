@@ -181,12 +181,14 @@ class _HelpTexts(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-# Minified sources, and what `_facts` reads off each module's syntax, are kept on disk, keyed by the
-# source, this file and python-minifier's version: each `train` measures its code bytes, and minifying
-# and parsing every bundled module takes seconds. PGOLF_CACHE_DIR moves the folder; a file that cannot
-# be read or written is made again, never an error.
+# Minified sources, what `_facts` reads off each module's syntax, and packed scripts are kept on disk,
+# keyed by their input, this file and python-minifier's and brotli's versions: each `train` measures its
+# code bytes, and minifying, parsing and compressing every bundled module takes seconds. PGOLF_CACHE_DIR
+# moves the folder; a file that cannot be read or written is made again, never an error.
 MINIFY_VERSION = hashlib.sha256(
-    Path(__file__).read_bytes() + importlib.metadata.version("python-minifier").encode()
+    Path(__file__).read_bytes()
+    + importlib.metadata.version("python-minifier").encode()
+    + importlib.metadata.version("brotli").encode()
 ).hexdigest()
 
 
@@ -598,11 +600,16 @@ exec(brotli.decompress(int(B[:{bits}],2).to_bytes({size},"big")))
 
 @functools.lru_cache(maxsize=8)  # the same script is asked for again (its size, then the file)
 def _packed(text: str) -> str:
-    """`text` compressed by brotli (quality 11), in a script that runs it (seven_bits_a_character)."""
-    blob = brotli.compress(text.encode("utf-8"), quality=11)
-    return UNPACK.format(
-        escaped=ESCAPED, text=seven_bits_a_character(blob), bits=8 * len(blob), size=len(blob)
-    )
+    """`text` compressed by brotli (quality 11), in a script that runs it (seven_bits_a_character); from
+    the disk cache above when it holds it (a run's config, and so its script, is often one seen before)."""
+
+    def pack() -> str:
+        blob = brotli.compress(text.encode("utf-8"), quality=11)
+        return UNPACK.format(
+            escaped=ESCAPED, text=seven_bits_a_character(blob), bits=8 * len(blob), size=len(blob)
+        )
+
+    return _kept("packed\0" + text, ".py", pack)
 
 
 def code_bytes(cfg: Config) -> int:
