@@ -18,7 +18,7 @@ from core.config.fields import Config
 from core.train.fitting import shared_fit
 from tests.support import ROOT
 from tests.support.artifacts import ARTIFACT, SHAPE
-from tests.support.backends import NEEDS, needs, run_ranks
+from tests.support.backends import needs, run_ranks
 from tests.support.cli import cli, data_flags
 from tests.torchrun_fit import CHOSEN
 
@@ -65,22 +65,15 @@ def test_one_process_gets_its_own_fit_and_a_failure_is_raised_as_it_is():
         shared_fit(One(), cfg, fails)
 
 
-# PyTorch's ranks waiting for a fit that chooses: test_two_ranks_train_and_score_the_fitted_artifact.
-@pytest.mark.parametrize(
-    ("backend_name", "mode"),
-    [
-        pytest.param(name, mode, marks=NEEDS[name], id=f"{mode}-{name}")
-        for name, mode in (("cuda", "fails"), ("mlx", "chooses"), ("mlx", "fails"))
-    ],
-)
-@pytest.mark.slow  # ~15 s: a fit of 8 s
-def test_the_other_rank_waits_for_a_fit_longer_than_the_collective_timeout(backend_name, mode, tmp_path):
-    """Rank 0's fit takes 8 s, the collectives time out after 5 s (PyTorch): rank 1 waits for its
-    settings, or for its failure, which it ends with in one line; the job's collectives still work.
-    MLX's collectives have no timeout: its fit takes 1 s."""
-    seconds = "8" if backend_name == "cuda" else "1"
-    done = run_ranks(backend_name, str(ROOT / "tests" / "torchrun_fit.py"), backend_name, mode, seconds, "5",
-                     str(tmp_path))  # fmt: skip
+# PyTorch's ranks waiting past the collectives' timeout for a fit that chooses, or fails:
+# test_two_ranks_train_and_score_the_fitted_artifact, test_a_fit_that_fails_on_rank_0_ends_both_ranks_with_its_line.
+@pytest.mark.parametrize("mode", ["chooses", "fails"])
+@needs("mlx")
+@pytest.mark.slow  # two processes importing MLX
+def test_the_other_rank_waits_for_a_fit(mode, tmp_path):
+    """Rank 0's fit takes 1 s: rank 1 waits for its settings, or for its failure, which it ends with in one
+    line; the job's collectives still work."""
+    done = run_ranks("mlx", str(ROOT / "tests" / "torchrun_fit.py"), "mlx", mode, "1", "5", str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = {path.name: path.read_text() for path in tmp_path.glob("rank*")}
     if mode == "fails":
@@ -118,11 +111,14 @@ def test_two_ranks_train_and_score_the_fitted_artifact(sotu_dataset, tmp_path):
 
 
 @needs("cuda")
-@pytest.mark.slow  # ~15 s
+@pytest.mark.slow  # ~20 s
 def test_a_fit_that_fails_on_rank_0_ends_both_ranks_with_its_line(sotu_dataset, tmp_path):
-    done = two_ranks_train(sotu_dataset, tmp_path, "--artifact-fit-bytes", "1000")  # nothing fits
+    """Rank 0's fit takes 6 s more than it would, past the 5 s the collectives wait: rank 1 waits for its
+    failure (had it given up first, torchrun would have stopped rank 0 before its line)."""
+    done = two_ranks_train(sotu_dataset, tmp_path, "--artifact-fit-bytes", "1000", TEST_FIT_SLEEP_SECONDS="6")
     output = done.stdout + done.stderr
     assert done.returncode != 0
+    assert "test: the fit slept 6 s first" in output, output[-3000:]
     assert output.count("[rank0]: error: --fit-bytes 1,000: nothing fits") == 1, output[-3000:]
     # Rank 1 hears of it and leaves (torchrun may stop it first); no traceback from either rank.
     assert "[rank1]: stopped: rank 0 failed first" in output or "[rank1]: terminated" in output, output[

@@ -1,7 +1,7 @@
 """The artifact fit's settings shared by two ranks (core/train/fitting.py's `shared_fit`): a test helper,
 not part of pgolf.
 
-tests/test_fit.py runs `<launcher> tests/torchrun_fit.py BACKEND MODE SECONDS TIMEOUT OUT` with two
+tests/test_fit_runs.py runs `<launcher> tests/torchrun_fit.py BACKEND MODE SECONDS TIMEOUT OUT` with two
 processes: the collectives time out after TIMEOUT seconds (PyTorch); rank 0's fit takes SECONDS, then
 chooses settings (MODE "chooses") or raises (MODE "fails"). After one more sum over the ranks (the job
 still works), each rank writes one line to OUT/rank<r>: its settings as JSON or `error: <message>`
