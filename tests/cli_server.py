@@ -3,7 +3,9 @@ torchrun) for the tests, without paying for the heavy imports each time: a test 
 (tests/support/cli.py starts it, one per test worker).
 
 It imports the libraries every command needs and that take seconds (PyTorch, its compiler stack that
-an optimizer loads, numpy, typer, rich), nothing of pgolf's, then reads one request per line on its
+an optimizer loads, numpy, typer, rich) and every module of pgolf's packages (none acts when imported:
+no setting, no read of the environment or the working folder; `cli.py`, which does, is left to the
+command), then reads one request per line on its
 standard input: JSON {"argv", "cwd", "env", "stdout", "stderr"}. For each it forks a process that takes
 that folder, that environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard
 output and error to those files and its input from /dev/null, and runs `python ARGV` as the interpreter
@@ -25,15 +27,24 @@ import contextlib
 import importlib
 import json
 import os
+import pkgutil
 import runpy
 import sys
 import traceback
 from pathlib import Path
 
-# torch._dynamo: what building a torch.optim optimizer imports. PyTorch may be missing (an MLX-only machine).
+# torch._dynamo: what building a torch.optim optimizer imports. PyTorch or MLX may be missing (a machine
+# with one framework): the modules that need it are left out.
 for name in ("numpy", "rich.console", "typer", "torch", "torch._dynamo"):
     with contextlib.suppress(ImportError):
         importlib.import_module(name)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+for package in ("core", "cuda_train", "mlx_train"):
+    for module in pkgutil.walk_packages([str(ROOT / package)], f"{package}."):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module.name)
+del sys.path[0]
 
 
 def threads() -> int:

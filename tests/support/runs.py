@@ -133,9 +133,12 @@ def run_isolated(here: Path, env: dict[str, str], timeout: float = 600) -> subpr
     return python(here / "isolated.py", "train_gpt.py", cwd=here, env=env, timeout=timeout)
 
 
-# Runs a script with pgolf not importable: the editable install's finder and the repository dropped.
+# Runs a script with pgolf not importable: the editable install's finder, the repository and the modules
+# the process has imported (tests/cli_server.py's) dropped.
 ISOLATED = """
 import importlib.util, runpy, sys
+for name in [m for m in sys.modules if m.split(".")[0] in ("cli", "core", "cuda_train", "mlx_train")]:
+    del sys.modules[name]
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path = [p for p in sys.path if p and p != {root!r}]
 assert importlib.util.find_spec("core") is None, "pgolf is importable"
