@@ -19,7 +19,7 @@ from core.data.shards import find_shards
 from core.runs.summary import read_metrics
 from tests.support import ROOT
 from tests.support.backends import BACKENDS, busy_params, make_backend, needs
-from tests.support.cli import assert_one_line_error, cli, data_flags, read_until
+from tests.support.cli import assert_one_line_error, cli, data_flags, read_until, start_cli
 from tests.support.runs import fake_run
 
 
@@ -472,14 +472,10 @@ def test_boolean_fields_can_be_switched_off(sotu_dataset, tmp_path):
     assert json.loads((tmp_path / "untied" / "config.json").read_text())["tie_embeddings"] is False
 
 
-def start_training(dataset, out: Path, *flags: str) -> subprocess.Popen:
+def start_training(dataset, out: Path, *flags: str):
     """A smoke run that would go on for long, started in the background; its output is read line by line."""
-    command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
-               "--iterations", "100000", "--out-dir", str(out), "--run-id", "r", *data_flags(dataset), *flags]  # fmt: skip
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores Ctrl-C
-    )  # fmt: skip
+    return start_cli("train", "--backend", "cuda", "--preset", "smoke", "--iterations", "100000", "--out-dir",
+                     str(out), "--run-id", "r", *data_flags(dataset), *flags)  # fmt: skip
 
 
 @needs("cuda")

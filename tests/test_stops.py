@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,9 +11,8 @@ import pytest
 
 from core.artifact.load import load_checkpoint
 from core.train.managed import train_managed
-from tests.support import ROOT
 from tests.support.backends import make_backend, needs
-from tests.support.cli import data_flags, read_until
+from tests.support.cli import data_flags, read_until, start_cli
 from tests.support.runs import train_quietly
 
 
@@ -55,11 +52,10 @@ def test_a_stop_after_the_last_step_skips_validation_and_export(sotu_dataset, tm
 @pytest.mark.slow  # one CLI run: ~5 s
 def test_sigterm_after_the_last_step_ends_the_run_within_seconds(sotu_dataset, tmp_path):
     # GPTQ calibration stretches the time between the last step and the artifact.
-    command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
-               "--iterations", "3", "--train-log-every", "1", "--quant-format", "mixed", "--gptq-enabled",
-               "--gptq-calibration-batches", "64", "--out-dir", str(tmp_path), "--run-id", "r",
-               *data_flags(sotu_dataset)]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_cli("train", "--backend", "cuda", "--preset", "smoke", "--iterations", "3",
+                        "--train-log-every", "1", "--quant-format", "mixed", "--gptq-enabled",
+                        "--gptq-calibration-batches", "64", "--out-dir", str(tmp_path), "--run-id", "r",
+                        *data_flags(sotu_dataset))  # fmt: skip
     read_until(process, "step:3/3 train_loss")
     process.send_signal(signal.SIGTERM)
     sent = time.monotonic()
@@ -116,11 +112,9 @@ def test_a_released_signal_is_raised_at_once_and_one_held_before_is_raised_on_re
 @needs("cuda")
 @pytest.mark.slow  # one CLI run to its test-time training: ~10 s
 def test_sigterm_during_trains_test_time_training_ends_it_within_seconds(sotu_dataset, tmp_path):
-    command = [sys.executable, str(ROOT / "cli.py"), "train", "--backend", "cuda", "--preset", "smoke",
-               "--iterations", "2", "--out-dir", str(tmp_path), "--run-id", "r", "--ttt-enabled",
-               "--ttt-batch-size", "8", "--ttt-chunk-size", "8", "--ttt-eval-seq-len", "64",
-               *data_flags(sotu_dataset)]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_cli("train", "--backend", "cuda", "--preset", "smoke", "--iterations", "2", "--out-dir",
+                        str(tmp_path), "--run-id", "r", "--ttt-enabled", "--ttt-batch-size", "8",
+                        "--ttt-chunk-size", "8", "--ttt-eval-seq-len", "64", *data_flags(sotu_dataset))  # fmt: skip
     # Then the TTT score: its 4 documents in one batch, ~40 s on 2 cores, which a stop used to wait for.
     read_until(process, "final_int8_zlib_roundtrip_exact")
     time.sleep(1.0)

@@ -7,8 +7,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,9 +15,8 @@ import pytest
 from core.common.errors import PgolfError
 from core.runs import sweep as sw
 from core.train.rundir import RunDir
-from tests.support import ROOT
 from tests.support.backends import needs
-from tests.support.cli import assert_one_line_error, cli
+from tests.support.cli import assert_one_line_error, cli, start_cli
 from tests.support.runs import VARIANTS, fake_run, write_spec
 
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -257,21 +254,19 @@ def test_a_sweep_runs_skips_what_is_done_and_resumes_what_is_not(sotu_dataset, t
 @needs("mlx")
 def test_ctrl_c_stops_the_runs_with_a_checkpoint_and_a_restart_resumes_them(sotu_dataset, tmp_path):
     spec, plan = _sweep_files(tmp_path, sotu_dataset, iterations=400)
-    # A job started in the background (a CI runner, `pytest &`) inherits SIGINT ignored, and the CLI then
-    # leaves it so: the sweep gets Ctrl-C's default here, wherever the suite runs.
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "sweep", str(spec), "--parallel", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = start_cli("sweep", str(spec), "--parallel", "1")  # SIGINT not ignored, wherever the suite runs
     first = plan.runs[0]
     deadline = time.monotonic() + 300  # a loaded machine: the state is waited for, never guessed
     while sw.run_step(first.path) < 3 and proc.poll() is None:
         if time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"the first run logged no step 3 in 300 s: {proc.communicate()[1][-2000:]}")
+            pytest.fail(f"the first run logged no step 3 in 300 s: {proc.communicate(60)[1][-2000:]}")
         time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()[1][-2000:]  # still running, the first run at step 3 of 400
+    assert proc.poll() is None, proc.communicate(60)[1][
+        -2000:
+    ]  # still running, the first run at step 3 of 400
     os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(120)
     assert proc.returncode == 130, err
     assert "stopping 1 runs, each with a checkpoint" in err and err.strip().endswith("interrupted")
     assert sw.run_state(first) == sw.RESUME and all(not r.path.exists() for r in plan.runs[1:])

@@ -1,9 +1,11 @@
 """cli.py for the tests: `cli(...)`, a command in a process of its own (forked from tests/cli_server.py),
-`python(...)`, any script or module so (a packaged train_gpt.py, torchrun), `cli_after` (a command with a hook replaced first),
-and `assert_one_line_error`, the one check of a refusal."""
+`python(...)`, any script or module so (a packaged train_gpt.py, torchrun), `start_cli(...)`, a command
+left running (to be signalled), `cli_after` (a command with a hook replaced first), and
+`assert_one_line_error`, the one check of a refusal."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -11,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tests.support import ROOT
@@ -30,6 +33,17 @@ class CLIServer:
     def run(
         self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess:
+        started = self.start(argv, cwd, env)
+        try:
+            started.wait(timeout)
+        except subprocess.TimeoutExpired:
+            started.kill()
+            started.wait(60)
+            raise
+        return subprocess.CompletedProcess(["python", *argv], started.returncode, *started.communicate(0))
+
+    def start(self, argv: list[str], cwd: Path, env: dict[str, str]) -> Started:
+        """`python ARGV` forked and left running; the server serves nothing else until it has ended."""
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
                 [sys.executable, str(ROOT / "tests" / "cli_server.py")], stdin=subprocess.PIPE,
@@ -41,19 +55,12 @@ class CLIServer:
         folder = Path(os.environ["PGOLF_CACHE_DIR"]).parent / "cli-output" / str(os.getpid())
         folder.mkdir(parents=True, exist_ok=True)
         out, err = folder / "stdout", folder / "stderr"
+        for path in (out, err):  # empty before the command opens them: nothing of the last one is read
+            path.write_text("")
         request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
-        pid = int(self._line("pid", 60))
-        try:
-            code = int(self._line("exit", timeout))
-        except subprocess.TimeoutExpired:
-            os.kill(pid, signal.SIGKILL)
-            self._line("exit", 60)
-            raise
-        return subprocess.CompletedProcess(
-            ["python", *argv], code, out.read_text(errors="replace"), err.read_text(errors="replace")
-        )
+        return Started(self, int(self._line("pid", 60)), out, err)
 
     @staticmethod
     def _read(stream, lines: queue.Queue) -> None:
@@ -71,6 +78,55 @@ class CLIServer:
         if head != word:
             raise RuntimeError(f"cli_server ended or said {line!r} instead of {word} <value>")
         return value
+
+
+class Started:
+    """A command the CLI server forked, running: what the tests use of subprocess.Popen's (`pid`,
+    `stdout` read line by line as it is written, `send_signal`, `kill`, `poll`, `wait`, `communicate`,
+    `returncode`)."""
+
+    def __init__(self, server: CLIServer, pid: int, out: Path, err: Path) -> None:
+        self.server, self.pid, self.returncode = server, pid, None
+        self.out, self.err = out, err
+        self._unread = out.open(encoding="utf-8", errors="replace")
+        self.stdout = self._lines()
+
+    def _lines(self):
+        line = ""
+        while True:
+            line += self._unread.readline()
+            if line.endswith("\n"):
+                yield line
+                line = ""
+            elif self.poll() is not None:
+                yield from (line + self._unread.read()).splitlines(keepends=True)
+                return
+            else:
+                time.sleep(0.01)
+
+    def poll(self) -> int | None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(0)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        if self.returncode is None:
+            self.returncode = int(self.server._line("exit", timeout))
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        """The output not yet read and the whole error output, once the command has ended."""
+        self.wait(timeout)
+        rest = self._unread.read()
+        self._unread.close()
+        return rest, self.err.read_text(errors="replace")
 
 
 CLI_SERVER = CLIServer()
@@ -95,6 +151,18 @@ def python(
         return CLI_SERVER.run(argv, Path(cwd or Path.cwd()), dict(env), timeout)
     return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=env)  # fmt: skip
+
+
+def start_cli(*args: str) -> Started | subprocess.Popen:
+    """`python cli.py ARGS` started and left running, its output read as it comes (`stdout`, `read_until`)
+    and SIGINT not ignored (a background job's children inherit it ignored): on Linux forked from
+    CLI_SERVER, which serves no other command until it has ended; elsewhere started afresh."""
+    if sys.platform == "linux":
+        return CLI_SERVER.start([str(ROOT / "cli.py"), *args], Path.cwd(), dict(os.environ))
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
 
 
 def data_flags(dataset) -> list[str]:
@@ -127,10 +195,10 @@ def cli_after(setup: str, *args: str, cwd: Path | None = None) -> subprocess.Com
                           env=os.environ | IMPORTABLE)  # fmt: skip
 
 
-def read_until(process: subprocess.Popen, prefix: str) -> list[str]:
+def read_until(process: Started | subprocess.Popen, prefix: str) -> list[str]:
     lines = []
     for line in process.stdout:
         lines.append(line)
         if line.startswith(prefix):
             return lines
-    raise AssertionError(f"no line starting {prefix!r} in {''.join(lines)}{process.stderr.read()}")
+    raise AssertionError(f"no line starting {prefix!r} in {''.join(lines)}{process.communicate(60)[1]}")
