@@ -32,7 +32,7 @@ from tests.support.backends import (
     run_ranks,
     torchrun_env,
 )
-from tests.support.cli import cli
+from tests.support.cli import cli, data_flags
 from tests.support.data import digest
 from tests.support.runs import final_params, run
 
@@ -198,30 +198,31 @@ def test_tiny_preset_learns_clearly_better_than_unigram(sotu_dataset, backend_na
     assert end < unigram_bpb(sotu_dataset) - 0.3  # the best context-free model scores ~2.7
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
+# Three steps of one layer (no skip weights: an empty parameter), by one process and by two.
+MATCHED = ["train", "--preset", "smoke", "--iterations", "3", "--num-layers", "1"]
+
+
+def assert_two_match_one(one: Path, two: Path) -> None:
+    """The two runs' last checkpoints: same tokens, gradients averaged in a different order (fp32 round-off)."""
+    one = load_checkpoint(one / "checkpoints" / "step_000003.safetensors").params
+    two = load_checkpoint(two / "checkpoints" / "step_000003.safetensors").params
+    for k in one:
+        np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+@needs("mlx")
 @pytest.mark.slow  # ~8 s
-def test_two_processes_match_one_process(sotu_dataset, backend_name, tmp_path):
-    args = [
-        "train", "--backend", backend_name, "--preset", "smoke", "--out-dir", str(tmp_path),
-        "--data-path", str(sotu_dataset.data_path), "--tokenizer-path", str(sotu_dataset.tokenizer_path),
-        "--iterations", "3", "--num-layers", "1",  # one layer: no skip weights, an empty parameter
-    ]  # fmt: skip
+def test_two_processes_match_one_process(sotu_dataset, tmp_path):
+    """MLX's own launcher, the one a user runs (elsewhere tests/mlx_ranks.py starts MLX's ranks); PyTorch's
+    two ranks: test_torchrun_without_data_prepares_one_dataset_and_matches_one_process."""
+    args = [*MATCHED, "--backend", "mlx", "--out-dir", str(tmp_path), *data_flags(sotu_dataset)]
     one = cli(*args, "--run-id", "one")
-    # MLX's own launcher here, the one a user runs (elsewhere tests/mlx_ranks.py starts MLX's ranks).
-    two = [str(ROOT / "cli.py"), *args, "--run-id", "two"]
-    if backend_name == "cuda":
-        two = run_ranks("cuda", *two)
-    else:
-        two = subprocess.run(
-            [*mlx_launch(), *two], env=torchrun_env(), capture_output=True, text=True, timeout=300
-        )
+    two = subprocess.run([*mlx_launch(), str(ROOT / "cli.py"), *args, "--run-id", "two"], env=torchrun_env(),
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
     for done in (one, two):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "world_size:2 grad_accum_steps:1" in two.stdout
-    one = load_checkpoint(tmp_path / "one" / "checkpoints" / "step_000003.safetensors").params
-    two = load_checkpoint(tmp_path / "two" / "checkpoints" / "step_000003.safetensors").params
-    for k in one:  # same tokens, gradients averaged in a different order: fp32 round-off only
-        np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
+    assert_two_match_one(tmp_path / "one", tmp_path / "two")
 
 
 @pytest.mark.slow
@@ -404,21 +405,27 @@ def test_sigterm_ends_a_rank_stuck_in_a_collective(sotu_dataset, tmp_path):
 
 @pytest.mark.slow
 @needs("cuda")
-def test_torchrun_without_data_prepares_one_dataset(sotu_dataset, tmp_path):
-    """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte."""
+def test_torchrun_without_data_prepares_one_dataset_and_matches_one_process(sotu_dataset, tmp_path):
+    """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte; and
+    the two ranks' steps on it are one process's on the fixture's."""
     from core.data.manifest import read_manifest
 
-    done = run_ranks("cuda", str(ROOT / "tests" / "torchrun_cli.py"), "train", "--backend", "cuda", "--preset",
-                     "smoke", "--iterations", "1", "--out-dir", "runs", "--run-id", "r", cwd=tmp_path,
+    here = tmp_path / "here"
+    here.mkdir()
+    args = [*MATCHED, "--backend", "cuda", "--out-dir", str(tmp_path)]
+    one = cli(*args, "--run-id", "one", *data_flags(sotu_dataset))
+    assert one.returncode == 0, one.stderr[-2000:]
+    done = run_ranks("cuda", str(ROOT / "tests" / "torchrun_cli.py"), *args, "--run-id", "two", cwd=here,
                      TEST_CORPUS_DOCS="40")  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stdout.count("No dataset yet") == 1
-    data = tmp_path / "data"
+    assert done.stdout.count("No dataset yet") == 1 and "world_size:2 grad_accum_steps:1" in done.stdout
+    data = here / "data"
     assert sorted(p.name for p in data.iterdir()) == ["datasets", "manifest.json", "tokenizers"]  # no staging
     assert [d["name"] for d in read_manifest(data)["datasets"]] == ["sotu_sp1024"]
     built, expected = digest(data), digest(sotu_dataset.root)  # every file's sha256, by path
     built.pop("manifest.json"), expected.pop("manifest.json")
     assert built == expected
+    assert_two_match_one(tmp_path / "one", tmp_path / "two")
 
 
 @needs("cuda")
