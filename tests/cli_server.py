@@ -5,10 +5,10 @@ torchrun) for the tests, without paying for the heavy imports each time: a test 
 It imports the libraries every command needs and that take seconds (PyTorch, its compiler stack that
 an optimizer loads, numpy, typer, rich) and every module of pgolf's packages (none acts when imported:
 no setting, no read of the environment or the working folder; `cli.py`, which does, is left to the
-command), then reads one request per line on its
-standard input: JSON {"argv", "cwd", "env", "stdout", "stderr"}. For each it forks a process that takes
-that folder, that environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard
-output and error to those files and its input from /dev/null, and runs `python ARGV` as the interpreter
+command), then reads one request per line on its standard input: JSON {"argv", "cwd", "env", "stdout", "stderr", "address_space"}. For each it forks a
+process that takes that folder, that environment (os.environ replaced, as `subprocess.run(env=...)` gives
+it), its standard output and error to those files, its input from /dev/null and, given
+"address_space", that limit on its memory in bytes (RLIMIT_AS), and runs `python ARGV` as the interpreter
 does (`__main__`, sys.argv, sys.path's first entry the script's folder or, with -m, the working folder, the
 interpreter's own ending: atexit, flushing, a traceback for a bug). The
 server writes `pid <n>` when the process starts and `exit <code>` when it ends (negative: the signal that
@@ -28,6 +28,7 @@ import importlib
 import json
 import os
 import pkgutil
+import resource
 import runpy
 import sys
 import traceback
@@ -67,6 +68,8 @@ def command(request: dict) -> None:
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
+    if request.get("address_space"):
+        resource.setrlimit(resource.RLIMIT_AS, (request["address_space"], request["address_space"]))
     argv = request["argv"]
     try:
         if argv[0] == "-m":

@@ -4,8 +4,7 @@ and running out of memory (a step, test-time training) as one line naming the se
 from __future__ import annotations
 
 import importlib
-import subprocess
-import sys
+import os
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from core.model.memory import DeviceMemory, check_config, check_memory, memory_e
 from core.model.params import count_params, init_params, storage_dtypes
 from tests.support import ROOT
 from tests.support.backends import BACKENDS, make_backend, needs
-from tests.support.cli import assert_one_line_error, data_flags
+from tests.support.cli import assert_one_line_error, data_flags, python
 from tests.support.ttt import LEGAL_CFG, unit_tables
 
 H100 = DeviceMemory(80 * 2**30, "free memory of a test GPU", gpu=True)
@@ -125,22 +124,15 @@ def test_memory_errors_and_only_they_become_one_line():
     assert cli_module._ending(RuntimeError("a bug")) == (1, None)  # a traceback
 
 
-@pytest.mark.slow  # a CLI eval: ~10 s
+@pytest.mark.slow  # a CLI eval: ~5 s
 def test_eval_with_a_ttt_too_large_for_4_gb_is_one_line(sotu_dataset, tmp_path):
     """The reported case: LoRA adapters of rank 4096 for 64 documents under a 4 GB address space."""
-    import resource
-
     path = tmp_path / "a.pgolf"
     cfg = sotu_dataset.config("tiny")  # the tokenizer the artifact keeps is the one it is scored with
     export_artifact(init_params(cfg), cfg, storage_dtypes(cfg, False), path, 0)
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (4_000_000_000, 4_000_000_000))
-
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "eval", str(path), "--backend", "cuda", "--preset", "tiny",
-         "--val-max-tokens", "8192", "--ttt-enabled", "--ttt-lora-rank", "4096", "--ttt-batch-size", "64",
-         *data_flags(sotu_dataset)],
-        capture_output=True, text=True, timeout=300, preexec_fn=limit,
+    result = python(
+        ROOT / "cli.py", "eval", str(path), "--backend", "cuda", "--preset", "tiny", "--val-max-tokens", "8192",
+        "--ttt-enabled", "--ttt-lora-rank", "4096", "--ttt-batch-size", "64", *data_flags(sotu_dataset),
+        env=dict(os.environ), address_space=4_000_000_000,
     )  # fmt: skip
     assert_one_line_error(result, "error: out of memory during test-time training (", "--ttt-lora-rank")

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import queue
+import resource
 import signal
 import subprocess
 import sys
@@ -31,9 +32,14 @@ class CLIServer:
         self.lines: queue.Queue[str] = queue.Queue()
 
     def run(
-        self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+        self,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float,
+        address_space: int | None = None,
     ) -> subprocess.CompletedProcess:
-        started = self.start(argv, cwd, env)
+        started = self.start(argv, cwd, env, address_space)
         try:
             started.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -42,8 +48,11 @@ class CLIServer:
             raise
         return subprocess.CompletedProcess(["python", *argv], started.returncode, *started.communicate(0))
 
-    def start(self, argv: list[str], cwd: Path, env: dict[str, str]) -> Started:
-        """`python ARGV` forked and left running; the server serves nothing else until it has ended."""
+    def start(
+        self, argv: list[str], cwd: Path, env: dict[str, str], address_space: int | None = None
+    ) -> Started:
+        """`python ARGV` forked and left running (`address_space`: its memory limit in bytes); the server
+        serves nothing else until it has ended."""
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
                 [sys.executable, str(ROOT / "tests" / "cli_server.py")], stdin=subprocess.PIPE,
@@ -57,7 +66,8 @@ class CLIServer:
         out, err = folder / "stdout", folder / "stderr"
         for path in (out, err):  # empty before the command opens them: nothing of the last one is read
             path.write_text("")
-        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err),
+                   "address_space": address_space}  # fmt: skip
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         return Started(self, int(self._line("pid", 60)), out, err)
@@ -140,17 +150,26 @@ def cli(
 
 
 def python(
-    *argv: str | Path, cwd: Path | None = None, env: dict[str, str], timeout: float = 300
+    *argv: str | Path,
+    cwd: Path | None = None,
+    env: dict[str, str],
+    timeout: float = 300,
+    address_space: int | None = None,
 ) -> subprocess.CompletedProcess:
     """`python ARGV` (a script and its arguments, or -m and a module) in a process of its own with the
-    environment `env`, its output captured: what subprocess.run gives. On Linux forked from CLI_SERVER;
-    elsewhere started afresh (macOS's system frameworks, which PyTorch loads, are not safe to use in a
-    forked process)."""
+    environment `env` and at most `address_space` bytes of memory, its output captured: what
+    subprocess.run gives. On Linux forked from CLI_SERVER; elsewhere started afresh (macOS's system
+    frameworks, which PyTorch loads, are not safe to use in a forked process)."""
     argv = [str(a) for a in argv]
     if sys.platform == "linux":
-        return CLI_SERVER.run(argv, Path(cwd or Path.cwd()), dict(env), timeout)
+        return CLI_SERVER.run(argv, Path(cwd or Path.cwd()), dict(env), timeout, address_space)
+
+    def limit() -> None:
+        if address_space:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
     return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=env)  # fmt: skip
+                          env=env, preexec_fn=limit)  # fmt: skip
 
 
 def start_cli(*args: str) -> Started | subprocess.Popen:
