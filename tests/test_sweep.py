@@ -260,13 +260,13 @@ def test_ctrl_c_stops_the_runs_with_a_checkpoint_and_a_restart_resumes_them(sotu
     while sw.run_step(first.path) < 3 and proc.poll() is None:
         if time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"the first run logged no step 3 in 300 s: {proc.communicate(60)[1][-2000:]}")
+            pytest.fail(f"the first run logged no step 3 in 300 s: {proc.communicate(timeout=60)[1][-2000:]}")
         time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate(60)[1][
+    assert proc.poll() is None, proc.communicate(timeout=60)[1][
         -2000:
     ]  # still running, the first run at step 3 of 400
     os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "stopping 1 runs, each with a checkpoint" in err and err.strip().endswith("interrupted")
     assert sw.run_state(first) == sw.RESUME and all(not r.path.exists() for r in plan.runs[1:])

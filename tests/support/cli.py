@@ -46,7 +46,9 @@ class CLIServer:
             started.kill()
             started.wait(60)
             raise
-        return subprocess.CompletedProcess(["python", *argv], started.returncode, *started.communicate(0))
+        return subprocess.CompletedProcess(
+            ["python", *argv], started.returncode, *started.communicate(timeout=0)
+        )
 
     def start(
         self, argv: list[str], cwd: Path, env: dict[str, str], address_space: int | None = None
@@ -220,4 +222,6 @@ def read_until(process: Started | subprocess.Popen, prefix: str) -> list[str]:
         lines.append(line)
         if line.startswith(prefix):
             return lines
-    raise AssertionError(f"no line starting {prefix!r} in {''.join(lines)}{process.communicate(60)[1]}")
+    raise AssertionError(
+        f"no line starting {prefix!r} in {''.join(lines)}{process.communicate(timeout=60)[1]}"
+    )
