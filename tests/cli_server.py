@@ -5,13 +5,13 @@ torchrun) for the tests, without paying for the heavy imports each time: a test 
 It imports the libraries every command needs and that take seconds (PyTorch, its compiler stack that
 an optimizer loads, numpy, typer, rich) and every module of pgolf's packages (none acts when imported:
 no setting, no read of the environment or the working folder; `cli.py`, which does, is left to the
-command), then reads one request per line on its standard input: JSON {"argv", "cwd", "env", "stdout", "stderr", "address_space"}. For each it forks a
-process that takes that folder, that environment (os.environ replaced, as `subprocess.run(env=...)` gives
-it), its standard output and error to those files, its input from /dev/null and, given
-"address_space", that limit on its memory in bytes (RLIMIT_AS), and runs `python ARGV` as the interpreter
-does (`__main__`, sys.argv, sys.path's first entry the script's folder or, with -m, the working folder, the
-interpreter's own ending: atexit, flushing, a traceback for a bug). The
-server writes `pid <n>` when the process starts and `exit <code>` when it ends (negative: the signal that
+command), then reads one request per line on its standard input: JSON {"argv", "cwd", "env",
+"stdout", "stderr", "address_space"}. For each it forks a process that takes that folder, that
+environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard output and error
+to those files, its input from /dev/null and, given "address_space", that limit on its memory in bytes
+(RLIMIT_AS), and runs `python ARGV` as the interpreter does (`__main__`, sys.argv, sys.path's first entry
+the script's folder or, with -m, the working folder, the interpreter's own ending: atexit, flushing, a
+traceback for a bug). The server writes `pid <n>` when the process starts and `exit <code>` when it ends (negative: the signal that
 ended it, as subprocess gives it). Only those two lines come back: the command's output is in its files.
 
 The server starts no thread (checked before each fork: a forked process gets a copy of a lock another
@@ -41,7 +41,9 @@ for name in ("numpy", "rich.console", "typer", "torch", "torch._dynamo"):
         importlib.import_module(name)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-for package in ("core", "cuda_train", "mlx_train"):
+from tests.support import PGOLF_PACKAGES  # noqa: E402  (ROOT first on the path)
+
+for package in PGOLF_PACKAGES:
     for module in pkgutil.walk_packages([str(ROOT / package)], f"{package}."):
         with contextlib.suppress(ImportError):
             importlib.import_module(module.name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.support import ROOT
+from tests.support import PGOLF_PACKAGES, ROOT
 
 ROOMS = ("common", "data", "config", "model", "artifact", "eval", "train", "datasets", "runs")
 
@@ -87,7 +87,7 @@ def test_the_layout_page_names_every_module():
 
 
 # ------------------------------------------------- no two files import each other, however indirectly
-PACKAGES = ("core", "cuda_train", "mlx_train", "cli")
+PACKAGES = (*PGOLF_PACKAGES, "cli")
 
 
 def module_files() -> dict[str, Path]:

@@ -262,9 +262,8 @@ def test_ctrl_c_stops_the_runs_with_a_checkpoint_and_a_restart_resumes_them(sotu
             proc.kill()
             pytest.fail(f"the first run logged no step 3 in 300 s: {proc.communicate(timeout=60)[1][-2000:]}")
         time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate(timeout=60)[1][
-        -2000:
-    ]  # still running, the first run at step 3 of 400
+    # still running, the first run at step 3 of 400
+    assert proc.poll() is None, proc.communicate(timeout=60)[1][-2000:]
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -20,3 +20,4 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
+PGOLF_PACKAGES = ("core", "cuda_train", "mlx_train")  # pgolf's packages; cli.py beside them

@@ -98,8 +98,7 @@ class Started:
     `returncode`)."""
 
     def __init__(self, server: CLIServer, pid: int, out: Path, err: Path) -> None:
-        self.server, self.pid, self.returncode = server, pid, None
-        self.out, self.err = out, err
+        self.server, self.pid, self.returncode, self.err = server, pid, None, err
         self._unread = out.open(encoding="utf-8", errors="replace")
         self.stdout = self._lines()
 

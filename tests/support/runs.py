@@ -19,7 +19,7 @@ from core.runs.audit import Audit, Calibration, Check
 from core.train import loop
 from core.train.managed import train_managed
 from core.train.rundir import RunDir
-from tests.support import ROOT
+from tests.support import PGOLF_PACKAGES, ROOT
 from tests.support.backends import make_backend
 from tests.support.cli import python
 
@@ -128,7 +128,7 @@ def run_alone(text: str, tmp_path: Path, **env: str) -> subprocess.CompletedProc
 def run_isolated(here: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
     """`python train_gpt.py` in the folder `here` with pgolf not importable (ISOLATED), the environment
     `env` less PYTHONPATH: forked as `cli` is (tests/support/cli.py)."""
-    (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT)))
+    (here / "isolated.py").write_text(ISOLATED.format(root=str(ROOT), packages=(*PGOLF_PACKAGES, "cli")))
     env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     return python(here / "isolated.py", "train_gpt.py", cwd=here, env=env, timeout=timeout)
 
@@ -137,7 +137,7 @@ def run_isolated(here: Path, env: dict[str, str], timeout: float = 600) -> subpr
 # the process has imported (tests/cli_server.py's) dropped.
 ISOLATED = """
 import importlib.util, runpy, sys
-for name in [m for m in sys.modules if m.split(".")[0] in ("cli", "core", "cuda_train", "mlx_train")]:
+for name in [m for m in sys.modules if m.split(".")[0] in {packages!r}]:
     del sys.modules[name]
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path = [p for p in sys.path if p and p != {root!r}]
