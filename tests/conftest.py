@@ -61,7 +61,8 @@ def hermetic(tmp_path_factory) -> Path:
     """Every test, and every process it starts, runs in a folder of its own whose data/ holds a foreign
     tokenizer (the challenge's) at each preset's tokenizer path: a test that reads the data/ of the folder
     it runs in, as the checkout's would be, instead of the dataset it was given, fails. The minified-source
-    cache is this run's, not the user's."""
+    cache and PyTorch's compiled-kernel caches are this run's, not the user's: a kernel compiled by an
+    earlier run (or another torch) neither hides a compile error nor shortens a timing."""
     here = tmp_path_factory.mktemp("cwd")
     for name in PRESETS:
         path = here / preset(name).tokenizer_path
@@ -71,6 +72,8 @@ def hermetic(tmp_path_factory) -> Path:
     run = tmp_path_factory.getbasetemp()
     run = run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run  # the workers of one run share it
     os.environ["PGOLF_CACHE_DIR"] = str(run / "pgolf-cache")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(run / "torchinductor")
+    os.environ["TRITON_CACHE_DIR"] = str(run / "triton")
     before = Path.cwd()
     os.chdir(here)
     yield here
