@@ -6,10 +6,11 @@ It imports the libraries every command needs and that take seconds (PyTorch, its
 an optimizer loads, numpy, typer, rich) and every module of pgolf's packages (none acts when imported:
 no setting, no read of the environment or the working folder; `cli.py`, which does, is left to the
 command), then reads one request per line on its standard input: JSON {"argv", "cwd", "env",
-"stdout", "stderr", "address_space"}. For each it forks a process that takes that folder, that
-environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard output and error
-to those files, its input from /dev/null and, given "address_space", that limit on its memory in bytes
-(RLIMIT_AS), and runs `python ARGV` as the interpreter does (`__main__`, sys.argv, sys.path's first entry
+"stdout", "stderr", "address_space", "own_session"}. For each it forks a process that takes that folder,
+that environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard output and
+error to those files (both to the first where "stderr" is null), its input from /dev/null, given
+"address_space" that limit on its memory in bytes (RLIMIT_AS), given "own_session" a session of its own
+(a process group to signal), and runs `python ARGV` as the interpreter does (`__main__`, sys.argv, sys.path's first entry
 the script's folder or, with -m, the working folder, the interpreter's own ending: atexit, flushing, a
 traceback for a bug). The server writes `pid <n>` when the process starts and `exit <code>` when it ends (negative: the signal that
 ended it, as subprocess gives it). Only those two lines come back: the command's output is in its files.
@@ -33,6 +34,7 @@ import runpy
 import sys
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 # torch._dynamo: what building a torch.optim optimizer imports. PyTorch or MLX may be missing (a machine
 # with one framework): the modules that need it are left out.
@@ -54,11 +56,11 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
 
 
-def command(request: dict) -> None:
-    """In the forked process: never returns. It ends as the interpreter would after `python SCRIPT`
-    (atexit's functions, the streams flushed, the exit status of SystemExit or 1 and a traceback for
-    another exception) but for the modules' teardown, which in a forked process copies every page the
-    server's imports fill (most of a second, to free memory the process is about to give back)."""
+def command(request: dict) -> NoReturn:
+    """In the forked process: the request's folder, environment, files (standard error into standard
+    output's where "stderr" is null), session (a new one, given "own_session") and limit, then its command."""
+    if request.get("own_session"):
+        os.setsid()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -67,12 +69,19 @@ def command(request: dict) -> None:
         (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
         (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
     ):
-        opened = os.open(path, flags, 0o644)
+        opened = os.open(path, flags, 0o644) if path else os.dup(1)
         os.dup2(opened, fd)
         os.close(opened)
     if request.get("address_space"):
         resource.setrlimit(resource.RLIMIT_AS, (request["address_space"], request["address_space"]))
-    argv = request["argv"]
+    run_as_python(request["argv"])
+
+
+def run_as_python(argv: list[str]) -> NoReturn:
+    """`python ARGV` in this (forked) process; never returns. It ends as the interpreter would (atexit's
+    functions, the streams flushed, the exit status of SystemExit or 1 and a traceback for another
+    exception) but for the modules' teardown, which in a forked process copies every page the server's
+    imports fill (most of a second, to free memory the process is about to give back)."""
     try:
         if argv[0] == "-m":
             sys.argv, sys.path[0] = argv[1:], os.getcwd()

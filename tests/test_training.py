@@ -32,7 +32,7 @@ from tests.support.backends import (
     run_ranks,
     torchrun_env,
 )
-from tests.support.cli import cli, data_flags
+from tests.support.cli import cli, data_flags, start_python
 from tests.support.data import digest
 from tests.support.runs import final_params, run
 
@@ -331,10 +331,8 @@ def run_until_a_rank_fails(tmp_path, sotu_dataset, fault, **env: str):
         "--out-dir", str(tmp_path / "runs"), "--data-path", str(sotu_dataset.data_path),
         "--tokenizer-path", str(sotu_dataset.tokenizer_path),
     ]  # fmt: skip
-    process = subprocess.Popen(
-        [*launcher("cuda"), *args], env=torchrun_env(TEST_PID_DIR=str(tmp_path), **env),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    process = start_python(*launcher("cuda")[1:], *args, env=torchrun_env(TEST_PID_DIR=str(tmp_path), **env),
+                           merged=True, own_session=True)  # fmt: skip
     try:
         output = []
         for line in process.stdout:
@@ -344,13 +342,13 @@ def run_until_a_rank_fails(tmp_path, sotu_dataset, fault, **env: str):
         pids = [int((tmp_path / f"rank{rank}.pid").read_text()) for rank in (0, 1)]
         started = time.monotonic()
         fault(pids)
-        # Read on through the same file object: communicate() would read the pipe underneath it
-        # and lose what the line iteration above had already buffered.
+        # Read on through the same lines: communicate() would read the pipe underneath them and lose
+        # what the line iteration above had already buffered.
         watchdog = threading.Timer(120, os.killpg, (process.pid, signal.SIGKILL))
         watchdog.start()
         try:
-            output.append(process.stdout.read())
-            process.wait()
+            output.extend(process.stdout)
+            process.wait(timeout=60)
         finally:
             watchdog.cancel()
         while any(alive(pid) for pid in pids) and time.monotonic() < started + 120:
@@ -359,7 +357,7 @@ def run_until_a_rank_fails(tmp_path, sotu_dataset, fault, **env: str):
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            process.wait(timeout=60)
 
 
 @pytest.mark.slow
@@ -407,7 +405,8 @@ def test_sigterm_ends_a_rank_stuck_in_a_collective(sotu_dataset, tmp_path):
 @needs("cuda")
 def test_torchrun_without_data_prepares_one_dataset_and_matches_one_process(sotu_dataset, tmp_path):
     """Only local rank 0 builds the default dataset; it is the one the fixture builds, byte for byte; and
-    the two ranks' steps on it are one process's on the fixture's."""
+    the two ranks' steps on it are one process's on the fixture's. torchrun's own ranks, fresh
+    interpreters, as a user's are (the other two-rank tests fork theirs: tests/torchrun_forked.py)."""
     from core.data.manifest import read_manifest
 
     here = tmp_path / "here"
@@ -416,7 +415,7 @@ def test_torchrun_without_data_prepares_one_dataset_and_matches_one_process(sotu
     one = cli(*args, "--run-id", "one", *data_flags(sotu_dataset))
     assert one.returncode == 0, one.stderr[-2000:]
     done = run_ranks("cuda", str(ROOT / "tests" / "torchrun_cli.py"), *args, "--run-id", "two", cwd=here,
-                     TEST_CORPUS_DOCS="40")  # fmt: skip
+                     fresh_ranks=True, TEST_CORPUS_DOCS="40")  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.count("No dataset yet") == 1 and "world_size:2 grad_accum_steps:1" in done.stdout
     data = here / "data"

@@ -108,21 +108,27 @@ def free_port(count: int = 1) -> int:
             continue
 
 
-def launcher(backend_name: str) -> list[str]:
-    """Two processes on this machine: PyTorch's torchrun; for MLX, tests/mlx_ranks.py, which starts them as
-    mlx.launch does without spinning cores while they run (`mlx_launch` is MLX's own)."""
+def launcher(backend_name: str, fresh_ranks: bool = False) -> list[str]:
+    """Two processes on this machine. PyTorch: torchrun, its ranks forks of it with pgolf's imports done
+    (tests/torchrun_forked.py), or with `fresh_ranks` torchrun's own fresh interpreters; MLX:
+    tests/mlx_ranks.py, which starts them as mlx.launch does without spinning cores while they run
+    (`mlx_launch` is MLX's own)."""
     if backend_name == "cuda":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                "--master_addr=127.0.0.1"]  # fmt: skip
+        torchrun = (
+            ["-m", "torch.distributed.run"] if fresh_ranks else [str(ROOT / "tests" / "torchrun_forked.py")]
+        )
+        return [sys.executable, *torchrun, "--standalone", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
     return [sys.executable, str(ROOT / "tests" / "mlx_ranks.py"), str(free_port(2)), sys.executable]
 
 
 def run_ranks(
-    backend_name: str, *args: str, cwd: Path | None = None, **env: str
+    backend_name: str, *args: str, cwd: Path | None = None, fresh_ranks: bool = False, **env: str
 ) -> subprocess.CompletedProcess:
-    """`launcher(backend_name) ARGS` run to its end, output captured, `env` set over torchrun_env's: the
-    launcher (torchrun itself, or tests/mlx_ranks.py) forked from the CLI server, its ranks fresh processes."""
-    return python(*launcher(backend_name)[1:], *args, cwd=cwd, env=torchrun_env(**env), timeout=600)
+    """`launcher(backend_name, fresh_ranks) ARGS` run to its end, output captured, `env` set over
+    torchrun_env's; the launcher (torchrun, or tests/mlx_ranks.py) forked from the CLI server."""
+    return python(
+        *launcher(backend_name, fresh_ranks)[1:], *args, cwd=cwd, env=torchrun_env(**env), timeout=600
+    )
 
 
 def mlx_launch() -> list[str]:

@@ -51,9 +51,16 @@ class CLIServer:
         )
 
     def start(
-        self, argv: list[str], cwd: Path, env: dict[str, str], address_space: int | None = None
+        self,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        address_space: int | None = None,
+        merged: bool = False,
+        own_session: bool = False,
     ) -> Started:
-        """`python ARGV` forked and left running (`address_space`: its memory limit in bytes); the server
+        """`python ARGV` forked and left running (`address_space`: its memory limit in bytes; `merged`: its
+        standard error into its standard output; `own_session`: the leader of a new session); the server
         serves nothing else until it has ended."""
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
@@ -68,8 +75,9 @@ class CLIServer:
         out, err = folder / "stdout", folder / "stderr"
         for path in (out, err):  # empty before the command opens them: nothing of the last one is read
             path.write_text("")
-        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err),
-                   "address_space": address_space}  # fmt: skip
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out),
+                   "stderr": None if merged else str(err), "address_space": address_space,
+                   "own_session": own_session}  # fmt: skip
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         return Started(self, int(self._line("pid", 60)), out, err)
@@ -174,14 +182,25 @@ def python(
 
 
 def start_cli(*args: str) -> Started | subprocess.Popen:
-    """`python cli.py ARGS` started and left running, its output read as it comes (`stdout`, `read_until`)
-    and SIGINT not ignored (a background job's children inherit it ignored): on Linux forked from
-    CLI_SERVER, which serves no other command until it has ended; elsewhere started afresh."""
+    """`python cli.py ARGS` started and left running: `start_python`'s."""
+    return start_python(ROOT / "cli.py", *args)
+
+
+def start_python(
+    *argv: str | Path, env: dict[str, str] | None = None, merged: bool = False, own_session: bool = False
+) -> Started | subprocess.Popen:
+    """`python ARGV` started and left running, with the environment `env` (this one's by default), its
+    output read as it comes (`stdout`, `read_until`; its errors there too where `merged`), the leader of a
+    session of its own where `own_session`, and SIGINT not ignored (a background job's children inherit it
+    ignored): on Linux forked from CLI_SERVER, which serves no other command until it has ended; elsewhere
+    started afresh."""
+    argv, env = [str(a) for a in argv], dict(env or os.environ)
     if sys.platform == "linux":
-        return CLI_SERVER.start([str(ROOT / "cli.py"), *args], Path.cwd(), dict(os.environ))
+        return CLI_SERVER.start(argv, Path.cwd(), env, merged=merged, own_session=own_session)
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        [sys.executable, *argv], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, start_new_session=own_session,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
