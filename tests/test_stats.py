@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from core.common.errors import PgolfError
@@ -26,6 +26,9 @@ def _groups():
 @settings(max_examples=200, deadline=None)
 @given(_groups(), _groups(), st.sampled_from([0.0, RECORD_MARGIN_NATS]))
 def test_welch_matches_scipy(a, b, margin):
+    # scipy takes the margin off each value, rounding each by up to 2e-16: where both groups' spread is
+    # near that ([2.0, 2.0000000000000004]), its t is round-off (scipy warns), and so would pgolf's be.
+    assume(max(np.std(a), np.std(b)) > 1e-6)
     got = welch(a, b, margin)
     ref = scipy_stats.ttest_ind(np.array(a) - margin, b, equal_var=False, alternative="greater")
     assert got.t == pytest.approx(ref.statistic, rel=1e-9, abs=1e-12)
