@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -105,6 +106,9 @@ def run_as_python(argv: list[str]) -> NoReturn:
 
 
 def serve() -> None:
+    # The imports' objects out of the collector's sight: a forked command's collections would otherwise walk
+    # them all, copying the pages they sit on (docs/tests.md).
+    gc.freeze()
     for line in sys.stdin:
         request = json.loads(line)
         if threads() != 1:

@@ -4,7 +4,7 @@ pgolf.
 `python tests/torchrun_forked.py TORCHRUN_ARGS SCRIPT ARGS` is `torchrun TORCHRUN_ARGS SCRIPT ARGS` (the
 ranks' `python -u SCRIPT ARGS`), but each rank is a fork of this process, which has imported what
 tests/cli_server.py imports (PyTorch, its compiler stack, numpy, typer, rich, pgolf's modules): a rank
-starts where a fresh one would be after 2-7 s of imports. When this process is itself forked from the CLI
+starts where a fresh one would be after seconds of imports. When this process is itself forked from the CLI
 server (tests/support/backends.py's `run_ranks`), those imports are done already.
 
 Everything else is torchrun's own: the rendezvous, each rank's environment and output files, its watch
