@@ -112,9 +112,9 @@ def checkpoint(tmp_path):
 # The files whose tests take longest, longest first (`pytest --durations=0`, summed per file, on a
 # 2-core CPU): parallel workers take whole files (`--dist loadfile`) in collection order, so these
 # start first and the workers end together instead of one finishing a long file alone.
-LONGEST_FIRST = ("test_training.py", "test_ttt.py", "test_package.py", "test_fit.py", "test_fit_runs.py",
-                 "test_trajectories.py", "test_cli.py", "test_backends.py", "test_gpu_check.py",
-                 "test_cross_backend.py", "test_sweep.py", "test_files.py", "test_audit.py")  # fmt: skip
+LONGEST_FIRST = ("test_training.py", "test_ttt.py", "test_backends.py", "test_package.py", "test_fit.py",
+                 "test_fit_runs.py", "test_gpu_check.py", "test_trajectories.py", "test_cli.py",
+                 "test_cross_backend.py", "test_memory.py", "test_sweep.py", "test_files.py", "test_audit.py")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
