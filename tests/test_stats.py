@@ -23,6 +23,8 @@ def _groups():
     return st.lists(value, min_size=2, max_size=6, unique=True)
 
 
+# One group at round-off spread beside one with a real spread: scipy warns, but the other's spread decides t.
+@pytest.mark.filterwarnings("ignore:Precision loss occurred in moment calculation:RuntimeWarning")
 @settings(max_examples=200, deadline=None)
 @given(_groups(), _groups(), st.sampled_from([0.0, RECORD_MARGIN_NATS]))
 def test_welch_matches_scipy(a, b, margin):
