@@ -110,13 +110,12 @@ def free_port(count: int = 1) -> int:
 
 def launcher(backend_name: str, fresh_ranks: bool = False) -> list[str]:
     """Two processes on this machine. PyTorch: torchrun, its ranks forks of it with pgolf's imports done
-    (tests/torchrun_forked.py), or with `fresh_ranks` torchrun's own fresh interpreters; MLX:
-    tests/mlx_ranks.py, which starts them as mlx.launch does without spinning cores while they run
-    (`mlx_launch` is MLX's own)."""
+    (tests/torchrun_forked.py; on Linux, as `python(...)`), or with `fresh_ranks` torchrun's own fresh
+    interpreters; MLX: tests/mlx_ranks.py, which starts them as mlx.launch does without spinning cores
+    while they run (`mlx_launch` is MLX's own)."""
     if backend_name == "cuda":
-        torchrun = (
-            ["-m", "torch.distributed.run"] if fresh_ranks else [str(ROOT / "tests" / "torchrun_forked.py")]
-        )
+        fresh = fresh_ranks or sys.platform != "linux"
+        torchrun = ["-m", "torch.distributed.run"] if fresh else [str(ROOT / "tests" / "torchrun_forked.py")]
         return [sys.executable, *torchrun, "--standalone", "--nproc_per_node=2", "--master_addr=127.0.0.1"]
     return [sys.executable, str(ROOT / "tests" / "mlx_ranks.py"), str(free_port(2)), sys.executable]
 
