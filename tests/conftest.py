@@ -61,8 +61,8 @@ def hermetic(tmp_path_factory) -> Path:
     """Every test, and every process it starts, runs in a folder of its own whose data/ holds a foreign
     tokenizer (the challenge's) at each preset's tokenizer path: a test that reads the data/ of the folder
     it runs in, as the checkout's would be, instead of the dataset it was given, fails. The minified-source
-    cache and PyTorch's compiled-kernel caches are this run's, not the user's: a kernel compiled by an
-    earlier run (or another torch) neither hides a compile error nor shortens a timing."""
+    cache and PyTorch's compiled-kernel caches are this run's, not the user's: a run compiles as on a fresh
+    machine, an earlier run's kernels standing in neither for its compiles nor in its timings."""
     here = tmp_path_factory.mktemp("cwd")
     for name in PRESETS:
         path = here / preset(name).tokenizer_path
