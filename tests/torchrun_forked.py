@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from typing import IO, NoReturn
 
 import cli_server  # the imports a rank would otherwise make (tests/ is this script's sys.path[0])
@@ -45,7 +46,10 @@ class ForkedRank:
         self.args, self.returncode = args, None
         sys.stdout.flush()
         sys.stderr.flush()
-        self.pid = os.fork()
+        with warnings.catch_warnings():  # Python 3.12+ warns of forking beside torchrun's threads, which the
+            # rank never touches (torch's own "fork" start method forks beside them too)
+            warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+            self.pid = os.fork()
         if self.pid == 0:
             rank(list(args[1:]), env, stdout, stderr)
 
