@@ -88,9 +88,8 @@ def main(args: list[str]) -> int:
     print(f"{'processes':<40} {'count':>6} {'CPU s':>8} {'share':>6}")
     for name, (count, cpu) in sorted(kinds.items(), key=lambda item: -item[1][1]):
         print(f"{name:<40} {count:>6} {cpu:>8.1f} {cpu / busy:>6.1%}")
-    print(
-        f"{'not in a recorded Python process':<40} {'':>6} {busy - recorded:>8.1f} {1 - recorded / busy:>6.1%}"
-    )
+    rest = busy - recorded
+    print(f"{'not in a recorded Python process':<40} {'':>6} {rest:>8.1f} {rest / busy:>6.1%}")
     return code
 
 

@@ -10,10 +10,11 @@ command), then reads one request per line on its standard input: JSON {"argv", "
 that environment (os.environ replaced, as `subprocess.run(env=...)` gives it), its standard output and
 error to those files (both to the first where "stderr" is null), its input from /dev/null, given
 "address_space" that limit on its memory in bytes (RLIMIT_AS), given "own_session" a session of its own
-(a process group to signal), and runs `python ARGV` as the interpreter does (`__main__`, sys.argv, sys.path's first entry
-the script's folder or, with -m, the working folder, the interpreter's own ending: atexit, flushing, a
-traceback for a bug). The server writes `pid <n>` when the process starts and `exit <code>` when it ends (negative: the signal that
-ended it, as subprocess gives it). Only those two lines come back: the command's output is in its files.
+(a process group to signal), and runs `python ARGV` as the interpreter does (`__main__`, sys.argv,
+sys.path's first entry the script's folder or, with -m, the working folder, the interpreter's own ending:
+atexit, flushing, a traceback for a bug). The server writes `pid <n>` when the process starts and
+`exit <code>` when it ends (negative: the signal that ended it, as subprocess gives it). Only those two
+lines come back: the command's output is in its files.
 
 The server starts no thread (checked before each fork: a forked process gets a copy of a lock another
 thread held, and no thread to release it), so a command begins as in a fresh process, the imports done.

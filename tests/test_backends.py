@@ -339,11 +339,11 @@ def test_torch_compiled_steady_state_has_no_recompiles(compute_dtype):
     steps nor validation batches of two sizes (as core.train.loop's spans give) compile anything again.
     One layer and aot_eager: dynamo's graphs and guards are what is tested (inductor's numbers:
     test_compiled_step_equals_eager)."""
+    import torch._dynamo
+
     cfg = preset("smoke").replace(
         compile="on", compile_backend="aot_eager", compute_dtype=compute_dtype, num_layers=1
     )
-    import torch._dynamo
-
     fresh_compile_cache("cuda")
     backend = make_backend("cuda", cfg)
     backend.load_params(busy_params(cfg))
